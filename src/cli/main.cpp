@@ -1,0 +1,21 @@
+// spillway: one program, several subcommands (docs/ARCHITECTURE.md "The program").
+#include <CLI/CLI.hpp>
+
+#include "base/log.h"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Spillway: inference engine for DeepSeek-V4.1-Flash and V4-Flash"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
+      ->envname("SPILLWAY_LOG_LEVEL")
+      ->capture_default_str();
+  auto run = spw::cli::add_run_command(app);
+  auto inspect = spw::cli::add_inspect_command(app);
+  CLI11_PARSE(app, argc, argv);
+  spw::log_init(log_level);
+  if (app.got_subcommand("run")) return run();
+  if (app.got_subcommand("inspect")) return inspect();
+  return 1;
+}

@@ -1,0 +1,190 @@
+// The top level of the forward: embedding, the blocks with their hyper-connections, the head.
+#include "model/model.h"
+
+#include <cstring>
+
+#include "model/step.h"
+#include "ops/ref/hyper_connection.h"
+#include "ops/ref/linalg.h"
+#include "ops/ref/rope.h"
+
+namespace spw {
+
+using detail::Step;
+
+struct Model::Impl {
+  std::vector<float> rope_main, rope_compress;
+  std::vector<ref::EngramHashParams> engram_params;
+};
+
+Model::Model(ModelConfig config, std::unique_ptr<ModelWeights> weights, Numerics numerics)
+    : config_(std::move(config)), weights_(std::move(weights)), numerics_(numerics), impl_(std::make_unique<Impl>()) {
+  const ModelConfig& c = config_;
+  impl_->rope_main = ref::rope_frequencies({c.rope_theta, c.d_rope, false});
+  impl_->rope_compress = ref::rope_frequencies(
+      {c.compress_rope_theta, c.d_rope, true, c.yarn_factor, c.yarn_original_len, c.yarn_beta_fast, c.yarn_beta_slow});
+  if (c.is_v41() && !c.engram_layers.empty()) {
+    impl_->engram_params = ref::engram_hash_params(c.engram_layers, c.engram_vocab_size, c.engram_compressed_vocab_size,
+                                                   c.engram_max_ngram, c.engram_n_heads);
+    for (auto& p : impl_->engram_params) p.pad_id = weights_->engram_token_map[c.engram_pad_token_id];
+  }
+}
+
+Model::~Model() = default;
+
+SequenceState Model::new_sequence() const {
+  SequenceState s;
+  s.layers.resize(config_.n_layers);
+  return s;
+}
+
+namespace {
+
+// One hyper-connection site: coefficients from the streams of every new token.
+std::vector<ref::HcCoefficients> hc_coefficients(const ModelConfig& c, const HcWeights& hw, const float* streams,
+                                                 int n) {
+  const int hc = c.hc_mult, n_mix = (2 + hc) * hc;
+  const size_t hc_d = size_t(hc) * c.d_model;
+  std::vector<ref::HcCoefficients> out(n);
+  std::vector<float> mixes(n_mix);
+  for (int i = 0; i < n; ++i) {
+    ref::hc_mixes(streams + i * hc_d, hw.fn.data(), n_mix, hc_d, c.norm_eps, mixes.data());
+    out[i] = ref::hc_split_sinkhorn(mixes.data(), hw.scale.data(), hw.base.data(), hc, c.hc_sinkhorn_iters, c.hc_eps);
+  }
+  return out;
+}
+
+// x[n, d] = norm(Σ_j pre_j X_j) with `pre` per token.
+void collapse_and_norm(Step& s, const float* streams, const std::vector<const std::vector<float>*>& pre,
+                       const std::vector<float>& norm_w, float* x) {
+  const int d = s.c.d_model, hc = s.c.hc_mult;
+  for (int i = 0; i < s.n; ++i) ref::hc_collapse(streams + size_t(i) * hc * d, pre[i]->data(), hc, d, x + size_t(i) * d);
+  detail::to_activation(s, x, size_t(s.n) * d);
+  ref::rms_norm(x, norm_w.data(), x, s.n, d, s.c.norm_eps);
+  detail::to_activation(s, x, size_t(s.n) * d);
+}
+
+void expand(Step& s, float* streams, const float* y, const std::vector<ref::HcCoefficients>& co) {
+  const int d = s.c.d_model, hc = s.c.hc_mult;
+  for (int i = 0; i < s.n; ++i)
+    ref::hc_expand(streams + size_t(i) * hc * d, y + size_t(i) * d, co[i].post.data(), co[i].comb.data(), hc, d);
+  detail::to_activation(s, streams, size_t(s.n) * hc * d);
+}
+
+}  // namespace
+
+Result<std::vector<float>> Model::forward(SequenceState& seq, std::span<const int32_t> tokens,
+                                          const ForwardOptions& options) const {
+  const ModelConfig& c = config_;
+  const ModelWeights& w = *weights_;
+  if (tokens.empty()) return make_error("forward: no tokens");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= c.vocab_size)
+      return make_error("token id ", t, " is outside the vocabulary (0..", c.vocab_size - 1, ")");
+  if (seq.layers.size() != size_t(c.n_layers)) return make_error("forward: sequence state belongs to another model");
+
+  Step s{c, w, numerics_, seq, tokens, seq.n_past, int(tokens.size()), impl_->rope_main, impl_->rope_compress,
+         impl_->engram_params, {}, {}};
+  const int n = s.n, d = c.d_model, hc = c.hc_mult;
+  const size_t hc_d = size_t(hc) * d;
+
+  // [n, hc, d]: hc copies of the embedding.
+  std::vector<float> streams(size_t(n) * hc_d);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < hc; ++j)
+      std::memcpy(streams.data() + i * hc_d + size_t(j) * d, w.embed.data() + size_t(tokens[i]) * d, sizeof(float) * d);
+
+  // V4.1 single-pass mHC: the collapse weights come from the previous sublayer; one-hot at the start.
+  std::vector<float> one_hot(hc, 0.f);
+  one_hot[0] = 1.f;
+  std::vector<ref::HcCoefficients> carried(n);
+  for (auto& co : carried) co.pre = one_hot;
+
+  std::vector<float> x(size_t(n) * d), y(size_t(n) * d);
+  std::vector<const std::vector<float>*> pre(n);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    if (c.layers[l].engram) detail::engram(s, l, streams.data());
+
+    // Attention sublayer.
+    auto attn_co = hc_coefficients(c, lw.hc_attn, streams.data(), n);
+    for (int i = 0; i < n; ++i) pre[i] = c.is_v41() ? &carried[i].pre : &attn_co[i].pre;
+    collapse_and_norm(s, streams.data(), pre, lw.attn_norm, x.data());  // [n, d]
+    detail::attention(s, l, x.data(), y.data());                         // [n, d]
+    expand(s, streams.data(), y.data(), attn_co);                          // [n, hc, d]
+
+    // FFN sublayer.
+    auto ffn_co = hc_coefficients(c, lw.hc_ffn, streams.data(), n);
+    for (int i = 0; i < n; ++i) pre[i] = c.is_v41() ? &attn_co[i].pre : &ffn_co[i].pre;
+    collapse_and_norm(s, streams.data(), pre, lw.ffn_norm, x.data());
+    detail::moe(s, l, x.data(), y.data());
+    expand(s, streams.data(), y.data(), ffn_co);
+    if (c.is_v41()) carried = std::move(ffn_co);
+
+    if (options.on_layer) options.on_layer(l, streams);
+  }
+
+  // Head: collapse the streams (V4: hc_head weights; V4.1: the last FFN's pre), norm, project.
+  const int first = options.all_logits ? 0 : n - 1, n_out = n - first;
+  std::vector<float> h(size_t(n_out) * d);
+  std::vector<float> head_pre(hc), mixes(hc);
+  for (int i = first; i < n; ++i) {
+    const float* xs = streams.data() + size_t(i) * hc_d;
+    if (c.is_v41()) {
+      head_pre = carried[i].pre;
+    } else {
+      ref::hc_mixes(xs, w.hc_head.fn.data(), hc, hc_d, c.norm_eps, mixes.data());
+      for (int j = 0; j < hc; ++j)
+        head_pre[j] = ref::sigmoid(mixes[j] * w.hc_head.scale[0] + w.hc_head.base[j]) + c.hc_eps;
+    }
+    ref::hc_collapse(xs, head_pre.data(), hc, d, h.data() + size_t(i - first) * d);
+  }
+  detail::to_activation(s, h.data(), h.size());
+  ref::rms_norm(h.data(), w.norm.data(), h.data(), n_out, d, c.norm_eps);
+  std::vector<float> logits(size_t(n_out) * c.vocab_size);
+  ref::matmul_nt(h.data(), w.head.w.data(), logits.data(), n_out, d, c.vocab_size);
+
+  // Commit the sequence's position and the Engram n-gram history.
+  seq.n_past += n;
+  if (c.is_v41() && !c.engram_layers.empty()) {
+    for (int32_t t : tokens) seq.engram_recent.push_back(w.engram_token_map[t]);
+    const size_t keep = size_t(c.engram_max_ngram - 1);
+    if (seq.engram_recent.size() > keep)
+      seq.engram_recent.erase(seq.engram_recent.begin(), seq.engram_recent.end() - keep);
+  }
+  return logits;
+}
+
+Result<std::vector<std::vector<float>>> Model::forward_batch(std::span<SequenceState* const> seqs,
+                                                             std::span<const std::span<const int32_t>> tokens,
+                                                             const ForwardOptions& options) const {
+  if (seqs.size() != tokens.size()) return make_error("forward_batch: ", seqs.size(), " sequences but ", tokens.size(), " token lists");
+  std::vector<std::vector<float>> out;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    auto r = forward(*seqs[i], tokens[i], options);
+    if (!r.ok()) return make_error("sequence ", i, ": ", r.error().message);
+    out.push_back(std::move(r.value()));
+  }
+  return out;
+}
+
+Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Numerics numerics,
+                                          const LoadOptions& options) {
+  auto config = read_model_config(model_dir);
+  if (!config.ok()) return config.error();
+  auto weights = load_weights(model_dir, *config, options);
+  if (!weights.ok()) return weights.error();
+  if (config->is_v41() && !config->engram_layers.empty()) {
+    // The tables must have exactly the rows the hash constants address.
+    auto params = ref::engram_hash_params(config->engram_layers, config->engram_vocab_size,
+                                          config->engram_compressed_vocab_size, config->engram_max_ngram,
+                                          config->engram_n_heads);
+    for (size_t i = 0; i < params.size(); ++i)
+      if (params[i].n_rows != config->engram_num_embeddings[i])
+        return make_error(model_dir, "/config.json: engram_num_embeddings[", i, "] = ", config->engram_num_embeddings[i],
+                          " but the hash primes for this config address ", params[i].n_rows, " rows");
+  }
+  return std::make_unique<Model>(std::move(config.value()), std::move(weights.value()), numerics);
+}
+
+}  // namespace spw

@@ -1,0 +1,93 @@
+// The DeepSeek-V4 / V4.1 text forward on the CPU: the reference engine every fast path is
+// tested against (specs/deepseek-v4.md §4, §5). Written imperatively, one op per line with a
+// shape comment; state lives in SequenceState so prefill, chunked prefill and decode share code.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weights.h"
+#include "ops/ref/engram_hash.h"
+
+namespace spw {
+
+// The reference's low-precision steps (bf16 activations, activation quant before FP8/FP4
+// products, fp8/fp4 KV and indexer keys) are part of the model's numerics. `reference()`
+// reproduces them; `exact()` turns them all off (f32 throughout), which is what Hugging Face
+// Transformers computes when run in float32.
+struct Numerics {
+  bool bf16_activations = true;
+  bool fake_quant = true;
+  // V4.1 decode quirk (specs §5.2): a ratio-2 index owner that produced no new latent this step
+  // reads the index keys published last (layer 20's) instead of its own. The reference does this.
+  bool stale_index_k = true;
+
+  static Numerics reference() { return {}; }
+  static Numerics exact() { return {false, false, true}; }
+};
+
+// Streaming state of one compressor: the rows of the group being filled and, for V4's
+// overlapping ratio-4 compressor, the previous complete group.
+struct CompressorState {
+  std::vector<float> kv, score;            // [ratio, width] f32
+  std::vector<float> prev_kv, prev_score;  // [ratio, width] f32 (overlap only)
+  bool has_prev = false;
+};
+
+struct LayerState {
+  std::vector<float> window;       // ring [window, d_head], slot = position mod window
+  CompressorState comp, idx_comp;  // main compressor, V4 indexer compressor
+  std::vector<float> compressed;   // [n_entries, d_head] stored entries (after RoPE, fake quant)
+  std::vector<float> index_keys;   // [n_entries, index_head_dim]
+};
+
+struct SequenceState {
+  int64_t n_past = 0;
+  std::vector<LayerState> layers;
+  std::vector<int64_t> engram_recent;  // compressed ids of the last max_ngram−1 tokens, newest last
+  int published_index_k_layer = -1;    // V4.1: whose index keys are "shared" (stale_index_k)
+};
+
+struct ForwardOptions {
+  bool all_logits = false;  // logits for every new position, else only the last
+  // Called with the residual stream [n_tokens, hc, d] after each layer (golden comparisons).
+  std::function<void(int layer, const std::vector<float>& streams)> on_layer;
+};
+
+class Model {
+ public:
+  Model(ModelConfig config, std::unique_ptr<ModelWeights> weights, Numerics numerics);
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  const Numerics& numerics() const { return numerics_; }
+  void set_numerics(const Numerics& n) { numerics_ = n; }
+
+  SequenceState new_sequence() const;
+
+  // Appends `tokens` to `seq` (a prefill chunk of any length, or one decode token) and returns
+  // logits [n, vocab] (n = tokens.size() with all_logits, else 1). Errors: out-of-range token ids.
+  Result<std::vector<float>> forward(SequenceState& seq, std::span<const int32_t> tokens,
+                                     const ForwardOptions& options = {}) const;
+
+  // Several independent sequences in one call; results match calling forward on each.
+  Result<std::vector<std::vector<float>>> forward_batch(std::span<SequenceState* const> seqs,
+                                                        std::span<const std::span<const int32_t>> tokens,
+                                                        const ForwardOptions& options = {}) const;
+
+ private:
+  struct Impl;
+  ModelConfig config_;
+  std::unique_ptr<ModelWeights> weights_;
+  Numerics numerics_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads config, loads weights, validates them against each other.
+Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Numerics numerics,
+                                          const LoadOptions& options = {});
+
+}  // namespace spw

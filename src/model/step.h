@@ -1,0 +1,46 @@
+// Internal to the model layer: the context of one forward step of one sequence, and the
+// sublayers the block is made of. Not part of the model's public API.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "model/model.h"
+
+namespace spw::detail {
+
+struct Step {
+  const ModelConfig& c;
+  const ModelWeights& w;
+  const Numerics& num;
+  SequenceState& seq;
+  std::span<const int32_t> tokens;
+  int64_t p = 0;  // position of tokens[0]
+  int n = 0;      // number of new tokens
+  const std::vector<float>& rope_main;      // θ 10000, no YaRN (window-only layers)
+  const std::vector<float>& rope_compress;  // compress_rope_theta + YaRN (compressed layers)
+  const std::vector<ref::EngramHashParams>& engram_params;
+  // V4.1 publications of this step: the latest index source's selection per token (entry ids,
+  // sorted ascending) and the candidate source's per-token entry mask.
+  std::vector<std::vector<int32_t>> topk;
+  std::vector<std::vector<char>> candidates;
+};
+
+// y[n_tokens, l.n_out] = x·Wᵀ with the reference's precision for the weight's format: FP8/FP4
+// weights see a quantized activation (block act_block); BF16 products are rounded to bf16
+// unless round_out is false; F32 products stay f32.
+void linear(const Step& s, const Linear& l, const float* x, int n_tokens, float* y, bool round_out = true);
+
+// Rounds to bf16 when the numerics keep bf16 activations.
+void to_activation(const Step& s, float* x, size_t n);
+
+// out[n, d] = attention sublayer of layer `layer` on normed input x[n, d].
+void attention(Step& s, int layer, const float* x, float* out);
+
+// out[n, d] = MoE sublayer (router → experts → combine, plus the shared expert).
+void moe(Step& s, int layer, const float* x, float* out);
+
+// V4.1 Engram: gates table rows into the residual streams X[n, hc, d] in place.
+void engram(Step& s, int layer, float* streams);
+
+}  // namespace spw::detail

@@ -1,0 +1,286 @@
+#include "model/weights.h"
+
+#include <cstring>
+#include <filesystem>
+
+#include "formats/dtypes.h"
+#include "formats/quant.h"
+
+namespace spw {
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Looks tensors up by released name (with or without the "model." prefix) and checks them.
+class TensorSource {
+ public:
+  explicit TensorSource(const Checkpoint& ckpt) : ckpt_(ckpt) {}
+
+  const std::optional<Error>& error() const { return error_; }
+  void fail(Error e) {
+    if (!error_) error_ = std::move(e);
+  }
+
+  const TensorInfo* find(const std::string& name) const {
+    if (auto* t = ckpt_.find(name)) return t;
+    return ckpt_.find("model." + name);
+  }
+  bool has(const std::string& name) const { return find(name) != nullptr; }
+
+  // The tensor, or nullptr after recording an error naming what was expected.
+  const TensorInfo* require(const std::string& name, std::initializer_list<DType> dtypes,
+                            const std::vector<int64_t>& shape) {
+    const TensorInfo* t = find(name);
+    if (!t) {
+      fail(make_error(ckpt_.root(), ": missing tensor '", name, "' (expected ", shape_text(shape),
+                      "); is the checkpoint complete and does config.json match it?"));
+      return nullptr;
+    }
+    bool dtype_ok = false;
+    std::string allowed;
+    for (DType d : dtypes) {
+      dtype_ok |= t->dtype == d;
+      allowed += (allowed.empty() ? "" : " or ") + std::string(dtype_name(d));
+    }
+    if (!dtype_ok) {
+      fail(make_error(t->file, ": tensor '", t->name, "' has dtype ", dtype_name(t->dtype), ", expected ", allowed));
+      return nullptr;
+    }
+    if (t->shape != shape) {
+      fail(make_error(t->file, ": tensor '", t->name, "' has shape ", shape_text(t->shape), ", expected ",
+                      shape_text(shape), " from config.json"));
+      return nullptr;
+    }
+    if (!t->data) {
+      fail(make_error(t->file, ": tensor '", t->name, "' has no data (header-only checkpoint?)"));
+      return nullptr;
+    }
+    return t;
+  }
+
+  std::vector<float> floats(const std::string& name, const std::vector<int64_t>& shape) {
+    const TensorInfo* t = require(name, {DType::BF16, DType::F32}, shape);
+    if (!t) return {};
+    return to_floats(*t);
+  }
+
+  static std::vector<float> to_floats(const TensorInfo& t) {
+    std::vector<float> out(t.numel());
+    if (t.dtype == DType::F32) {
+      std::memcpy(out.data(), t.data, out.size() * 4);
+    } else {
+      for (size_t i = 0; i < out.size(); ++i) {
+        uint16_t b;
+        std::memcpy(&b, t.data + 2 * i, 2);
+        out[i] = bf16_to_f32(b);
+      }
+    }
+    return out;
+  }
+
+  // A weight stored as BF16/F32 and used with product precision `use` (Bf16 or F32).
+  Linear plain(const std::string& name, int n_out, int n_in, LinearKind use) {
+    Linear l{floats(name, {n_out, n_in}), n_out, n_in, use};
+    return l;
+  }
+
+  // An FP8 e4m3 weight with ue8m0 block scales in "<stem>.scale".
+  Linear fp8(const std::string& stem, int n_out, int n_in, int block, LinearKind use = LinearKind::Fp8) {
+    const std::string wname = stem + ".weight";
+    const TensorInfo* w = require(wname, {DType::F8_E4M3}, {n_out, n_in});
+    const int64_t sr = (n_out + block - 1) / block, sc = (n_in + block - 1) / block;
+    const TensorInfo* s = require(stem + ".scale", {DType::F8_E8M0}, {sr, sc});
+    if (!w || !s) return {};
+    std::vector<uint16_t> bf(size_t(n_out) * n_in);
+    dequant_fp8_blocks(w->data, s->data, n_out, n_in, block, bf.data());
+    return Linear{widen(bf), n_out, n_in, use};
+  }
+
+  // An MXFP4 routed-expert weight: I8 [n_out, n_in/2] + ue8m0 [n_out, n_in/32].
+  Linear fp4(const std::string& stem, int n_out, int n_in) {
+    const TensorInfo* w = require(stem + ".weight", {DType::I8}, {n_out, n_in / 2});
+    const TensorInfo* s = require(stem + ".scale", {DType::F8_E8M0}, {n_out, n_in / 32});
+    if (!w || !s) return {};
+    std::vector<uint16_t> bf(size_t(n_out) * n_in);
+    dequant_mxfp4(w->data, s->data, n_out, n_in, bf.data());
+    return Linear{widen(bf), n_out, n_in, LinearKind::Fp4};
+  }
+
+  HcWeights hc(const std::string& prefix, int hc_mult, int d) {
+    const int n_mix = (2 + hc_mult) * hc_mult;
+    return HcWeights{f32(prefix + "_fn", {n_mix, int64_t(hc_mult) * d}), f32(prefix + "_base", {n_mix}),
+                     f32(prefix + "_scale", {3})};
+  }
+
+  std::vector<float> f32(const std::string& name, const std::vector<int64_t>& shape) {
+    const TensorInfo* t = require(name, {DType::F32}, shape);
+    return t ? to_floats(*t) : std::vector<float>{};
+  }
+
+ private:
+  static std::vector<float> widen(const std::vector<uint16_t>& bf) {
+    std::vector<float> out(bf.size());
+    for (size_t i = 0; i < bf.size(); ++i) out[i] = bf16_to_f32(bf[i]);
+    return out;
+  }
+
+  const Checkpoint& ckpt_;
+  std::optional<Error> error_;
+};
+
+void load_attention(TensorSource& src, const ModelConfig& c, const LayerPlan& plan, const std::string& p,
+                    LayerWeights& lw) {
+  const int d = c.d_model, D = c.d_head, H = c.n_heads, B = c.weight_block;
+  lw.wq_a = src.fp8(p + "attn.wq_a", c.q_lora_rank, d, B);
+  lw.q_norm = src.floats(p + "attn.q_norm.weight", {c.q_lora_rank});
+  lw.wq_b = src.fp8(p + "attn.wq_b", H * D, c.q_lora_rank, B);
+  lw.wkv = src.fp8(p + "attn.wkv", D, d, B);
+  lw.kv_norm = src.floats(p + "attn.kv_norm.weight", {D});
+  // wo_a is dequantized to BF16 at load and used unquantized (convert.py).
+  lw.wo_a = src.fp8(p + "attn.wo_a", c.o_groups * c.o_lora_rank, H * D / c.o_groups, B, LinearKind::Bf16);
+  lw.wo_b = src.fp8(p + "attn.wo_b", d, c.o_groups * c.o_lora_rank, B);
+  lw.attn_sink = src.f32(p + "attn.attn_sink", {H});
+
+  const int Hi = c.index_n_heads, Di = c.index_head_dim;
+  if (plan.attn == AttnKind::Csa || plan.attn == AttnKind::Hca) {
+    const int r = plan.compress_ratio, coff = plan.attn == AttnKind::Csa ? 2 : 1;
+    lw.comp_wkv = src.plain(p + "attn.compressor.wkv.weight", coff * D, d, LinearKind::F32);
+    lw.comp_wgate = src.plain(p + "attn.compressor.wgate.weight", coff * D, d, LinearKind::F32);
+    lw.comp_ape = src.f32(p + "attn.compressor.ape", {r, coff * D});
+    lw.comp_norm = src.floats(p + "attn.compressor.norm.weight", {D});
+    if (plan.attn == AttnKind::Csa) {
+      lw.idx_wq_b = src.fp8(p + "attn.indexer.wq_b", Hi * Di, c.q_lora_rank, B);
+      lw.idx_weights_proj = src.plain(p + "attn.indexer.weights_proj.weight", Hi, d, LinearKind::Bf16);
+      lw.idx_comp_wkv = src.plain(p + "attn.indexer.compressor.wkv.weight", 2 * Di, d, LinearKind::F32);
+      lw.idx_comp_wgate = src.plain(p + "attn.indexer.compressor.wgate.weight", 2 * Di, d, LinearKind::F32);
+      lw.idx_comp_ape = src.f32(p + "attn.indexer.compressor.ape", {r, 2 * Di});
+      lw.idx_comp_norm = src.floats(p + "attn.indexer.compressor.norm.weight", {Di});
+    }
+  }
+  if (plan.kv_source) {
+    const bool gated = plan.compress_ratio == 2;
+    // Ratio-2 compressors run in FP32; ratio 1 is a plain BF16 projection (specs §5.2).
+    lw.comp_wkv = src.plain(p + "attn.compressor.wkv.weight", D, d, gated ? LinearKind::F32 : LinearKind::Bf16);
+    if (gated) lw.comp_wgate = src.plain(p + "attn.compressor.wgate.weight", D, d, LinearKind::F32);
+    lw.comp_norm = src.floats(p + "attn.compressor.norm.weight", {D});
+    lw.idx_wk = src.plain(p + "attn.indexer.wk.weight", Di, D, LinearKind::Bf16);
+    lw.idx_k_norm = src.floats(p + "attn.indexer.k_norm.weight", {Di});
+  }
+  if (plan.index_source) {
+    lw.idx_wq_b = src.fp8(p + "attn.indexer.wq_b", Hi * Di, c.q_lora_rank, B);
+    lw.idx_weights_proj = src.plain(p + "attn.indexer.weights_proj.weight", Hi, d, LinearKind::Bf16);
+  }
+}
+
+void load_moe(TensorSource& src, const ModelConfig& c, const LayerPlan& plan, const std::string& p, LayerWeights& lw) {
+  const int d = c.d_model, E = c.n_experts, F = c.d_expert;
+  lw.gate = src.plain(p + "ffn.gate.weight", E, d, LinearKind::F32);
+  if (plan.hash_routed) {
+    const TensorInfo* t = src.require(p + "ffn.gate.tid2eid", {DType::I64, DType::I32}, {c.vocab_size, c.top_k});
+    if (t) {
+      lw.tid2eid.resize(t->numel());
+      for (size_t i = 0; i < lw.tid2eid.size(); ++i) {
+        int64_t v = 0;
+        if (t->dtype == DType::I64) std::memcpy(&v, t->data + 8 * i, 8);
+        else { int32_t v32; std::memcpy(&v32, t->data + 4 * i, 4); v = v32; }
+        if (v < 0 || v >= E) {
+          src.fail(make_error(t->file, ": tensor '", t->name, "' routes to expert ", v, ", outside 0..", E - 1));
+          break;
+        }
+        lw.tid2eid[i] = int32_t(v);
+      }
+    }
+  } else {
+    lw.gate_bias = src.f32(p + "ffn.gate.bias", {E});
+    if (c.is_v41()) lw.gate_bias_vl = src.f32(p + "ffn.gate.bias_vl", {E});
+  }
+  lw.experts.resize(E);
+  for (int e = 0; e < E; ++e) {
+    const std::string ep = p + "ffn.experts." + std::to_string(e) + ".";
+    lw.experts[e].w1 = src.fp4(ep + "w1", F, d);
+    lw.experts[e].w2 = src.fp4(ep + "w2", d, F);
+    lw.experts[e].w3 = src.fp4(ep + "w3", F, d);
+    if (src.error()) return;
+  }
+  const std::string sp = p + "ffn.shared_experts.";
+  lw.shared.w1 = src.fp8(sp + "w1", F, d, c.weight_block);
+  lw.shared.w2 = src.fp8(sp + "w2", d, F, c.weight_block);
+  lw.shared.w3 = src.fp8(sp + "w3", F, d, c.weight_block);
+}
+
+void load_engram(TensorSource& src, const ModelConfig& c, int slot, const std::string& p, LayerWeights& lw) {
+  const int hd = c.engram_head_dim, hc = c.hc_mult, d = c.d_model;
+  const int64_t rows = c.engram_num_embeddings[slot];
+  EngramWeights& ew = lw.engram;
+  ew.table = src.require(p + "engram.embed.weight", {DType::F8_E4M3}, {rows, hd});
+  ew.table_scale = src.require(p + "engram.embed.scale", {DType::F8_E8M0}, {rows, hd / 32});
+  const int n_in = (c.engram_max_ngram - 1) * c.engram_n_heads * hd;
+  ew.wkv = src.fp8(p + "engram.wkv", (hc + 1) * d, n_in, c.weight_block);
+  ew.q_weight = src.floats(p + "engram.q_weight", {hc, d});
+  ew.k_weight = src.floats(p + "engram.k_weight", {hc, d});
+}
+
+Status load_engram_token_map(const std::string& dir, const ModelConfig& c, ModelWeights& w) {
+  const std::string path = dir + "/engram_token_map.safetensors";
+  if (!std::filesystem::exists(path))
+    return make_error(path, ": missing; deepseek_v41's Engram layers need the compressed-token map "
+                            "(token id → class) that the tokenizer defines");
+  auto file = SafetensorsFile::open(path);
+  if (!file.ok()) return file.error();
+  const TensorInfo* t = (*file)->find("engram_token_map");
+  if (!t || t->dtype != DType::I32 || t->shape != std::vector<int64_t>{c.vocab_size})
+    return make_error(path, ": expected tensor 'engram_token_map' I32 [", c.vocab_size, "]");
+  w.engram_token_map.resize(c.vocab_size);
+  std::memcpy(w.engram_token_map.data(), t->data, t->nbytes);
+  for (int32_t v : w.engram_token_map)
+    if (v < 0 || v >= c.engram_compressed_vocab_size)
+      return make_error(path, ": class id ", v, " outside 0..", c.engram_compressed_vocab_size - 1,
+                        " (engram_compressed_vocab_size)");
+  return {};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ModelWeights>> load_weights(const std::string& model_dir, const ModelConfig& c,
+                                                   const LoadOptions& options) {
+  auto ckpt = Checkpoint::open(model_dir);
+  if (!ckpt.ok()) return ckpt.error();
+  auto w = std::make_unique<ModelWeights>();
+  w->checkpoint = std::move(ckpt.value());
+  TensorSource src(w->checkpoint);
+
+  const int d = c.d_model;
+  w->embed = src.floats("embed.weight", {c.vocab_size, d});
+  w->head = src.plain("head.weight", int(c.vocab_size), d, LinearKind::F32);
+  w->norm = src.floats("norm.weight", {d});
+  if (!c.is_v41()) {
+    w->hc_head = HcWeights{src.f32("hc_head_fn", {c.hc_mult, int64_t(c.hc_mult) * d}),
+                           src.f32("hc_head_base", {c.hc_mult}), src.f32("hc_head_scale", {1})};
+  }
+  if (src.error()) return *src.error();
+
+  w->layers.resize(c.n_layers);
+  int engram_slot = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const LayerPlan& plan = c.layers[l];
+    LayerWeights& lw = w->layers[l];
+    lw.attn_norm = src.floats(p + "attn_norm.weight", {d});
+    lw.ffn_norm = src.floats(p + "ffn_norm.weight", {d});
+    lw.hc_attn = src.hc(p + "hc_attn", c.hc_mult, d);
+    lw.hc_ffn = src.hc(p + "hc_ffn", c.hc_mult, d);
+    load_attention(src, c, plan, p, lw);
+    load_moe(src, c, plan, p, lw);
+    if (plan.engram) load_engram(src, c, engram_slot++, p, lw);
+    if (src.error()) return *src.error();
+    if (options.on_progress) options.on_progress(l + 1, c.n_layers);
+  }
+  if (c.is_v41() && !c.engram_layers.empty()) SPW_TRY(load_engram_token_map(model_dir, c, *w));
+  return w;
+}
+
+}  // namespace spw

@@ -1,0 +1,88 @@
+// The model's weights in memory, loaded from a released checkpoint (specs §2).
+// Quantized weights are dequantized exactly at load (e4m3·2^k and e2m1·2^k are exact in f32);
+// each Linear remembers its storage format because the reference quantizes the activation
+// before FP8/FP4 products and keeps FP32 products in FP32 (specs §3 "Linear dispatch").
+// Engram tables stay in the memory map (they are 90+ GiB in the real model); rows are
+// dequantized when gathered.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "formats/safetensors.h"
+#include "model/config.h"
+
+namespace spw {
+
+enum class LinearKind { Fp8, Fp4, Bf16, F32 };
+
+struct Linear {
+  std::vector<float> w;  // [n_out, n_in], row-major
+  int n_out = 0, n_in = 0;
+  LinearKind kind = LinearKind::Bf16;
+  bool empty() const { return w.empty(); }
+};
+
+struct Expert {
+  Linear w1, w2, w3;  // gate [d_expert, d], down [d, d_expert], up [d_expert, d]
+};
+
+struct HcWeights {
+  std::vector<float> fn, base, scale;  // [(2+hc)·hc, hc·d], [(2+hc)·hc], [3]
+};
+
+struct EngramWeights {
+  const TensorInfo* table = nullptr;        // F8_E4M3 [rows, head_dim]
+  const TensorInfo* table_scale = nullptr;  // F8_E8M0 [rows, head_dim/32]
+  Linear wkv;                               // [(hc+1)·d, n_rows_per_token·head_dim]
+  std::vector<float> q_weight, k_weight;    // [hc, d]
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;
+  HcWeights hc_attn, hc_ffn;
+  Linear wq_a, wq_b, wkv, wo_a, wo_b;
+  std::vector<float> q_norm, kv_norm, attn_sink;
+  // Compressor (V4 CSA/HCA; V4.1 KV sources).
+  Linear comp_wkv, comp_wgate;
+  std::vector<float> comp_ape, comp_norm;
+  // Indexer (V4 CSA; V4.1 index sources).
+  Linear idx_wq_b, idx_weights_proj;
+  Linear idx_comp_wkv, idx_comp_wgate;  // V4: the indexer's own compressor
+  std::vector<float> idx_comp_ape, idx_comp_norm;
+  Linear idx_wk;                         // V4.1 KV sources: keys from the latent
+  std::vector<float> idx_k_norm;
+  // MoE.
+  Linear gate;  // F32 router
+  std::vector<float> gate_bias, gate_bias_vl;
+  std::vector<int32_t> tid2eid;  // [vocab, top_k] on hash layers
+  std::vector<Expert> experts;
+  Expert shared;
+  EngramWeights engram;
+};
+
+struct ModelWeights {
+  Checkpoint checkpoint;  // keeps the memory maps alive
+  std::vector<float> embed;  // [vocab, d]
+  Linear head;               // F32 [vocab, d]
+  std::vector<float> norm;
+  HcWeights hc_head;         // V4 only
+  std::vector<LayerWeights> layers;
+  std::vector<int32_t> engram_token_map;  // V4.1: token id → compressed id
+};
+
+struct LoadOptions {
+  // Called after each layer with (layers done, layers total); for progress display.
+  std::function<void(int, int)> on_progress;
+};
+
+// Loads and validates every tensor the forward needs: names with or without the "model."
+// prefix, dtypes and shapes checked against the config; errors name the file and tensor.
+Result<std::unique_ptr<ModelWeights>> load_weights(const std::string& model_dir, const ModelConfig& config,
+                                                   const LoadOptions& options = {});
+
+}  // namespace spw
