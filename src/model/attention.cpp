@@ -130,6 +130,7 @@ void attention(Step& s, int layer, const float* x, float* out) {
   }
   for (int i = 0; i < n; ++i) ref::rope_apply(q.data() + size_t(i) * H * D, H, D, rope, s.p + i, false);
   to_activation(s, q.data(), q.size());
+  dump(s, "attn.q", layer, q.data(), q.size());
 
   // Window KV of the new tokens: [n, D]
   std::vector<float> kv(size_t(n) * D);
@@ -141,6 +142,7 @@ void attention(Step& s, int layer, const float* x, float* out) {
     to_activation(s, kv.data() + size_t(i) * D, D);
     quantize_window_kv(s, kv.data() + size_t(i) * D);
   }
+  dump(s, "attn.kv", layer, kv.data(), kv.size());
 
   // Compressed entries and the selection of which ones each new token attends to.
   const std::vector<float>* compressed = nullptr;
@@ -181,6 +183,7 @@ void attention(Step& s, int layer, const float* x, float* out) {
     ref::rope_apply(oi, H, D, rope, t, /*inverse=*/true);  // undo the rotation V picked up
     to_activation(s, oi, size_t(H) * D);
   }
+  dump(s, "attn.o", layer, o.data(), o.size());
   // The ring keeps the last W positions.
   for (int i = std::max(0, n - W); i < n; ++i)
     std::memcpy(ls.window.data() + size_t((s.p + i) % W) * D, kv.data() + size_t(i) * D, sizeof(float) * D);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "formats/dtypes.h"
 #include "formats/quant.h"
 #include "model/compressor.h"
 #include "ops/ref/hadamard.h"
@@ -32,11 +33,14 @@ void index_queries(Step& s, const LayerWeights& lw, const float* x, const float*
   linear(s, lw.idx_weights_proj, x, n, wts.data());
   const float w_scale = 1.0f / std::sqrt(float(Di)) / std::sqrt(float(Hi));
   for (float& v : wts) v *= w_scale;
+  to_activation(s, wts.data(), wts.size());
 }
 
-// score(t, g) = Σ_h relu(q_h·k_g)·w_h for g < n_entries; −∞ where g >= visible.
+// score(t, g) = Σ_h relu(q_h·k_g)·w_h for g < n_entries; −∞ where g >= visible. The reference
+// computes it in bf16: each dot, each weighted term and the sum are rounded (when `round`).
 std::vector<float> index_scores(const float* q, const float* w, const float* keys, int64_t n_entries,
-                                int64_t visible, int Hi, int Di) {
+                                int64_t visible, int Hi, int Di, bool round) {
+  auto r = [round](float v) { return round ? round_bf16(v) : v; };
   std::vector<float> scores(n_entries, -INFINITY);
   for (int64_t g = 0; g < std::min(n_entries, visible); ++g) {
     const float* k = keys + size_t(g) * Di;
@@ -44,9 +48,9 @@ std::vector<float> index_scores(const float* q, const float* w, const float* key
     for (int h = 0; h < Hi; ++h) {
       float dot = 0.f;
       for (int i = 0; i < Di; ++i) dot += q[size_t(h) * Di + i] * k[i];
-      acc += std::max(dot, 0.f) * w[h];
+      acc += r(std::max(r(dot), 0.f) * w[h]);
     }
-    scores[g] = acc;
+    scores[g] = r(acc);
   }
   return scores;
 }
@@ -110,7 +114,7 @@ std::vector<std::vector<int32_t>> v4_indexer_select(Step& s, int layer, const fl
   for (int i = 0; i < n; ++i) {
     const int64_t visible = (s.p + i + 1) / r;
     auto scores = index_scores(qi.data() + size_t(i) * Hi * Di, wts.data() + size_t(i) * Hi, ls.index_keys.data(),
-                               n_entries, visible, Hi, Di);
+                               n_entries, visible, Hi, Di, s.num.bf16_activations);
     out[i] = select_top(scores, c.index_topk);
   }
   return out;
@@ -147,7 +151,7 @@ std::vector<std::vector<int32_t>> v41_indexer_select(Step& s, int layer, const f
   for (int i = 0; i < n; ++i) {
     const int64_t visible = (s.p + i + 1) / r;
     auto scores = index_scores(qi.data() + size_t(i) * Hi * Di, wts.data() + size_t(i) * Hi, keys.data(),
-                               compress_len, visible, Hi, Di);
+                               compress_len, visible, Hi, Di, s.num.bf16_activations);
     if (plan.candidate_source)
       s.candidates[i] = select_candidate_blocks(scores, c.candidate_block_size, visible - 1, c.candidate_topk_blocks);
     if (plan.attn == AttnKind::Reindex) {

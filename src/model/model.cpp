@@ -84,7 +84,7 @@ Result<std::vector<float>> Model::forward(SequenceState& seq, std::span<const in
   if (seq.layers.size() != size_t(c.n_layers)) return make_error("forward: sequence state belongs to another model");
 
   Step s{c, w, numerics_, seq, tokens, seq.n_past, int(tokens.size()), impl_->rope_main, impl_->rope_compress,
-         impl_->engram_params, {}, {}};
+         impl_->engram_params, {}, {}, &options};
   const int n = s.n, d = c.d_model, hc = c.hc_mult;
   const size_t hc_d = size_t(hc) * d;
 
@@ -110,14 +110,18 @@ Result<std::vector<float>> Model::forward(SequenceState& seq, std::span<const in
     auto attn_co = hc_coefficients(c, lw.hc_attn, streams.data(), n);
     for (int i = 0; i < n; ++i) pre[i] = c.is_v41() ? &carried[i].pre : &attn_co[i].pre;
     collapse_and_norm(s, streams.data(), pre, lw.attn_norm, x.data());  // [n, d]
+    detail::dump(s, "attn.in", l, x.data(), x.size());
     detail::attention(s, l, x.data(), y.data());                         // [n, d]
+    detail::dump(s, "attn.out", l, y.data(), y.size());
     expand(s, streams.data(), y.data(), attn_co);                          // [n, hc, d]
 
     // FFN sublayer.
     auto ffn_co = hc_coefficients(c, lw.hc_ffn, streams.data(), n);
     for (int i = 0; i < n; ++i) pre[i] = c.is_v41() ? &attn_co[i].pre : &ffn_co[i].pre;
     collapse_and_norm(s, streams.data(), pre, lw.ffn_norm, x.data());
+    detail::dump(s, "ffn.in", l, x.data(), x.size());
     detail::moe(s, l, x.data(), y.data());
+    detail::dump(s, "ffn.out", l, y.data(), y.size());
     expand(s, streams.data(), y.data(), ffn_co);
     if (c.is_v41()) carried = std::move(ffn_co);
 
@@ -141,6 +145,7 @@ Result<std::vector<float>> Model::forward(SequenceState& seq, std::span<const in
   }
   detail::to_activation(s, h.data(), h.size());
   ref::rms_norm(h.data(), w.norm.data(), h.data(), n_out, d, c.norm_eps);
+  detail::to_activation(s, h.data(), h.size());
   std::vector<float> logits(size_t(n_out) * c.vocab_size);
   ref::matmul_nt(h.data(), w.head.w.data(), logits.data(), n_out, d, c.vocab_size);
 

@@ -55,6 +55,10 @@ struct ForwardOptions {
   bool all_logits = false;  // logits for every new position, else only the last
   // Called with the residual stream [n_tokens, hc, d] after each layer (golden comparisons).
   std::function<void(int layer, const std::vector<float>& streams)> on_layer;
+  // Called with named intermediates of every layer ("attn.in" [n, d], "attn.q" [n, H, D],
+  // "attn.kv" [n, D], "attn.o" [n, H, D], "attn.out", "ffn.in", "ffn.out" [n, d]), for debugging
+  // against reference dumps.
+  std::function<void(const char* name, int layer, const float* data, size_t count)> on_intermediate;
 };
 
 class Model {

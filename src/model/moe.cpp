@@ -42,18 +42,19 @@ Routing route(const Step& s, const LayerWeights& lw, bool hash_routed, const flo
 }
 
 // One expert on the tokens routed to it: w2 · (silu(min(w1·x, L)) · clamp(w3·x, ±L) · weight).
-// Gate/up stay f32 (specs §4.6), the hidden is bf16 before the down projection.
+// The reference's Expert.forward: gate and up are bf16 linear outputs widened to f32, the hidden
+// is rounded to bf16 before the down projection, whose bf16 output the caller accumulates in f32.
 void run_expert(const Step& s, const Expert& e, const std::vector<float>& xs, const std::vector<float>& weights,
-                float limit, bool round_up_gate, std::vector<float>& ys) {
+                float limit, std::vector<float>& ys) {
   const int m = int(weights.size()), F = e.w1.n_out, d = e.w2.n_out;
   std::vector<float> g(size_t(m) * F), u(size_t(m) * F), h(size_t(m) * F);
-  linear(s, e.w1, xs.data(), m, g.data(), round_up_gate);
-  linear(s, e.w3, xs.data(), m, u.data(), round_up_gate);
+  linear(s, e.w1, xs.data(), m, g.data());
+  linear(s, e.w3, xs.data(), m, u.data());
   for (int j = 0; j < m; ++j)
     ref::swiglu(g.data() + size_t(j) * F, u.data() + size_t(j) * F, h.data() + size_t(j) * F, F, limit, weights[j]);
   to_activation(s, h.data(), h.size());
   ys.resize(size_t(m) * d);
-  linear(s, e.w2, h.data(), m, ys.data(), round_up_gate);
+  linear(s, e.w2, h.data(), m, ys.data());
 }
 
 }  // namespace
@@ -81,14 +82,14 @@ void moe(Step& s, int layer, const float* x, float* out) {
     xs.resize(tokens_of[e].size() * d);
     for (size_t j = 0; j < tokens_of[e].size(); ++j)
       std::memcpy(xs.data() + j * d, x + size_t(tokens_of[e][j]) * d, sizeof(float) * d);
-    run_expert(s, lw.experts[e], xs, weights_of[e], c.swiglu_limit, /*round_up_gate=*/false, ys);
+    run_expert(s, lw.experts[e], xs, weights_of[e], c.swiglu_limit, ys);
     for (size_t j = 0; j < tokens_of[e].size(); ++j)
       for (int k = 0; k < d; ++k) acc[size_t(tokens_of[e][j]) * d + k] += ys[j * d + k];
   }
 
   // Shared expert: clamped in V4.1 only.
   std::vector<float> xall(x, x + size_t(n) * d), ones(n, 1.0f), shared;
-  run_expert(s, lw.shared, xall, ones, c.is_v41() ? c.swiglu_limit : 0.f, /*round_up_gate=*/true, shared);
+  run_expert(s, lw.shared, xall, ones, c.is_v41() ? c.swiglu_limit : 0.f, shared);
   for (size_t i = 0; i < acc.size(); ++i) out[i] = acc[i] + shared[i];
   to_activation(s, out, acc.size());
 }

@@ -24,7 +24,13 @@ struct Step {
   // sorted ascending) and the candidate source's per-token entry mask.
   std::vector<std::vector<int32_t>> topk;
   std::vector<std::vector<char>> candidates;
+  const ForwardOptions* options = nullptr;
 };
+
+// Reports a named intermediate to ForwardOptions::on_intermediate, if set.
+inline void dump(const Step& s, const char* name, int layer, const float* data, size_t count) {
+  if (s.options && s.options->on_intermediate) s.options->on_intermediate(name, layer, data, count);
+}
 
 // y[n_tokens, l.n_out] = x·Wᵀ with the reference's precision for the weight's format: FP8/FP4
 // weights see a quantized activation (block act_block); BF16 products are rounded to bf16

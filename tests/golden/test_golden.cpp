@@ -78,13 +78,18 @@ void run_case(const Model& model, const std::string& case_path, const std::strin
   compare_logits(got_prefill, want_prefill, vocab, prefill_report, case_path + " prefill");
 
   if (check_streams) {
+    // Long V4.1 cases store only the last rows of each stream, from `hidden_first_row`.
+    size_t first_row = 0;
+    if (auto it = (*file)->metadata().find("hidden_first_row"); it != (*file)->metadata().end())
+      first_row = std::stoul(it->second);
     for (int l = 0; l < model.config().n_layers; ++l) {
       const auto want = golden::read_floats(**file, "hidden." + std::to_string(l));
-      ASSERT_EQ(want.size(), streams[l].size()) << "layer " << l;
+      const size_t row = streams[l].size() / prompt.size();
+      ASSERT_EQ(want.size() + first_row * row, streams[l].size()) << "layer " << l;
       float max_abs = 0, max_diff = 0;
       for (size_t i = 0; i < want.size(); ++i) {
         max_abs = std::max(max_abs, std::fabs(want[i]));
-        max_diff = std::max(max_diff, std::fabs(want[i] - streams[l][i]));
+        max_diff = std::max(max_diff, std::fabs(want[i] - streams[l][first_row * row + i]));
       }
       // The golden streams are stored in bf16: allow its half-ulp (2^-9 relative) on top.
       EXPECT_LE(max_diff, (tol.stream + 1.0f / 256) * max_abs) << case_path << ": residual stream after layer " << l;
@@ -139,6 +144,74 @@ TEST(GoldenV4, ChunkedPrefillMatchesGolden) {
   ASSERT_TRUE(model);
   // Splits inside a compression group, at group ends and across the 128-token window.
   run_case(*model, case_files("v4")[3], "", kExactTolerance, false, {1, 7, 64, 128, 129, 200});
+}
+
+// V4.1 against our PyTorch oracle (Transformers on PyPI has no deepseek_v41). Exact mode: as for V4.
+TEST(GoldenV41, OracleExact) {
+  auto model = load("v41", Numerics::exact());
+  ASSERT_TRUE(model);
+  for (const auto& path : case_files("v41")) run_case(*model, path, "", kExactTolerance, true);
+}
+
+// Reference numerics (bf16 activations, fp8/fp4 fake quant, the stale index_k quirk) against the
+// oracle's reference mode. Both round at the same points (tools/golden/ORACLE_V41.md), but f32
+// details inside an op (the summation order of a norm's mean, of a GEMM, of the Engram gate's dot)
+// decide which way a value next to a bf16 tie rounds, and this random tiny model amplifies one bf16
+// ulp into O(1) logit changes within a layer or two (measured with on_intermediate: one flipped ulp
+// in layer 0's residual → 2.1 at that layer's FFN output; the oracle against itself with f64 GEMMs
+// agrees on only 88–93% of top-1s at p130/p301). Bit-level agreement is therefore not a meaningful
+// target. What is asserted, calibrated on this fixture:
+//  - the 1-token prompt (no earlier token to carry a flipped rounding): logits match (4.8e-6
+//    measured; the exact mode is 3.2 away);
+//  - top-1 agreement over all 577 prefill and decode rows: 69.7% measured, while the engine in exact
+//    mode scores 48.5% against the same tensors, so a mode missing the reference's roundings fails.
+TEST(GoldenV41, OracleReferenceNumerics) {
+  auto model = load("v41", Numerics::reference());
+  ASSERT_TRUE(model);
+  const size_t vocab = model->config().vocab_size;
+  size_t total_agree = 0, total_rows = 0;
+  for (const auto& path : case_files("v41")) {
+    auto file = SafetensorsFile::open(path);
+    ASSERT_TRUE(file.ok());
+    const auto prompt = golden::read_ids(**file, "prompt_ids");
+    const auto decode_ids = golden::read_ids(**file, "ref.decode_ids");
+    std::vector<float> want = golden::read_floats(**file, "ref.prefill_logits");
+    const auto want_decode = golden::read_floats(**file, "ref.decode_logits");
+    want.insert(want.end(), want_decode.begin(), want_decode.end());
+    SequenceState seq = model->new_sequence();
+    ForwardOptions opts;
+    opts.all_logits = true;
+    auto prefill = model->forward(seq, prompt, opts);
+    ASSERT_TRUE(prefill.ok()) << prefill.error().message;
+    std::vector<float> got = *prefill;
+    for (int32_t id : decode_ids) {
+      auto step = model->forward(seq, std::span<const int32_t>(&id, 1), opts);
+      ASSERT_TRUE(step.ok());
+      got.insert(got.end(), step->begin(), step->end());
+    }
+    ASSERT_EQ(got.size(), want.size());
+    const size_t rows = got.size() / vocab;
+    size_t agree = 0;
+    for (size_t r = 0; r < rows; ++r)
+      agree += golden::argmax(got.data() + r * vocab, vocab) == golden::argmax(want.data() + r * vocab, vocab);
+    float first_row_diff = 0;
+    for (size_t i = 0; i < vocab; ++i) first_row_diff = std::max(first_row_diff, std::fabs(got[i] - want[i]));
+    std::printf("  %-60s reference mode: top-1 agreement %zu/%zu, first position max|dlogit| %.2e\n", path.c_str(),
+                agree, rows, first_row_diff);
+    if (prompt.size() == 1) EXPECT_LE(first_row_diff, 1e-3f) << path;
+    total_agree += agree;
+    total_rows += rows;
+  }
+  EXPECT_GE(double(total_agree) / double(total_rows), 0.6) << total_agree << "/" << total_rows;
+}
+
+TEST(GoldenV41, ChunkedPrefillMatchesGolden) {
+  auto model = load("v41", Numerics::exact());
+  ASSERT_TRUE(model);
+  // Chunks of at least two tokens: a one-token chunk at an even position completes no ratio-2
+  // group, and the reference's stale index_k quirk (on here, as in the golden) then legitimately
+  // changes the result. tests/unit/test_model_state.cpp covers every split with the quirk off.
+  run_case(*model, case_files("v41")[3], "", kExactTolerance, false, {2, 7, 64, 128, 130, 200});
 }
 
 }  // namespace

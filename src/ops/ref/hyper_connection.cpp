@@ -73,9 +73,10 @@ void hc_expand(float* x_streams, const float* y, const float* post, const float*
   std::vector<float> out(size_t(hc) * d);
   for (int k = 0; k < hc; ++k)
     for (size_t i = 0; i < d; ++i) {
-      float acc = post[k] * y[i];
-      for (int j = 0; j < hc; ++j) acc += comb[j * hc + k] * x_streams[j * d + i];
-      out[k * d + i] = acc;
+      // Mix first, then add the sublayer output: the reference's order of f32 additions.
+      float mixed = 0.f;
+      for (int j = 0; j < hc; ++j) mixed += comb[j * hc + k] * x_streams[j * d + i];
+      out[k * d + i] = post[k] * y[i] + mixed;
     }
   std::copy(out.begin(), out.end(), x_streams);
 }
