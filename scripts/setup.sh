@@ -9,7 +9,9 @@ packages=(
   nlohmann-json3-dev          # JSON (configs, safetensors headers)
   libcli11-dev                # command-line parsing
   libspdlog-dev libfmt-dev    # logging
-  python3                     # tools/ scripts (header-only checkpoint generator)
+  libpcre2-dev                # the tokenizer's pre-tokenizer regexes (Unicode properties, lookahead)
+  libcpp-httplib-dev          # HTTP server (SSE streaming, keep-alive)
+  python3 python3-venv        # tools/ scripts; pytest suites run in .venv-test (scripts/test.sh)
 )
 if [[ "${SPILLWAY_SETUP_FUZZ:-0}" == 1 ]]; then
   packages+=(clang libclang-rt-14-dev)  # libFuzzer runtime for scripts/fuzz.sh
