@@ -73,15 +73,20 @@ void expand(Step& s, float* streams, const float* y, const std::vector<ref::HcCo
 
 }  // namespace
 
+Status Model::validate_input(const SequenceState& seq, std::span<const int32_t> tokens) const {
+  if (tokens.empty()) return make_error("forward: no tokens");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= config_.vocab_size)
+      return make_error("token id ", t, " is outside the vocabulary (0..", config_.vocab_size - 1, ")");
+  if (seq.layers.size() != size_t(config_.n_layers)) return make_error("forward: sequence state belongs to another model");
+  return {};
+}
+
 Result<std::vector<float>> Model::forward(SequenceState& seq, std::span<const int32_t> tokens,
                                           const ForwardOptions& options) const {
   const ModelConfig& c = config_;
   const ModelWeights& w = *weights_;
-  if (tokens.empty()) return make_error("forward: no tokens");
-  for (int32_t t : tokens)
-    if (t < 0 || t >= c.vocab_size)
-      return make_error("token id ", t, " is outside the vocabulary (0..", c.vocab_size - 1, ")");
-  if (seq.layers.size() != size_t(c.n_layers)) return make_error("forward: sequence state belongs to another model");
+  SPW_TRY(validate_input(seq, tokens));
 
   Step s{c, w, numerics_, seq, tokens, seq.n_past, int(tokens.size()), impl_->rope_main, impl_->rope_compress,
          impl_->engram_params, {}, {}, &options};
@@ -104,6 +109,7 @@ Result<std::vector<float>> Model::forward(SequenceState& seq, std::span<const in
   std::vector<const std::vector<float>*> pre(n);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
+    if (options.before_layer) options.before_layer(l, streams);
     if (c.layers[l].engram) detail::engram(s, l, streams.data());
 
     // Attention sublayer.
@@ -163,7 +169,12 @@ Result<std::vector<float>> Model::forward(SequenceState& seq, std::span<const in
 Result<std::vector<std::vector<float>>> Model::forward_batch(std::span<SequenceState* const> seqs,
                                                              std::span<const std::span<const int32_t>> tokens,
                                                              const ForwardOptions& options) const {
-  if (seqs.size() != tokens.size()) return make_error("forward_batch: ", seqs.size(), " sequences but ", tokens.size(), " token lists");
+  if (seqs.size() != tokens.size())
+    return make_error("forward_batch: ", seqs.size(), " sequences but ", tokens.size(), " token lists");
+  // Validate everything first so that an error leaves every sequence as it was.
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (auto st = validate_input(*seqs[i], tokens[i]); !st.ok()) return make_error("sequence ", i, ": ", st.error().message);
+  }
   std::vector<std::vector<float>> out;
   for (size_t i = 0; i < seqs.size(); ++i) {
     auto r = forward(*seqs[i], tokens[i], options);

@@ -55,6 +55,9 @@ struct ForwardOptions {
   bool all_logits = false;  // logits for every new position, else only the last
   // Called with the residual stream [n_tokens, hc, d] after each layer (golden comparisons).
   std::function<void(int layer, const std::vector<float>& streams)> on_layer;
+  // Called before each layer with its input streams [n_tokens, hc, d], which it may replace
+  // (teacher-forced per-layer comparisons against a reference's own streams).
+  std::function<void(int layer, std::vector<float>& streams)> before_layer;
   // Called with named intermediates of every layer ("attn.in" [n, d], "attn.q" [n, H, D],
   // "attn.kv" [n, D], "attn.o" [n, H, D], "attn.out", "ffn.in", "ffn.out" [n, d]), for debugging
   // against reference dumps.
@@ -77,7 +80,11 @@ class Model {
   Result<std::vector<float>> forward(SequenceState& seq, std::span<const int32_t> tokens,
                                      const ForwardOptions& options = {}) const;
 
-  // Several independent sequences in one call; results match calling forward on each.
+  // Errors for token lists the model cannot take (empty, ids outside the vocabulary, foreign state).
+  Status validate_input(const SequenceState& seq, std::span<const int32_t> tokens) const;
+
+  // Several independent sequences in one call; results match calling forward on each. Inputs are
+  // validated before any sequence advances, so an error leaves every sequence unchanged.
   Result<std::vector<std::vector<float>>> forward_batch(std::span<SequenceState* const> seqs,
                                                         std::span<const std::span<const int32_t>> tokens,
                                                         const ForwardOptions& options = {}) const;
