@@ -49,7 +49,11 @@ int spw_inspect_main(const std::string& dir, bool list_tensors) {
   std::printf("experts      %d routed (top %d, width %d) + 1 shared per layer\n", c.n_experts, c.top_k, c.d_expert);
   std::printf("files        %zu safetensors files, %lld tensors, %s\n", ckpt->files().size(),
               (long long)inv.total.n_tensors, human_bytes(double(inv.total.nbytes)).c_str());
-  std::printf("parameters   %s\n\n", human_count(double(inv.total.n_params)).c_str());
+  int64_t aside = 0;  // parameters outside the text backbone
+  for (const char* role : {"engram tables", "draft (MTP/DSpark)", "vision"})
+    if (inv.groups.count(role)) aside += inv.groups.at(role).n_params;
+  std::printf("parameters   %s in all; %s without Engram tables, draft stages and vision\n\n",
+              human_count(double(inv.total.n_params)).c_str(), human_count(double(inv.total.n_params - aside)).c_str());
 
   std::printf("layer  attention  ratio  routing  extras             experts found\n");
   for (int l = 0; l < c.n_layers; ++l) {
