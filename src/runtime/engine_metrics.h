@@ -1,0 +1,66 @@
+// Counters, gauges and latency histograms the engine keeps for /metrics. Written by the engine
+// thread, read (as a snapshot) by HTTP threads; one mutex, taken once per step.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+namespace spw::runtime {
+
+struct Histogram {
+  std::vector<double> bounds;    // upper bounds, seconds, ascending (+Inf implied)
+  std::vector<uint64_t> counts;  // per bucket, not cumulative; size bounds.size() + 1
+  double sum = 0;
+  uint64_t count = 0;
+
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double seconds);
+};
+
+struct EngineSnapshot {
+  int64_t queue_depth = 0;
+  int64_t running = 0;
+  int64_t kv_tokens_used = 0;      // reserved prompt + max_tokens of running sequences
+  int64_t kv_tokens_capacity = 0;
+  uint64_t requests_finished = 0;
+  uint64_t requests_rejected = 0;
+  uint64_t requests_cancelled = 0;
+  uint64_t prompt_tokens = 0;          // prompt tokens of admitted requests
+  uint64_t prompt_tokens_cached = 0;   // of which served from the prefix cache
+  uint64_t prefill_tokens = 0;         // prompt tokens actually computed
+  uint64_t generation_tokens = 0;
+  uint64_t steps = 0;
+  uint64_t prefix_cache_entries = 0;
+  uint64_t prefix_cache_nbytes = 0;
+  double generation_tokens_per_s = 0;  // over the last 10 s
+  Histogram ttft{{}};
+  Histogram inter_token{{}};
+  Histogram step_time{{}};
+};
+
+class EngineMetrics {
+ public:
+  EngineMetrics();
+  using clock = std::chrono::steady_clock;
+
+  // All calls below are cheap and take the mutex.
+  void set_gauges(int64_t queue_depth, int64_t running, int64_t kv_used, int64_t kv_capacity,
+                  size_t cache_entries, size_t cache_nbytes);
+  void on_admit(int64_t prompt_tokens, int64_t cached_tokens);
+  void on_step(double seconds, int64_t prefill_tokens, int64_t generated_tokens, clock::time_point now);
+  void on_first_token(double seconds);
+  void on_inter_token(double seconds);
+  void on_finish(bool cancelled);
+  void on_reject();
+  EngineSnapshot snapshot() const;
+
+ private:
+  mutable std::mutex mutex_;
+  EngineSnapshot s_;
+  std::deque<std::pair<clock::time_point, int64_t>> recent_;  // (step end, tokens generated)
+};
+
+}  // namespace spw::runtime

@@ -1,0 +1,93 @@
+#include "runtime/prefix_cache.h"
+
+#include <algorithm>
+
+namespace spw::runtime {
+namespace {
+
+template <class T>
+size_t vec_nbytes(const std::vector<T>& v) {
+  return v.capacity() * sizeof(T);
+}
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  // splitmix64 finaliser over (h, v): cheap and well distributed.
+  uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+size_t sequence_state_nbytes(const SequenceState& s) {
+  size_t n = sizeof(SequenceState) + vec_nbytes(s.engram_recent);
+  for (const LayerState& l : s.layers) {
+    n += sizeof(LayerState) + vec_nbytes(l.window) + vec_nbytes(l.compressed) + vec_nbytes(l.index_keys);
+    for (const CompressorState* c : {&l.comp, &l.idx_comp})
+      n += vec_nbytes(c->kv) + vec_nbytes(c->score) + vec_nbytes(c->prev_kv) + vec_nbytes(c->prev_score);
+  }
+  return n;
+}
+
+PrefixCache::PrefixCache(int block_tokens, size_t max_nbytes) : block_tokens_(block_tokens), max_nbytes_(max_nbytes) {}
+
+uint64_t PrefixCache::chain(uint64_t parent, std::span<const int32_t> block) const {
+  uint64_t h = mix(parent, block.size());
+  for (int32_t t : block) h = mix(h, uint32_t(t));
+  return h;
+}
+
+int64_t PrefixCache::lookup(std::span<const int32_t> tokens, int64_t max_len, SequenceState& out) {
+  if (entries_.empty()) return 0;
+  const int64_t n_blocks = std::min<int64_t>(max_len, int64_t(tokens.size())) / block_tokens_;
+  std::vector<uint64_t> hashes;
+  uint64_t h = 0;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    h = chain(h, tokens.subspan(size_t(b * block_tokens_), size_t(block_tokens_)));
+    hashes.push_back(h);
+  }
+  for (int64_t b = n_blocks - 1; b >= 0; --b) {
+    auto it = entries_.find(hashes[size_t(b)]);
+    if (it == entries_.end()) continue;
+    const size_t len = size_t(b + 1) * size_t(block_tokens_);
+    Entry& e = it->second;
+    if (e.tokens.size() != len || !std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin())) continue;
+    lru_.splice(lru_.begin(), lru_, e.lru);
+    out = e.state;
+    return int64_t(len);
+  }
+  return 0;
+}
+
+void PrefixCache::insert(std::span<const int32_t> prefix, const SequenceState& state) {
+  if (prefix.empty() || prefix.size() % size_t(block_tokens_) != 0 || max_nbytes_ == 0) return;
+  uint64_t h = 0;
+  for (size_t i = 0; i < prefix.size(); i += size_t(block_tokens_)) h = chain(h, prefix.subspan(i, size_t(block_tokens_)));
+  auto found = entries_.find(h);
+  if (found != entries_.end()) {
+    lru_.splice(lru_.begin(), lru_, found->second.lru);
+    return;
+  }
+  Entry e;
+  e.tokens.assign(prefix.begin(), prefix.end());
+  e.state = state;
+  e.nbytes = sequence_state_nbytes(e.state) + vec_nbytes(e.tokens);
+  if (e.nbytes > max_nbytes_) return;
+  evict_to(max_nbytes_ - e.nbytes);
+  lru_.push_front(h);
+  e.lru = lru_.begin();
+  nbytes_ += e.nbytes;
+  entries_.emplace(h, std::move(e));
+}
+
+void PrefixCache::evict_to(size_t max_nbytes) {
+  while (nbytes_ > max_nbytes && !lru_.empty()) {
+    auto it = entries_.find(lru_.back());
+    nbytes_ -= it->second.nbytes;
+    entries_.erase(it);
+    lru_.pop_back();
+  }
+}
+
+}  // namespace spw::runtime

@@ -1,0 +1,57 @@
+// Prefix cache: SequenceState snapshots keyed on whole token blocks.
+//
+// A snapshot taken after `n` tokens (n a multiple of block_tokens) is stored under the hash chain
+// of those n tokens' blocks, with the tokens themselves so a hash collision can never serve a
+// wrong state. SequenceState is a complete value (window rings, compressor partial groups,
+// compressed caches, Engram history), so a snapshot is exact at any token boundary, including
+// in the middle of a V4.1 compressor group. Lookups return the longest cached prefix; eviction is
+// least-recently-used under a byte budget. Engine-thread only (not thread-safe).
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "model/model.h"
+
+namespace spw::runtime {
+
+size_t sequence_state_nbytes(const SequenceState& state);
+
+class PrefixCache {
+ public:
+  PrefixCache(int block_tokens, size_t max_nbytes);
+
+  int block_tokens() const { return block_tokens_; }
+
+  // Longest cached prefix of `tokens` with length ≤ max_len; copies its state into `out` and
+  // returns the length (0 = miss, `out` untouched).
+  int64_t lookup(std::span<const int32_t> tokens, int64_t max_len, SequenceState& out);
+
+  // Stores `state` as the state after `prefix` (prefix.size() a positive multiple of
+  // block_tokens and state.n_past == prefix.size()). Replaces nothing already present.
+  void insert(std::span<const int32_t> prefix, const SequenceState& state);
+
+  size_t n_entries() const { return entries_.size(); }
+  size_t nbytes() const { return nbytes_; }
+
+ private:
+  struct Entry {
+    std::vector<int32_t> tokens;
+    SequenceState state;
+    size_t nbytes = 0;
+    std::list<uint64_t>::iterator lru;
+  };
+  uint64_t chain(uint64_t parent, std::span<const int32_t> block) const;
+  void evict_to(size_t max_nbytes);
+
+  int block_tokens_;
+  size_t max_nbytes_;
+  size_t nbytes_ = 0;
+  std::unordered_map<uint64_t, Entry> entries_;
+  std::list<uint64_t> lru_;  // most recent first
+};
+
+}  // namespace spw::runtime

@@ -1,0 +1,53 @@
+// What the runtime is asked to generate and what it hands back, token by token. Plain data: the
+// server layer fills a GenerationRequest from an OpenAI request; the scheduler fills
+// GeneratedTokens into the request's RequestStream.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace spw::runtime {
+
+struct SamplingParams {
+  float temperature = 1.f;  // 0 = greedy (argmax, lowest id on ties)
+  float top_p = 1.f;        // nucleus mass in (0, 1]
+  int top_k = 0;            // 0 = off
+  float min_p = 0.f;        // drop tokens with p < min_p · p_max; 0 = off
+  std::optional<uint64_t> seed;  // per-request RNG; unset = seeded from the OS
+  float presence_penalty = 0.f;   // OpenAI semantics: over generated tokens only
+  float frequency_penalty = 0.f;
+  int top_logprobs = -1;  // -1: no logprobs; 0: the chosen token's only; k: also the k most likely
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int max_tokens = 16;                  // ≥ 1 (the server turns max_tokens = 0 into no request)
+  std::vector<int32_t> stop_token_ids;  // finish (reason stop) when one is sampled; it is reported
+  bool ignore_eos = false;
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.f;
+};
+
+struct GeneratedToken {
+  int32_t id = 0;
+  float logprob = 0.f;              // log p(id) under the model's distribution (before sampling transforms)
+  std::vector<TokenLogprob> top;    // top_logprobs most likely, most likely first
+};
+
+enum class FinishReason {
+  none,       // still running
+  stop,       // EOS or a stop token id
+  length,     // max_tokens or the context limit
+  cancelled,  // the client went away or the server is shutting down
+  error,      // the engine failed; message says why
+};
+
+const char* to_string(FinishReason reason);
+
+}  // namespace spw::runtime

@@ -1,0 +1,34 @@
+// Per-request token sampler: penalties → temperature → top-k → min-p → top-p → draw.
+// Deterministic for a given seed: its own RNG (splitmix-seeded mt19937_64), ties broken by the
+// lower token id, and no dependence on other requests in the batch.
+// Logprobs are reported from the model's own distribution (log-softmax of the raw logits), as
+// vLLM does by default, so they do not move with temperature or penalties.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <unordered_map>
+
+#include "runtime/request.h"
+
+namespace spw::runtime {
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+
+  // Picks the next token from logits [vocab]. Records it for the penalties.
+  GeneratedToken sample(std::span<const float> logits);
+
+ private:
+  int32_t draw(std::span<const float> logits);
+
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::unordered_map<int32_t, int> counts_;  // generated token → times generated
+  std::vector<float> work_;
+  std::vector<int32_t> order_;
+};
+
+}  // namespace spw::runtime

@@ -1,0 +1,266 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+
+#include "base/log.h"
+#include "runtime/step_plan.h"
+
+namespace spw::runtime {
+
+using clock = std::chrono::steady_clock;
+
+struct Engine::Sequence {
+  GenerationRequest request;
+  std::shared_ptr<RequestStream> stream;
+  Sampler sampler;
+  SequenceState state;
+  int64_t reserve = 0;      // KV tokens reserved: prompt + max_tokens
+  int64_t n_prefilled = 0;  // prompt tokens in `state`
+  int n_generated = 0;
+  int32_t last_token = 0;   // sampled, not yet fed to the model
+  clock::time_point submitted, last_token_at;
+
+  Sequence(GenerationRequest r, std::shared_ptr<RequestStream> s)
+      : request(std::move(r)), stream(std::move(s)), sampler(request.sampling) {}
+  bool decoding() const { return n_prefilled == int64_t(request.prompt.size()); }
+};
+
+Engine::Engine(const Model& model, EngineSettings settings)
+    : model_(model), settings_(settings), prefix_cache_(settings.prefix_block, settings.prefix_cache_nbytes) {
+  SPW_CHECK(settings_.prefix_block > 0 && settings_.prefill_chunk % settings_.prefix_block == 0);
+  SPW_CHECK(settings_.step_token_budget >= settings_.prefill_chunk && settings_.max_batch > 0);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() { stop(); }
+
+Submission Engine::submit(GenerationRequest request) {
+  Submission out;
+  const int64_t vocab = model_.config().vocab_size;
+  if (request.prompt.empty()) return {SubmitCode::invalid, "the prompt is empty", nullptr};
+  for (size_t i = 0; i < request.prompt.size(); ++i)
+    if (request.prompt[i] < 0 || request.prompt[i] >= vocab)
+      return {SubmitCode::invalid,
+              make_error("prompt token ", i, " is ", request.prompt[i], ", outside the vocabulary [0, ", vocab, ")").message,
+              nullptr};
+  if (request.max_tokens < 1) return {SubmitCode::invalid, "max_tokens must be at least 1", nullptr};
+  const int64_t reserve = int64_t(request.prompt.size()) + request.max_tokens;
+  if (reserve > settings_.kv_tokens)
+    return {SubmitCode::too_large,
+            make_error("the prompt (", request.prompt.size(), " tokens) plus max_tokens (", request.max_tokens,
+                       ") needs ", reserve, " KV tokens, more than this server's capacity of ", settings_.kv_tokens,
+                       " (--kv-tokens); shorten the prompt or lower max_tokens")
+                .message,
+            nullptr};
+
+  auto stream = std::make_shared<RequestStream>(int(request.prompt.size()));
+  auto seq = std::make_unique<Sequence>(std::move(request), stream);
+  seq->reserve = reserve;
+  seq->submitted = clock::now();
+  {
+    std::lock_guard lock(mutex_);
+    if (draining_ || stopping_) return {SubmitCode::draining, "the server is shutting down", nullptr};
+    const bool fits = waiting_.empty() && n_active_ < settings_.max_num_seqs &&
+                      kv_reserved_ + reserve <= settings_.kv_tokens;
+    if (fits) {
+      kv_reserved_ += reserve;
+      ++n_active_;
+      admitted_.push_back(std::move(seq));
+    } else if (int64_t(waiting_.size()) < settings_.max_queue) {
+      waiting_.push_back(std::move(seq));
+    } else {
+      metrics_.on_reject();
+      return {SubmitCode::queue_full,
+              make_error("the server is at capacity: ", n_active_, " requests running and ", waiting_.size(),
+                         " queued (--max-queue ", settings_.max_queue, "); retry later")
+                  .message,
+              nullptr};
+    }
+  }
+  wake_.notify_one();
+  out.stream = std::move(stream);
+  return out;
+}
+
+void Engine::drain() {
+  std::lock_guard lock(mutex_);
+  draining_ = true;
+}
+
+void Engine::cancel_all() {
+  {
+    std::lock_guard lock(mutex_);
+    cancel_all_ = true;
+  }
+  wake_.notify_one();
+}
+
+bool Engine::idle() const {
+  std::lock_guard lock(mutex_);
+  return waiting_.empty() && n_active_ == 0;
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    draining_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::release_locked(Sequence& seq) {
+  kv_reserved_ -= seq.reserve;
+  --n_active_;
+}
+
+// FIFO: the head of the queue is admitted first; nothing overtakes it.
+void Engine::admit_locked() {
+  while (!waiting_.empty() && n_active_ < settings_.max_num_seqs &&
+         kv_reserved_ + waiting_.front()->reserve <= settings_.kv_tokens) {
+    kv_reserved_ += waiting_.front()->reserve;
+    ++n_active_;
+    admitted_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
+
+void Engine::finish(Sequence& seq, FinishReason reason, std::string error) {
+  seq.stream->finish(reason, std::move(error));
+  {
+    std::lock_guard lock(mutex_);
+    release_locked(seq);
+    admit_locked();
+  }
+  metrics_.on_finish(reason == FinishReason::cancelled);
+}
+
+void Engine::start_sequence(Sequence& seq) {
+  const auto& prompt = seq.request.prompt;
+  seq.state = model_.new_sequence();
+  const int64_t cached = prefix_cache_.lookup(prompt, max_cached_prefix(int64_t(prompt.size())), seq.state);
+  seq.n_prefilled = cached;
+  seq.stream->set_cached_tokens(int(cached));
+  metrics_.on_admit(int64_t(prompt.size()), cached);
+}
+
+void Engine::publish_gauges() {
+  int64_t queued, kv;
+  {
+    std::lock_guard lock(mutex_);
+    queued = int64_t(waiting_.size());
+    kv = kv_reserved_;
+  }
+  metrics_.set_gauges(queued, int64_t(running_.size()), kv, settings_.kv_tokens, prefix_cache_.n_entries(),
+                      prefix_cache_.nbytes());
+}
+
+void Engine::loop() {
+  for (;;) {
+    std::vector<std::unique_ptr<Sequence>> fresh;
+    bool cancel_everything = false;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || cancel_all_ || !admitted_.empty() || !running_.empty(); });
+      cancel_everything = cancel_all_ || stopping_;
+      cancel_all_ = false;
+      fresh.swap(admitted_);
+      for (auto it = waiting_.begin(); it != waiting_.end();) {
+        if (cancel_everything || (*it)->stream->cancelled()) {
+          (*it)->stream->finish(FinishReason::cancelled);
+          it = waiting_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& seq : fresh) {
+      start_sequence(*seq);
+      running_.push_back(std::move(seq));
+    }
+    std::erase_if(running_, [&](const std::unique_ptr<Sequence>& seq) {
+      if (!cancel_everything && !seq->stream->cancelled()) return false;
+      finish(*seq, FinishReason::cancelled);
+      return true;
+    });
+    if (!running_.empty()) run_step();
+    publish_gauges();
+    std::lock_guard lock(mutex_);
+    if (stopping_ && running_.empty() && admitted_.empty() && waiting_.empty()) break;
+  }
+}
+
+void Engine::run_step() {
+  const int64_t chunk = settings_.prefill_chunk, block = settings_.prefix_block;
+  std::vector<PlanEntry> entries(running_.size());
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const Sequence& s = *running_[i];
+    entries[i].decoding = s.decoding();
+    entries[i].n_tokens =
+        s.decoding() ? 1 : next_prefill_end(s.n_prefilled, int64_t(s.request.prompt.size()), chunk, block) - s.n_prefilled;
+  }
+  const StepPlan plan = plan_step(entries, size_t(settings_.max_batch), settings_.step_token_budget, rotate_++);
+
+  std::vector<SequenceState*> states;
+  std::vector<std::span<const int32_t>> tokens;
+  for (size_t i : plan.members) {
+    Sequence& s = *running_[i];
+    states.push_back(&s.state);
+    if (s.decoding())
+      tokens.emplace_back(&s.last_token, 1);
+    else
+      tokens.push_back(std::span<const int32_t>(s.request.prompt).subspan(size_t(s.n_prefilled), size_t(entries[i].n_tokens)));
+  }
+  const auto t0 = clock::now();
+  auto logits = model_.forward_batch(states, tokens);
+  const auto t1 = clock::now();
+
+  std::vector<bool> done(running_.size(), false);
+  int64_t n_prefill = 0, n_generated = 0;
+  if (!logits.ok()) {
+    SPW_LOG_ERROR("engine step failed: {}", logits.error().message);
+    for (size_t i : plan.members) {
+      finish(*running_[i], FinishReason::error, logits.error().message);
+      done[i] = true;
+    }
+  } else {
+    const int64_t eos = model_.config().eos_id;
+    for (size_t k = 0; k < plan.members.size(); ++k) {
+      Sequence& s = *running_[plan.members[k]];
+      if (!s.decoding()) {
+        s.n_prefilled += int64_t(tokens[k].size());
+        n_prefill += int64_t(tokens[k].size());
+        if (s.n_prefilled % block == 0)
+          prefix_cache_.insert(std::span<const int32_t>(s.request.prompt).first(size_t(s.n_prefilled)), s.state);
+        if (!s.decoding()) continue;
+      }
+      GeneratedToken tok = s.sampler.sample((*logits)[k]);
+      const int32_t id = tok.id;
+      if (s.n_generated == 0)
+        metrics_.on_first_token(std::chrono::duration<double>(t1 - s.submitted).count());
+      else
+        metrics_.on_inter_token(std::chrono::duration<double>(t1 - s.last_token_at).count());
+      s.last_token_at = t1;
+      s.last_token = id;
+      ++s.n_generated;
+      ++n_generated;
+      s.stream->push(std::move(tok));
+      const auto& stops = s.request.stop_token_ids;
+      if ((id == eos && !s.request.ignore_eos) || std::find(stops.begin(), stops.end(), id) != stops.end()) {
+        finish(s, FinishReason::stop);
+        done[plan.members[k]] = true;
+      } else if (s.n_generated >= s.request.max_tokens) {
+        finish(s, FinishReason::length);
+        done[plan.members[k]] = true;
+      }
+    }
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < running_.size(); ++i)
+    if (!done[i]) running_[kept++] = std::move(running_[i]);
+  running_.resize(kept);
+  metrics_.on_step(std::chrono::duration<double>(t1 - t0).count(), n_prefill, n_generated, t1);
+}
+
+}  // namespace spw::runtime

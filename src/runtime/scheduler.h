@@ -1,0 +1,96 @@
+// The engine: one thread that owns the model's forward (the CPU reference's thread pool is not
+// reentrant), running continuous batching over every admitted sequence.
+//
+// Each step: reap cancelled sequences, admit waiting requests in FIFO order while the KV capacity
+// model allows (sum over running sequences of prompt + max_tokens ≤ kv_tokens, and at most
+// max_num_seqs), plan (decode tokens first, then chunked-prefill pieces under the step token
+// budget), run one forward_batch, sample, push tokens to each request's stream.
+// HTTP threads only call submit() and talk to their RequestStream.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/model.h"
+#include "runtime/engine_metrics.h"
+#include "runtime/prefix_cache.h"
+#include "runtime/request_stream.h"
+#include "runtime/sampler.h"
+
+namespace spw::runtime {
+
+struct EngineSettings {
+  int max_num_seqs = 64;        // sequences admitted (running) at once
+  int max_batch = 64;           // sequences in one forward_batch step
+  int64_t kv_tokens = 262144;   // KV capacity model: Σ (prompt + max_tokens) over running sequences
+  int max_queue = 256;          // requests waiting for admission; beyond this, submit is refused
+  int prefill_chunk = 256;      // prefill piece size (multiple of prefix_block)
+  int step_token_budget = 512;  // tokens per step (decodes + prefill pieces), ≥ prefill_chunk
+  int prefix_block = 16;        // prefix-cache block, tokens
+  size_t prefix_cache_nbytes = size_t(1) << 30;  // 0 disables the prefix cache
+};
+
+enum class SubmitCode { ok, invalid, too_large, queue_full, draining };
+
+struct Submission {
+  SubmitCode code = SubmitCode::ok;
+  std::string message;
+  std::shared_ptr<RequestStream> stream;  // set when code == ok
+};
+
+class Engine {
+ public:
+  Engine(const Model& model, EngineSettings settings);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Thread-safe. Validates (token ids, max_tokens, capacity) and queues; never blocks on the model.
+  Submission submit(GenerationRequest request);
+
+  // Refuse new submissions from now on (graceful shutdown); running and queued ones continue.
+  void drain();
+  // Cancel everything queued and running (they finish with FinishReason::cancelled).
+  void cancel_all();
+  // Nothing queued or running.
+  bool idle() const;
+  // Cancels what is left and joins the engine thread. Idempotent.
+  void stop();
+
+  const EngineSettings& settings() const { return settings_; }
+  EngineSnapshot metrics() const { return metrics_.snapshot(); }
+
+ private:
+  struct Sequence;
+  void loop();
+  void admit_locked();
+  void start_sequence(Sequence& seq);
+  void run_step();
+  void finish(Sequence& seq, FinishReason reason, std::string error = {});
+  void release_locked(Sequence& seq);
+  void publish_gauges();
+
+  const Model& model_;
+  const EngineSettings settings_;
+  EngineMetrics metrics_;
+  PrefixCache prefix_cache_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;   // guarded by mutex_
+  std::vector<std::unique_ptr<Sequence>> admitted_;  // guarded by mutex_; the engine picks them up
+  int64_t kv_reserved_ = 0;                          // guarded by mutex_
+  int64_t n_active_ = 0;                             // admitted + running, guarded by mutex_
+  bool draining_ = false, stopping_ = false, cancel_all_ = false;
+
+  std::vector<std::unique_ptr<Sequence>> running_;  // engine thread only
+  size_t rotate_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace spw::runtime
