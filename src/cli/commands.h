@@ -9,5 +9,6 @@ namespace spw::cli {
 // Returns the action to run if the subcommand was selected (exit code).
 std::function<int()> add_run_command(CLI::App& app);
 std::function<int()> add_inspect_command(CLI::App& app);
+std::function<int()> add_serve_command(CLI::App& app);
 
 }  // namespace spw::cli

@@ -13,9 +13,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   auto run = spw::cli::add_run_command(app);
   auto inspect = spw::cli::add_inspect_command(app);
+  auto serve = spw::cli::add_serve_command(app);
   CLI11_PARSE(app, argc, argv);
   spw::log_init(log_level);
   if (app.got_subcommand("run")) return run();
   if (app.got_subcommand("inspect")) return inspect();
+  if (app.got_subcommand("serve")) return serve();
   return 1;
 }

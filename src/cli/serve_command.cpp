@@ -1,0 +1,171 @@
+// `spillway serve`: the OpenAI-compatible HTTP server (docs/server.md). Reads every setting once
+// (flags, then SPILLWAY_* environment variables), loads the model, starts the engine thread and
+// the HTTP listener, and shuts down gracefully on SIGINT/SIGTERM (exit 0).
+#include <csignal>
+#include <filesystem>
+#include <pthread.h>
+#include <thread>
+
+#include "base/log.h"
+#include "base/thread_pool.h"
+#include "cli/commands.h"
+#include "model/model.h"
+#include "server/http_server.h"
+#include "server/openai_api.h"
+#include "server/settings.h"
+#include "server/text.h"
+
+namespace spw::cli {
+namespace {
+
+struct ServeOptions {
+  server::ServerSettings s;
+  size_t prefix_cache_mb = 1024;
+  std::string numerics = "reference";
+  int threads = 0;
+};
+
+Status validate(const ServeOptions& o) {
+  const auto& e = o.s.engine;
+  if (o.s.port < 0 || o.s.port > 65535) return make_error("--port ", o.s.port, " is not a TCP port");
+  if (e.max_num_seqs < 1) return make_error("--max-num-seqs must be at least 1");
+  if (e.max_batch < 1) return make_error("--max-batch must be at least 1");
+  if (e.kv_tokens < 2) return make_error("--kv-tokens must be at least 2");
+  if (e.max_queue < 0) return make_error("--max-queue must not be negative");
+  if (e.prefill_chunk < e.prefix_block || e.prefill_chunk % e.prefix_block != 0)
+    return make_error("--prefill-chunk ", e.prefill_chunk, " must be a positive multiple of ", e.prefix_block,
+                      " (the prefix-cache block)");
+  if (e.step_token_budget < e.prefill_chunk)
+    return make_error("--step-token-budget ", e.step_token_budget, " must be at least --prefill-chunk ", e.prefill_chunk);
+  if (o.s.max_model_len < 2) return make_error("--max-model-len must be at least 2");
+  if (o.s.max_tokens_limit < 1) return make_error("--max-tokens-limit must be at least 1");
+  return {};
+}
+
+int serve(ServeOptions o) {
+  // Signals go to one thread (sigwait) only: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not a dead server
+
+  if (auto st = validate(o); !st.ok()) {
+    SPW_LOG_ERROR("{}", st.error().message);
+    return 2;
+  }
+  o.s.engine.prefix_cache_nbytes = o.prefix_cache_mb << 20;
+  if (o.s.served_model_name.empty())
+    o.s.served_model_name = std::filesystem::path(o.s.model_dir).lexically_normal().filename().string();
+  if (o.s.served_model_name.empty()) o.s.served_model_name = "spillway";
+  if (o.threads > 0) set_global_pool_threads(size_t(o.threads));
+
+  Numerics numerics = o.numerics == "exact" ? Numerics::exact() : Numerics::reference();
+  LoadOptions load;
+  load.on_progress = [](int done, int total) { SPW_LOG_DEBUG("loading layers: {}/{}", done, total); };
+  auto model = load_model(o.s.model_dir, numerics, load);
+  if (!model.ok()) {
+    SPW_LOG_ERROR("{}", model.error().message);
+    return 1;
+  }
+  auto text = server::Text::load(o.s.model_dir);
+  if (!text.ok()) {
+    SPW_LOG_ERROR("{}", text.error().message);
+    return 1;
+  }
+  if (!(*text)->has_tokenizer())
+    SPW_LOG_WARN("{} has no tokenizer.json: serving token-id prompts only", o.s.model_dir);
+
+  const ModelConfig& cfg = (*model)->config();
+  server::ModelInfo info{o.s.served_model_name, cfg.is_v41() ? ChatFamily::v41 : ChatFamily::v4, int32_t(cfg.eos_id)};
+  runtime::Engine engine(**model, o.s.engine);
+  server::OpenAiApi api(engine, **text, o.s, info);
+  server::HttpServer http(api, engine, o.s);
+  if (auto st = http.bind(); !st.ok()) {
+    SPW_LOG_ERROR("{}", st.error().message);
+    engine.stop();
+    return 1;
+  }
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    SPW_LOG_INFO("signal {}: shutting down (grace {} s)", sig, o.s.shutdown_grace_s);
+    http.shutdown(o.s.shutdown_grace_s);
+  });
+  SPW_LOG_INFO("serving {} on http://{}:{} (model id \"{}\")", o.s.model_dir, o.s.host, http.port(),
+               o.s.served_model_name);
+  const Status served = http.serve();
+  if (!served.ok()) {
+    SPW_LOG_ERROR("{}", served.error().message);
+    pthread_kill(signal_thread.native_handle(), SIGTERM);
+  }
+  signal_thread.join();
+  engine.stop();
+  SPW_LOG_INFO("shut down");
+  return served.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+std::function<int()> add_serve_command(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  auto& s = o->s;
+  auto& e = s.engine;
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/server.md)");
+  cmd->add_option("--model,-m", s.model_dir, "model directory (config.json, safetensors, tokenizer.json)")
+      ->required()
+      ->envname("SPILLWAY_MODEL");
+  cmd->add_option("--served-model-name", s.served_model_name, "model id in /v1/models (default: the directory name)")
+      ->envname("SPILLWAY_SERVED_MODEL_NAME");
+  cmd->add_option("--host", s.host, "address to listen on")->envname("SPILLWAY_HOST")->capture_default_str();
+  cmd->add_option("--port", s.port, "TCP port (0 = any free port, printed at start)")
+      ->envname("SPILLWAY_PORT")
+      ->capture_default_str();
+  cmd->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize")
+      ->envname("SPILLWAY_API_KEY");
+  cmd->add_option("--max-num-seqs", e.max_num_seqs, "sequences running at once")
+      ->envname("SPILLWAY_MAX_NUM_SEQS")
+      ->capture_default_str();
+  cmd->add_option("--max-batch", e.max_batch, "sequences in one engine step")
+      ->envname("SPILLWAY_MAX_BATCH")
+      ->capture_default_str();
+  cmd->add_option("--kv-tokens", e.kv_tokens, "KV capacity: sum of prompt + max_tokens over running sequences")
+      ->envname("SPILLWAY_KV_TOKENS")
+      ->capture_default_str();
+  cmd->add_option("--max-queue", e.max_queue, "requests waiting for admission before new ones get 503")
+      ->envname("SPILLWAY_MAX_QUEUE")
+      ->capture_default_str();
+  cmd->add_option("--max-model-len", s.max_model_len, "prompt + completion tokens of one request")
+      ->envname("SPILLWAY_MAX_MODEL_LEN")
+      ->capture_default_str();
+  cmd->add_option("--max-tokens-limit", s.max_tokens_limit, "largest max_tokens accepted; the default when none is sent")
+      ->envname("SPILLWAY_MAX_TOKENS_LIMIT")
+      ->capture_default_str();
+  cmd->add_option("--prefill-chunk", e.prefill_chunk, "prefill piece size in tokens (multiple of 16)")
+      ->envname("SPILLWAY_PREFILL_CHUNK")
+      ->capture_default_str();
+  cmd->add_option("--step-token-budget", e.step_token_budget, "tokens per engine step (decodes + prefill pieces)")
+      ->envname("SPILLWAY_STEP_TOKEN_BUDGET")
+      ->capture_default_str();
+  cmd->add_option("--prefix-cache-mb", o->prefix_cache_mb, "prefix-cache memory budget in MiB (0 = off)")
+      ->envname("SPILLWAY_PREFIX_CACHE_MB")
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes", s.max_body_bytes, "largest request body")
+      ->envname("SPILLWAY_MAX_BODY_BYTES")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", s.http_threads, "connections served at once")
+      ->envname("SPILLWAY_HTTP_THREADS")
+      ->capture_default_str();
+  cmd->add_option("--shutdown-grace", s.shutdown_grace_s, "seconds in-flight requests get on SIGINT/SIGTERM")
+      ->envname("SPILLWAY_SHUTDOWN_GRACE")
+      ->capture_default_str();
+  cmd->add_option("--numerics", o->numerics, "reference or exact (docs/numerics.md)")
+      ->check(CLI::IsMember({"reference", "exact"}))
+      ->envname("SPILLWAY_NUMERICS")
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads of the engine (0 = all cores)")->envname("SPILLWAY_THREADS");
+  return [o] { return serve(*o); };
+}
+
+}  // namespace spw::cli

@@ -1,0 +1,81 @@
+#include "server/generation.h"
+
+#include <algorithm>
+
+namespace spw::server {
+
+std::string StopMatcher::push(std::string_view text) {
+  if (stopped_) return {};
+  held_.append(text);
+  if (stops_.empty()) return std::exchange(held_, {});
+  size_t first = std::string::npos;
+  for (const auto& s : stops_) first = std::min(first, held_.find(s));
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = held_.substr(0, first);
+    held_.clear();
+    return out;
+  }
+  // Hold back the longest suffix that is a proper prefix of some stop sequence.
+  size_t keep = 0;
+  for (const auto& s : stops_)
+    for (size_t n = std::min(s.size() - 1, held_.size()); n > keep; --n)
+      if (held_.compare(held_.size() - n, n, s, 0, n) == 0) {
+        keep = n;
+        break;
+      }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string StopMatcher::flush() { return stopped_ ? std::string() : std::exchange(held_, {}); }
+
+GenerationRun::GenerationRun(const Text& text, std::shared_ptr<runtime::RequestStream> stream,
+                             const GenerationParams& params, int32_t eos_id, bool skip_special)
+    : stream_(std::move(stream)), decoder_(text, skip_special), stops_(params.stop), stop_ids_(params.stop_token_ids) {
+  if (!params.ignore_eos) stop_ids_.push_back(eos_id);
+}
+
+GenerationRun::~GenerationRun() {
+  if (!finished_) stream_->cancel();
+}
+
+GenerationRun::Step GenerationRun::next(std::chrono::milliseconds timeout) {
+  Step step;
+  if (finished_) return step;
+  runtime::StreamUpdate u = stream_->wait(timeout);
+  n_prompt_ = u.n_prompt_tokens;
+  n_cached_ = u.n_cached_tokens;
+  for (auto& tok : u.tokens) {
+    ++n_completion_;
+    const int32_t id = tok.id;
+    step.tokens.push_back(std::move(tok));
+    // A stop token id (EOS included) ends the output without adding its text.
+    if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) continue;
+    step.text += stops_.push(decoder_.push(id));
+    if (stops_.stopped()) {
+      stream_->cancel();  // the engine frees the sequence before its next step
+      finished_ = true;
+      step.finish_reason = "stop";
+      return step;
+    }
+  }
+  if (u.finish == runtime::FinishReason::none) return step;
+  finished_ = true;
+  step.text += stops_.push(decoder_.flush());
+  step.text += stops_.flush();
+  switch (u.finish) {
+    case runtime::FinishReason::stop: step.finish_reason = "stop"; break;
+    case runtime::FinishReason::length: step.finish_reason = "length"; break;
+    case runtime::FinishReason::error:
+      step.finish_reason = "error";
+      step.error = u.error;
+      break;
+    default: step.finish_reason = stops_.stopped() ? "stop" : "abort"; break;
+  }
+  if (stops_.stopped()) step.finish_reason = "stop";
+  return step;
+}
+
+}  // namespace spw::server

@@ -1,0 +1,64 @@
+// Handler-side view of one request in flight: drains the engine's RequestStream, detokenizes
+// incrementally, applies text stop sequences (holding back text that could still become one),
+// and reports the finish reason. Shared by /v1/completions and /v1/chat/completions, streaming
+// or not.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/request_stream.h"
+#include "server/openai_request.h"
+#include "server/text.h"
+
+namespace spw::server {
+
+// Text stop sequences. push() returns the text that can no longer be part of a stop sequence;
+// once one matches, everything from its start on is dropped and stopped() is true.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  std::string push(std::string_view text);
+  std::string flush();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+class GenerationRun {
+ public:
+  GenerationRun(const Text& text, std::shared_ptr<runtime::RequestStream> stream, const GenerationParams& params,
+                int32_t eos_id, bool skip_special);
+  ~GenerationRun();  // cancels the request if it is still running (client gone, handler error)
+
+  struct Step {
+    std::string text;                            // new output text
+    std::vector<runtime::GeneratedToken> tokens; // tokens consumed by this step
+    std::optional<std::string> finish_reason;    // "stop", "length", "abort"; set once, on the last step
+    std::string error;                           // engine failure (finish_reason "error")
+  };
+  // Waits up to `timeout` for progress. Returns an empty Step on timeout.
+  Step next(std::chrono::milliseconds timeout);
+  void cancel() { stream_->cancel(); }
+
+  int n_prompt_tokens() const { return n_prompt_; }
+  int n_cached_tokens() const { return n_cached_; }
+  int n_completion_tokens() const { return n_completion_; }
+
+ private:
+  std::shared_ptr<runtime::RequestStream> stream_;
+  Text::Decoder decoder_;
+  StopMatcher stops_;
+  std::vector<int32_t> stop_ids_;
+  bool finished_ = false;
+  int n_prompt_ = 0, n_cached_ = 0, n_completion_ = 0;
+};
+
+}  // namespace spw::server

@@ -1,0 +1,139 @@
+#include "server/openai_api.h"
+
+#include <atomic>
+#include <chrono>
+#include <random>
+
+namespace spw::server {
+
+HttpReply HttpReply::json(const Json& j, int status) {
+  HttpReply r;
+  r.status = status;
+  r.body = dump_json(j);
+  return r;
+}
+
+HttpReply HttpReply::error(const ApiError& e) {
+  HttpReply r = json(error_json(e), e.status);
+  if (e.status == 503 || e.status == 429) r.headers.emplace_back("Retry-After", "1");
+  return r;
+}
+
+std::string make_request_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s-%016llx%08llx", prefix, static_cast<unsigned long long>(salt),
+                static_cast<unsigned long long>(counter.fetch_add(1)));
+  return buf;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+Json usage_json(const GenerationRun& run) {
+  Json u;
+  u["prompt_tokens"] = run.n_prompt_tokens();
+  u["completion_tokens"] = run.n_completion_tokens();
+  u["total_tokens"] = run.n_prompt_tokens() + run.n_completion_tokens();
+  u["prompt_tokens_details"] = Json{{"cached_tokens", run.n_cached_tokens()}};
+  return u;
+}
+
+ApiResult<Json> parse_body(const std::string& body) {
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return bad_request("the request body is not valid JSON");
+  if (!j.is_object()) return bad_request("the request body must be a JSON object");
+  return j;
+}
+
+OpenAiApi::OpenAiApi(runtime::Engine& engine, const Text& text, const ServerSettings& settings, ModelInfo model)
+    : engine_(engine), text_(text), settings_(settings), model_(std::move(model)) {}
+
+ApiResult<std::shared_ptr<runtime::RequestStream>> OpenAiApi::submit(std::vector<int32_t> prompt,
+                                                                     const GenerationParams& gen,
+                                                                     const char* prompt_noun) {
+  const int64_t n_prompt = int64_t(prompt.size());
+  const int64_t max_len = settings_.max_model_len;
+  if (n_prompt == 0) return bad_request("the prompt is empty", "prompt");
+  if (gen.max_tokens && *gen.max_tokens > settings_.max_tokens_limit)
+    return bad_request("max_tokens is " + std::to_string(*gen.max_tokens) + ", more than this server's limit of " +
+                           std::to_string(settings_.max_tokens_limit) + " (--max-tokens-limit)",
+                       "max_tokens");
+  if (n_prompt >= max_len || (gen.max_tokens && n_prompt + *gen.max_tokens > max_len)) {
+    std::string msg = "This model's maximum context length is " + std::to_string(max_len) +
+                      " tokens. However, you requested " +
+                      std::to_string(n_prompt + gen.max_tokens.value_or(0)) + " tokens (" + std::to_string(n_prompt) +
+                      " in the " + prompt_noun + ", " + std::to_string(gen.max_tokens.value_or(0)) +
+                      " in the completion). Please reduce the length of the " + prompt_noun + " or completion.";
+    return bad_request(std::move(msg), gen.max_tokens && n_prompt < max_len ? "max_tokens" : "messages",
+                       "context_length_exceeded");
+  }
+  runtime::GenerationRequest req;
+  req.prompt = std::move(prompt);
+  req.sampling = gen.sampling;
+  req.max_tokens = int(gen.max_tokens.value_or(std::min<int64_t>(settings_.max_tokens_limit, max_len - n_prompt)));
+  req.stop_token_ids = gen.stop_token_ids;
+  req.ignore_eos = gen.ignore_eos;
+  runtime::Submission s = engine_.submit(std::move(req));
+  switch (s.code) {
+    case runtime::SubmitCode::ok: return std::move(s.stream);
+    case runtime::SubmitCode::invalid: return bad_request(s.message, "prompt");
+    case runtime::SubmitCode::too_large: return bad_request(s.message, "max_tokens", "kv_capacity_exceeded");
+    case runtime::SubmitCode::queue_full: return ApiError{503, s.message, "server_overloaded", "", "queue_full"};
+    case runtime::SubmitCode::draining: return ApiError{503, s.message, "server_unavailable", "", "shutting_down"};
+  }
+  return ApiError{500, "unknown submit result", "server_error", "", ""};
+}
+
+HttpReply OpenAiApi::models() const {
+  Json m;
+  m["id"] = model_.id;
+  m["object"] = "model";
+  m["created"] = unix_now();
+  m["owned_by"] = "spillway";
+  m["max_model_len"] = settings_.max_model_len;
+  Json out;
+  out["object"] = "list";
+  out["data"] = Json::array({m});
+  return HttpReply::json(out);
+}
+
+HttpReply OpenAiApi::tokenize(const std::string& body) const {
+  auto j = parse_body(body);
+  if (!j.ok) return HttpReply::error(j.error);
+  auto req = parse_tokenize_request(j.value);
+  if (!req.ok) return HttpReply::error(req.error);
+  std::vector<int32_t> ids;
+  if (req.value.has_messages) {
+    auto chat = parse_chat_completion_request(j.value);
+    if (!chat.ok) return HttpReply::error(chat.error);
+    bool thinking = false;
+    auto p = chat_prompt(j.value, chat.value, &thinking);
+    if (!p.ok) return HttpReply::error(p.error);
+    ids = std::move(p.value);
+  } else {
+    auto e = text_.encode(*req.value.prompt, req.value.add_special_tokens);
+    if (!e.ok()) return HttpReply::error(bad_request(e.error().message, "prompt"));
+    ids = std::move(e.value());
+  }
+  Json out;
+  out["count"] = ids.size();
+  out["max_model_len"] = settings_.max_model_len;
+  out["tokens"] = ids;
+  return HttpReply::json(out);
+}
+
+HttpReply OpenAiApi::detokenize(const std::string& body) const {
+  auto j = parse_body(body);
+  if (!j.ok) return HttpReply::error(j.error);
+  auto ids = parse_detokenize_request(j.value);
+  if (!ids.ok) return HttpReply::error(ids.error);
+  if (!text_.has_tokenizer()) return HttpReply::error(bad_request("this model has no tokenizer.json", "tokens"));
+  Json out;
+  out["prompt"] = text_.decode(ids.value, false);
+  return HttpReply::json(out);
+}
+
+}  // namespace spw::server

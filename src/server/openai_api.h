@@ -1,0 +1,68 @@
+// The OpenAI layer: request bodies in, replies out. Knows nothing of HTTP sockets (transport is
+// http_server.cpp); replies are either a finished body or an SSE producer that the transport
+// drives on the connection's thread. Every method returns a reply; none throws.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "chat/chat_encoding.h"
+#include "runtime/scheduler.h"
+#include "server/api_error.h"
+#include "server/generation.h"
+#include "server/settings.h"
+#include "server/text.h"
+
+namespace spw::server {
+
+// Writes one SSE event's bytes; false once the client is gone.
+using SseWrite = std::function<bool(const std::string&)>;
+
+struct HttpReply {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::function<void(const SseWrite&)> sse;  // set: stream this instead of body
+
+  static HttpReply json(const Json& j, int status = 200);
+  static HttpReply error(const ApiError& e);
+};
+
+struct ModelInfo {
+  std::string id;
+  ChatFamily family = ChatFamily::v41;
+  int32_t eos_id = 1;
+};
+
+class OpenAiApi {
+ public:
+  OpenAiApi(runtime::Engine& engine, const Text& text, const ServerSettings& settings, ModelInfo model);
+
+  HttpReply completions(const std::string& body);
+  HttpReply chat_completions(const std::string& body);
+  HttpReply models() const;
+  HttpReply tokenize(const std::string& body) const;
+  HttpReply detokenize(const std::string& body) const;
+
+ private:
+  // Checks lengths against --max-model-len / --max-tokens-limit and submits to the engine.
+  ApiResult<std::shared_ptr<runtime::RequestStream>> submit(std::vector<int32_t> prompt, const GenerationParams& gen,
+                                                            const char* prompt_noun);
+  ApiResult<std::vector<int32_t>> chat_prompt(const Json& body, const ChatCompletionRequest& req, bool* thinking) const;
+
+  runtime::Engine& engine_;
+  const Text& text_;
+  const ServerSettings& settings_;
+  ModelInfo model_;
+};
+
+// Helpers shared by the completion and chat handlers (openai_api.cpp).
+std::string make_request_id(const char* prefix);
+int64_t unix_now();
+Json usage_json(const GenerationRun& run);
+ApiResult<Json> parse_body(const std::string& body);
+
+}  // namespace spw::server

@@ -1,0 +1,55 @@
+// OpenAI request bodies → typed requests, with validation. Wrong types and out-of-range values
+// give a 400 ApiError naming the field (`param`); unknown fields are ignored; null means absent.
+// Parsing never throws (tests/unit/test_server_request_fuzz.cpp feeds it random mutations).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "runtime/request.h"
+#include "server/api_error.h"
+#include "server/json.h"
+
+namespace spw::server {
+
+// Fields shared by /v1/completions and /v1/chat/completions.
+struct GenerationParams {
+  std::optional<int64_t> max_tokens;   // max_tokens, or max_completion_tokens (chat)
+  runtime::SamplingParams sampling;
+  std::vector<std::string> stop;       // text stop sequences (not included in the output)
+  std::vector<int32_t> stop_token_ids; // extension (vLLM): stop when one of these ids is sampled
+  bool ignore_eos = false;             // extension (vLLM)
+  bool stream = false;
+  bool include_usage = false;          // stream_options.include_usage
+};
+
+struct CompletionRequest {
+  std::string model;
+  std::variant<std::string, std::vector<int32_t>> prompt;  // text, or token ids
+  bool echo = false;
+  GenerationParams gen;
+};
+
+struct ChatCompletionRequest {
+  std::string model;
+  GenerationParams gen;
+  // tool_choice: "auto" (default), "none", "required", or the name of one function.
+  std::string tool_choice = "auto";
+};
+
+ApiResult<CompletionRequest> parse_completion_request(const Json& body);
+// The chat-specific parts (messages, tools, thinking) are read by src/chat from the same body.
+ApiResult<ChatCompletionRequest> parse_chat_completion_request(const Json& body);
+
+// /tokenize and /detokenize.
+struct TokenizeRequest {
+  std::optional<std::string> prompt;  // text; or `messages` (then the body goes to the chat encoder)
+  bool has_messages = false;
+  bool add_special_tokens = true;     // parse special-token text in the prompt
+};
+ApiResult<TokenizeRequest> parse_tokenize_request(const Json& body);
+ApiResult<std::vector<int32_t>> parse_detokenize_request(const Json& body);
+
+}  // namespace spw::server

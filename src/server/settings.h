@@ -1,0 +1,27 @@
+// Every `spillway serve` setting, read once at start-up (flags, then SPILLWAY_* environment
+// variables) into this struct; nothing below the CLI reads the environment (docs/STYLE.md, rule 8).
+// docs/server.md documents each one.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "runtime/scheduler.h"
+
+namespace spw::server {
+
+struct ServerSettings {
+  std::string model_dir;
+  std::string served_model_name;  // the id /v1/models lists; default: the model directory's name
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;            // empty: no authentication
+  int max_model_len = 8192;       // prompt + completion tokens of one request
+  int max_tokens_limit = 4096;    // largest max_tokens accepted; also the default when none is sent
+  size_t max_body_bytes = 8u << 20;
+  int http_threads = 256;         // connections served at once (each streaming request holds one)
+  double shutdown_grace_s = 30;   // on SIGINT/SIGTERM: time in-flight requests get before cancellation
+  runtime::EngineSettings engine;
+};
+
+}  // namespace spw::server
