@@ -3,11 +3,61 @@
 
 #include <pcre2.h>
 
+#include <cstdlib>
+
 #include "tokenizer/utf8.h"
 
 namespace spw::tok {
 
 namespace {
+
+struct OnigCategoryDelta {
+  std::string_view name;
+  std::string_view add;     // PCRE2 class items Oniguruma's \p{name} matches beyond the base Unicode
+  std::string_view remove;  // items it no longer matches
+};
+
+#include "tokenizer/generated/onig_categories.inc"
+
+const OnigCategoryDelta* find_delta(std::string_view name) {
+  for (const auto& d : kOnigCategoryDeltas) {
+    if (d.name == name) return &d;
+  }
+  return nullptr;
+}
+
+// PCRE2's Unicode data must be at least the base the deltas were computed against.
+Status check_pcre2_unicode() {
+  char version[32] = {};
+  pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, version);
+  const auto major = [](std::string_view v) { return std::atoi(std::string(v.substr(0, v.find('.'))).c_str()); };
+  if (major(version) < major(kOnigBaseUnicode)) {
+    return make_error("PCRE2 Unicode data ", version, " is older than ", kOnigBaseUnicode,
+                      " (needed to reproduce tokenizers' \\p{...} classes)");
+  }
+  return {};
+}
+
+// \p{X} / \P{X} rewritten to match tokenizers' Oniguruma sets. Other property names pass through.
+Result<std::string> translate_property(std::string_view p, std::string_view name, bool negated, bool in_class) {
+  const std::string pcre = std::string(negated ? "\\P{" : "\\p{") + std::string(name) + "}";
+  const OnigCategoryDelta* d = find_delta(name);
+  if (d == nullptr || (d->add.empty() && d->remove.empty())) return pcre;
+  const std::string add(d->add), remove(d->remove);
+  if (in_class) {
+    if (!negated && remove.empty()) return pcre + add;
+    if (negated && add.empty()) return pcre + remove;
+    return make_error("regex \"", p, "\": ", pcre, " inside a character class cannot be matched to tokenizers' Unicode data");
+  }
+  if (!negated) {
+    std::string out = "(?:";
+    if (!remove.empty()) out += "(?![" + remove + "])";
+    return out + "[" + pcre + add + "])";
+  }
+  std::string out = "(?:";
+  if (!add.empty()) out += "(?![" + add + "])";
+  return out + "[" + pcre + remove + "])";
+}
 
 // Unicode White_Space, the meaning of `\s` in Oniguruma and in Rust's regex crate.
 constexpr std::string_view kWhiteSpaceItems =
@@ -33,6 +83,27 @@ Result<std::string> translate_oniguruma(std::string_view p) {
         } else {
           out.append("[").append(items).append("]");
         }
+        continue;
+      }
+      if (e == 'p' || e == 'P') {
+        std::string_view name;
+        bool negated = e == 'P';
+        if (i + 1 < p.size() && p[i + 1] == '{') {
+          const size_t close = p.find('}', i + 2);
+          if (close == std::string_view::npos) return make_error("regex \"", p, "\": unterminated \\p{");
+          name = p.substr(i + 2, close - i - 2);
+          i = close;
+        } else if (i + 1 < p.size()) {
+          name = p.substr(i + 1, 1);
+          ++i;
+        }
+        if (!name.empty() && name[0] == '^') {
+          negated = !negated;
+          name.remove_prefix(1);
+        }
+        auto t = translate_property(p, name, negated, in_class);
+        if (!t) return t.error();
+        out.append(t.value());
         continue;
       }
       if (e == 'S' || e == 'H') {
@@ -86,6 +157,7 @@ Result<std::string> translate_oniguruma(std::string_view p) {
 }
 
 Result<std::unique_ptr<Regex>> Regex::compile(std::string_view pattern, bool literal) {
+  SPW_TRY(check_pcre2_unicode());
   std::string translated;
   if (literal) {
     translated = std::string(pattern);

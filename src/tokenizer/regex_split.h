@@ -24,8 +24,10 @@ struct Span {
   size_t end = 0;
 };
 
-// Rewrite Oniguruma-only escapes: `\s`/`\S` become Unicode White_Space classes (PCRE2's UCP `\s`
-// also matches U+180E), `\h`/`\H` become hex-digit classes (PCRE2's `\h` is horizontal space).
+// Rewrite escapes whose meaning differs between Oniguruma (as tokenizers uses it) and PCRE2:
+// `\s`/`\S` become Unicode White_Space classes (PCRE2's UCP `\s` also matches U+180E), `\h`/`\H`
+// hex-digit classes (PCRE2's `\h` is horizontal space), and General_Category `\p{X}`/`\P{X}` get
+// the code points tokenizers' newer Unicode data adds or moves (generated/onig_categories.inc).
 // Errors name the construct PCRE2 cannot express (nested classes, `&&` intersection).
 Result<std::string> translate_oniguruma(std::string_view pattern);
 
