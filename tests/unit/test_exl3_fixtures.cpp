@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -18,7 +19,9 @@
 namespace spw {
 namespace {
 
-const std::string kDir = std::string(SPW_SOURCE_DIR) + "/tests/fixtures/exl3";
+// SPW_EXL3_FIXTURE_DIR overrides (scripts/gpu_exl3.sh checks freshly made fixtures on the GPU machine).
+const std::string kDir = std::getenv("SPW_EXL3_FIXTURE_DIR") ? std::getenv("SPW_EXL3_FIXTURE_DIR")
+                                                              : std::string(SPW_SOURCE_DIR) + "/tests/fixtures/exl3";
 
 std::vector<uint16_t> f16_tensor(const TensorInfo* ti) {
   std::vector<uint16_t> v(ti->nbytes / 2);

@@ -1,0 +1,154 @@
+// EXL3 x·W benchmark: HBM bandwidth (device copy and read-only), Spillway's CUDA kernel on the tensors
+// of bench/exl3/make_bench_tensors.py (rotating through enough copies that no call hits L2), as a
+// ratio to the roofline trellis_bytes / bandwidth, and the CPU kernel (spw_cpu) on the same tensors.
+// Usage: bench_exl3 DIR [iters]   (DIR holds *.safetensors, one EXL3 linear each, prefix = file stem)
+// Driven by scripts/gpu_exl3.sh; results go to bench/results/exl3_h200.md.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/exl3_gemm.h"
+#include "cuda/exl3_gemm.h"
+#include "formats/exl3.h"
+#include "formats/safetensors.h"
+
+using namespace spw;
+
+#define CK(x)                                                                          \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+__global__ void read_kernel(const float4* p, size_t n, float* out) {
+  float s = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    float4 v = __ldcs(p + i);
+    s += v.x + v.y + v.z + v.w;
+  }
+  if (s == 1234.5f) *out = s;  // keeps the loads alive
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: bench_exl3 DIR [iters]\n");
+    return 2;
+  }
+  const int iters = argc > 2 ? std::atoi(argv[2]) : 200;
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  // 1. bandwidth
+  const size_t bw_bytes = size_t(2) << 30;
+  void *a, *b;
+  CK(cudaMalloc(&a, bw_bytes));
+  CK(cudaMalloc(&b, bw_bytes));
+  CK(cudaMemset(a, 1, bw_bytes));
+  float* dummy;
+  CK(cudaMalloc(&dummy, 4));
+  for (int i = 0; i < 3; ++i) CK(cudaMemcpy(b, a, bw_bytes, cudaMemcpyDeviceToDevice));
+  CK(cudaEventRecord(e0));
+  for (int i = 0; i < 10; ++i) CK(cudaMemcpyAsync(b, a, bw_bytes, cudaMemcpyDeviceToDevice));
+  CK(cudaEventRecord(e1));
+  CK(cudaEventSynchronize(e1));
+  float ms;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  const double copy_bw = 2.0 * bw_bytes * 10 / (ms * 1e-3);
+  read_kernel<<<prop.multiProcessorCount * 8, 512>>>(static_cast<const float4*>(a), bw_bytes / 16, dummy);
+  CK(cudaEventRecord(e0));
+  for (int i = 0; i < 10; ++i) read_kernel<<<prop.multiProcessorCount * 8, 512>>>(static_cast<const float4*>(a), bw_bytes / 16, dummy);
+  CK(cudaEventRecord(e1));
+  CK(cudaEventSynchronize(e1));
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  const double read_bw = double(bw_bytes) * 10 / (ms * 1e-3);
+  std::printf("hbm copy bandwidth (read+write bytes): %.0f GB/s\nhbm read bandwidth: %.0f GB/s\n", copy_bw / 1e9, read_bw / 1e9);
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+
+  // 2. tensors
+  std::vector<std::string> files;
+  for (auto& e : std::filesystem::directory_iterator(argv[1]))
+    if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  std::printf("\n| tensor | K | cb | k×n | m | spillway µs | trellis GB/s | vs copy-bw roofline | vs read-bw roofline |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<std::string> cpu_lines;
+  for (const std::string& path : files) {
+    auto f = SafetensorsFile::open(path);
+    if (!f) { std::fprintf(stderr, "%s\n", f.error().message.c_str()); return 1; }
+    std::string name = std::filesystem::path(path).stem().string();
+    auto t = exl3_load(*f.value(), name);
+    if (!t) { std::fprintf(stderr, "%s\n", t.error().message.c_str()); return 1; }
+    const size_t tb = t->trellis_nbytes();
+    const int copies = static_cast<int>(std::max<size_t>(2, (size_t(512) << 20) / tb + 1));
+    std::vector<Exl3CudaTensor> dts(copies);
+    uint16_t *suh, *svh;
+    CK(cudaMalloc(&suh, t->k * 2));
+    CK(cudaMalloc(&svh, t->n * 2));
+    CK(cudaMemcpy(suh, t->suh.data(), t->k * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(svh, t->svh.data(), t->n * 2, cudaMemcpyHostToDevice));
+    for (auto& d : dts) {
+      uint16_t* tr;
+      CK(cudaMalloc(&tr, tb));
+      CK(cudaMemcpy(tr, t->trellis, tb, cudaMemcpyHostToDevice));
+      d.trellis = tr, d.suh = suh, d.svh = svh, d.k = t->k, d.n = t->n, d.bits = t->bits, d.codebook = t->codebook;
+    }
+    Exl3CudaWorkspace ws;
+    if (!exl3_cuda_workspace_alloc(ws, t->n).ok()) return 1;
+    float *x, *y;
+    CK(cudaMalloc(&x, 64 * t->k * 4));
+    CK(cudaMalloc(&y, 64 * t->n * 4));
+    std::vector<float> xh(64 * t->k);
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    for (auto& v : xh) v = nd(rng);
+    CK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
+    for (int m : {1, 8, 16}) {
+      for (int i = 0; i < 20; ++i) (void)exl3_gemm_cuda(dts[i % copies], x, m, y, ws);
+      CK(cudaDeviceSynchronize());
+      CK(cudaEventRecord(e0));
+      for (int i = 0; i < iters; ++i) (void)exl3_gemm_cuda(dts[i % copies], x, m, y, ws);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      const double us = ms * 1e3 / iters;
+      std::printf("| %s | %g | %s | %lldx%lld | %d | %.2f | %.0f | %.1f%% | %.1f%% |\n", name.c_str(), t->bits.k_x2 / 2.0,
+                  exl3_codebook_name(t->codebook), (long long)t->k, (long long)t->n, m, us, tb / (us * 1e-6) / 1e9,
+                  100.0 * (tb / copy_bw) / (us * 1e-6), 100.0 * (tb / read_bw) / (us * 1e-6));
+    }
+    // CPU kernel on the same tensor (host memory), m = 1 and 16.
+    for (int m : {1, 16}) {
+      std::vector<float> yc(m * t->n);
+      exl3_matmul_cpu(*t, xh.data(), m, yc.data());
+      const int reps = 5;
+      auto c0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < reps; ++r) exl3_matmul_cpu(*t, xh.data(), m, yc.data());
+      double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - c0).count() / reps;
+      char line[256];
+      std::snprintf(line, sizeof line, "| %s | %s | %lldx%lld | %d | %.0f | %.2f |", name.c_str(), cpu_isa_name(cpu_isa_detect()),
+                    (long long)t->k, (long long)t->n, m, us, tb / (us * 1e-6) / 1e9);
+      cpu_lines.push_back(line);
+    }
+    for (auto& d : dts) CK(cudaFree(const_cast<uint16_t*>(d.trellis)));
+    CK(cudaFree(suh));
+    CK(cudaFree(svh));
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+    exl3_cuda_workspace_free(ws);
+  }
+  std::printf("\nCPU (%u threads):\n| tensor | isa | k×n | m | µs | trellis GB/s |\n|---|---|---|---|---|---|\n",
+              static_cast<unsigned>(global_pool().size()));
+  for (auto& l : cpu_lines) std::printf("%s\n", l.c_str());
+  return 0;
+}
