@@ -107,7 +107,7 @@ HttpReply OpenAiApi::completions(const std::string& body) {
       Json choice;
       choice["index"] = 0;
       choice["text"] = piece;
-      if (want_logprobs) {
+      if (want_logprobs && !toks.empty()) {
         CompletionLogprobs lp;
         for (const auto& t : toks) lp.add(text, t);
         choice["logprobs"] = lp.json();

@@ -1,0 +1,148 @@
+"""/v1/completions through the official openai SDK: text and token-id prompts, streaming,
+usage, logprobs, stop sequences and stop token ids, seeds, echo."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+PROMPT_IDS = [0, 17, 42, 99, 7]
+
+
+def greedy(client, prompt, n=16, **kw):
+    return client.completions.create(model="tiny-v41", prompt=prompt, max_tokens=n, temperature=0, **kw)
+
+
+def token_ids(choice) -> list[int]:
+    return choice.model_extra["token_ids"]
+
+
+def test_token_id_prompt_non_streaming(client):
+    r = greedy(client, PROMPT_IDS, 12, extra_body={"ignore_eos": True})
+    c = r.choices[0]
+    assert r.object == "text_completion"
+    assert c.finish_reason == "length"
+    assert len(token_ids(c)) == 12
+    assert all(0 <= t < 1024 for t in token_ids(c))
+    assert r.usage.prompt_tokens == len(PROMPT_IDS)
+    assert r.usage.completion_tokens == 12
+    assert r.usage.total_tokens == len(PROMPT_IDS) + 12
+
+
+def test_greedy_is_deterministic_and_streaming_matches(client):
+    a = greedy(client, "Hello world! How are you", 16)
+    b = greedy(client, "Hello world! How are you", 16)
+    assert a.choices[0].text == b.choices[0].text
+    assert token_ids(a.choices[0]) == token_ids(b.choices[0])
+    text, ids, finish = "", [], None
+    for chunk in client.completions.create(model="tiny-v41", prompt="Hello world! How are you", max_tokens=16,
+                                           temperature=0, stream=True):
+        c = chunk.choices[0]
+        text += c.text
+        ids += token_ids(c)
+        finish = c.finish_reason or finish
+    assert text == a.choices[0].text
+    assert ids == token_ids(a.choices[0])
+    assert finish == a.choices[0].finish_reason
+
+
+def test_text_matches_tokenizer(client, tokenizer):
+    r = greedy(client, "The quick brown fox", 24, extra_body={"ignore_eos": True})
+    ids = token_ids(r.choices[0])
+    assert r.choices[0].text == tokenizer.decode(ids, skip_special_tokens=True)
+    assert r.usage.prompt_tokens == len(tokenizer.encode("The quick brown fox", add_special_tokens=False).ids)
+
+
+def test_stream_include_usage(client):
+    chunks = list(client.completions.create(model="tiny-v41", prompt=PROMPT_IDS, max_tokens=5, temperature=0,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == 5
+    assert chunks[-1].usage.prompt_tokens == len(PROMPT_IDS)
+    assert chunks[-2].choices[0].finish_reason == "length"
+
+
+def test_stop_sequence_truncates_and_reports_stop(client):
+    full = greedy(client, "Weather in Paris", 40, extra_body={"ignore_eos": True}).choices[0].text
+    assert len(full) >= 12, full
+    stop = full[8:11]
+    expected = full[: full.find(stop)]
+    for stream in (False, True):
+        if stream:
+            text, finish = "", None
+            for ch in client.completions.create(model="tiny-v41", prompt="Weather in Paris", max_tokens=40,
+                                                temperature=0, stop=[stop, "\x00never"], stream=True,
+                                                extra_body={"ignore_eos": True}):
+                text += ch.choices[0].text
+                finish = ch.choices[0].finish_reason or finish
+        else:
+            r = greedy(client, "Weather in Paris", 40, stop=[stop, "\x00never"], extra_body={"ignore_eos": True})
+            text, finish = r.choices[0].text, r.choices[0].finish_reason
+        assert text == expected
+        assert finish == "stop"
+
+
+def test_stop_token_ids(client):
+    ids = token_ids(greedy(client, PROMPT_IDS, 10, extra_body={"ignore_eos": True}).choices[0])
+    target = ids[4]
+    first = ids.index(target)
+    r = greedy(client, PROMPT_IDS, 10, extra_body={"ignore_eos": True, "stop_token_ids": [target]})
+    assert token_ids(r.choices[0]) == ids[: first + 1]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_logprobs(client):
+    r = greedy(client, PROMPT_IDS, 6, logprobs=3, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 6 and len(lp.token_logprobs) == 6 and len(lp.top_logprobs) == 6
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert chosen <= 0
+        assert len(top) <= 3
+        # Greedy: the chosen token is the most likely one.
+        assert abs(max(top.values()) - chosen) < 1e-6
+    assert lp.text_offset == sorted(lp.text_offset)
+
+
+def test_same_seed_same_output_and_seeds_differ(client):
+    kw = dict(model="tiny-v41", prompt="Hello world", max_tokens=24, temperature=1.0, top_p=0.95,
+              extra_body={"ignore_eos": True, "min_p": 0.01, "top_k": 200})
+    a = client.completions.create(seed=1234, **kw)
+    b = client.completions.create(seed=1234, **kw)
+    c = client.completions.create(seed=999, **kw)
+    assert token_ids(a.choices[0]) == token_ids(b.choices[0])
+    assert token_ids(a.choices[0]) != token_ids(c.choices[0])
+
+
+def test_penalties_change_sampling(client):
+    base = token_ids(greedy(client, PROMPT_IDS, 32, extra_body={"ignore_eos": True}).choices[0])
+    pen = token_ids(greedy(client, PROMPT_IDS, 32, frequency_penalty=2.0, presence_penalty=2.0,
+                           extra_body={"ignore_eos": True}).choices[0])
+    assert len(pen) == 32
+    # Heavy penalties forbid repeats that greedy decoding of a random model makes.
+    assert len(set(pen)) >= len(set(base))
+
+
+def test_echo(client):
+    r = greedy(client, "Hello world", 4, echo=True)
+    assert r.choices[0].text.startswith("Hello world")
+
+
+def test_max_tokens_respected_with_eos(client):
+    r = greedy(client, PROMPT_IDS, 3)
+    assert len(token_ids(r.choices[0])) <= 3
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_models_endpoint(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny-v41"]
+
+
+def test_tokenize_detokenize(server, tokenizer):
+    import httpx
+    r = httpx.post(server.base + "/tokenize", json={"prompt": "Hello world! <｜User｜>"}, headers=server.headers())
+    assert r.status_code == 200, r.text
+    ids = r.json()["tokens"]
+    assert ids == tokenizer.encode("Hello world! <｜User｜>", add_special_tokens=False).ids
+    d = httpx.post(server.base + "/detokenize", json={"tokens": ids}, headers=server.headers())
+    assert d.status_code == 200 and d.json()["prompt"] == "Hello world! <｜User｜>"

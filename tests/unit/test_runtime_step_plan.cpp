@@ -1,0 +1,169 @@
+// Step planning and prefill piece boundaries (src/runtime/step_plan.h), the sampler's
+// determinism and filters (src/runtime/sampler.h), and the prefix cache's keying and eviction.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "runtime/prefix_cache.h"
+#include "runtime/sampler.h"
+#include "runtime/step_plan.h"
+
+namespace spw::runtime {
+namespace {
+
+std::vector<int64_t> pieces(int64_t done, int64_t n, int64_t chunk, int64_t block) {
+  std::vector<int64_t> ends;
+  while (done < n) {
+    done = next_prefill_end(done, n, chunk, block);
+    ends.push_back(done);
+  }
+  return ends;
+}
+
+TEST(RuntimeStepPlan, PrefillPiecesNeverLeaveOneToken) {
+  for (int64_t chunk : {16, 32, 256})
+    for (int64_t n = 1; n < 700; ++n)
+      for (int64_t start : {int64_t(0), std::min<int64_t>(max_cached_prefix(n) / 16 * 16, n - 1)}) {
+        const auto ends = pieces(start, n, chunk, 16);
+        ASSERT_FALSE(ends.empty());
+        EXPECT_EQ(ends.back(), n);
+        int64_t prev = start;
+        for (int64_t e : ends) {
+          EXPECT_GT(e, prev);
+          EXPECT_LE(e - prev, chunk);
+          if (e != n) EXPECT_EQ(e % 16, 0) << "n=" << n << " chunk=" << chunk;
+          if (n >= 2) EXPECT_GE(e - prev, 2) << "n=" << n << " start=" << start << " chunk=" << chunk;
+          prev = e;
+        }
+        // The last aligned boundary leaving ≥ 2 tokens is always a piece end (prefix-cache snapshot).
+        const int64_t last_aligned = n >= 2 ? (n - 2) / 16 * 16 : 0;
+        if (last_aligned > start) EXPECT_NE(std::find(ends.begin(), ends.end(), last_aligned), ends.end());
+      }
+}
+
+TEST(RuntimeStepPlan, DecodesFirstThenPrefillsInOrderUnderBudget) {
+  std::vector<PlanEntry> e = {{false, 30}, {true, 1}, {false, 20}, {true, 1}, {false, 5}};
+  StepPlan p = plan_step(e, 8, 40, 0);
+  EXPECT_EQ(p.members, (std::vector<size_t>{1, 3, 0}));  // 2 decodes + 30; the 20-token piece waits (FIFO)
+  EXPECT_EQ(p.n_tokens, 32);
+  p = plan_step(e, 8, 100, 0);
+  EXPECT_EQ(p.members, (std::vector<size_t>{1, 3, 0, 2, 4}));
+  // An over-budget first piece still runs when nothing else does.
+  std::vector<PlanEntry> big = {{false, 500}};
+  EXPECT_EQ(plan_step(big, 8, 64, 0).members, (std::vector<size_t>{0}));
+}
+
+TEST(RuntimeStepPlan, DecodeRotationServesEveryone) {
+  std::vector<PlanEntry> e(10, PlanEntry{true, 1});
+  std::vector<int> served(10, 0);
+  for (size_t step = 0; step < 10; ++step)
+    for (size_t i : plan_step(e, 3, 100, step).members) ++served[i];
+  for (int s : served) EXPECT_EQ(s, 3);
+}
+
+std::vector<float> random_logits(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0, 3);
+  std::vector<float> l(n);
+  for (auto& x : l) x = d(g);
+  return l;
+}
+
+TEST(RuntimeSampler, SameSeedSameTokensDifferentSeedDiffers) {
+  const auto logits = random_logits(1000, 1);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 42;
+  Sampler a(p), b(p);
+  p.seed = 43;
+  Sampler c(p);
+  std::vector<int32_t> ta, tb, tc;
+  for (int i = 0; i < 64; ++i) {
+    ta.push_back(a.sample(logits).id);
+    tb.push_back(b.sample(logits).id);
+    tc.push_back(c.sample(logits).id);
+  }
+  EXPECT_EQ(ta, tb);
+  EXPECT_NE(ta, tc);
+}
+
+TEST(RuntimeSampler, GreedyTopKMinPTopP) {
+  auto logits = random_logits(500, 2);
+  const int32_t best = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  SamplingParams p;
+  p.temperature = 0;
+  p.top_logprobs = 3;
+  Sampler greedy(p);
+  GeneratedToken t = greedy.sample(logits);
+  EXPECT_EQ(t.id, best);
+  ASSERT_EQ(t.top.size(), 3u);
+  EXPECT_EQ(t.top[0].id, best);
+  EXPECT_FLOAT_EQ(t.top[0].logprob, t.logprob);
+  EXPECT_GE(t.top[0].logprob, t.top[1].logprob);
+  double z = 0;
+  for (float l : logits) z += std::exp(double(l) - logits[best]);
+  EXPECT_NEAR(t.logprob, -std::log(z), 1e-5);
+
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  p.temperature = 1.5f;
+  p.top_k = 5;
+  p.seed = 7;
+  Sampler topk(p);
+  for (int i = 0; i < 200; ++i) {
+    const int32_t id = topk.sample(logits).id;
+    EXPECT_NE(std::find(order.begin(), order.begin() + 5, id), order.begin() + 5);
+  }
+  p.top_k = 0;
+  p.top_p = 1e-6f;  // only the most likely survives
+  Sampler nucleus(p);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(nucleus.sample(logits).id, best);
+  p.top_p = 1;
+  p.min_p = 0.999f;
+  Sampler minp(p);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(minp.sample(logits).id, best);
+}
+
+TEST(RuntimeSampler, FrequencyPenaltyAvoidsRepeats) {
+  std::vector<float> logits(50, 0.f);
+  logits[3] = 1.0f;
+  SamplingParams p;
+  p.temperature = 0;
+  p.frequency_penalty = 2.0f;
+  Sampler s(p);
+  std::set<int32_t> seen;
+  for (int i = 0; i < 10; ++i) seen.insert(s.sample(logits).id);
+  EXPECT_GT(seen.size(), 1u);
+}
+
+TEST(RuntimePrefixCache, LongestVerifiedPrefixAndLruEviction) {
+  SequenceState s;
+  s.layers.resize(1);
+  s.layers[0].window.assign(1000, 1.f);
+  const size_t one = sequence_state_nbytes(s) + 64 * sizeof(int32_t);
+  PrefixCache cache(16, one * 3);
+  std::vector<int32_t> tokens(64);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  for (int n : {16, 32, 48}) {
+    s.n_past = n;
+    cache.insert(std::span<const int32_t>(tokens).first(size_t(n)), s);
+  }
+  SequenceState out;
+  EXPECT_EQ(cache.lookup(tokens, 62, out), 48);
+  EXPECT_EQ(out.n_past, 48);
+  EXPECT_EQ(cache.lookup(tokens, 40, out), 32);
+  EXPECT_EQ(cache.lookup(tokens, 15, out), 0);
+  auto other = tokens;
+  other[20] = 999;  // diverges inside block 2: only the first block matches
+  EXPECT_EQ(cache.lookup(other, 64, out), 16);
+  // A fourth snapshot evicts the least recently used (48 was used after 16... then 16 again).
+  s.n_past = 64;
+  cache.insert(tokens, s);
+  EXPECT_LE(cache.nbytes(), one * 3);
+  EXPECT_EQ(cache.lookup(tokens, 64, out), 64);
+}
+
+}  // namespace
+}  // namespace spw::runtime
