@@ -169,8 +169,7 @@ Result<std::unique_ptr<Regex>> Regex::compile(std::string_view pattern, bool lit
   pcre2_compile_context* ctx = pcre2_compile_context_create(nullptr);
   pcre2_set_newline(ctx, PCRE2_NEWLINE_LF);
   // Oniguruma's Ruby syntax: ^ and $ are line anchors.
-  uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE;
-  if (literal) options |= PCRE2_LITERAL;
+  const uint32_t options = literal ? (PCRE2_UTF | PCRE2_LITERAL) : (PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE);
   int err = 0;
   PCRE2_SIZE err_offset = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options, &err,

@@ -187,16 +187,17 @@ Status parse_added_tokens(const json& list, const std::string& origin, Tokenizer
     spec.single_word = flag(t, "single_word", false);
     spec.lstrip = flag(t, "lstrip", false);
     spec.rstrip = flag(t, "rstrip", false);
-    if (static_cast<size_t>(spec.id) >= impl.tokens.size()) impl.tokens.resize(spec.id + 1);
-    impl.tokens[spec.id] = spec.content;
     impl.token_ids[spec.content] = spec.id;
     if (spec.special) special_contents.push_back(spec.content);
-    if (flag(t, "normalized", !spec.special)) {
+    const bool normalized = flag(t, "normalized", !spec.special);
+    // tokenizers matches a normalized token by its normalized text, and id_to_token and decode
+    // return that text too; token_to_id still takes the original content.
+    if (normalized) {
       for (const tok::NormalForm f : impl.normalizers) spec.content = tok::normalize(spec.content, f);
-      normalized_specs.push_back(std::move(spec));
-    } else {
-      raw_specs.push_back(std::move(spec));
     }
+    if (static_cast<size_t>(spec.id) >= impl.tokens.size()) impl.tokens.resize(spec.id + 1);
+    impl.tokens[spec.id] = spec.content;
+    (normalized ? normalized_specs : raw_specs).push_back(std::move(spec));
   }
   impl.raw_added.build(std::move(raw_specs));
   impl.normalized_added.build(std::move(normalized_specs));

