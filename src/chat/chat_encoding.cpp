@@ -82,9 +82,9 @@ std::string render_tools(ChatFamily family, const std::vector<ToolSpec>& tools) 
   return out;
 }
 
-// The argument object a call renders from; std::nullopt when the arguments are not usable.
-// V4 json.loads() the text once and falls back to {"arguments": text} when it is not JSON; V4.1
-// also unwraps a double-encoded string and falls back for anything that is not an object.
+// The argument object a call renders from. V4 json.loads() the text once and falls back to
+// {"arguments": text} when it is not JSON (a JSON non-object is an error: the official code
+// crashes); V4.1 also unwraps a double-encoded string and falls back for any non-object.
 Result<ojson> call_arguments(ChatFamily family, const ToolCall& call, size_t i_msg, size_t i_call) {
   ojson fallback = ojson::object();
   fallback["arguments"] = call.arguments;
