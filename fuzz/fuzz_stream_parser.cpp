@@ -1,7 +1,8 @@
 // libFuzzer target for StreamParser (src/chat/stream_parser.h). Input: byte 0 = flags (bit 0:
 // thinking), byte 1 = split seed, the rest = generated text. Checks, aborting on violation:
 //   - whole-text, seeded-split and byte-by-byte feeding give identical results;
-//   - when no tool call was emitted and the text holds no end-of-sentence token, no text is lost:
+//   - when no tool call was emitted and the text holds neither an end-of-sentence token nor a DSML
+//     block close (an empty block is valid markup and is consumed), no text is lost:
 //     reasoning + "</think>" (if one closed the reasoning) + content == the input text;
 //   - every emitted tool call has arguments shaped "{...}" and ids "call_<index>" in order.
 // Build and run: fuzz/chat/run.sh [SECONDS].
@@ -72,7 +73,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (args.size() < 2 || args.front() != '{' || args.back() != '}') fail("arguments not {...}");
     if (whole.tool_calls[i].id != "call_" + std::to_string(i)) fail("tool call ids out of order");
   }
-  if (whole.tool_calls.empty() && text.find(spw::chat_tokens::eos) == std::string_view::npos) {
+  const std::string close_v4 = "</" + std::string(spw::chat_tokens::dsml) + std::string(spw::kDsmlV4.block) + ">";
+  const std::string close_v41 = "</" + std::string(spw::chat_tokens::dsml) + std::string(spw::kDsmlV41.block) + ">";
+  const bool consumed_markup = text.find(spw::chat_tokens::eos) != std::string_view::npos ||
+                               text.find(close_v4) != std::string_view::npos ||
+                               text.find(close_v41) != std::string_view::npos;
+  if (whole.tool_calls.empty() && !consumed_markup) {
     const size_t close = text.find(spw::chat_tokens::think_close);
     const bool closed = thinking && close != std::string_view::npos;
     const std::string rebuilt =
