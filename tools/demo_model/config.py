@@ -28,7 +28,7 @@ def make_config(vocab: int, compressed_vocab: int, image_token_id: int, tiny: bo
         engram_layer_ids=[1, 4], engram_num_embeddings=None, engram_max_ngram_size=4,
         engram_vocab_size=6000 if not tiny else 500, engram_n_heads=2, engram_head_dim=64, engram_pad_token_id=2,
         engram_compressed_vocab_size=compressed_vocab,
-        num_nextn_predict_layers=0, dspark_block_size=5, dspark_noise_token_id=5, dspark_target_layer_ids=[7, 8, 9],
+        num_nextn_predict_layers=3, dspark_block_size=5, dspark_noise_token_id=5, dspark_target_layer_ids=[7, 8, 9],
         dspark_markov_rank=64, dspark_n_routed_experts=E, dspark_num_experts_per_tok=2,
     )
     tc["engram_num_embeddings"] = engram_layout(tc)[2]

@@ -52,7 +52,9 @@ def release_tensors(model) -> dict:
     return T
 
 
-def export(model, cfg: dict, token_map: np.ndarray, out_dir: str, metadata: dict | None = None):
+def export(model, cfg: dict, token_map: np.ndarray, out_dir: str, metadata: dict | None = None, n_shards: int = 1):
+    """n_shards > 1 writes model-0000i-of-0000N.safetensors + index (files small enough to travel); merge()
+    turns them into the single model.safetensors."""
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
@@ -62,5 +64,27 @@ def export(model, cfg: dict, token_map: np.ndarray, out_dir: str, metadata: dict
     md = {"format": "pt"}
     md.update(metadata or {})
     T = release_tensors(model)
+    if n_shards > 1:
+        rf.write_checkpoint(out_dir, T, n_shards=n_shards, prefix="model.", metadata=md)
+        return T
     rf.write_safetensors(os.path.join(out_dir, "model.safetensors"), {"model." + k: v for k, v in T.items()}, md)
     return T
+
+
+def merge(shard_dir: str, out_dir: str, metadata: dict):
+    """Shards (+ index) -> one model.safetensors (same tensors, names sorted, `metadata` in the header)."""
+    import glob
+    T = {}
+    for fn in sorted(glob.glob(os.path.join(shard_dir, "model-*-of-*.safetensors"))):
+        T.update(rf.read_safetensors(fn)[0])
+    md = {"format": "pt"}
+    md.update(metadata)
+    rf.write_safetensors(os.path.join(out_dir, "model.safetensors"), T, md)
+    return len(T)
+
+
+if __name__ == "__main__":
+    # python tools/demo_model/export.py merge <shard_dir> <out_dir> [seed steps]
+    assert sys.argv[1] == "merge"
+    extra = dict(zip(("seed", "steps"), sys.argv[4:6]))
+    print(merge(sys.argv[2], sys.argv[3], extra), "tensors")
