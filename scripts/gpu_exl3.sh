@@ -19,6 +19,8 @@ OUT=${OUT:-/tmp/exl3_out}
 mkdir -p "$OUT/fixtures"
 export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
+# One arch list for every exllamav3 import: the JIT cache key includes it (a different value rebuilds, ~400 s).
+export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=14
 {
   nvidia-smi --query-gpu=name,clocks.max.sm,memory.total,driver_version --format=csv
   nproc
@@ -26,7 +28,7 @@ export PYTHONUNBUFFERED=1
 } 2>&1 | tee "$OUT/main.log"
 export PYTHONPATH=/tmp/site
 # exllamav3's CUDA extension JIT-builds in the background while our binaries run.
-(TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=14 python3 -c "
+(python3 -c "
 import sys, types
 stub = types.ModuleType('pydantic'); stub.PydanticUserError = type('E', (Exception,), {}); sys.modules['pydantic'] = stub
 import time; t = time.time()

@@ -1,7 +1,8 @@
 // spw_cuda EXL3 GEMM (cuda/exl3_gemm.h) against the fp64 reference exl3_matmul_ref: V4.1 expert shapes
 // (5120×2304, 2304×5120), 4096×2048, 8192×8192 and awkward ones, K 2..6, every codebook, m 1..64
 // (incl. 9..16 rows and several 16-token chunks), bias on/off. Output guard regions must keep their
-// sentinel, no NaN, and a second identical call must give identical bits (the self-cleaning workspace).
+// sentinel, no NaN, and a second identical call must agree to 1e-5 (the self-cleaning workspace; fp32
+// atomics make the summation order, hence the last bits, vary between calls).
 // Tolerance: RMS error ≤ 2e-3·RMS(y), max ≤ 2e-2·RMS(y) — x is rounded to fp16 once after its
 // rotation (≈2^-12 relative per element), everything else is fp32.
 // Compiled only where spw_cuda is linked (SPW_HAVE_CUDA comes from its interface); skips without a GPU.
@@ -74,8 +75,13 @@ void run_case(int64_t k, int64_t n, int K, Exl3Codebook cb, int64_t m, bool with
       ASSERT_EQ(yh[guard + m * n + i], 3.0e38f);
     }
     std::vector<float> y(yh.begin() + guard, yh.begin() + guard + m * n);
-    if (rep == 0) first = y;
-    else EXPECT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float))) << "second call differs";
+    if (rep == 0) {
+      first = y;
+    } else {  // fp32 atomics sum in varying order, so not bit-identical; a stale workspace would double y
+      double d2 = 0, y2 = 0;
+      for (size_t i = 0; i < y.size(); ++i) d2 += double(y[i] - first[i]) * (y[i] - first[i]), y2 += double(y[i]) * y[i];
+      EXPECT_LT(std::sqrt(d2 / y2), 1e-5) << "second call differs";
+    }
   }
   double rms = 0, e2 = 0, emax = 0;
   for (int64_t i = 0; i < m * n; ++i) {
