@@ -183,6 +183,7 @@ TEST(ChatStreamParser, MalformedDsmlBecomesContent) {
       {"good_call_then_garbage", open4 + call4 + "oops", "\noops", 1},
       {"good_call_truncated_close", open4 + call4 + "</｜DSML｜tool_", "\n</｜DSML｜tool_", 1},
       {"text_after_block", open4 + call4 + close4 + "After.", "After.", 1},
+      {"empty_block_is_consumed", "A" + open4 + close4 + "B", "AB", 0},
       {"mixed_spelling_is_malformed", open4 + "<｜DSML｜ invoke name=\"f\">\n</｜DSML｜ invoke>\n" + close4,
        open4 + "<｜DSML｜ invoke name=\"f\">\n</｜DSML｜ invoke>\n" + close4, 0},
       {"value_may_contain_invoke_close",
