@@ -19,7 +19,14 @@ StepPlan plan_step(std::span<const PlanEntry> entries, size_t max_batch, int64_t
   for (size_t i = 0; i < entries.size(); ++i)
     if (entries[i].decoding) decoders.push_back(i);
   const size_t n_dec = decoders.size();
-  for (size_t k = 0; k < n_dec && plan.members.size() < max_batch && plan.n_tokens < token_budget; ++k) {
+  // While a prompt waits, decodes leave room for its next piece, so prefill always progresses.
+  int64_t decode_budget = token_budget;
+  for (const PlanEntry& e : entries)
+    if (!e.decoding) {
+      decode_budget = std::max<int64_t>(1, token_budget - e.n_tokens);
+      break;
+    }
+  for (size_t k = 0; k < n_dec && plan.members.size() < max_batch && plan.n_tokens < decode_budget; ++k) {
     plan.members.push_back(decoders[(k + rotate) % n_dec]);
     plan.n_tokens += 1;
   }

@@ -32,8 +32,8 @@ struct StepPlan {
 };
 
 // Entries are in admission order. Decodes are taken first (rotating the start by `rotate` when
-// more than max_batch want to decode, so none starves), then prefill pieces in admission order
-// while they fit the remaining token budget. A step that would otherwise be empty takes the first
+// more than max_batch want to decode, so none starves) but leave room in the budget for the
+// oldest waiting prompt's next piece; then prefill pieces in admission order while they fit. A step that would otherwise be empty takes the first
 // prefill piece whatever its size, so progress is guaranteed.
 StepPlan plan_step(std::span<const PlanEntry> entries, size_t max_batch, int64_t token_budget, size_t rotate);
 

@@ -86,7 +86,7 @@ HttpReply OpenAiApi::chat_completions(const std::string& body) {
   const std::string id = make_request_id("chatcmpl");
   StreamParserOptions popts;
   popts.thinking = thinking;
-  popts.tool_call_id_prefix = "call_" + id.substr(9, 12) + "_";
+  popts.tool_call_id_prefix = "call_" + id.substr(id.size() - 16) + "_";  // unique per request
   auto parser = std::make_shared<StreamParser>(popts);
   const bool want_logprobs = req.gen.sampling.top_logprobs >= 0;
   const int64_t created = unix_now();

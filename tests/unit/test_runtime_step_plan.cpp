@@ -167,3 +167,17 @@ TEST(RuntimePrefixCache, LongestVerifiedPrefixAndLruEviction) {
 
 }  // namespace
 }  // namespace spw::runtime
+
+namespace spw::runtime {
+namespace {
+
+TEST(RuntimeStepPlan, ManyDecodesStillLeaveRoomForAPrefillPiece) {
+  std::vector<PlanEntry> e(40, PlanEntry{true, 1});
+  e.push_back({false, 16});
+  const StepPlan p = plan_step(e, 64, 40, 0);
+  EXPECT_EQ(p.members.back(), 40u);  // the prompt's piece is in
+  EXPECT_LE(p.n_tokens, 40);
+}
+
+}  // namespace
+}  // namespace spw::runtime
