@@ -111,7 +111,7 @@ def test_max_tokens_limit(server):
 
 
 def test_body_too_large(spillway_bin, model_dir):
-    from conftest import Server
+    from spw_server_harness import Server
     s = Server(spillway_bin, model_dir, "--max-body-bytes", "2000")
     try:
         r = post(s, "/v1/completions", {"prompt": "x" * 5000, "max_tokens": 1})

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import Server
+from spw_server_harness import Server
 
 
 def prompts_for_batch(n: int) -> list[list[int]]:
