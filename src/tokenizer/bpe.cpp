@@ -1,6 +1,7 @@
 #include "tokenizer/bpe.h"
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 
 #include "base/status.h"
@@ -19,13 +20,11 @@ uint64_t mix64(uint64_t x) {
 }
 
 constexpr size_t kCacheShards = 16;
-constexpr size_t kCacheEntriesPerShard = 1 << 14;  // ~262k words in all before a shard resets
+constexpr size_t kCacheSlotsPerShard = 1 << 14;        // direct-mapped: a colliding word evicts
+constexpr size_t kCacheArenaBytesPerShard = 4 << 20;   // keys + ids; the shard resets when full
 constexpr size_t kMaxCachedWordBytes = 256;
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
+uint64_t hash_bytes(std::string_view s) { return std::hash<std::string_view>{}(s); }
 
 }  // namespace
 
@@ -68,10 +67,22 @@ struct BpeModel::MergeTable {
   }
 };
 
+// Pre-token -> ids cache. Each shard is a direct-mapped table over append-only arenas, so a hit
+// costs one hash, one slot read and one memcmp, with no per-entry allocation.
 struct BpeModel::Cache {
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t key_offset = 0;
+    uint32_t ids_offset = 0;
+    uint16_t key_nbytes = 0;
+    uint16_t n_ids = 0;
+    bool used = false;
+  };
   struct Shard {
     std::mutex mu;
-    std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
+    std::vector<Slot> slots = std::vector<Slot>(kCacheSlotsPerShard);
+    std::string keys;
+    std::vector<int32_t> ids;
   };
   std::array<Shard, kCacheShards> shards;
 };
@@ -100,24 +111,34 @@ void BpeModel::encode(std::string_view word, std::vector<int32_t>& out) const {
     if (id >= 0) out.push_back(id);
     return;
   }
-  if (word.size() > kMaxCachedWordBytes) {
-    merge_word(word, out);
+  if (word.size() == 2 || word.size() > kMaxCachedWordBytes) {
+    merge_word(word, out);  // two bytes cost one merge lookup: cheaper than the cache
     return;
   }
-  Cache::Shard& shard = cache_->shards[std::hash<std::string_view>{}(word) % kCacheShards];
+  const uint64_t h = hash_bytes(word);
+  Cache::Shard& shard = cache_->shards[h % kCacheShards];
+  Cache::Slot& slot = shard.slots[(h / kCacheShards) % kCacheSlotsPerShard];
   {
     std::lock_guard<std::mutex> lock(shard.mu);
-    auto it = shard.map.find(word);
-    if (it != shard.map.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
+    if (slot.used && slot.hash == h && slot.key_nbytes == word.size() &&
+        std::memcmp(shard.keys.data() + slot.key_offset, word.data(), word.size()) == 0) {
+      out.insert(out.end(), shard.ids.begin() + slot.ids_offset, shard.ids.begin() + slot.ids_offset + slot.n_ids);
       return;
     }
   }
   const size_t first = out.size();
   merge_word(word, out);
+  const size_t n_ids = out.size() - first;
   std::lock_guard<std::mutex> lock(shard.mu);
-  if (shard.map.size() >= kCacheEntriesPerShard) shard.map.clear();
-  shard.map.emplace(std::string(word), std::vector<int32_t>(out.begin() + first, out.end()));
+  if (shard.keys.size() + word.size() + 4 * (shard.ids.size() + n_ids) > kCacheArenaBytesPerShard) {
+    shard.keys.clear();
+    shard.ids.clear();
+    for (Cache::Slot& s : shard.slots) s.used = false;
+  }
+  slot = {h, static_cast<uint32_t>(shard.keys.size()), static_cast<uint32_t>(shard.ids.size()),
+          static_cast<uint16_t>(word.size()), static_cast<uint16_t>(n_ids), true};
+  shard.keys.append(word);
+  shard.ids.insert(shard.ids.end(), out.begin() + first, out.end());
 }
 
 void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) const {

@@ -1,7 +1,7 @@
 // Byte-level BPE model (Hugging Face "BPE" with a ByteLevel pre-tokenizer). Works on raw bytes:
 // vocab strings are mapped back through GPT-2's byte alphabet once at load, so encoding never
 // builds the byte-level string. Merging is the rank-ordered, leftmost-first loop tokenizers runs
-// (priority queue of candidate pairs), and results are cached per pre-token (bounded, sharded).
+// (priority queue of candidate pairs), and results are cached per pre-token (bounded, sharded, direct-mapped).
 #pragma once
 
 #include <array>

@@ -4,6 +4,7 @@
 //   spw-tokenize -t tokenizer.json --decode           stdin holds id lines; writes records "<nbytes>\n<bytes>"
 //   spw-tokenize -t tokenizer.json --engram-map       "n_classes N", then the class of each id, one per line
 //   spw-tokenize -t tokenizer.json --bench FILE -n 5  encode FILE n times; JSON with seconds per pass
+//                                                     (with --records: FILE holds records, one encode each)
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -71,11 +72,27 @@ int main(int argc, char** argv) {
       return 1;
     }
     const std::string text = read_all(in);
-    out = "{\"bytes\": " + std::to_string(text.size()) + ", \"passes\": [";
+    // With --records the file holds length-prefixed documents, each encoded on its own.
+    std::vector<std::string_view> docs;
+    size_t n_bytes = 0;
+    if (records) {
+      for (size_t pos = 0; pos < text.size();) {
+        const size_t nl = text.find('\n', pos);
+        const size_t n = std::stoull(text.substr(pos, nl - pos));
+        docs.push_back(std::string_view(text).substr(nl + 1, n));
+        n_bytes += n;
+        pos = nl + 1 + n;
+      }
+    } else {
+      docs.push_back(text);
+      n_bytes = text.size();
+    }
+    out = "{\"bytes\": " + std::to_string(n_bytes) + ", \"documents\": " + std::to_string(docs.size()) + ", \"passes\": [";
     size_t n_ids = 0;
     for (int r = 0; r < repeat; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
-      n_ids = tok.encode(text, !no_special).size();
+      n_ids = 0;
+      for (const std::string_view d : docs) n_ids += tok.encode(d, !no_special).size();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       out.append(r ? ", " : "").append(std::to_string(s));
     }
