@@ -64,8 +64,23 @@ def export(model, cfg: dict, token_map: np.ndarray, out_dir: str, metadata: dict
     md = {"format": "pt"}
     md.update(metadata or {})
     T = release_tensors(model)
-    if n_shards > 1:
-        rf.write_checkpoint(out_dir, T, n_shards=n_shards, prefix="model.", metadata=md)
+    if n_shards > 1:  # greedy packing in name order, every file <= 12 MiB (the device's $OUT takes <= 16 MiB)
+        groups, cur, size = [], {}, 0
+        for name in sorted(T):
+            nb = int(np.asarray(T[name].data).nbytes)
+            if cur and size + nb > 12 * 2 ** 20:
+                groups.append(cur)
+                cur, size = {}, 0
+            cur["model." + name] = T[name]
+            size += nb
+        groups.append(cur)
+        wmap = {}
+        for i, g in enumerate(groups):
+            fn = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+            rf.write_safetensors(os.path.join(out_dir, fn), g, md)
+            wmap.update({k: fn for k in g})
+        with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": dict(sorted(wmap.items()))}, f, indent=1)
         return T
     rf.write_safetensors(os.path.join(out_dir, "model.safetensors"), {"model." + k: v for k, v in T.items()}, md)
     return T

@@ -14,9 +14,13 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
 if [[ "$LIMIT" == STEPS=* ]]; then SCHED="--steps ${LIMIT#STEPS=}"; else SCHED="--budget-s $LIMIT"; fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-$PY tools/demo_model/train.py --seed "$SEED" $SCHED --batch 32 --seq 512 --shards 4 --out "$EXP" \
+$PY tools/demo_model/train.py --seed "$SEED" $SCHED --batch 32 --seq 512 --shards 4 --eval-windows ${EVAL_WINDOWS:-100} --out "$EXP" \
   2>&1 | tee "$OUT_DIR/train.log"
 cp "$EXP"/train_log.json "$EXP"/model-*-of-*.safetensors "$OUT_DIR/"
-# oracle on the GPU over as much of the held-out text as fits in the budget (CPU fallback: eval_oracle.py)
-timeout 100 $PY tools/demo_model/eval_oracle.py "$EXP" --device cuda --budget-s 60 \
-  --out "$OUT_DIR/routing_stats.json" --ppl-out "$OUT_DIR/oracle_ppl.json" 2>&1 | tee -a "$OUT_DIR/train.log" || true
+# optional: the oracle on the GPU over as much of the held-out text as fits in ORACLE_S seconds
+# (routing_stats.json also carries the perplexity); finish.sh does the same on the CPU otherwise.
+ORACLE_S=${ORACLE_S:-0}
+if [[ "$ORACLE_S" != 0 ]]; then
+  timeout $((ORACLE_S + 30)) $PY tools/demo_model/eval_oracle.py "$EXP" --device cuda --budget-s "$ORACLE_S" \
+    --out "$OUT_DIR/routing_stats.json" 2>&1 | tee -a "$OUT_DIR/train.log" || true
+fi
