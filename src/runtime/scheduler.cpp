@@ -126,14 +126,16 @@ void Engine::admit_locked() {
   }
 }
 
+// Capacity is released before the stream reports the finish, so a client that saw its request
+// finish also sees the engine's counts without it.
 void Engine::finish(Sequence& seq, FinishReason reason, std::string error) {
-  seq.stream->finish(reason, std::move(error));
   {
     std::lock_guard lock(mutex_);
     release_locked(seq);
     admit_locked();
   }
   metrics_.on_finish(reason == FinishReason::cancelled);
+  seq.stream->finish(reason, std::move(error));
 }
 
 void Engine::start_sequence(Sequence& seq) {

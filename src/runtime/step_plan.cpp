@@ -10,6 +10,9 @@ int64_t next_prefill_end(int64_t done, int64_t n_prompt, int64_t chunk, int64_t 
   const int64_t last_aligned = n_prompt >= 2 ? (n_prompt - 2) / block * block : 0;
   int64_t end = std::min((done / chunk + 1) * chunk, n_prompt);
   if (done < last_aligned && last_aligned < end) end = last_aligned;
+  // A chunk boundary one token before the end: cut two tokens before it instead (done + chunk − 1
+  // tokens, ≥ 15, then 2), so no piece is a single token.
+  if (n_prompt - end == 1) end = n_prompt - 2 > done ? n_prompt - 2 : n_prompt;
   return end;
 }
 

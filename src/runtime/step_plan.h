@@ -11,8 +11,9 @@
 namespace spw::runtime {
 
 // End of the next prefill piece for a prompt of n_prompt tokens whose first `done` are computed.
-// Pieces end on multiples of `chunk` and at the last multiple of `block` that leaves ≥ 2 tokens,
-// and never leave exactly one token: a one-token forward is a decode step, which V4.1's
+// Pieces end on multiples of `chunk` and at the last multiple of `block` that leaves ≥ 2 tokens
+// (or two tokens before the end where a chunk boundary would leave one), so no piece is a single
+// token: a one-token forward is a decode step, which V4.1's
 // stale-index-key quirk computes differently from a prefill. Piece boundaries therefore depend
 // only on the prompt and where its cached prefix ended, never on load, so outputs are the same
 // whether a request runs alone or among 63 others. chunk must be a multiple of block.

@@ -18,7 +18,9 @@
 namespace spw::server {
 
 // Text stop sequences. push() returns the text that can no longer be part of a stop sequence;
-// once one matches, everything from its start on is dropped and stopped() is true.
+// once one is present after a push (one token's text), the output is cut at the leftmost
+// occurrence, the rest dropped, and stopped() is true. Tested against a brute-force reference in
+// tests/unit/test_server_request_fuzz.cpp.
 class StopMatcher {
  public:
   explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}

@@ -141,7 +141,9 @@ TEST(ServerRequestFuzz, ErrorsNameTheField) {
   EXPECT_EQ(c.value.gen.max_tokens, 7);
 }
 
-// Reference: text emitted = output up to the first occurrence of any stop string in the whole text.
+// Semantics: after each piece of text (one token's), if a stop string is present the output is
+// cut at its leftmost occurrence; a longer stop that started earlier but would complete in a later
+// piece does not win (vLLM behaves the same way).
 TEST(ServerStopMatcher, MatchesBruteForceOnRandomSplits) {
   std::mt19937 g(7);
   for (int iter = 0; iter < 3000; ++iter) {
@@ -153,17 +155,20 @@ TEST(ServerStopMatcher, MatchesBruteForceOnRandomSplits) {
       for (unsigned k = 0, m = 1 + g() % 4; k < m; ++k) s += char('a' + g() % 3);
       stops.push_back(s);
     }
+    // Pieces of 1-5 bytes, as tokens would bring them.
+    std::vector<size_t> ends;
+    for (size_t pos = 0; pos < full.size();) ends.push_back(pos += std::min<size_t>(full.size() - pos, 1 + g() % 5));
+    // Reference: after the first piece whose arrival makes some stop string present, the output
+    // is cut at the leftmost occurrence.
     size_t cut = std::string::npos;
-    for (const auto& s : stops) cut = std::min(cut, full.find(s));
+    for (size_t k = 0; k < ends.size() && cut == std::string::npos; ++k)
+      for (const auto& s : stops) cut = std::min(cut, full.substr(0, ends[k]).find(s));
     const std::string expected = full.substr(0, cut);
     StopMatcher m(stops);
     std::string got;
-    size_t pos = 0;
-    while (pos < full.size() && !m.stopped()) {
-      const size_t n = std::min<size_t>(full.size() - pos, 1 + g() % 5);
-      got += m.push(std::string_view(full).substr(pos, n));
-      pos += n;
-    }
+    size_t begin = 0;
+    for (size_t k = 0; k < ends.size() && !m.stopped(); begin = ends[k++])
+      got += m.push(std::string_view(full).substr(begin, ends[k] - begin));
     got += m.flush();
     EXPECT_EQ(got, expected) << full;
     EXPECT_EQ(m.stopped(), cut != std::string::npos);
