@@ -5,6 +5,7 @@
 // Skips when models/demo/model.safetensors is absent.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -141,9 +142,7 @@ TEST(DemoModel, TokenizerAndEngramMapMatchPython) {
   std::vector<int32_t> w(map.size());
   std::memcpy(w.data(), want->data, 4 * w.size());
   EXPECT_EQ(map, w);
-  auto model = load_model(kModelDir, Numerics::exact());
-  ASSERT_TRUE(model.ok()) << model.error().message;
-  EXPECT_EQ(n_classes, (*model)->config().engram_compressed_vocab_size);
+  EXPECT_EQ(n_classes, int64_t(*std::max_element(w.begin(), w.end())) + 1);
 }
 
 }  // namespace
