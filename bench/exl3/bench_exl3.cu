@@ -2,7 +2,7 @@
 // of bench/exl3/make_bench_tensors.py (rotating through enough copies that no call hits L2), as a
 // ratio to the roofline trellis_bytes / bandwidth, and the CPU kernel (spw_cpu) on the same tensors.
 // Usage: bench_exl3 DIR [iters]   (DIR holds *.safetensors, one EXL3 linear each, prefix = file stem)
-// Driven by scripts/gpu_exl3.sh; results go to bench/results/exl3_h200.md.
+// Driven by scripts/gpu_test.sh; results go to bench/results/exl3_h200.md.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -31,7 +31,7 @@ std::vector<uint16_t> f16_tensor(const TensorInfo* ti) {
 
 TEST(Exl3Fixtures, MatchExllamav3) {
   std::ifstream mf(kDir + "/manifest.json");
-  if (!mf) GTEST_SKIP() << "no fixtures at " << kDir << " (run tools/exl3/make_fixtures.py on a GPU)";
+  ASSERT_TRUE(bool(mf)) << "no fixtures at " << kDir << " (scripts/gpu_test.sh makes them with exllamav3 first)";
   nlohmann::json manifest = nlohmann::json::parse(mf);
   auto file = SafetensorsFile::open(kDir + "/exl3_fixtures.safetensors");
   ASSERT_TRUE(file.ok()) << file.error().message;
