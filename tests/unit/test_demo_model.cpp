@@ -56,7 +56,7 @@ size_t argmax(const float* v, size_t n) {
 constexpr float kMinMargin = 1e-3f;
 
 TEST(DemoModel, MatchesOracleExact) {
-  if (!have_demo()) GTEST_SKIP() << "models/demo or its fixture missing";
+  ASSERT_TRUE(have_demo()) << "models/demo or tests/golden/fixtures/demo missing (both are committed)";
   auto model = load_model(kModelDir, Numerics::exact());
   ASSERT_TRUE(model.ok()) << model.error().message;
   auto file = SafetensorsFile::open(kCases);
@@ -118,7 +118,7 @@ TEST(DemoModel, MatchesOracleExact) {
 }
 
 TEST(DemoModel, TokenizerAndEngramMapMatchPython) {
-  if (!have_demo()) GTEST_SKIP() << "models/demo or its fixture missing";
+  ASSERT_TRUE(have_demo()) << "models/demo or tests/golden/fixtures/demo missing (both are committed)";
   auto tok = Tokenizer::load(kModelDir + "/tokenizer.json");
   ASSERT_TRUE(tok.ok()) << tok.error().message;
   auto file = SafetensorsFile::open(kCases);
