@@ -10,8 +10,10 @@ packages=(
   libcli11-dev                # command-line parsing
   libspdlog-dev libfmt-dev    # logging
   libpcre2-dev                # the tokenizer's pre-tokenizer regexes (Unicode properties, lookahead)
+  libicu-dev                  # tokenizer: Unicode normalization and properties (Engram map, NFC/NFKC)
   libcpp-httplib-dev          # HTTP server (SSE streaming, keep-alive)
   python3 python3-venv        # tools/ scripts; pytest suites run in .venv-test (scripts/test.sh)
+  curl                        # scripts/demo.sh talks to the server
 )
 if [[ "${SPILLWAY_SETUP_FUZZ:-0}" == 1 ]]; then
   packages+=(clang libclang-rt-14-dev)  # libFuzzer runtime for scripts/fuzz.sh

@@ -1,6 +1,11 @@
-// `spillway run`: one-shot generation on the CPU reference engine. Until the tokenizer lands,
-// the prompt is a list of token ids and the output is token ids.
+// `spillway run`: one-shot generation on the CPU reference engine. The prompt is text, encoded with
+// the model's tokenizer.json (after BOS), and the output streams as text; with --token-ids the
+// prompt and the output are token ids (models without a tokenizer).
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <optional>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -8,7 +13,9 @@
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
+#include "cli/default_model.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace spw::cli {
 namespace {
@@ -22,6 +29,7 @@ struct RunOptions {
   uint64_t seed = 0;
   std::string numerics = "reference";
   bool no_stale_index_k = false;
+  bool token_ids = false;
   int threads = 0;
 };
 
@@ -42,7 +50,7 @@ Result<std::vector<int32_t>> parse_token_ids(const std::string& text) {
         ids.push_back(int32_t(v));
       } catch (const std::exception&) {
         return make_error("prompt: '", part,
-                          "' is not a token id; until the tokenizer lands, -p takes token ids like \"0 17 42\"");
+                          "' is not a token id; with --token-ids, -p takes ids like \"0 17 42\"");
       }
     }
   }
@@ -75,9 +83,28 @@ int32_t sample(const std::vector<float>& logits, float temperature, float top_p,
   return probs[n_keep - 1].second;
 }
 
-int run(const RunOptions& o) {
+int run(RunOptions o) {
   if (o.threads > 0) set_global_pool_threads(o.threads);
-  auto prompt = parse_token_ids(o.prompt);
+  if (o.model_dir.empty()) {
+    o.model_dir = default_model_dir();
+    if (o.model_dir.empty()) {
+      SPW_LOG_ERROR("no --model given and the bundled demo model (models/demo) was not found");
+      return 2;
+    }
+  }
+  std::unique_ptr<Tokenizer> tokenizer;
+  Result<std::vector<int32_t>> prompt = make_error("no prompt");
+  if (o.token_ids) {
+    prompt = parse_token_ids(o.prompt);
+  } else {
+    auto tok = Tokenizer::load(o.model_dir + "/tokenizer.json");
+    if (!tok.ok()) {
+      SPW_LOG_ERROR("{} (use --token-ids for a model without a tokenizer)", tok.error().message);
+      return 2;
+    }
+    tokenizer = std::move(tok.value());
+    prompt = tokenizer->encode(o.prompt);
+  }
   if (!prompt.ok()) {
     SPW_LOG_ERROR("{}", prompt.error().message);
     return 2;
@@ -85,13 +112,20 @@ int run(const RunOptions& o) {
   Numerics numerics = o.numerics == "exact" ? Numerics::exact() : Numerics::reference();
   numerics.stale_index_k = !o.no_stale_index_k;
   LoadOptions load;
-  load.on_progress = [](int done, int total) { SPW_LOG_INFO("loading layers: {}/{}", done, total); };
+  // A one-line progress display on a terminal; nothing when stderr is redirected.
+  if (isatty(STDERR_FILENO))
+    load.on_progress = [](int done, int total) {
+      std::fprintf(stderr, "\rloading %s layers %d/%d%s", "model", done, total, done == total ? "\n" : "");
+    };
   auto model = load_model(o.model_dir, numerics, load);
   if (!model.ok()) {
     SPW_LOG_ERROR("{}", model.error().message);
     return 1;
   }
+  if (tokenizer) prompt->insert(prompt->begin(), int32_t((*model)->config().bos_id));
   SequenceState seq = (*model)->new_sequence();
+  std::optional<IncrementalDecoder> detok;
+  if (tokenizer) detok.emplace(*tokenizer);
   std::mt19937_64 rng(o.seed);
   auto logits = (*model)->forward(seq, *prompt);
   for (int step = 0; step < o.max_tokens; ++step) {
@@ -100,13 +134,13 @@ int run(const RunOptions& o) {
       return 1;
     }
     int32_t next = sample(*logits, o.temperature, o.top_p, rng);
-    std::cout << next << (step + 1 < o.max_tokens ? " " : "\n") << std::flush;
-    if (next == (*model)->config().eos_id) {
-      std::cout << "\n";
-      break;
-    }
+    if (next == (*model)->config().eos_id) break;
+    if (detok) std::cout << detok->push(next) << std::flush;
+    else std::cout << next << " " << std::flush;
     logits = (*model)->forward(seq, std::span<const int32_t>(&next, 1));
   }
+  if (detok) std::cout << detok->flush();
+  std::cout << "\n";
   return 0;
 }
 
@@ -115,10 +149,11 @@ int run(const RunOptions& o) {
 std::function<int()> add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* cmd = app.add_subcommand("run", "Generate from a prompt on the CPU reference engine");
-  cmd->add_option("--model,-m", o->model_dir, "model directory (config.json + safetensors)")
-      ->required()
+  cmd->add_option("--model,-m", o->model_dir,
+                  "model directory (config.json + safetensors [+ tokenizer.json]); default: the bundled demo model")
       ->envname("SPILLWAY_MODEL");
-  cmd->add_option("--prompt,-p", o->prompt, "prompt as token ids, e.g. \"0 17 42\"")->required();
+  cmd->add_option("--prompt,-p", o->prompt, "prompt text (or token ids with --token-ids)")->required();
+  cmd->add_flag("--token-ids", o->token_ids, "the prompt and output are token ids, e.g. -p \"0 17 42\"");
   cmd->add_option("--max-tokens,-n", o->max_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--top-p", o->top_p, "nucleus sampling mass")->capture_default_str();

@@ -9,6 +9,7 @@
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
+#include "cli/default_model.h"
 #include "model/model.h"
 #include "server/http_server.h"
 #include "server/openai_api.h"
@@ -51,6 +52,14 @@ int serve(ServeOptions o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not a dead server
 
+  if (o.s.model_dir.empty()) {
+    o.s.model_dir = default_model_dir();
+    if (o.s.model_dir.empty()) {
+      SPW_LOG_ERROR("no --model given and the bundled demo model (models/demo) was not found");
+      return 2;
+    }
+    SPW_LOG_INFO("no --model given: serving the bundled demo model {}", o.s.model_dir);
+  }
   if (auto st = validate(o); !st.ok()) {
     SPW_LOG_ERROR("{}", st.error().message);
     return 2;
@@ -113,8 +122,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
   auto& s = o->s;
   auto& e = s.engine;
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/server.md)");
-  cmd->add_option("--model,-m", s.model_dir, "model directory (config.json, safetensors, tokenizer.json)")
-      ->required()
+  cmd->add_option("--model,-m", s.model_dir,
+                  "model directory (config.json, safetensors, tokenizer.json); default: the bundled demo model")
       ->envname("SPILLWAY_MODEL");
   cmd->add_option("--served-model-name", s.served_model_name, "model id in /v1/models (default: the directory name)")
       ->envname("SPILLWAY_SERVED_MODEL_NAME");

@@ -1,0 +1,13 @@
+// The bundled demo model (models/demo), used by `serve` and `run` when no --model is given.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace spw::cli {
+
+// The first that exists of: <exe>/../../models/demo (the build tree), <exe>/../share/spillway/models/demo
+// (an install), and the source tree this binary was built from. Empty if none exists.
+std::string default_model_dir();
+
+}  // namespace spw::cli
