@@ -190,17 +190,7 @@ HttpReply OpenAiApi::chat_completions(const std::string& body) {
         break;
       }
     }
-    if (include_usage) {
-      Json c;
-      c["id"] = id;
-      c["object"] = "chat.completion.chunk";
-      c["created"] = created;
-      c["model"] = model;
-      c["choices"] = Json::array();
-      c["usage"] = usage_json(*run);
-      if (!write("data: " + dump_json(c) + "\n\n")) return;
-    }
-    write("data: [DONE]\n\n");
+    write_stream_end(write, id, "chat.completion.chunk", created, model, *run, include_usage);
   };
   return reply;
 }

@@ -144,17 +144,7 @@ HttpReply OpenAiApi::completions(const std::string& body) {
         break;
       }
     }
-    if (include_usage) {
-      Json c;
-      c["id"] = id;
-      c["object"] = "text_completion";
-      c["created"] = created;
-      c["model"] = model;
-      c["choices"] = Json::array();
-      c["usage"] = usage_json(*run);
-      if (!write("data: " + dump_json(c) + "\n\n")) return;
-    }
-    write("data: [DONE]\n\n");
+    write_stream_end(write, id, "text_completion", created, model, *run, include_usage);
   };
   return reply;
 }

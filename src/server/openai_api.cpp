@@ -136,4 +136,19 @@ HttpReply OpenAiApi::detokenize(const std::string& body) const {
   return HttpReply::json(out);
 }
 
+void write_stream_end(const SseWrite& write, const std::string& id, const char* object, int64_t created,
+                      const std::string& model, const GenerationRun& run, bool include_usage) {
+  if (include_usage) {
+    Json c;
+    c["id"] = id;
+    c["object"] = object;
+    c["created"] = created;
+    c["model"] = model;
+    c["choices"] = Json::array();
+    c["usage"] = usage_json(run);
+    if (!write("data: " + dump_json(c) + "\n\n")) return;
+  }
+  write("data: [DONE]\n\n");
+}
+
 }  // namespace spw::server
