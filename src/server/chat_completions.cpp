@@ -122,12 +122,7 @@ HttpReply OpenAiApi::chat_completions(const std::string& body) {
     choice["message"] = msg;
     choice["logprobs"] = want_logprobs ? chat_logprobs(text, toks) : Json();
     choice["finish_reason"] = finish;
-    Json r;
-    r["id"] = id;
-    r["object"] = "chat.completion";
-    r["created"] = created;
-    r["model"] = model;
-    r["choices"] = Json::array({choice});
+    Json r = completion_envelope(id, "chat.completion", created, model, Json::array({choice}));
     r["usage"] = usage_json(*run);
     return HttpReply::json(r);
   }
@@ -142,12 +137,7 @@ HttpReply OpenAiApi::chat_completions(const std::string& body) {
       choice["delta"] = delta;
       choice["logprobs"] = want_logprobs && !toks.empty() ? chat_logprobs(text, toks) : Json();
       choice["finish_reason"] = finish;
-      Json c;
-      c["id"] = id;
-      c["object"] = "chat.completion.chunk";
-      c["created"] = created;
-      c["model"] = model;
-      c["choices"] = Json::array({choice});
+      Json c = completion_envelope(id, "chat.completion.chunk", created, model, Json::array({choice}));
       return "data: " + dump_json(c) + "\n\n";
     };
     auto delta_json = [](const StreamDelta& d) {

@@ -89,12 +89,7 @@ HttpReply OpenAiApi::completions(const std::string& body) {
     choice["logprobs"] = want_logprobs ? lp.json() : Json();
     choice["finish_reason"] = finish;
     choice["token_ids"] = token_ids_json(toks);
-    Json r;
-    r["id"] = id;
-    r["object"] = "text_completion";
-    r["created"] = created;
-    r["model"] = model;
-    r["choices"] = Json::array({choice});
+    Json r = completion_envelope(id, "text_completion", created, model, Json::array({choice}));
     r["usage"] = usage_json(*run);
     return HttpReply::json(r);
   }
@@ -116,12 +111,7 @@ HttpReply OpenAiApi::completions(const std::string& body) {
       }
       choice["finish_reason"] = finish;
       choice["token_ids"] = token_ids_json(toks);
-      Json c;
-      c["id"] = id;
-      c["object"] = "text_completion";
-      c["created"] = created;
-      c["model"] = model;
-      c["choices"] = Json::array({choice});
+      Json c = completion_envelope(id, "text_completion", created, model, Json::array({choice}));
       return "data: " + dump_json(c) + "\n\n";
     };
     if (!echo_text.empty() && !write(chunk(echo_text, {}, Json()))) return run->cancel();

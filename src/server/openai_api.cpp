@@ -136,15 +136,21 @@ HttpReply OpenAiApi::detokenize(const std::string& body) const {
   return HttpReply::json(out);
 }
 
+Json completion_envelope(const std::string& id, const char* object, int64_t created, const std::string& model,
+                         Json choices) {
+  Json c;
+  c["id"] = id;
+  c["object"] = object;
+  c["created"] = created;
+  c["model"] = model;
+  c["choices"] = std::move(choices);
+  return c;
+}
+
 void write_stream_end(const SseWrite& write, const std::string& id, const char* object, int64_t created,
                       const std::string& model, const GenerationRun& run, bool include_usage) {
   if (include_usage) {
-    Json c;
-    c["id"] = id;
-    c["object"] = object;
-    c["created"] = created;
-    c["model"] = model;
-    c["choices"] = Json::array();
+    Json c = completion_envelope(id, object, created, model, Json::array());
     c["usage"] = usage_json(run);
     if (!write("data: " + dump_json(c) + "\n\n")) return;
   }

@@ -63,6 +63,9 @@ class OpenAiApi {
 std::string make_request_id(const char* prefix);
 int64_t unix_now();
 Json usage_json(const GenerationRun& run);
+// {"id", "object", "created", "model", "choices"} — the envelope of every completion response and chunk.
+Json completion_envelope(const std::string& id, const char* object, int64_t created, const std::string& model,
+                         Json choices);
 // The end of an SSE stream: the usage chunk (stream_options.include_usage) and `data: [DONE]`.
 void write_stream_end(const SseWrite& write, const std::string& id, const char* object, int64_t created,
                       const std::string& model, const GenerationRun& run, bool include_usage);
