@@ -21,7 +21,7 @@ from spw_server_harness import FIXTURE, ROOT, Server, build_tokenizer
 def spillway_bin() -> str:
     b = os.environ.get("SPILLWAY_BIN", str(ROOT / "build" / "bin" / "spillway"))
     if not os.path.exists(b):
-        pytest.skip(f"spillway binary not found at {b} (set SPILLWAY_BIN)")
+        pytest.fail(f"spillway binary not found at {b} (build with scripts/build.sh or set SPILLWAY_BIN)")
     return b
 
 

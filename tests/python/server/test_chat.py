@@ -118,8 +118,8 @@ def test_chat_logprobs(client):
 
 def test_chat_stop_sequence(client):
     full = chat(client, n=40, extra_body={"ignore_eos": True}).choices[0].message.content
-    if len(full) < 10:
-        pytest.skip("random model produced too little text for a stop test")
+    # Greedy on a fixed model is deterministic: this is a property of the fixture, not luck.
+    assert len(full) >= 10, "the fixture model must produce text for a stop test"
     stop = full[5:8]
     r = chat(client, n=40, stop=stop, extra_body={"ignore_eos": True})
     assert r.choices[0].message.content == full[: full.find(stop)]
