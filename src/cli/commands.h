@@ -10,5 +10,7 @@ namespace spw::cli {
 std::function<int()> add_run_command(CLI::App& app);
 std::function<int()> add_inspect_command(CLI::App& app);
 std::function<int()> add_serve_command(CLI::App& app);
+std::function<int()> add_quantize_command(CLI::App& app);
+std::function<int()> add_eval_kl_command(CLI::App& app);
 
 }  // namespace spw::cli

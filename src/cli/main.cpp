@@ -14,10 +14,14 @@ int main(int argc, char** argv) {
   auto run = spw::cli::add_run_command(app);
   auto inspect = spw::cli::add_inspect_command(app);
   auto serve = spw::cli::add_serve_command(app);
+  auto quantize = spw::cli::add_quantize_command(app);
+  auto eval_kl = spw::cli::add_eval_kl_command(app);
   CLI11_PARSE(app, argc, argv);
   spw::log_init(log_level);
   if (app.got_subcommand("run")) return run();
   if (app.got_subcommand("inspect")) return inspect();
   if (app.got_subcommand("serve")) return serve();
+  if (app.got_subcommand("quantize")) return quantize();
+  if (app.got_subcommand("eval-kl")) return eval_kl();
   return 1;
 }

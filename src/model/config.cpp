@@ -68,7 +68,12 @@ void read_quantization(FieldReader& top, ModelConfig& c) {
     top.fail(make_error(top.source(), ": missing field 'quantization_config' (released checkpoints are FP8)"));
     return;
   }
-  FieldReader q(top.raw("quantization_config"), top.source() + " quantization_config");
+  // An EXL3 pack (`spillway quantize`, specs/exl3.md §1.5) quantizes only the routed experts and
+  // keeps the released FP8 settings under original_quantization_config.
+  const json* qc = &top.raw("quantization_config");
+  if (qc->is_object() && qc->value("quant_method", json()) == "exl3" && qc->contains("original_quantization_config"))
+    qc = &qc->at("original_quantization_config");
+  FieldReader q(*qc, top.source() + " quantization_config");
   auto method = q.get<std::string>("quant_method");
   if (method != "fp8") q.reject("quantization_config.quant_method", in_quotes(method), "\"fp8\"");
   auto fmt = q.get_or<std::string>("fmt", "e4m3");

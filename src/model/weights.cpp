@@ -5,6 +5,7 @@
 
 #include "formats/dtypes.h"
 #include "formats/quant.h"
+#include "model/exl3_experts.h"
 
 namespace spw {
 namespace {
@@ -199,11 +200,19 @@ void load_moe(TensorSource& src, const ModelConfig& c, const LayerPlan& plan, co
     if (c.is_v41()) lw.gate_bias_vl = src.f32(p + "ffn.gate.bias_vl", {E});
   }
   lw.experts.resize(E);
+  // Experts are MXFP4 as released, or EXL3 after `spillway quantize` (model/exl3_experts.h).
+  auto expert = [&src](const std::string& stem, int n_out, int n_in) {
+    const Exl3Lookup lookup = [&src](const std::string& n) { return src.find(n); };
+    if (!exl3_is_stored(lookup, stem)) return src.fp4(stem, n_out, n_in);
+    auto l = load_exl3_expert_linear(lookup, stem, n_out, n_in);
+    if (!l.ok()) src.fail(l.error());
+    return l.ok() ? std::move(l.value()) : Linear{};
+  };
   for (int e = 0; e < E; ++e) {
     const std::string ep = p + "ffn.experts." + std::to_string(e) + ".";
-    lw.experts[e].w1 = src.fp4(ep + "w1", F, d);
-    lw.experts[e].w2 = src.fp4(ep + "w2", d, F);
-    lw.experts[e].w3 = src.fp4(ep + "w3", F, d);
+    lw.experts[e].w1 = expert(ep + "w1", F, d);
+    lw.experts[e].w2 = expert(ep + "w2", d, F);
+    lw.experts[e].w3 = expert(ep + "w3", F, d);
     if (src.error()) return;
   }
   const std::string sp = p + "ffn.shared_experts.";

@@ -1,0 +1,69 @@
+// EXL3 quantization of one linear weight (spec ../shared/specs/exl3.md §4): regularisation,
+// random signs and 128-block Hadamard rotations on both sides, channel and global scales, block
+// LDL + LDLQ error feedback with the tail-biting trellis search, and the least-squares scale
+// refit (§4.5). Written from the spec; no exllamav3 code.
+//
+// Contract:
+//   W: [k][n] fp32 row-major, k = in_features, n = out_features (the EXL3 orientation, §1.2);
+//      k and n multiples of 128 (the caller pads).
+//   H: [k][k] fp64 symmetric PSD proxy Hessian (Σ xᵀx / count, undamped) or empty for the
+//      identity (uncalibrated quantization: no feedback, plain Frobenius error).
+//   Output: trellis words [k/16][n/16][16K], suh [k], svh [n] as fp16 bits, exactly what the
+//   reader (formats/exl3) decodes; proxy errors are measured on that decoded tensor.
+// Deterministic for a given (W, H, params) regardless of thread count (one tensor = one thread).
+// Tests: tests/unit/test_exl3_quantize.cpp.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/status.h"
+#include "formats/exl3.h"
+
+namespace spw::quant {
+
+struct QuantizeParams {
+  int bits = 3;                                  // K, 1..8
+  Exl3Codebook codebook = Exl3Codebook::kMul1;
+  double sigma_reg = 0.025;                      // H_ii += sigma_reg · mean(diag H)
+  uint64_t seed = 0;                             // signs (suh, svh) come from this seed
+  bool ldlq = true;                              // false: plain per-tile search (no feedback)
+  bool refit = true;                             // §4.5 least-squares scale refit
+  int refit_rounds = 2;
+  int scale_sample_tiles = 6;                    // tiles used by the global-scale search
+};
+
+struct QuantizedTensor {
+  int64_t k = 0, n = 0;
+  int bits = 0;
+  Exl3Codebook codebook = Exl3Codebook::kMul1;
+  std::vector<uint16_t> trellis;  // [k/16][n/16][16K]
+  std::vector<uint16_t> suh, svh; // fp16 bits
+  // Quantizer's own inner weight Ŵ (fp32 copies of the fp16 codebook values), [k][n].
+  std::vector<float> inner;
+  double global_scale = 1;
+  // tr(ΔWᵀ H ΔW) / tr(Wᵀ H W) with the given H (identity when absent), on the decoded tensor.
+  double proxy_err = 0;
+  double proxy_err_before_refit = 0;
+  bool refit_kept = false;
+  bool fell_back_to_identity = false;  // H unusable (zero, non-finite, not PD after retries)
+  double seconds = 0;
+
+  // A reader view (borrows trellis) for decode/matmul with formats/exl3.
+  Exl3Tensor view(const std::string& name) const;
+};
+
+Result<QuantizedTensor> exl3_quantize_tensor(const float* w, int64_t k, int64_t n, const std::vector<double>& h,
+                                             const QuantizeParams& params);
+
+// tr(ΔWᵀ H ΔW) / tr(Wᵀ H W) for ΔW = wq − w; H empty = identity. w, wq: [k][n].
+double exl3_proxy_error(const float* w, const float* wq, int64_t k, int64_t n, const std::vector<double>& h);
+
+// Block LDL of a symmetric PD matrix in 16×16 blocks: H = L·D·Lᵀ with L unit block-lower-
+// triangular. Returns L ([k][k], row-major) or an error when H is not PD.
+Result<std::vector<double>> block_ldl(const std::vector<double>& h, int64_t k);
+
+// Standard deviation of a codebook's 65,536 values.
+double codebook_sigma(Exl3Codebook cb);
+
+}  // namespace spw::quant

@@ -1,0 +1,639 @@
+// The `spillway quantize` driver: plan, checks, calibration, per-layer quantization with resume,
+// and the pack files. See quantize_model.h for the layout and docs/quantize.md for the policy.
+#include "quantize/quantize_model.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "base/thread_pool.h"
+#include "formats/exl3.h"
+#include "formats/quant.h"
+#include "formats/safetensors.h"
+#include "model/config.h"
+#include "quantize/calibration.h"
+#include "quantize/exl3_quantize.h"
+#include "quantize/safetensors_writer.h"
+#include "quantize/trellis_encode.h"
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+namespace spw::quant {
+namespace {
+
+const char* kWorkDir = ".quantize-work";
+
+std::string shard_name(int i, int n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", i, n);
+  return buf;
+}
+
+std::string fmt_bytes(double b) {
+  char buf[32];
+  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.2f MB", b / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.1f kB", b / 1e3);
+  return buf;
+}
+
+std::string fmt_secs(double s) {
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(std::fmod(s, 3600) / 60));
+  else if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(std::fmod(s, 60)));
+  else std::snprintf(buf, sizeof buf, "%.1fs", s);
+  return buf;
+}
+
+uint64_t fnv1a_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t h = 1469598103934665603ull;
+  char buf[1 << 16];
+  while (in) {
+    in.read(buf, sizeof buf);
+    for (std::streamsize i = 0; i < in.gcount(); ++i) h = (h ^ uint8_t(buf[i])) * 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t mix_seed(uint64_t seed, int layer, int expert, int w) {
+  uint64_t z = seed ^ (uint64_t(layer) << 40) ^ (uint64_t(expert) << 8) ^ uint64_t(w);
+  z = (z ^ (z >> 33)) * 0xff51afd7ed558ccdull;
+  z = (z ^ (z >> 33)) * 0xc4ceb9fe1a85ec53ull;
+  return z ^ (z >> 33);
+}
+
+// A routed expert projection in the source checkpoint, dequantized to the EXL3 orientation
+// [k = in (padded to 128)][n = out (padded)].
+struct SourceExpert {
+  std::string stem;  // the checkpoint's own name prefix ("layers.L.ffn.experts.E.wN" or "model.…")
+  int n_out = 0, n_in = 0;
+};
+
+const TensorInfo* find_any(const Checkpoint& ck, const std::string& name) {
+  if (auto* t = ck.find(name)) return t;
+  return ck.find("model." + name);
+}
+
+Result<std::vector<float>> load_source_weight(const Checkpoint& ck, const std::string& stem, int n_out, int n_in,
+                                              int64_t k, int64_t n) {
+  const TensorInfo* w = ck.find(stem + ".weight");
+  if (!w) return make_error(ck.root(), ": missing tensor '", stem, ".weight'");
+  std::vector<float> rows(size_t(n_out) * n_in);  // [n_out][n_in]
+  if (w->dtype == DType::I8) {
+    const TensorInfo* s = ck.find(stem + ".scale");
+    if (!s || s->dtype != DType::F8_E8M0 || w->shape != std::vector<int64_t>{n_out, n_in / 2} ||
+        s->shape != std::vector<int64_t>{n_out, n_in / 32})
+      return make_error(w->file, ": expert '", stem, "' is not MXFP4 [", n_out, ", ", n_in / 2, "] I8 + [", n_out, ", ",
+                        n_in / 32, "] F8_E8M0 scale as config.json implies");
+    std::vector<uint16_t> bf(rows.size());
+    dequant_mxfp4(w->data, s->data, size_t(n_out), size_t(n_in), bf.data());
+    for (size_t i = 0; i < bf.size(); ++i) rows[i] = bf16_to_f32(bf[i]);
+  } else if ((w->dtype == DType::BF16 || w->dtype == DType::F32) && w->shape == std::vector<int64_t>{n_out, n_in}) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (w->dtype == DType::F32) std::memcpy(&rows[i], w->data + 4 * i, 4);
+      else {
+        uint16_t b;
+        std::memcpy(&b, w->data + 2 * i, 2);
+        rows[i] = bf16_to_f32(b);
+      }
+    }
+  } else {
+    return make_error(w->file, ": expert tensor '", w->name, "' has dtype ", dtype_name(w->dtype),
+                      ", expected I8 (MXFP4) or BF16/F32 [", n_out, ", ", n_in, "]");
+  }
+  std::vector<float> out(size_t(k * n), 0.f);
+  for (int o = 0; o < n_out; ++o)
+    for (int i = 0; i < n_in; ++i) out[size_t(i) * n + o] = rows[size_t(o) * n_in + i];
+  return out;
+}
+
+// Pads a [d][d] Hessian to [k][k] with zeros (the damping makes the padded block PD).
+std::vector<double> pad_hessian(const std::vector<double>& h, int d, int64_t k) {
+  if (h.empty() || d == k) return h;
+  std::vector<double> out(size_t(k * k), 0.0);
+  for (int i = 0; i < d; ++i) std::memcpy(&out[size_t(i * k)], &h[size_t(i) * d], sizeof(double) * size_t(d));
+  return out;
+}
+
+class Progress {
+ public:
+  Progress(bool enabled, int total, std::string label)
+      : enabled_(enabled), tty_(isatty(2)), total_(total), label_(std::move(label)), start_(clock::now()) {}
+  void tick(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++done_;
+    if (!enabled_) return;
+    const double el = std::chrono::duration<double>(clock::now() - start_).count();
+    const double eta = done_ > 0 ? el / done_ * (total_ - done_) : 0;
+    const int width = 30, fill = total_ > 0 ? done_ * width / total_ : width;
+    std::string bar(size_t(fill), '#');
+    bar.resize(size_t(width), '.');
+    if (tty_) {
+      std::fprintf(stderr, "\r%s [%s] %d/%d  %.2fs/tensor  ETA %s  %-40s", label_.c_str(), bar.c_str(), done_, total_,
+                   el / std::max(1, done_), fmt_secs(eta).c_str(), what.c_str());
+      if (done_ == total_) std::fprintf(stderr, "\n");
+    } else if (done_ == total_ || done_ % std::max(1, total_ / 4) == 0) {
+      std::fprintf(stderr, "%s %d/%d tensors, %.2fs/tensor, ETA %s\n", label_.c_str(), done_, total_,
+                   el / std::max(1, done_), fmt_secs(eta).c_str());
+    }
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  std::mutex mu_;
+  bool enabled_, tty_;
+  int total_, done_ = 0;
+  std::string label_;
+  clock::time_point start_;
+};
+
+struct TensorReport {
+  std::string name;
+  int layer, expert, w;
+  int64_t k, n;
+  double tokens, proxy_err, proxy_err_before_refit, global_scale, seconds;
+  bool refit_kept, identity_fallback;
+};
+
+ojson report_json(const TensorReport& r) {
+  return ojson{{"name", r.name},
+               {"layer", r.layer},
+               {"expert", r.expert},
+               {"proj", "w" + std::to_string(r.w)},
+               {"k", r.k},
+               {"n", r.n},
+               {"calibration_tokens", r.tokens},
+               {"proxy_err", r.proxy_err},
+               {"proxy_err_before_refit", r.proxy_err_before_refit},
+               {"refit_kept", r.refit_kept},
+               {"identity_fallback", r.identity_fallback},
+               {"global_scale", r.global_scale},
+               {"seconds", r.seconds}};
+}
+
+Result<ojson> read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return make_error(path, ": cannot read");
+  ojson j = ojson::parse(in, nullptr, false);
+  if (j.is_discarded()) return make_error(path, ": not valid JSON");
+  return j;
+}
+
+Status check_writable(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    return make_error("output ", dir, ": exists and is not a directory");
+  fs::create_directories(dir, ec);
+  if (ec) return make_error("output directory ", dir, ": cannot create: ", ec.message());
+  const std::string probe = dir + "/.spillway-write-test";
+  FILE* f = std::fopen(probe.c_str(), "wb");
+  if (!f) return make_error("output directory ", dir, ": not writable: ", std::strerror(errno));
+  const bool ok = std::fputs("ok", f) >= 0 && std::fflush(f) == 0;
+  std::fclose(f);
+  std::remove(probe.c_str());
+  if (!ok) return make_error("output directory ", dir, ": write failed (disk full?)");
+  return {};
+}
+
+Result<std::vector<int>> resolve_selection(const std::vector<int>& sel, int n, const char* what) {
+  std::vector<int> out;
+  if (sel.empty()) {
+    for (int i = 0; i < n; ++i) out.push_back(i);
+    return out;
+  }
+  for (int v : sel) {
+    if (v < 0 || v >= n) return make_error("--", what, " ", v, ": outside 0..", n - 1);
+    out.push_back(v);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace
+
+Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
+  using clock = std::chrono::steady_clock;
+  // ---- settings and source checks ----
+  if (o.bits < 1 || o.bits > 8)
+    return make_error("--bits ", o.bits, ": must be an integer 1..8 (EXL3 trellis bits per weight; 2–4 are useful)");
+  Exl3Codebook cb;
+  if (o.codebook == "mul1") cb = Exl3Codebook::kMul1;
+  else if (o.codebook == "mcg") cb = Exl3Codebook::kMcg;
+  else if (o.codebook == "3inst") cb = Exl3Codebook::k3Inst;
+  else return make_error("--codebook ", o.codebook, ": expected mul1, mcg or 3inst");
+  if (o.out_dir.empty()) return make_error("--out: required");
+  std::error_code ec;
+  if (fs::exists(o.out_dir) && fs::equivalent(o.out_dir, o.model_dir, ec))
+    return make_error("--out ", o.out_dir, ": is the source model directory; choose a new directory");
+  auto config = read_model_config(o.model_dir);
+  if (!config.ok()) return config.error();
+  const ModelConfig& c = *config;
+  auto ck_r = Checkpoint::open(o.model_dir);
+  if (!ck_r.ok()) return ck_r.error();
+  const Checkpoint& ck = *ck_r;
+  if (!o.identity_hessian) {
+    if (o.calibration.empty())
+      return make_error("--calibration FILE is required (or --identity-hessian for uncalibrated quantization)");
+    if (!fs::is_regular_file(o.calibration))
+      return make_error("calibration file ", o.calibration, ": not found");
+  }
+  auto layers_r = resolve_selection(o.layers, c.n_layers, "layers");
+  if (!layers_r.ok()) return layers_r.error();
+  auto experts_r = resolve_selection(o.experts, c.n_experts, "experts");
+  if (!experts_r.ok()) return experts_r.error();
+  const std::vector<int> layers = *layers_r, experts = *experts_r;
+  const int d = c.d_model, f = c.d_expert;
+  const int64_t kd = (d + 127) / 128 * 128, kf = (f + 127) / 128 * 128;
+
+  // Every selected expert tensor must exist (named like the checkpoint names it).
+  std::vector<std::string> stems;  // [layer slot][expert slot][w] flattened
+  for (int l : layers)
+    for (int e : experts)
+      for (int w = 1; w <= 3; ++w) {
+        const std::string base = "layers." + std::to_string(l) + ".ffn.experts." + std::to_string(e) + ".w" + std::to_string(w);
+        const TensorInfo* t = find_any(ck, base + ".weight");
+        if (!t) {
+          if (find_any(ck, base + ".trellis"))
+            return make_error(ck.root(), ": '", base, "' is already EXL3; quantize from the original checkpoint");
+          return make_error(ck.root(), ": missing routed expert tensor '", base,
+                            ".weight' (layer ", l, ", expert ", e, "); is the checkpoint complete?");
+        }
+        if (!t->data) return make_error(t->file, ": tensor '", t->name, "' has no data (header-only checkpoint?)");
+        stems.push_back(t->name.substr(0, t->name.size() - 7));
+      }
+
+  // Source files: model shards (tensors we re-shard) and everything else (copied verbatim).
+  std::set<std::string> shard_files;
+  for (const auto& file : ck.files()) shard_files.insert(fs::path(file->path()).filename().string());
+  std::set<std::string> verbatim_tensor_files;  // safetensors side files, e.g. engram_token_map
+  for (const auto& name : shard_files)
+    if (name.rfind("model", 0) != 0) verbatim_tensor_files.insert(name);
+  std::set<std::string> expert_tensor_names;
+  for (const auto& s : stems) {
+    expert_tensor_names.insert(s + ".weight");
+    expert_tensor_names.insert(s + ".scale");
+  }
+  uint64_t base_nbytes = 0, copied_nbytes = 0;
+  for (const auto& [name, t] : ck.tensors()) {
+    if (verbatim_tensor_files.count(fs::path(t->file).filename().string())) continue;
+    if (!expert_tensor_names.count(name)) base_nbytes += t->nbytes;
+  }
+  std::vector<fs::path> copy_files;
+  for (const auto& entry : fs::directory_iterator(o.model_dir)) {
+    if (!entry.is_regular_file()) continue;
+    const std::string name = entry.path().filename().string();
+    if (name == "config.json" || name == "quantization_config.json" || name == "model.safetensors.index.json") continue;
+    if (shard_files.count(name) && !verbatim_tensor_files.count(name)) continue;
+    if (name.size() > 12 && name.substr(name.size() - 12) == ".safetensors" && !shard_files.count(name)) continue;
+    copy_files.push_back(entry.path());
+    copied_nbytes += entry.file_size();
+  }
+  std::sort(copy_files.begin(), copy_files.end());
+  const int n_tensors = int(stems.size());
+  auto expert_nbytes = [&](int64_t k, int64_t n) { return uint64_t(k / 16 * (n / 16) * 16 * o.bits * 2 + (k + n) * 2 + 4); };
+  const uint64_t quant_nbytes = uint64_t(layers.size() * experts.size()) * (2 * expert_nbytes(kd, kf) + expert_nbytes(kf, kd));
+  const uint64_t total_nbytes = base_nbytes + quant_nbytes + copied_nbytes;
+
+  // Time estimate: one tile encode, times tiles (with the scale search's extra tiles), per thread.
+  const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  double tile_seconds;
+  {
+    TrellisEncoder enc(o.bits, cb);
+    float tile[256], dec[256];
+    std::vector<uint16_t> words(size_t(16 * o.bits));
+    for (int i = 0; i < 256; ++i) tile[i] = float(std::sin(i * 0.37) * 1.2);
+    const auto t0 = clock::now();
+    enc.encode_tile_rowmajor(tile, words.data(), dec);
+    tile_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  }
+  const double tiles_per_tensor = double(kd / 16 * (kf / 16)) + 54;  // + global-scale search (9 scales × 6 tiles)
+  const double est_seconds = tile_seconds * tiles_per_tensor * n_tensors / threads;
+
+  auto plan_text = [&] {
+    std::ostringstream s;
+    s << "plan: " << o.model_dir << " → " << o.out_dir << "\n"
+      << "  quantize " << n_tensors << " routed-expert tensors (" << layers.size() << " layers × " << experts.size()
+      << " experts × w1/w2/w3) to EXL3 K=" << o.bits << " " << o.codebook << "\n"
+      << "    w1, w3: [k=" << kd << ", n=" << kf << "]   w2: [k=" << kf << ", n=" << kd << "]\n"
+      << "  hessians: "
+      << (o.identity_hessian ? std::string("identity (uncalibrated)")
+                             : "calibrated on " + o.calibration + ", up to " + std::to_string(o.calibration_tokens) +
+                                   " tokens in rows of " + std::to_string(o.row_tokens) +
+                                   (o.routing_weighted ? ", routing-weighted" : "") +
+                                   (o.gate_up_shared ? ", gate/up shared per layer" : ", gate/up per expert"))
+      << "\n  estimated time: " << fmt_secs(est_seconds) << " on " << threads << " threads ("
+      << fmt_secs(tile_seconds * tiles_per_tensor) << " per tensor per thread, excluding calibration)\n"
+      << "  output: " << fmt_bytes(double(total_nbytes)) << " (" << fmt_bytes(double(base_nbytes))
+      << " copied tensors, " << fmt_bytes(double(quant_nbytes)) << " EXL3 experts, " << fmt_bytes(double(copied_nbytes))
+      << " other files) in " << (1 + layers.size()) << " shards\n";
+    return s.str();
+  };
+  if (o.dry_run) {
+    std::fputs(plan_text().c_str(), stdout);
+    std::printf("  tensors:\n");
+    for (const auto& s : stems) std::printf("    %s\n", s.c_str());
+    QuantizeModelResult r;
+    r.tensors = n_tensors;
+    return r;
+  }
+  std::fputs(plan_text().c_str(), stderr);
+
+  // ---- output directory, space, resume state ----
+  SPW_TRY(check_writable(o.out_dir));
+  const fs::space_info space = fs::space(o.out_dir, ec);
+  if (!ec && space.available < total_nbytes + total_nbytes / 20)
+    return make_error("output directory ", o.out_dir, ": not enough space: the pack needs about ",
+                      fmt_bytes(double(total_nbytes)), ", ", fmt_bytes(double(space.available)), " available");
+  const std::string work = o.out_dir + "/" + kWorkDir;
+  fs::create_directories(work + "/hessians", ec);
+  if (ec) return make_error(work, ": cannot create: ", ec.message());
+  ojson fingerprint{{"bits", o.bits},
+                    {"codebook", o.codebook},
+                    {"seed", o.seed},
+                    {"identity_hessian", o.identity_hessian},
+                    {"routing_weighted", o.routing_weighted},
+                    {"gate_up_shared", o.gate_up_shared},
+                    {"prior_tokens", o.prior_tokens},
+                    {"prior_sample_tokens", o.prior_sample_tokens},
+                    {"calibration_fnv1a", o.identity_hessian ? std::string() : std::to_string(fnv1a_file(o.calibration))},
+                    {"calibration_tokens", o.identity_hessian ? 0 : o.calibration_tokens},
+                    {"row_tokens", o.identity_hessian ? 0 : o.row_tokens},
+                    {"layers", layers},
+                    {"experts", experts},
+                    {"source_config_fnv1a", std::to_string(fnv1a_file(o.model_dir + "/config.json"))}};
+  const std::string fp_path = work + "/settings.json";
+  if (fs::exists(fp_path)) {
+    auto old = read_json(fp_path);
+    if (!old.ok()) return old.error();
+    if (*old != fingerprint)
+      return make_error(o.out_dir, ": holds a partial or finished pack made with other settings (", fp_path,
+                        "); use a new --out directory or delete it");
+  } else {
+    SPW_TRY(write_text_file(fp_path, fingerprint.dump(2) + "\n"));
+  }
+  const int n_shards = 1 + int(layers.size());
+  auto layer_report_path = [&](int l) { return work + "/layer-" + std::to_string(l) + ".json"; };
+  auto hessian_path = [&](int l) { return work + "/hessians/layer-" + std::to_string(l) + ".safetensors"; };
+  std::vector<int> pending;
+  QuantizeModelResult result;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const bool done = fs::exists(layer_report_path(layers[i])) &&
+                      fs::exists(o.out_dir + "/" + shard_name(int(i) + 2, n_shards));
+    if (done) ++result.layers_skipped;
+    else pending.push_back(int(i));
+  }
+  if (result.layers_skipped)
+    std::fprintf(stderr, "resume: %d of %zu layers already quantized, skipped\n", result.layers_skipped, layers.size());
+
+  // ---- calibration (only for pending layers whose Hessians are not on disk) ----
+  if (!o.identity_hessian && !pending.empty()) {
+    std::vector<int> need;
+    for (int i : pending)
+      if (!fs::exists(hessian_path(layers[size_t(i)]))) need.push_back(layers[size_t(i)]);
+    if (!need.empty()) {
+      auto rows = load_calibration_rows(o.model_dir, o.calibration, o.calibration_tokens, o.row_tokens);
+      if (!rows.ok()) return rows.error();
+      std::fprintf(stderr, "calibration: %zu rows × %d tokens from %s (%lld tokens, %d documents, %d chat)\n",
+                   rows->rows.size(), o.row_tokens, o.calibration.c_str(), (long long)rows->stream_tokens,
+                   rows->n_documents, rows->n_chat);
+      HessianOptions ho;
+      ho.routing_weighted = o.routing_weighted;
+      ho.gate_up_shared = o.gate_up_shared;
+      ho.prior_tokens = o.prior_tokens;
+      ho.prior_sample_tokens = o.prior_sample_tokens;
+      ho.layers = need;
+      const auto t0 = clock::now();
+      ho.on_progress = [&](int64_t done, int64_t total) {
+        if (!o.progress) return;
+        const double el = std::chrono::duration<double>(clock::now() - t0).count();
+        std::fprintf(stderr, "%scalibration forward: %lld/%lld tokens, ETA %s%s", isatty(2) ? "\r" : "",
+                     (long long)done, (long long)total, fmt_secs(el / double(done) * double(total - done)).c_str(),
+                     isatty(2) && done < total ? "   " : "\n");
+      };
+      auto hs = collect_hessians(o.model_dir, *rows, ho);
+      if (!hs.ok()) return hs.error();
+      for (const auto& h : *hs) SPW_TRY(save_layer_hessians(hessian_path(h.layer), h));
+    }
+  }
+
+  // ---- per-layer quantization ----
+  ThreadPool pool(static_cast<size_t>(threads));
+  int dumps_left = o.dump_wh_dir.empty() ? 0 : o.dump_wh_count;
+  if (dumps_left > 0) {
+    fs::create_directories(o.dump_wh_dir, ec);
+    if (ec) return make_error("--dump-wh ", o.dump_wh_dir, ": cannot create: ", ec.message());
+  }
+  for (int slot : pending) {
+    if (o.max_layers >= 0 && result.layers_quantized >= o.max_layers) break;
+    const int l = layers[size_t(slot)];
+    LayerHessians hs;
+    if (!o.identity_hessian) {
+      auto h = load_layer_hessians(hessian_path(l), l);
+      if (!h.ok()) return h.error();
+      hs = std::move(h.value());
+    }
+    const int n_tasks = int(experts.size()) * 3;
+    std::vector<Result<QuantizedTensor>> results(size_t(n_tasks), Error{"not run"});
+    std::vector<TensorReport> reports(static_cast<size_t>(n_tasks));
+    std::vector<int64_t> shapes_k(static_cast<size_t>(n_tasks)), shapes_n(static_cast<size_t>(n_tasks));
+    Progress progress(o.progress, n_tasks, "layer " + std::to_string(l) + " (" + std::to_string(result.layers_quantized + result.layers_skipped + 1) + "/" + std::to_string(layers.size()) + ")");
+    std::atomic<int> next{0};
+    std::mutex dump_mu;
+    Status dump_status;
+    pool.parallel_for(size_t(threads), [&](size_t, size_t) {
+      for (int task = next++; task < n_tasks; task = next++) {
+        const int ei = task / 3, w = task % 3 + 1, e = experts[size_t(ei)];
+        const std::string& stem = stems[size_t(slot) * experts.size() * 3 + size_t(task)];
+        const int n_out = w == 2 ? d : f, n_in = w == 2 ? f : d;
+        const int64_t k = w == 2 ? kf : kd, n = w == 2 ? kd : kf;
+        auto wt = load_source_weight(ck, stem, n_out, n_in, k, n);
+        if (!wt.ok()) {
+          results[size_t(task)] = wt.error();
+          continue;
+        }
+        std::vector<double> h;
+        double tokens = 0;
+        if (!o.identity_hessian) {
+          h = pad_hessian(w == 2 ? hs.w2[size_t(e)] : hs.w13[size_t(e)], n_in, k);
+          tokens = hs.tokens[size_t(e)];
+        }
+        QuantizeParams qp;
+        qp.bits = o.bits;
+        qp.codebook = cb;
+        qp.seed = mix_seed(o.seed, l, e, w);
+        results[size_t(task)] = exl3_quantize_tensor(wt->data(), k, n, h, qp);
+        if (results[size_t(task)].ok()) {
+          const QuantizedTensor& q = *results[size_t(task)];
+          reports[size_t(task)] = TensorReport{stem, l, e, w, k, n, tokens, q.proxy_err, q.proxy_err_before_refit,
+                                               q.global_scale, q.seconds, q.refit_kept, q.fell_back_to_identity};
+          std::lock_guard<std::mutex> lock(dump_mu);
+          if (dumps_left > 0 && (w == 1 || w == 2)) {
+            --dumps_left;
+            SafetensorsWriter dw;
+            dw.add_raw("W", DType::F32, {k, n}, wt->data(), wt->size() * 4);
+            std::vector<float> hf(size_t(k * k));
+            if (h.empty()) for (int64_t i = 0; i < k; ++i) hf[size_t(i * k + i)] = 1.f;
+            else for (size_t i = 0; i < hf.size(); ++i) hf[i] = float(h[i]);
+            dw.add_raw("H", DType::F32, {k, k}, hf.data(), hf.size() * 4);
+            std::vector<float> wq = exl3_weight_ref(q.view(stem));
+            dw.add_raw("W_spillway", DType::F32, {k, n}, wq.data(), wq.size() * 4);
+            double pe[2] = {q.proxy_err, double(o.bits)};
+            dw.add_raw("proxy_err_spillway", DType::F64, {1}, &pe[0], 8);
+            auto st = dw.write(o.dump_wh_dir + "/" + stem + ".safetensors");
+            if (!st.ok()) dump_status = st;
+          }
+        }
+        progress.tick(stem);
+      }
+    });
+    if (!dump_status.ok()) return dump_status.error();
+    SafetensorsWriter shard;
+    ojson layer_report = ojson::array();
+    for (int task = 0; task < n_tasks; ++task) {
+      if (!results[size_t(task)].ok())
+        return make_error("layer ", l, ": ", stems[size_t(slot) * experts.size() * 3 + size_t(task)], ": ",
+                          results[size_t(task)].error().message);
+      const QuantizedTensor& q = *results[size_t(task)];
+      const std::string& stem = reports[size_t(task)].name;
+      shard.add_raw(stem + ".trellis", DType::I16, {q.k / 16, q.n / 16, 16 * q.bits}, q.trellis.data(), q.trellis.size() * 2);
+      shard.add_raw(stem + ".suh", DType::F16, {q.k}, q.suh.data(), q.suh.size() * 2);
+      shard.add_raw(stem + ".svh", DType::F16, {q.n}, q.svh.data(), q.svh.size() * 2);
+      if (cb != Exl3Codebook::k3Inst) {
+        const uint32_t marker = cb == Exl3Codebook::kMul1 ? kExl3Mul1Mult : kExl3McgMult;
+        shard.add_raw(stem + (cb == Exl3Codebook::kMul1 ? ".mul1" : ".mcg"), DType::I32, {}, &marker, 4);
+      }
+      layer_report.push_back(report_json(reports[size_t(task)]));
+    }
+    SPW_TRY(shard.write(o.out_dir + "/" + shard_name(slot + 2, n_shards)));
+    SPW_TRY(write_text_file(layer_report_path(l), layer_report.dump(1) + "\n"));
+    ++result.layers_quantized;
+  }
+  const int n_done = result.layers_quantized + result.layers_skipped;
+  if (n_done < int(layers.size())) {
+    std::fprintf(stderr, "stopped after %d of %zu layers; rerun the same command to resume\n", n_done, layers.size());
+    return result;
+  }
+
+  // ---- the rest of the pack: copied tensors, index, configs, side files, report ----
+  ojson weight_map = ojson::object();
+  uint64_t total_size = 0;
+  {
+    SafetensorsWriter base;
+    for (const auto& [name, t] : ck.tensors()) {
+      if (verbatim_tensor_files.count(fs::path(t->file).filename().string())) continue;
+      if (expert_tensor_names.count(name)) continue;
+      if (!t->data) return make_error(t->file, ": tensor '", name, "' has no data (header-only checkpoint?)");
+      base.add_raw(name, t->dtype, t->shape, t->data, t->nbytes);
+    }
+    const std::string base_name = shard_name(1, n_shards);
+    const std::string base_path = o.out_dir + "/" + base_name;
+    SPW_TRY(base.write(base_path));
+    for (const auto& [name, t] : base.tensors()) weight_map[name] = base_name, total_size += t.bytes.size();
+  }
+  ojson tensor_storage = ojson::object();
+  std::vector<ojson> all_reports;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string sname = shard_name(int(i) + 2, n_shards);
+    auto f = SafetensorsFile::open(o.out_dir + "/" + sname);
+    if (!f.ok()) return f.error();
+    for (const auto& [name, t] : (*f)->tensors()) {
+      weight_map[name] = sname;
+      total_size += t.nbytes;
+      const std::string module = name.substr(0, name.rfind('.'));
+      ojson& m = tensor_storage[module];
+      if (m.empty()) {
+        m["stored_tensors"] = ojson::object();
+        m["quant_format"] = "exl3";
+        m["bits_per_weight"] = o.bits;
+        if (cb == Exl3Codebook::kMul1) m["mul1_multiplier"] = int32_t(kExl3Mul1Mult);
+        if (cb == Exl3Codebook::kMcg) m["mcg_multiplier"] = int32_t(kExl3McgMult);
+      }
+      const char* dt = t.dtype == DType::I16 ? "int16" : t.dtype == DType::F16 ? "float16" : "int32";
+      m["stored_tensors"][name] = ojson{{"shape", t.shape}, {"dtype", dt}};
+    }
+    auto rep = read_json(layer_report_path(layers[i]));
+    if (!rep.ok()) return rep.error();
+    for (auto& r : *rep) all_reports.push_back(r);
+  }
+  // Sort the weight map by name for a stable file.
+  ojson sorted_map = ojson::object();
+  {
+    std::vector<std::string> names;
+    for (auto it = weight_map.begin(); it != weight_map.end(); ++it) names.push_back(it.key());
+    std::sort(names.begin(), names.end());
+    for (const auto& n : names) sorted_map[n] = weight_map[n];
+  }
+  ojson index{{"metadata", {{"total_size", total_size}}}, {"weight_map", sorted_map}};
+  SPW_TRY(write_text_file(o.out_dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
+
+  auto src_config = read_json(o.model_dir + "/config.json");
+  if (!src_config.ok()) return src_config.error();
+  ojson qc{{"quant_method", "exl3"},
+           {"version", "spillway-quantize-1"},
+           {"bits", double(o.bits)},
+           {"calibration", {{"rows", o.identity_hessian ? 0 : int(o.calibration_tokens / o.row_tokens)},
+                            {"cols", o.identity_hessian ? 0 : o.row_tokens}}},
+           {"out_scales", "always"},
+           {"codebook", o.codebook},
+           {"quantized_modules", "routed_experts"},
+           {"spillway", {{"hessian", o.identity_hessian ? "identity" : "calibrated"},
+                         {"routing_weighted", o.routing_weighted},
+                         {"gate_up_hessian", o.gate_up_shared ? "layer" : "expert"},
+                         {"prior_tokens", o.prior_tokens},
+                         {"seed", o.seed}}}};
+  if (src_config->contains("quantization_config")) qc["original_quantization_config"] = (*src_config)["quantization_config"];
+  ojson out_config = *src_config;
+  out_config["quantization_config"] = qc;
+  SPW_TRY(write_text_file(o.out_dir + "/config.json", out_config.dump(2) + "\n"));
+  ojson sidecar = qc;
+  sidecar["tensor_storage"] = tensor_storage;
+  SPW_TRY(write_text_file(o.out_dir + "/quantization_config.json", sidecar.dump(2) + "\n"));
+  for (const auto& p : copy_files) {
+    fs::copy_file(p, fs::path(o.out_dir) / p.filename(), fs::copy_options::overwrite_existing, ec);
+    if (ec) return make_error(p.string(), ": cannot copy into ", o.out_dir, ": ", ec.message());
+  }
+
+  // Report: JSON and a summary table.
+  double sum_err = 0;
+  std::map<std::string, std::vector<double>> by_proj;
+  for (const auto& r : all_reports) {
+    sum_err += r["proxy_err"].get<double>();
+    by_proj[r["proj"].get<std::string>()].push_back(r["proxy_err"].get<double>());
+  }
+  result.tensors = int(all_reports.size());
+  result.mean_proxy_err = all_reports.empty() ? 0 : sum_err / double(all_reports.size());
+  ojson report{{"settings", fingerprint}, {"mean_proxy_err", result.mean_proxy_err}, {"tensors", all_reports}};
+  SPW_TRY(write_text_file(o.out_dir + "/quantize_report.json", report.dump(1) + "\n"));
+  std::printf("proxy error tr(ΔW H ΔWᵀ)/tr(W H Wᵀ)%s, K=%d %s:\n", o.identity_hessian ? " (H = I)" : "", o.bits,
+              o.codebook.c_str());
+  std::printf("  %-5s %8s %10s %10s %10s\n", "proj", "tensors", "mean", "median", "max");
+  for (auto& [proj, v] : by_proj) {
+    std::sort(v.begin(), v.end());
+    double mean = 0;
+    for (double x : v) mean += x;
+    mean /= double(v.size());
+    std::printf("  %-5s %8zu %10.5f %10.5f %10.5f\n", proj.c_str(), v.size(), mean, v[v.size() / 2], v.back());
+  }
+  std::printf("  all   %8d %10.5f\n", result.tensors, result.mean_proxy_err);
+  if (!o.keep_hessians) fs::remove_all(work + "/hessians", ec);
+  result.complete = true;
+  return result;
+}
+
+}  // namespace spw::quant

@@ -1,0 +1,71 @@
+// `spillway quantize`: calibrated EXL3 quantization of a checkpoint's routed experts into a pack
+// Spillway (and exllamav3-style readers) load. Everything else is copied unchanged.
+//
+// Pack layout (DST):
+//   model-00001-of-N.safetensors         every non-expert tensor (and unselected experts), verbatim
+//   model-0000{2..N}-of-N.safetensors    one shard per quantized layer: E.w{1,2,3}.{trellis,suh,svh,mul1|mcg}
+//   model.safetensors.index.json         weight_map of every tensor
+//   config.json                          source config with quantization_config (spec exl3.md §1.5)
+//   quantization_config.json             the same plus tensor_storage per quantized module
+//   quantize_report.json                 per-tensor proxy error, tokens, seconds (not part of the resume identity)
+//   tokenizer and other source files     copied
+//   .quantize-work/                      resume state: settings fingerprint, finished layers' reports,
+//                                        Hessians (deleted when the pack is complete unless keep_hessians)
+// Resume: a layer whose shard and report exist is skipped; a rerun with the same settings writes
+// byte-identical files (the trellis search, scales and Hessians are deterministic and
+// thread-count independent). A rerun with other settings into the same DST is an error.
+// Errors (all typed, nothing aborts): bad bits/codebook, missing calibration file, missing or
+// malformed expert tensors, an unwritable or too-full output directory, I/O failures.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace spw::quant {
+
+struct QuantizeModelOptions {
+  std::string model_dir, out_dir, calibration;
+  int bits = 0;
+  std::string codebook = "mul1";
+  int64_t calibration_tokens = 16384;
+  int row_tokens = 512;
+  bool identity_hessian = false;
+  bool routing_weighted = false;
+  bool gate_up_shared = false;
+  double prior_tokens = 256;
+  int prior_sample_tokens = 1024;
+  bool dry_run = false;
+  int threads = 0;
+  uint64_t seed = 0;
+  std::vector<int> layers, experts;  // empty = all
+  int max_layers = -1;               // quantize at most this many pending layers, then stop (resume tests)
+  bool keep_hessians = false;
+  std::string dump_wh_dir;
+  int dump_wh_count = 6;
+  bool progress = true;
+};
+
+struct QuantizeModelResult {
+  bool complete = false;
+  int layers_quantized = 0, layers_skipped = 0;
+  int tensors = 0;
+  double mean_proxy_err = 0;
+};
+
+Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& options);
+
+// Mean KL(P‖Q) and top-1 agreement of next-token distributions of two models over the same
+// token rows (rows of row_tokens from a text file, evenly spaced, max_tokens in all).
+struct KlResult {
+  double mean_kl = 0;
+  double top1_agreement = 0;
+  int64_t positions = 0;
+  double ppl_p = 0, ppl_q = 0;  // perplexity of each model on the same positions
+};
+Result<KlResult> eval_kl(const std::string& model_p, const std::string& model_q, const std::string& text_path,
+                         int64_t max_tokens, int row_tokens);
+
+}  // namespace spw::quant
