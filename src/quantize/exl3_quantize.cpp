@@ -266,7 +266,7 @@ Result<QuantizedTensor> exl3_quantize_tensor(const float* w, int64_t k, int64_t 
     const int64_t n_tiles = n_tk * n_tn;
     const int n_sample = int(std::min<int64_t>(prm.scale_sample_tiles, n_tiles));
     std::vector<double> grid;
-    for (int i = 0; i <= 8; ++i) grid.push_back(0.6 + 0.1 * i);
+    for (int i = 0; i <= 4; ++i) grid.push_back(0.8 + 0.1 * i);
     std::vector<double> err(grid.size(), 0.0);
     std::vector<uint16_t> wbuf(static_cast<size_t>(words));
     float tile[256], dec[256];
@@ -358,7 +358,7 @@ Result<QuantizedTensor> exl3_quantize_tensor(const float* w, int64_t k, int64_t 
     out.suh = suh;
     out.svh = svh;
     std::vector<float> wq = exl3_weight_ref(out.view("measure"));
-    return exl3_proxy_error(w, wq.data(), k, n, h_in);
+    return exl3_proxy_error(w, wq.data(), k, n, hd.empty() ? std::vector<double>{} : h_in);
   };
   std::vector<uint16_t> suh0, svh0;
   auto err0 = measure(su, sv, suh0, svh0);

@@ -30,7 +30,7 @@ struct QuantizeParams {
   bool ldlq = true;                              // false: plain per-tile search (no feedback)
   bool refit = true;                             // §4.5 least-squares scale refit
   int refit_rounds = 2;
-  int scale_sample_tiles = 6;                    // tiles used by the global-scale search
+  int scale_sample_tiles = 4;                    // tiles used by the global-scale search (5 scales each)
 };
 
 struct QuantizedTensor {

@@ -318,11 +318,12 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
     float tile[256], dec[256];
     std::vector<uint16_t> words(size_t(16 * o.bits));
     for (int i = 0; i < 256; ++i) tile[i] = float(std::sin(i * 0.37) * 1.2);
+    enc.encode_tile_rowmajor(tile, words.data(), dec);  // warm-up: tables, page faults
     const auto t0 = clock::now();
-    enc.encode_tile_rowmajor(tile, words.data(), dec);
-    tile_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    for (int i = 0; i < 2; ++i) enc.encode_tile_rowmajor(tile, words.data(), dec);
+    tile_seconds = std::chrono::duration<double>(clock::now() - t0).count() / 2;
   }
-  const double tiles_per_tensor = double(kd / 16 * (kf / 16)) + 54;  // + global-scale search (9 scales × 6 tiles)
+  const double tiles_per_tensor = double(kd / 16 * (kf / 16)) + 20;  // + global-scale search (5 scales × 4 tiles)
   const double est_seconds = tile_seconds * tiles_per_tensor * n_tensors / threads;
 
   auto plan_text = [&] {

@@ -5,6 +5,7 @@
 // the same order per element.
 #include "quantize/trellis_encode.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,57 +18,73 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // One trellis step: min over the K top bits of the predecessor for every edge, then the new
-// state's cost. cost/next: [65536]; min_buf: [2^(16−K)]; back: [2^(16−K)].
+// state's cost. cost/next: [65536]; min_buf, arg: [2^(16−K)] scratch; back: [2^(16−K)] output.
+// All loops run over contiguous 32-bit lanes so they vectorize; the argmin is narrowed to bytes
+// in a separate pass.
 template <int K>
 [[gnu::always_inline]] inline void dp_step(const float* __restrict lut, const float* __restrict cost,
                                            float* __restrict next, float* __restrict min_buf,
-                                           uint8_t* __restrict back, float target) {
+                                           int32_t* __restrict arg, uint8_t* __restrict back, float target) {
   constexpr int n_edges = 1 << (16 - K), n_top = 1 << K;
-  for (int e = 0; e < n_edges; ++e) {
-    min_buf[e] = cost[e];
-    back[e] = 0;
-  }
-  for (int h = 1; h < n_top; ++h) {
-    const float* c = cost + h * n_edges;
-    for (int e = 0; e < n_edges; ++e) {
-      const bool lt = c[e] < min_buf[e];  // strict: the first minimum (lowest h) wins
-      min_buf[e] = lt ? c[e] : min_buf[e];
-      back[e] = lt ? uint8_t(h) : back[e];
+  // Blocks of edges keep min/argmin in L1; each block's successors are one contiguous range.
+  constexpr int kBlock = n_edges < 256 ? n_edges : 256;
+  for (int e0 = 0; e0 < n_edges; e0 += kBlock) {
+    float* __restrict mb = min_buf + e0;
+    int32_t* __restrict ab = arg + e0;
+    for (int e = 0; e < kBlock; ++e) {
+      mb[e] = cost[e0 + e];
+      ab[e] = 0;
     }
-  }
-  for (int e = 0; e < n_edges; ++e) {
-    const float m = min_buf[e];
-    for (int b = 0; b < n_top; ++b) {
-      const float d = lut[e * n_top + b] - target;
-      next[e * n_top + b] = d * d + m;
+    for (int h = 1; h < n_top; ++h) {
+      const float* __restrict c = cost + h * n_edges + e0;
+      for (int e = 0; e < kBlock; ++e) {
+        // Strict: the first minimum (lowest h) wins. Written without a conditional store (GCC
+        // would emit vmaskmovps, which is microcoded and very slow on AMD).
+        const float v = c[e], m = mb[e];
+        const int32_t a = ab[e], lt = -int32_t(v < m);
+        mb[e] = std::min(m, v);
+        ab[e] = a ^ ((a ^ h) & lt);
+      }
+    }
+    for (int e = 0; e < kBlock; ++e) back[e0 + e] = uint8_t(ab[e]);
+    const float* __restrict lb = lut + size_t(e0) * n_top;
+    float* __restrict nb = next + size_t(e0) * n_top;
+    for (int e = 0; e < kBlock; ++e) {
+      const float m = mb[e];
+      for (int b = 0; b < n_top; ++b) {
+        const float d = lb[e * n_top + b] - target;
+        nb[e * n_top + b] = d * d + m;
+      }
     }
   }
 }
 
 template <int K>
-[[gnu::always_inline]] inline void run_steps(const float* lut, const float* targets, int n, float* cost, float* next,
-                                             float* min_buf, uint8_t* back) {
+[[gnu::always_inline]] inline float* run_steps(const float* lut, const float* targets, int n, float* cost, float* next,
+                                               float* min_buf, int32_t* arg, uint8_t* back) {
   constexpr int n_edges = 1 << (16 - K);
   for (int p = 1; p < n; ++p) {
-    dp_step<K>(lut, cost, next, min_buf, back + size_t(p) * n_edges, targets[p]);
-    std::memcpy(cost, next, sizeof(float) * 65536);
+    dp_step<K>(lut, cost, next, min_buf, arg, back + size_t(p) * n_edges, targets[p]);
+    std::swap(cost, next);
   }
+  return cost;
 }
 
-// Positions 1..n−1 of one pass; `cost` holds position 0's costs on entry and position n−1's on exit.
-[[gnu::target_clones("avx512f", "avx2", "default")]] void run_pass(int k, const float* lut, const float* targets,
-                                                                     int n, float* cost, float* next, float* min_buf,
-                                                                     uint8_t* back) {
+// Positions 1..n−1 of one pass; `cost` holds position 0's costs on entry. Returns the buffer
+// (cost or next) that holds position n−1's costs.
+[[gnu::target_clones("avx512f", "avx2", "default")]] float* run_pass(int k, const float* lut, const float* targets,
+                                                                       int n, float* cost, float* next, float* min_buf,
+                                                                       int32_t* arg, uint8_t* back) {
   switch (k) {
-    case 1: run_steps<1>(lut, targets, n, cost, next, min_buf, back); break;
-    case 2: run_steps<2>(lut, targets, n, cost, next, min_buf, back); break;
-    case 3: run_steps<3>(lut, targets, n, cost, next, min_buf, back); break;
-    case 4: run_steps<4>(lut, targets, n, cost, next, min_buf, back); break;
-    case 5: run_steps<5>(lut, targets, n, cost, next, min_buf, back); break;
-    case 6: run_steps<6>(lut, targets, n, cost, next, min_buf, back); break;
-    case 7: run_steps<7>(lut, targets, n, cost, next, min_buf, back); break;
-    case 8: run_steps<8>(lut, targets, n, cost, next, min_buf, back); break;
-    default: break;
+    case 1: return run_steps<1>(lut, targets, n, cost, next, min_buf, arg, back);
+    case 2: return run_steps<2>(lut, targets, n, cost, next, min_buf, arg, back);
+    case 3: return run_steps<3>(lut, targets, n, cost, next, min_buf, arg, back);
+    case 4: return run_steps<4>(lut, targets, n, cost, next, min_buf, arg, back);
+    case 5: return run_steps<5>(lut, targets, n, cost, next, min_buf, arg, back);
+    case 6: return run_steps<6>(lut, targets, n, cost, next, min_buf, arg, back);
+    case 7: return run_steps<7>(lut, targets, n, cost, next, min_buf, arg, back);
+    case 8: return run_steps<8>(lut, targets, n, cost, next, min_buf, arg, back);
+    default: return cost;
   }
 }
 
@@ -82,6 +99,7 @@ TrellisEncoder::TrellisEncoder(int bits, Exl3Codebook codebook)
   cost_.resize(65536);
   next_.resize(65536);
   min_.resize(size_t(1) << (16 - bits));
+  arg_.resize(size_t(1) << (16 - bits));
 }
 
 double TrellisEncoder::viterbi(const float* targets, int n, int start_edge, int end_edge, uint16_t* states) {
@@ -92,13 +110,13 @@ double TrellisEncoder::viterbi(const float* targets, int n, int start_edge, int 
     const float d = lut_[s] - targets[0];
     cost_[s] = (start_edge < 0 || int(s >> k_) == start_edge) ? d * d : kInf;
   }
-  run_pass(k_, lut_, targets, n, cost_.data(), next_.data(), min_.data(), back_.data());
+  const float* final_cost = run_pass(k_, lut_, targets, n, cost_.data(), next_.data(), min_.data(), arg_.data(), back_.data());
   uint32_t best = 0;
   float best_cost = kInf;
   for (uint32_t s = 0; s < 65536; ++s) {
     if (end_edge >= 0 && int(s & edge_mask) != end_edge) continue;
-    if (cost_[s] < best_cost) {
-      best_cost = cost_[s];
+    if (final_cost[s] < best_cost) {
+      best_cost = final_cost[s];
       best = s;
     }
   }
@@ -121,11 +139,14 @@ double TrellisEncoder::viterbi(const float* targets, int n, int start_edge, int 
 }
 
 double TrellisEncoder::encode_tile(const float targets[256], uint16_t states[256]) {
-  // Pass 1: unconstrained, over the ring rotated to start at position 128.
-  float rotated[256];
-  uint16_t rot_states[256];
-  for (int q = 0; q < 256; ++q) rotated[q] = targets[(q + 128) & 255];
-  viterbi(rotated, 256, -1, -1, rot_states);
+  // Pass 1: unconstrained, positions 128..255 then 0..kLookahead−1; the best path's edge at
+  // position 0 (q = 128) is the ring's start edge. Positions further than a few 16/K-step state
+  // windows past 0 barely move that choice, so pass 1 stops kLookahead positions after it.
+  constexpr int kLookahead = 32;
+  float rotated[128 + kLookahead];
+  uint16_t rot_states[128 + kLookahead];
+  for (int q = 0; q < 128 + kLookahead; ++q) rotated[q] = targets[(q + 128) & 255];
+  viterbi(rotated, 128 + kLookahead, -1, -1, rot_states);
   const int edge0 = rot_states[128] >> k_;  // position 0 sits at q = 128
   // Pass 2: positions 0..255 with edge(0) fixed and the ring closed on the same edge.
   return viterbi(targets, 256, edge0, edge0, states);

@@ -48,7 +48,7 @@ Problem make_problem(int64_t k, int64_t n, uint32_t seed) {
 }
 
 TEST(Exl3Quantize, WrittenTensorDecodesBitExactlyThroughTheReader) {
-  const Problem p = make_problem(128, 256, 1);
+  const Problem p = make_problem(128, 128, 1);
   for (auto cb : {Exl3Codebook::kMul1, Exl3Codebook::kMcg, Exl3Codebook::k3Inst}) {
     QuantizeParams qp;
     qp.bits = 3;
