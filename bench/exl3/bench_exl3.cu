@@ -1,7 +1,11 @@
 // EXL3 x·W benchmark: HBM bandwidth (device copy and read-only), Spillway's CUDA kernel on the tensors
 // of bench/exl3/make_bench_tensors.py (rotating through enough copies that no call hits L2), as a
 // ratio to the roofline trellis_bytes / bandwidth, and the CPU kernel (spw_cpu) on the same tensors.
-// Usage: bench_exl3 DIR [iters]   (DIR holds *.safetensors, one EXL3 linear each, prefix = file stem)
+// Then the fused MoE decode kernel on one synthetic V4.1 layer (384 experts of 5120→2304→5120, K=3 mul1,
+// random trellis), different random experts every call, against the roofline of the selected experts'
+// trellis bytes, and against the same work done as 18·T separate exl3_gemm_cuda calls.
+// Usage: bench_exl3 DIR [iters] [gpu]   (DIR holds *.safetensors, one EXL3 linear each, prefix = file
+// stem; "gpu" skips the CPU kernel rows)
 // Driven by scripts/gpu_test.sh; results go to bench/results/exl3_h200.md.
 #include <cuda_runtime.h>
 
@@ -15,6 +19,7 @@
 
 #include "cpu/exl3_gemm.h"
 #include "cuda/exl3_gemm.h"
+#include "cuda/exl3_moe.h"
 #include "formats/exl3.h"
 #include "formats/safetensors.h"
 
@@ -38,12 +43,130 @@ __global__ void read_kernel(const float4* p, size_t n, float* out) {
   if (s == 1234.5f) *out = s;  // keeps the loads alive
 }
 
+// One synthetic V4.1 MoE layer: fused kernel vs roofline and vs separate GEMV calls.
+static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1) {
+  const int E = 384, topk = 6, K = 3;
+  const int64_t d = 5120, f = 2304;
+  const Exl3Codebook cb = Exl3Codebook::kMul1;
+  std::mt19937 rng(7);
+  const size_t tb[3] = {size_t(d / 16) * (f / 16) * 16 * K * 2, size_t(d / 16) * (f / 16) * 16 * K * 2,
+                        size_t(f / 16) * (d / 16) * 16 * K * 2};
+  std::vector<uint16_t> host(tb[0] / 2);  // one random trellis image, copied to every expert (decode cost is data-independent)
+  for (auto& v : host) v = rng() & 0xffff;
+  std::vector<Exl3CudaExpert> table(E);
+  std::vector<uint16_t> sv(std::max(d, f));
+  for (int q = 0; q < 3; ++q) {
+    uint16_t *suh, *svh;  // shared scale vectors (their values do not change the timing)
+    const int64_t k = q == 2 ? f : d, n = q == 2 ? d : f;
+    for (int64_t i = 0; i < k; ++i) sv[i] = exl3_f64_to_f16(((rng() & 1) ? 1 : -1) * 0.01);
+    CK(cudaMalloc(&suh, k * 2));
+    CK(cudaMemcpy(suh, sv.data(), k * 2, cudaMemcpyHostToDevice));
+    for (int64_t i = 0; i < n; ++i) sv[i] = exl3_f64_to_f16(((rng() & 1) ? 1 : -1) * 1.0);
+    CK(cudaMalloc(&svh, n * 2));
+    CK(cudaMemcpy(svh, sv.data(), n * 2, cudaMemcpyHostToDevice));
+    for (int e = 0; e < E; ++e) {
+      uint16_t* tr;
+      CK(cudaMalloc(&tr, tb[q]));
+      CK(cudaMemcpy(tr, host.data(), tb[q], cudaMemcpyHostToDevice));
+      table[e].trellis[q] = tr, table[e].suh[q] = suh, table[e].svh[q] = svh;
+    }
+  }
+  Exl3CudaExpert* dtable;
+  CK(cudaMalloc(&dtable, E * sizeof(Exl3CudaExpert)));
+  CK(cudaMemcpy(dtable, table.data(), E * sizeof(Exl3CudaExpert), cudaMemcpyHostToDevice));
+  Exl3CudaMoeLayer layer;
+  layer.experts = dtable, layer.n_experts = E, layer.d = d, layer.f = f, layer.bits.k_x2 = 2 * K, layer.codebook = cb;
+  layer.swiglu_limit = 10.f;
+  const int max_t = 8, n_sets = 64;
+  Exl3CudaMoeWorkspace ws;
+  if (!exl3_cuda_moe_workspace_alloc(ws, max_t * topk, d, f).ok()) std::exit(1);
+  Exl3CudaWorkspace gws;
+  if (!exl3_cuda_workspace_alloc(gws, d, d).ok()) std::exit(1);
+  float *x, *y, *w, *g, *u;
+  int32_t* idx;
+  CK(cudaMalloc(&x, max_t * d * 4));
+  CK(cudaMalloc(&y, max_t * d * 4));
+  CK(cudaMalloc(&g, f * 4));
+  CK(cudaMalloc(&u, f * 4));
+  CK(cudaMalloc(&w, n_sets * max_t * topk * 4));
+  CK(cudaMalloc(&idx, n_sets * max_t * topk * 4));
+  std::vector<float> xh(max_t * d), wh(n_sets * max_t * topk, 1.0f / topk);
+  std::normal_distribution<float> nd;
+  for (auto& v : xh) v = nd(rng);
+  std::vector<int32_t> ih(n_sets * max_t * topk);
+  for (int s = 0; s < n_sets; ++s)  // distinct experts within a token, random across tokens and calls
+    for (int t = 0; t < max_t; ++t) {
+      std::vector<int32_t> perm(E);
+      for (int e = 0; e < E; ++e) perm[e] = e;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int j = 0; j < topk; ++j) ih[(s * max_t + t) * topk + j] = perm[j];
+    }
+  CK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(w, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(idx, ih.data(), ih.size() * 4, cudaMemcpyHostToDevice));
+  std::printf("\nFused MoE decode, one V4.1 layer (%d experts, d=%lld, f=%lld, K=%d %s, top-%d; random experts per call)\n",
+              E, (long long)d, (long long)f, K, exl3_codebook_name(cb), topk);
+  std::printf("| tokens | distinct experts/call (mean) | fused µs | trellis GB/s | vs read-bw roofline | 18·T GEMV calls µs |\n|---|---|---|---|---|---|\n");
+  for (int T : {1, 2, 4, 8}) {
+    double distinct = 0;
+    for (int s = 0; s < n_sets; ++s) {
+      std::vector<int32_t> v(ih.begin() + s * max_t * topk, ih.begin() + s * max_t * topk + T * topk);
+      std::sort(v.begin(), v.end());
+      distinct += std::unique(v.begin(), v.end()) - v.begin();
+    }
+    distinct /= n_sets;
+    const double bytes = distinct * (tb[0] + tb[1] + tb[2]);
+    auto call = [&](int i) {
+      const int s = i % n_sets;
+      auto st = exl3_moe_decode_cuda(layer, x, idx + s * max_t * topk, w + s * max_t * topk, T, topk, y, ws);
+      if (!st.ok()) { std::fprintf(stderr, "%s\n", st.error().message.c_str()); std::exit(1); }
+    };
+    for (int i = 0; i < 10; ++i) call(i);
+    CK(cudaDeviceSynchronize());
+    float ms;
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < iters; ++i) call(i);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    const double us = ms * 1e3 / iters;
+    // The same projections as separate GEMV calls (no SwiGLU between: timing only).
+    auto gemv = [&](int i) {
+      const int s = i % n_sets;
+      for (int t = 0; t < T; ++t)
+        for (int j = 0; j < topk; ++j) {
+          const Exl3CudaExpert& ex = table[ih[(s * max_t + t) * topk + j]];
+          for (int q = 0; q < 3; ++q) {
+            Exl3CudaTensor ct;
+            ct.trellis = ex.trellis[q], ct.suh = ex.suh[q], ct.svh = ex.svh[q], ct.k = q == 2 ? f : d, ct.n = q == 2 ? d : f;
+            ct.bits = layer.bits, ct.codebook = cb;
+            (void)exl3_gemm_cuda(ct, q == 2 ? g : x + t * d, 1, q == 0 ? g : q == 1 ? u : y + t * d, gws);
+          }
+        }
+    };
+    for (int i = 0; i < 3; ++i) gemv(i);
+    CK(cudaDeviceSynchronize());
+    const int giters = std::max(10, iters / 4);
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < giters; ++i) gemv(i);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    const double gus = ms * 1e3 / giters;
+    std::printf("| %d | %.1f | %.2f | %.0f | %.1f%% | %.2f |\n", T, distinct, us, bytes / (us * 1e-6) / 1e9,
+                100.0 * (bytes / read_bw) / (us * 1e-6), gus);
+  }
+  exl3_cuda_moe_workspace_free(ws);
+  exl3_cuda_workspace_free(gws);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: bench_exl3 DIR [iters]\n");
     return 2;
   }
   const int iters = argc > 2 ? std::atoi(argv[2]) : 200;
+  const bool with_cpu = !(argc > 3 && std::string(argv[3]) == "gpu");
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
@@ -105,7 +228,7 @@ int main(int argc, char** argv) {
       d.trellis = tr, d.suh = suh, d.svh = svh, d.k = t->k, d.n = t->n, d.bits = t->bits, d.codebook = t->codebook;
     }
     Exl3CudaWorkspace ws;
-    if (!exl3_cuda_workspace_alloc(ws, t->n).ok()) return 1;
+    if (!exl3_cuda_workspace_alloc(ws, t->k, t->n).ok()) return 1;
     float *x, *y;
     CK(cudaMalloc(&x, 64 * t->k * 4));
     CK(cudaMalloc(&y, 64 * t->n * 4));
@@ -129,6 +252,7 @@ int main(int argc, char** argv) {
     }
     // CPU kernel on the same tensor (host memory), m = 1 and 16.
     for (int m : {1, 16}) {
+      if (!with_cpu) break;
       std::vector<float> yc(m * t->n);
       exl3_matmul_cpu(*t, xh.data(), m, yc.data());
       const int reps = 5;
@@ -147,8 +271,11 @@ int main(int argc, char** argv) {
     CK(cudaFree(y));
     exl3_cuda_workspace_free(ws);
   }
-  std::printf("\nCPU (%u threads):\n| tensor | isa | k×n | m | µs | trellis GB/s |\n|---|---|---|---|---|---|\n",
-              static_cast<unsigned>(global_pool().size()));
-  for (auto& l : cpu_lines) std::printf("%s\n", l.c_str());
+  bench_moe(iters, read_bw, e0, e1);
+  if (with_cpu) {
+    std::printf("\nCPU (%u threads):\n| tensor | isa | k×n | m | µs | trellis GB/s |\n|---|---|---|---|---|---|\n",
+                static_cast<unsigned>(global_pool().size()));
+    for (auto& l : cpu_lines) std::printf("%s\n", l.c_str());
+  }
   return 0;
 }

@@ -1,20 +1,22 @@
 // y = x·W for EXL3 linears on NVIDIA GPUs (sm_90; portable to sm_120), straight from the trellis.
 //
 // What it computes: y[m][n] = x[m][k]·W + bias, W = diag(suh)·Hk·Ŵ·Hn·diag(svh) (formats/exl3.h).
-// One launch per 16 tokens: each block rotates its k-slice of x (x∘suh, fp32 Hadamard, rounded to
-// fp16) into shared memory; each warp walks one 16-column tile strip of that k-slice, decoding every
-// 16×16 trellis tile in registers (a lane's 8 positions are exactly its two mma.m16n8k16 B fragments,
-// spec §1.4) and multiplying on tensor cores with fp32 accumulation; partial sums meet in an fp32
-// workspace by atomics, and the last block of each 128-column group applies the output Hadamard, svh
-// and bias, writes y and zeroes its workspace slice again (no memset between calls).
+// Per chunk of 16 tokens, two launches: the input rotation xr = fp16(had128(x∘suh)) into the
+// workspace, then the trellis product. In the second, each warp walks one 16-column strip over a
+// slice of k, decoding every 16×16 trellis tile in registers (a lane's 8 positions are exactly its two
+// mma.m16n8k16 B fragments, spec §1.4) while the next tiles' words are already in flight, and
+// multiplies on tensor cores with fp32 accumulation; partial sums meet in an fp32 workspace by
+// atomics, and the last block of each 128-column group applies the output Hadamard, svh and bias,
+// writes y and zeroes its workspace slice again (no memset between calls).
 //
 // Contract: all pointers are device pointers. x [m][k] fp32, y [m][n] fp32 (overwritten, no aliasing
-// with x). Workspace: acc ≥ 16·n floats and counters ≥ n/128 uint32, zero before the first call and
-// left zero after every call; one workspace per stream (concurrent launches must not share one).
+// with x). Workspace (exl3_cuda_workspace_alloc): acc ≥ 16·n floats and counters ≥ n/128 uint32, zero
+// before the first call and left zero after every call, plus xr (16·k halves); one workspace per
+// stream (concurrent launches must not share one).
 // Limits: integer K 2..6, every codebook, k and n multiples of 128, any m ≥ 1 (chunks of 16 tokens).
 // Accuracy: Ŵ exact; x is rounded once to fp16 after its rotation (as exllamav3 does), products and
 // sums in fp32 ⇒ ~3e-4 relative RMS error against exl3_matmul_ref.
-// Tests: tests/unit/test_exl3_cuda.cpp. Benchmark: bench/exl3/bench_exl3_cuda.cpp (scripts/gpu_exl3.sh).
+// Tests: tests/gpu/test_exl3_cuda.cpp. Benchmark: bench/exl3/bench_exl3.cu (scripts/gpu_test.sh).
 #pragma once
 
 #include <cstddef>
@@ -38,14 +40,15 @@ struct Exl3CudaTensor {
 struct Exl3CudaWorkspace {
   float* acc = nullptr;         // ≥ 16·n floats, zeroed once
   uint32_t* counters = nullptr; // ≥ n/128, zeroed once
-  int64_t capacity_n = 0;
+  uint16_t* xr = nullptr;       // fp16 [16][k]: the rotated activations of one chunk
+  int64_t capacity_k = 0, capacity_n = 0;
 };
 
 // Whether exl3_gemm_cuda handles this tensor (K, codebook, shape).
 bool exl3_cuda_supports(const Exl3CudaTensor& t);
 
-// Allocates and zeroes a workspace for tensors up to n columns (cudaMalloc); frees it.
-Status exl3_cuda_workspace_alloc(Exl3CudaWorkspace& ws, int64_t max_n);
+// Allocates and zeroes a workspace for tensors up to k rows and n columns (cudaMalloc); frees it.
+Status exl3_cuda_workspace_alloc(Exl3CudaWorkspace& ws, int64_t max_k, int64_t max_n);
 void exl3_cuda_workspace_free(Exl3CudaWorkspace& ws);
 
 // stream: a cudaStream_t (void* so host code needs no CUDA headers); nullptr = default stream.

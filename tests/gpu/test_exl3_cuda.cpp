@@ -63,7 +63,7 @@ void run_case(int64_t k, int64_t n, int K, Exl3Codebook cb, int64_t m, bool with
   std::vector<float> yh(m * n + 2 * guard, 3.0e38f);
   float* dy = upload(yh);
   Exl3CudaWorkspace ws;
-  ASSERT_TRUE(exl3_cuda_workspace_alloc(ws, n).ok());
+  ASSERT_TRUE(exl3_cuda_workspace_alloc(ws, k, n).ok());
   std::vector<float> first;
   for (int rep = 0; rep < 2; ++rep) {
     auto st = exl3_gemm_cuda(d, dx, m, dy + guard, ws);
@@ -101,7 +101,7 @@ TEST(Exl3Cuda, EveryBitrateAndCodebook) {
   ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
   uint32_t seed = 1;
   for (int K = 2; K <= 6; ++K)
-    for (int cb = 0; cb < 3; ++cb) run_case(512, 256, K, static_cast<Exl3Codebook>(cb), 1 + (seed % 12), cb == 2, seed++);
+    for (int cb = 0; cb < 3; ++cb, ++seed) run_case(512, 256, K, static_cast<Exl3Codebook>(cb), 1 + (seed % 12), cb == 2, seed);
 }
 
 TEST(Exl3Cuda, RealShapes) {

@@ -1,0 +1,203 @@
+// Device building blocks shared by the EXL3 kernels (exl3_gemm.cu, exl3_moe.cu): codebook decode,
+// the tensor-core step, the in-warp block-128 Hadamard and the trellis strip loop.
+//
+// Tile layout (spec §1.4): a 16×16 tile is 16·K int16 words = 8·K uint32; lane ℓ's 8 positions are
+// exactly its two mma.m16n8k16 B fragments (columns 8·h + ℓ/4 ... of the tile), so decoding in
+// registers feeds the MMA with no shuffles.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace spw::exl3dev {
+
+constexpr float kHadScale = 0.08838834764831845f;  // 1/√128
+
+// Two codebook values (states s0, s1) as one half2 {v0, v1} (spec §2.1; fp16-exact like exllamav3).
+// CB: 0 = 3INST, 1 = MCG, 2 = MUL1.
+template <int CB>
+__device__ __forceinline__ uint32_t decode2(uint32_t s0, uint32_t s1) {
+  if constexpr (CB == 2) {  // MUL1: bytesum via dp4a lands directly in the fp16 bits of 1024 + b
+    const uint32_t x0 = s0 * 0x83DCD12Du, x1 = s1 * 0x83DCD12Du;
+    uint32_t h = __dp4a(x0, 0x01010101u, 0x64006400u);
+    h += __dp4a(x1, 0x01010101u, 0u) << 16;
+    const half2 k_inv = __half2half2(__ushort_as_half(0x1EEE)), k_bias = __half2half2(__ushort_as_half(0xC931));
+    half2 r = __hfma2(*reinterpret_cast<half2*>(&h), k_inv, k_bias);
+    return *reinterpret_cast<uint32_t*>(&r);
+  } else {  // 3INST / MCG: (x & 0x8FFF8FFF) ^ 0x3B603B60, then lo + hi half in one fp16 add
+    uint32_t x0 = CB == 1 ? s0 * 0xCBAC1FEDu : s0 * 89226354u + 64248484u;
+    uint32_t x1 = CB == 1 ? s1 * 0xCBAC1FEDu : s1 * 89226354u + 64248484u;
+    x0 = (x0 & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    x1 = (x1 & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    uint32_t lo = __byte_perm(x0, x1, 0x5410), hi = __byte_perm(x0, x1, 0x7632);
+    half2 r = __hadd2(*reinterpret_cast<half2*>(&lo), *reinterpret_cast<half2*>(&hi));
+    return *reinterpret_cast<uint32_t*>(&r);
+  }
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Normalized Hadamard of 128 floats held by one warp as v[e] = element 32e + lane (fp32 butterflies).
+__device__ __forceinline__ void had128_warp(float (&v)[4], int lane) {
+#pragma unroll
+  for (int s = 1; s < 32; s <<= 1)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float o = __shfl_xor_sync(0xffffffffu, v[e], s);
+      v[e] = (lane & s) ? o - v[e] : v[e] + o;
+    }
+  float a = v[0], b = v[1], c = v[2], d = v[3];
+  v[0] = a + b; v[1] = a - b; v[2] = c + d; v[3] = c - d;
+  a = v[0]; b = v[1]; c = v[2]; d = v[3];
+  v[0] = a + c; v[2] = a - c; v[1] = b + d; v[3] = b - d;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) v[e] *= kHadScale;
+}
+
+// Where lane ℓ's bits live in a tile: its 8 states span ring bits [8ℓK + K − 16, 8(ℓ+1)K), at most
+// 64 bits for K ≤ 6, i.e. inside words wa, wb, wc (ring order) from bit `off` of wa.
+struct LaneWindow {
+  int wa, wb, wc, off;
+};
+template <int K>
+__device__ __forceinline__ LaneWindow lane_window(int lane) {
+  constexpr int kWords = 8 * K;
+  int start = 8 * lane * K + K - 16;
+  if (start < 0) start += 256 * K;
+  LaneWindow w;
+  w.wa = start >> 5;
+  w.off = start & 31;
+  w.wb = w.wa + 1 == kWords ? 0 : w.wa + 1;
+  w.wc = w.wb + 1 == kWords ? 0 : w.wb + 1;
+  return w;
+}
+
+// Decodes one tile from the lane's three words and accumulates x-rows · tile into c0 (tile columns
+// 0..7) and c1 (8..15). a0..a3: the A fragments of these 16 k-values (rows g and g+8).
+template <int K, int CB>
+__device__ __forceinline__ void tile_mma(uint32_t A, uint32_t B, uint32_t C, int off, uint32_t a0, uint32_t a1,
+                                         uint32_t a2, uint32_t a3, float (&c0)[4], float (&c1)[4]) {
+  const uint32_t hi = __funnelshift_l(B, A, off), lo = __funnelshift_l(C, B, off);
+  const uint64_t w = (static_cast<uint64_t>(hi) << 32) | lo;
+  uint32_t s[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s[j] = static_cast<uint32_t>(w >> (48 - j * K)) & 0xffffu;
+  const uint32_t b00 = decode2<CB>(s[0], s[1]), b01 = decode2<CB>(s[2], s[3]);
+  const uint32_t b10 = decode2<CB>(s[4], s[5]), b11 = decode2<CB>(s[6], s[7]);
+  mma16816(c0, a0, a1, a2, a3, b00, b01);
+  mma16816(c1, a0, a1, a2, a3, b10, b11);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned saddr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Pipeline shape of strip_mma: S stages of U tiles each per warp, S − 1 stages in flight.
+constexpr int kStages = 4, kStageTiles = 8;
+// Shared memory one warp's ring needs (bytes): trellis words, plus row-0 activations when X_ASYNC.
+template <int K, bool X_ASYNC>
+__host__ __device__ constexpr int ring_bytes() {
+  return kStages * kStageTiles * (8 * K + (X_ASYNC ? 8 : 0)) * 4;
+}
+
+// One warp: rows · Ŵ[kt0 .. kt0+n_tiles) × one 16-column strip. The trellis streams through a
+// warp-private shared-memory ring by cp.async (L2 → shared, bypassing L1), kStages − 1 stages of
+// kStageTiles tiles in flight while the current stage decodes, so each warp keeps ~2 KB of loads
+// outstanding without holding them in registers.
+//   tiles: the strip's first tile (k-tile kt0), 16-byte aligned; stride: uint32 between consecutive
+//   k-tiles of a strip. xr: fp16 rotated activations, row r at xr + r·ldx, already offset to
+//   k = 16·kt0; rows ≥ m read as 0. ring: this warp's ring_bytes<K, X_ASYNC>() of shared memory.
+//   X_ASYNC (m must be 1): row 0 of xr also travels through the ring — through L2, so it may have
+//   been written earlier in the same launch by other blocks; otherwise xr is read with __ldg.
+// Accumulators follow the mma C layout: c0/c1 [0..1] row g = lane/4, [2..3] row g + 8.
+template <int K, int CB, bool M16, bool X_ASYNC>
+__device__ __forceinline__ void strip_mma(const uint32_t* __restrict__ tiles, size_t stride, int n_tiles,
+                                          const __half* __restrict__ xr, int ldx, int m, float (&c0)[4],
+                                          float (&c1)[4], int lane, uint32_t* ring) {
+  constexpr int kWords = 8 * K, kTileChunks = kWords / 4;  // 16-byte chunks per tile
+  constexpr int kSlotWords = kStageTiles * (kWords + (X_ASYNC ? 8 : 0));
+  constexpr int kStageChunks = kStageTiles * (kTileChunks + (X_ASYNC ? 2 : 0));
+  const LaneWindow lw = lane_window<K>(lane);
+  const int t4 = lane & 3, g = lane >> 2;
+  const bool row0 = g < m, row1 = M16 && g + 8 < m;
+  const uint32_t* xa = reinterpret_cast<const uint32_t*>(xr + static_cast<size_t>(g) * ldx) + t4;
+  const uint32_t* xb = reinterpret_cast<const uint32_t*>(xr + static_cast<size_t>(g + 8) * ldx) + t4;
+  const int n_stages = (n_tiles + kStageTiles - 1) / kStageTiles;
+
+  auto issue = [&](int stage) {
+    if (stage < n_stages) {
+      uint32_t* slot = ring + (stage % kStages) * kSlotWords;
+      const int t0 = stage * kStageTiles;
+      for (int c = lane; c < kStageChunks; c += 32) {
+        if (!X_ASYNC || c < kStageTiles * kTileChunks) {
+          const int u = c / kTileChunks, ch = c % kTileChunks;
+          if (t0 + u < n_tiles) cp_async16(slot + u * kWords + ch * 4, tiles + (t0 + u) * stride + ch * 4);
+        } else {
+          const int xc = c - kStageTiles * kTileChunks;  // 2 chunks (16 halves) per tile
+          const int u = xc >> 1;
+          if (t0 + u < n_tiles)
+            cp_async16(slot + kStageTiles * kWords + xc * 4,
+                       reinterpret_cast<const uint32_t*>(xr) + (t0 + u) * 8 + (xc & 1) * 4);
+        }
+      }
+    }
+    cp_async_commit();  // an empty group keeps the wait count uniform
+  };
+
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) issue(st);
+#pragma unroll 1
+  for (int st = 0; st < n_stages; ++st) {
+    cp_async_wait<kStages - 2>();
+    __syncwarp();
+    issue(st + kStages - 1);  // refills the slot the previous iteration consumed
+    const uint32_t* slot = ring + (st % kStages) * kSlotWords;
+#pragma unroll
+    for (int u = 0; u < kStageTiles; ++u) {
+      const int t = st * kStageTiles + u;
+      if (t < n_tiles) {
+        const uint32_t* tw = slot + u * kWords;
+        uint32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        if constexpr (X_ASYNC) {
+          const uint32_t* xs = slot + kStageTiles * kWords + u * 8;
+          if (row0) a0 = xs[t4], a2 = xs[4 + t4];
+        } else {
+          if (row0) a0 = __ldg(xa + t * 8), a2 = __ldg(xa + t * 8 + 4);
+          if constexpr (M16) {
+            if (row1) a1 = __ldg(xb + t * 8), a3 = __ldg(xb + t * 8 + 4);
+          }
+        }
+        tile_mma<K, CB>(tw[lw.wa], tw[lw.wb], tw[lw.wc], lw.off, a0, a1, a2, a3, c0, c1);
+      }
+    }
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+}
+
+// xr[i] = fp16(had128(x[i]·suh[i])) for one 128-block, by one warp; returns nothing else.
+__device__ __forceinline__ void rotate_block(const float* __restrict__ x, const uint16_t* __restrict__ suh,
+                                             __half* __restrict__ xr, int lane) {
+  float v[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) v[e] = x[lane + 32 * e] * __half2float(__ushort_as_half(suh[lane + 32 * e]));
+  had128_warp(v, lane);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) xr[lane + 32 * e] = __float2half_rn(v[e]);
+}
+
+}  // namespace spw::exl3dev

@@ -1,0 +1,63 @@
+// Fused MoE decode for EXL3 routed experts on NVIDIA GPUs: one launch per layer.
+//
+// What it computes, for every token t < T and routing slot j < topk with expert e = idx[t][j] ≥ 0:
+//   g = x[t]·W1[e], u = x[t]·W3[e]                                  (gate, up: d → f)
+//   h = silu(min(g, L)) · clamp(u, −L, L)   (no clamp when L = 0)     (V4's SwiGLU, spec deepseek-v4)
+//   y[t] = Σ_j weight[t][j] · (h·W2[e])   (W2's bias, if any, is added once per slot, unweighted)
+// with every W an EXL3 linear (W = diag(suh)·H·Ŵ·H·diag(svh), + bias if present), decoded from the
+// trellis in registers by the same tile code as exl3_gemm_cuda. idx = −1 skips a slot (experts held
+// elsewhere, e.g. on another GPU), so y then carries only this shard's experts.
+//
+// How: a cooperative kernel whose warps walk five phases separated by grid barriers — rotate x by
+// each selected gate/up's suh; gate/up strips with fp32 atomics; output Hadamard + svh, SwiGLU,
+// rotate by the down projection's suh; down strips; output Hadamard + svh, weighted sum. All inputs
+// (x, idx, weights) and the expert table live in device memory, so the launch is CUDA-graph
+// capturable and never synchronizes with the host. Pointers in the expert table may point at pinned
+// host memory (mapped), which the kernel then reads over PCIe.
+//
+// Limits: d and f multiples of 128; all experts share one integer K (2..6) and codebook; T·topk ≤
+// the workspace's max_pairs. Accuracy: as exl3_gemm_cuda per projection (x and h rounded to fp16 once
+// after their rotations), fp32 elsewhere.
+// Tests: tests/gpu/test_exl3_moe_cuda.cpp. Benchmark: bench/exl3/bench_exl3.cu (moe section).
+#pragma once
+
+#include <cstdint>
+
+#include "base/status.h"
+#include "formats/exl3.h"
+
+namespace spw {
+
+// One expert's three projections (device pointers): [0] = w1 (gate), [1] = w3 (up), [2] = w2 (down).
+struct Exl3CudaExpert {
+  const uint16_t* trellis[3] = {};
+  const uint16_t* suh[3] = {};
+  const uint16_t* svh[3] = {};
+  const uint16_t* bias[3] = {};  // null when absent
+};
+
+struct Exl3CudaMoeLayer {
+  const Exl3CudaExpert* experts = nullptr;  // device array [n_experts]
+  int n_experts = 0;
+  int64_t d = 0, f = 0;  // hidden size, expert width
+  Exl3Bits bits;
+  Exl3Codebook codebook = Exl3Codebook::kMul1;
+  float swiglu_limit = 0.f;
+};
+
+struct Exl3CudaMoeWorkspace {
+  void* buf = nullptr;  // rotated inputs and self-cleaning fp32 accumulators
+  int max_pairs = 0;
+  int64_t d = 0, f = 0;
+};
+
+bool exl3_cuda_moe_supports(const Exl3CudaMoeLayer& layer);
+Status exl3_cuda_moe_workspace_alloc(Exl3CudaMoeWorkspace& ws, int max_pairs, int64_t d, int64_t f);
+void exl3_cuda_moe_workspace_free(Exl3CudaMoeWorkspace& ws);
+
+// x [T][d] fp32, idx [T][topk] int32, weights [T][topk] fp32, y [T][d] fp32 (overwritten): device
+// pointers. stream: a cudaStream_t, nullptr = default stream.
+Status exl3_moe_decode_cuda(const Exl3CudaMoeLayer& layer, const float* x, const int32_t* idx, const float* weights,
+                            int T, int topk, float* y, Exl3CudaMoeWorkspace& ws, void* stream = nullptr);
+
+}  // namespace spw

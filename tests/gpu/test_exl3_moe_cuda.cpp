@@ -1,0 +1,192 @@
+// spw_cuda fused EXL3 MoE decode (cuda/exl3_moe.h) against a reference composed from exl3_matmul_ref
+// (fp64 decode) and ref::swiglu: small and real V4.1 shapes (d=5120, f=2304), 1..4 tokens, top-6,
+// repeated experts, skipped (−1) slots, clamp on/off, every codebook, a second call (self-cleaning
+// workspace) and a CUDA-graph replay. Output guard regions keep their sentinel; no NaN.
+// Tolerance: RMS error ≤ 3e-3·RMS(y), max ≤ 3e-2·RMS(y) — x and h are each rounded to fp16 once after
+// their rotations (≈2^-12 relative per element, two stages), everything else is fp32.
+#if defined(SPW_HAVE_CUDA)
+#include "cuda/exl3_moe.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "ops/ref/moe.h"
+
+namespace spw {
+namespace {
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+template <class T>
+T* upload(const std::vector<T>& v) {
+  T* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, v.size() * sizeof(T) + 16), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return d;
+}
+
+struct HostExpert {
+  std::vector<uint16_t> trellis[3];
+  Exl3Tensor t[3];  // w1, w3, w2
+};
+
+Exl3Tensor make_linear(std::vector<uint16_t>& trellis, int64_t k, int64_t n, int K, Exl3Codebook cb, bool bias,
+                       std::mt19937& rng) {
+  std::normal_distribution<float> nd(0, 1);
+  trellis.resize(static_cast<size_t>(k / 16) * (n / 16) * 16 * K);
+  for (auto& w : trellis) w = rng() & 0xffff;
+  Exl3Tensor t;
+  t.k = k, t.n = n, t.bits.k_x2 = 2 * K, t.codebook = cb, t.trellis = trellis.data();
+  t.suh.resize(k), t.svh.resize(n);
+  // Scales keep g, u near ±1..10 so the clamp (limit 7) bites on some elements.
+  for (auto& v : t.suh) v = exl3_f64_to_f16(((rng() & 1) ? 1 : -1) * 0.5 / std::sqrt(double(k)) * (1 + 0.2 * nd(rng)));
+  for (auto& v : t.svh) v = exl3_f64_to_f16(((rng() & 1) ? 1 : -1) * 3.0 * (1 + 0.2 * nd(rng)));
+  if (bias) {
+    t.bias.resize(n);
+    for (auto& v : t.bias) v = exl3_f64_to_f16(0.1 * nd(rng));
+  }
+  return t;
+}
+
+void run_case(int64_t d, int64_t f, int E, int K, Exl3Codebook cb, int T, int topk, float limit, bool bias,
+              uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "d=" << d << " f=" << f << " E=" << E << " K=" << K
+                                  << " cb=" << exl3_codebook_name(cb) << " T=" << T << " topk=" << topk);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<HostExpert> hx(E);
+  for (auto& e : hx) {
+    e.t[0] = make_linear(e.trellis[0], d, f, K, cb, bias, rng);
+    e.t[1] = make_linear(e.trellis[1], d, f, K, cb, bias, rng);
+    e.t[2] = make_linear(e.trellis[2], f, d, K, cb, bias, rng);
+  }
+  std::vector<float> x(T * d);
+  for (auto& v : x) v = nd(rng);
+  std::vector<int32_t> idx(T * topk);
+  std::vector<float> w(T * topk);
+  for (int i = 0; i < T * topk; ++i) idx[i] = rng() % E, w[i] = 0.1f + 0.9f * (rng() % 1000) / 1000.f;
+  if (T * topk > 2) idx[1] = idx[0];  // one expert twice for the same token
+  if (T * topk > 3) idx[3] = -1;      // a slot served elsewhere
+
+  // Reference.
+  std::vector<float> ref(T * d, 0.f), g(f), u(f), h(f), yo(d);
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < topk; ++j) {
+      const int e = idx[t * topk + j];
+      if (e < 0) continue;
+      exl3_matmul_ref(hx[e].t[0], x.data() + t * d, 1, g.data());
+      exl3_matmul_ref(hx[e].t[1], x.data() + t * d, 1, u.data());
+      ref::swiglu(g.data(), u.data(), h.data(), f, limit, w[t * topk + j]);
+      exl3_matmul_ref(hx[e].t[2], h.data(), 1, yo.data());
+      for (int i = 0; i < d; ++i) ref[t * d + i] += yo[i];
+    }
+
+  // Device copies.
+  std::vector<Exl3CudaExpert> table(E);
+  std::vector<void*> owned;
+  for (int e = 0; e < E; ++e)
+    for (int q = 0; q < 3; ++q) {
+      const Exl3Tensor& t = hx[e].t[q];
+      table[e].trellis[q] = upload(hx[e].trellis[q]);
+      table[e].suh[q] = upload(t.suh);
+      table[e].svh[q] = upload(t.svh);
+      table[e].bias[q] = bias ? upload(t.bias) : nullptr;
+      owned.insert(owned.end(), {(void*)table[e].trellis[q], (void*)table[e].suh[q], (void*)table[e].svh[q],
+                                 (void*)table[e].bias[q]});
+    }
+  Exl3CudaMoeLayer layer;
+  layer.experts = upload(table), layer.n_experts = E, layer.d = d, layer.f = f;
+  layer.bits.k_x2 = 2 * K, layer.codebook = cb, layer.swiglu_limit = limit;
+  ASSERT_TRUE(exl3_cuda_moe_supports(layer));
+  float* dx = upload(x);
+  int32_t* didx = upload(idx);
+  float* dw = upload(w);
+  const int64_t guard = 128;
+  std::vector<float> yh(T * d + 2 * guard, 3.0e38f);
+  float* dy = upload(yh);
+  Exl3CudaMoeWorkspace ws;
+  ASSERT_TRUE(exl3_cuda_moe_workspace_alloc(ws, T * topk, d, f).ok());
+
+  auto fetch_and_check = [&](const char* what) {
+    SCOPED_TRACE(what);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(yh.data(), dy, yh.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t i = 0; i < guard; ++i) {
+      ASSERT_EQ(yh[i], 3.0e38f);
+      ASSERT_EQ(yh[guard + T * d + i], 3.0e38f);
+    }
+    double rms = 0, e2 = 0, emax = 0;
+    for (int64_t i = 0; i < T * d; ++i) {
+      const float v = yh[guard + i];
+      ASSERT_FALSE(std::isnan(v)) << i;
+      const double df = double(v) - ref[i];
+      rms += double(ref[i]) * ref[i], e2 += df * df, emax = std::max(emax, std::fabs(df));
+    }
+    rms = std::sqrt(rms / (T * d));
+    ASSERT_GT(rms, 0.0);
+    EXPECT_LT(std::sqrt(e2 / (T * d)), 3e-3 * rms);
+    EXPECT_LT(emax, 3e-2 * rms);
+  };
+  for (int rep = 0; rep < 2; ++rep) {  // the second call checks the workspace cleaned itself
+    auto st = exl3_moe_decode_cuda(layer, dx, didx, dw, T, topk, dy + guard, ws);
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    fetch_and_check(rep == 0 ? "first call" : "second call");
+  }
+  // Captured into a CUDA graph and replayed twice.
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  auto st = exl3_moe_decode_cuda(layer, dx, didx, dw, T, topk, dy + guard, ws, s);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dy + guard, 0, T * d * sizeof(float)), cudaSuccess);
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  fetch_and_check("graph replay");
+  cudaGraphExecDestroy(exec), cudaGraphDestroy(graph), cudaStreamDestroy(s);
+
+  exl3_cuda_moe_workspace_free(ws);
+  for (void* p : owned) cudaFree(p);
+  cudaFree(const_cast<Exl3CudaExpert*>(layer.experts)), cudaFree(dx), cudaFree(didx), cudaFree(dw), cudaFree(dy);
+}
+
+TEST(Exl3MoeCuda, SmallEveryCodebook) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  run_case(256, 128, 8, 3, Exl3Codebook::kMul1, 1, 4, 7.f, false, 1);
+  run_case(512, 256, 8, 2, Exl3Codebook::kMcg, 3, 6, 7.f, true, 2);
+  run_case(384, 640, 5, 4, Exl3Codebook::k3Inst, 2, 6, 0.f, false, 3);
+  run_case(256, 384, 6, 6, Exl3Codebook::kMul1, 4, 3, 7.f, true, 4);
+}
+
+TEST(Exl3MoeCuda, RealV41Shapes) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  run_case(5120, 2304, 8, 3, Exl3Codebook::kMul1, 1, 6, 10.f, false, 11);
+  run_case(5120, 2304, 8, 3, Exl3Codebook::kMul1, 2, 6, 10.f, false, 12);
+}
+
+TEST(Exl3MoeCuda, RejectsUnsupported) {
+  Exl3CudaMoeLayer layer;
+  Exl3CudaExpert e;
+  layer.experts = &e, layer.n_experts = 1, layer.d = 256, layer.f = 200, layer.bits.k_x2 = 6;
+  EXPECT_FALSE(exl3_cuda_moe_supports(layer));  // f not a multiple of 128
+  layer.f = 256, layer.bits.k_x2 = 5;
+  EXPECT_FALSE(exl3_cuda_moe_supports(layer));  // K = 2.5
+  layer.bits.k_x2 = 6;
+  EXPECT_TRUE(exl3_cuda_moe_supports(layer));
+  Exl3CudaMoeWorkspace ws;  // empty: too small for any call
+  EXPECT_FALSE(exl3_moe_decode_cuda(layer, nullptr, nullptr, nullptr, 1, 6, nullptr, ws).ok());
+}
+
+}  // namespace
+}  // namespace spw
+#endif  // SPW_HAVE_CUDA
