@@ -114,8 +114,8 @@ bool StreamParser::scan_text(StreamDelta& out) {
     return false;
   }
   const size_t eos = view.find(tok::eos);
-  const size_t open4 = view.find(kOpenV4);
-  const size_t open41 = view.find(kOpenV41);
+  const size_t open4 = options_.tool_calls ? view.find(kOpenV4) : std::string_view::npos;
+  const size_t open41 = options_.tool_calls ? view.find(kOpenV41) : std::string_view::npos;
   const size_t at = std::min({eos, open4, open41});
   if (at != std::string_view::npos) {
     if (at == eos) {
@@ -135,7 +135,7 @@ bool StreamParser::scan_text(StreamDelta& out) {
     return true;
   }
   const std::array<std::string_view, 5> markers{tok::eos, kOpenV4Nl, kOpenV41Nl, kOpenV4, kOpenV41};
-  const size_t hold = held_suffix(view, markers.data(), markers.size());
+  const size_t hold = held_suffix(view, markers.data(), options_.tool_calls ? markers.size() : 1);
   sink.append(view.substr(0, view.size() - hold));
   buf_.erase(0, view.size() - hold);
   return false;

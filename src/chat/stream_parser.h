@@ -49,6 +49,7 @@ struct StreamDelta {
 struct StreamParserOptions {
   bool thinking = false;                  // the prompt ended in `<think>`
   std::string tool_call_id_prefix = "call_";  // ids are prefix + index; make it unique per request
+  bool tool_calls = true;  // false (tool_choice "none"): DSML blocks are plain content, never calls
 };
 
 class StreamParser {
