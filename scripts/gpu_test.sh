@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in one device call (the H200 machine has no network, a bare image).
 #   here:  scripts/build.sh                       # builds spw_gpu_tests, spw_unit_tests, bench_exl3 (nvcc)
-#          bash scripts/gpu_test.sh stage         # binaries + runtime libs into .exl3dev/
 #          pip download exllamav3==1.6.5 --no-deps -d .deps/
-#   there: bash scripts/gpu_test.sh run           # carry: .exl3dev .deps
-# Runs: our unit tests (CPU incl. AVX-512, CUDA), bench_exl3 (HBM bandwidth, our kernel vs roofline, CPU kernel),
-# exllamav3's JIT build, tools/exl3/make_fixtures.py (exllamav3's quantizer), the fixture test on them, and
-# bench/exl3/bench_exllamav3.py on the same tensors (int8 GEMV default and EXL3_INT8_GEMV=0).
+#          [optional: spillway quantize ... --dump-wh .exl3dev/wh3 (and wh2, wh4) for the quantizer comparison]
+#          bash scripts/gpu_test.sh stage         # stripped binaries + runtime libs → .exl3pack/dev.tar.xz
+#   there: bash scripts/gpu_test.sh run           # carry: .exl3pack .deps
+# Runs: our unit tests (CPU incl. AVX-512, CUDA), bench_exl3 (HBM bandwidth, our kernels vs roofline, fused MoE),
+# bench_exl3_cpu (STREAM-like read vs CPU kernels), exllamav3's JIT build, tools/exl3/make_fixtures.py
+# (exllamav3's quantizer), the fixture test on them, bench/exl3/bench_exllamav3.py on the same tensors (int8
+# GEMV default and EXL3_INT8_GEMV=0) and tools/quantize/compare_exllamav3.py on the dumped W/H.
+# The working tree travels with the call (64 MiB at most), hence stripped, xz-compressed binaries.
 set -u
 if [ "${1:-}" = stage ]; then
-  rm -rf .exl3dev && mkdir -p .exl3dev/lib
-  cp build/tests/spw_gpu_tests build/tests/spw_unit_tests build/bench/exl3/bench_exl3 .exl3dev/
+  mkdir -p .exl3dev/lib .exl3pack
+  for b in tests/spw_gpu_tests tests/spw_unit_tests bench/exl3/bench_exl3 bench/exl3/bench_exl3_cpu; do
+    [ -f build/$b ] && cp build/$b .exl3dev/ && strip .exl3dev/$(basename $b)
+  done
   for l in libspdlog.so.1.10 libfmt.so.9 libstdc++.so.6; do cp -L /usr/lib/x86_64-linux-gnu/$l .exl3dev/lib/; done
+  tar cJf .exl3pack/dev.tar.xz .exl3dev && ls -la .exl3pack
   exit 0
 fi
+[ -f .exl3pack/dev.tar.xz ] && tar xJf .exl3pack/dev.tar.xz
 OUT=${OUT:-/tmp/exl3_out}
 mkdir -p "$OUT/fixtures"
 export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -37,10 +44,14 @@ JIT=$!
 python3 bench/exl3/make_bench_tensors.py /tmp/bench_tensors >> "$OUT/main.log" 2>&1
 .exl3dev/spw_unit_tests --gtest_brief=1 --gtest_filter='Exl3*' 2>&1 | tee -a "$OUT/main.log"   # CPU kernels, AVX-512 here
 .exl3dev/spw_gpu_tests --gtest_brief=1 --gtest_filter='-Exl3Fixtures*' 2>&1 | tee -a "$OUT/main.log"
-.exl3dev/bench_exl3 /tmp/bench_tensors 200 2>&1 | tee "$OUT/bench_spillway.md"
+.exl3dev/bench_exl3 /tmp/bench_tensors 200 gpu 2>&1 | tee "$OUT/bench_spillway.md"
+[ -x .exl3dev/bench_exl3_cpu ] && timeout 150 .exl3dev/bench_exl3_cpu 16 2>&1 | tee "$OUT/bench_cpu.md"
 wait $JIT
 tail -5 /tmp/jit.log | tee -a "$OUT/main.log"
 python3 tools/exl3/make_fixtures.py "$OUT/fixtures" 2>&1 | tee -a "$OUT/main.log"
 SPW_EXL3_FIXTURE_DIR="$OUT/fixtures" .exl3dev/spw_gpu_tests --gtest_filter='Exl3Fixtures*' 2>&1 | tee -a "$OUT/main.log"
 python3 bench/exl3/bench_exllamav3.py /tmp/bench_tensors 200 2>&1 | tee "$OUT/bench_exllamav3.md"
 EXL3_INT8_GEMV=0 python3 bench/exl3/bench_exllamav3.py /tmp/bench_tensors 200 2>&1 | tee -a "$OUT/bench_exllamav3.md"
+WH=""
+for K in 2 3 4; do [ -d .exl3dev/wh$K ] && WH="$WH $K=.exl3dev/wh$K"; done
+[ -n "$WH" ] && python3 tools/quantize/compare_exllamav3.py --json "$OUT/quantize_compare.json" $WH 2>&1 | tee "$OUT/quantize_compare.md"
