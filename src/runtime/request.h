@@ -4,9 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "runtime/logits_constraint.h"
 
 namespace spw::runtime {
 
@@ -27,6 +30,9 @@ struct GenerationRequest {
   int max_tokens = 16;                  // ≥ 1 (the server turns max_tokens = 0 into no request)
   std::vector<int32_t> stop_token_ids;  // finish (reason stop) when one is sampled; it is reported
   bool ignore_eos = false;
+  // Optional: restricts every sampled token (tool_choice "required" / a named function). Owned by
+  // this one request; the engine thread calls it.
+  std::shared_ptr<LogitsConstraint> constraint;
 };
 
 struct TokenLogprob {

@@ -34,20 +34,29 @@ void log_softmax_top(std::span<const float> logits, int32_t chosen, int top_n, G
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   });
   out.top.reserve(n);
-  for (size_t i = 0; i < n; ++i) out.top.push_back({ids[i], float(double(logits[ids[i]]) - log_z)});
+  for (size_t i = 0; i < n && std::isfinite(logits[ids[i]]); ++i)
+    out.top.push_back({ids[i], float(double(logits[ids[i]]) - log_z)});
 }
 
 }  // namespace
 
-Sampler::Sampler(const SamplingParams& params) : params_(params) {
+Sampler::Sampler(const SamplingParams& params, std::shared_ptr<LogitsConstraint> constraint)
+    : params_(params), constraint_(std::move(constraint)) {
   rng_.seed(params.seed ? *params.seed : os_seed());
 }
 
-GeneratedToken Sampler::sample(std::span<const float> logits) {
+GeneratedToken Sampler::sample(std::span<const float> raw) {
+  std::span<const float> logits = raw;
+  if (constraint_) {
+    masked_.assign(raw.begin(), raw.end());
+    constraint_->mask(masked_);
+    logits = masked_;
+  }
   GeneratedToken out;
   out.id = draw(logits);
   if (params_.top_logprobs >= 0) log_softmax_top(logits, out.id, params_.top_logprobs, out);
   ++counts_[out.id];
+  if (constraint_) constraint_->accept(out.id);
   return out;
 }
 
@@ -86,6 +95,8 @@ int32_t Sampler::draw(std::span<const float> logits) {
     p[i] = std::exp((double(work_[order_[i]]) - top) * inv_t);
     sum += p[i];
   }
+  // Masked (-inf) tokens sort last with probability 0; never let rounding land on one.
+  while (n_keep > 1 && p[n_keep - 1] == 0) --n_keep;
   if (params_.min_p > 0.f) {
     const double floor_p = params_.min_p * p[0];  // p[0] is the max
     size_t n = 1;

@@ -2,13 +2,17 @@
 // Deterministic for a given seed: its own RNG (splitmix-seeded mt19937_64), ties broken by the
 // lower token id, and no dependence on other requests in the batch.
 // Logprobs are reported from the model's own distribution (log-softmax of the raw logits), as
-// vLLM does by default, so they do not move with temperature or penalties.
+// vLLM does by default, so they do not move with temperature or penalties. With a constraint, the
+// raw logits are masked first: draws and logprobs both come from the masked distribution, and
+// masked tokens never appear among the top logprobs.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
+#include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "runtime/request.h"
 
@@ -16,7 +20,7 @@ namespace spw::runtime {
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params);
+  explicit Sampler(const SamplingParams& params, std::shared_ptr<LogitsConstraint> constraint = nullptr);
 
   // Picks the next token from logits [vocab]. Records it for the penalties.
   GeneratedToken sample(std::span<const float> logits);
@@ -25,10 +29,12 @@ class Sampler {
   int32_t draw(std::span<const float> logits);
 
   SamplingParams params_;
+  std::shared_ptr<LogitsConstraint> constraint_;
   std::mt19937_64 rng_;
   std::unordered_map<int32_t, int> counts_;  // generated token → times generated
   std::vector<float> work_;
   std::vector<int32_t> order_;
+  std::vector<float> masked_;
 };
 
 }  // namespace spw::runtime

@@ -21,7 +21,7 @@ struct Engine::Sequence {
   clock::time_point submitted, last_token_at;
 
   Sequence(GenerationRequest r, std::shared_ptr<RequestStream> s)
-      : request(std::move(r)), stream(std::move(s)), sampler(request.sampling) {}
+      : request(std::move(r)), stream(std::move(s)), sampler(request.sampling, request.constraint) {}
   bool decoding() const { return n_prefilled == int64_t(request.prompt.size()); }
 };
 
