@@ -1,21 +1,32 @@
 // y = x·W for EXL3 linears on the CPU, straight from the trellis (W is never materialized).
 //
 // What it computes: y[m][n] = x[m][k] · W + bias with W = diag(suh)·Hk·Ŵ·Hn·diag(svh) (formats/exl3.h,
-// spec §2.4), as three stages: input rotation xr = had128(x ∘ suh) (fp32), the trellis product
-// u = xr · Ŵ decoding each 16×16 tile in registers (fp16-exact codebook values, fp32 FMAs), and the
-// output rotation y = had128(u) ∘ svh + bias. Any K (integer 1..8 or half-integer), every codebook.
+// spec §2.4), as three stages: input rotation xr = had128(x ∘ suh) (fp32, once per call), the trellis
+// product u = xr · Ŵ decoding each 16×16 tile in registers (fp16-exact codebook values, fp32 FMAs), and
+// the output rotation y = had128(u) ∘ svh + bias. Any K (integer 1..8 or half-integer), every codebook.
 //
-// Contract: x [m][k] fp32 row-major, y [m][n] fp32 row-major, overwritten; no aliasing; m ≥ 1 (the
-// fast path is tuned for 1..64 tokens; larger m works). Threads: the given pool (global_pool() when
-// null) splits the output tiles. ISA: AVX-512 (F+BW+VL), else AVX2+FMA+F16C, else scalar, picked
-// at run time; exl3_matmul_cpu_isa forces one (tests).
+// How the tile stage runs (exl3_gemm_avx2.cpp / _avx512.cpp, same structure, 8 or 16 positions per
+// vector): the 16-bit states of a vector come from one 16-byte chunk of the tile (AVX2: broadcast to both
+// halves; AVX-512: four chunks picked by vpermd from an 8-word window), a per-vector vpshufb assembles the
+// three stream bytes of each state, a per-element shift aligns it (Exl3Lanes, built once per K). Codebook
+// values are computed (kArith: multiply/bytesum or multiply/mask/xor, then a fp16 round trip) or looked
+// up in the 65,536-entry fp32 table by gather (kLut). Each decoded group of 2 (AVX-512) or 4 (AVX2)
+// vectors is used at once by every token. Threads split the (k-slice × column-range) parts of the tile
+// grid; k-slices are summed in fixed order in stage 3, so results do not depend on timing.
+//
+// Contract: x [m][k] fp32 row-major, y [m][n] fp32 row-major, overwritten; no aliasing; m ≥ 1 (tuned
+// for 1..64 tokens; larger m works). Threads: the given pool (global_pool() when null). ISA: AVX-512
+// (F+BW+VL), else AVX2+FMA+F16C, else scalar, picked at run time; exl3_matmul_cpu_isa forces one (tests).
+// Scratch lives in per-thread buffers that grow and are kept (no allocation once warm).
 // Accuracy: differs from exl3_matmul_ref (fp64) only by fp32 summation order: relative error
-// ~1e-6·√k; tests allow 1e-4 of RMS(y).
+// ~1e-6·√k; tests allow 1e-4 of RMS(y). Both decode modes give identical codebook values.
 // Tests: tests/unit/test_exl3_cpu.cpp (against exl3_matmul_ref at 5120×2304, 2304×5120, 4096×2048
-// and awkward sizes, every codebook, K 1..8 and 2.5, m 1..64, guard regions, NaN checks).
+// and awkward sizes, every codebook, K 1..8 and 2.5, m 1..64, both decode modes, forced k-splits,
+// guard regions, NaN checks). Bench: bench/exl3/bench_exl3_cpu.cpp.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "base/thread_pool.h"
 #include "formats/exl3.h"
@@ -27,21 +38,75 @@ const char* cpu_isa_name(CpuIsa isa);
 // Best ISA this machine supports (CPUID, once).
 CpuIsa cpu_isa_detect();
 
+// How codebook values are produced in the SIMD kernels (the scalar kernel always uses the table).
+enum class Exl3Decode { kArith = 0, kLut = 1 };
+
+struct Exl3CpuOptions {
+  CpuIsa isa = CpuIsa::kAvx512;     // capped at cpu_isa_detect()
+  Exl3Decode decode = Exl3Decode::kArith;
+  int k_splits = 0;                 // 0: chosen from the shape and thread count; else forced (tests)
+};
+
 void exl3_matmul_cpu(const Exl3Tensor& t, const float* x, int64_t m, float* y, ThreadPool* pool = nullptr);
 // As above on a given ISA; an ISA the machine lacks falls back to the best one it has.
 void exl3_matmul_cpu_isa(CpuIsa isa, const Exl3Tensor& t, const float* x, int64_t m, float* y,
                          ThreadPool* pool = nullptr);
+void exl3_matmul_cpu_opts(const Exl3CpuOptions& opt, const Exl3Tensor& t, const float* x, int64_t m, float* y,
+                          ThreadPool* pool = nullptr);
 
 namespace detail {
-// Tile stage for output tiles [tn0, tn1): u[i][16·tn + c] for every token i.
-// xe: per token i, per k-tile tk, 32 floats = xr rows in the lane order of the kernels
-// (see exl3_gemm.cpp: exl3_expand_x). starts[p]: first stream bit of position p's 16-bit window,
-// +32 (the kernels read a copy of the ring with the last word prepended). u is [m][n].
-using Exl3TileFn = void (*)(const Exl3Tensor& t, const float* xe, int64_t m, int64_t tn0, int64_t tn1,
-                            const int32_t* starts, float* u);
-void exl3_tiles_scalar(const Exl3Tensor&, const float*, int64_t, int64_t, int64_t, const int32_t*, float*);
-void exl3_tiles_avx2(const Exl3Tensor&, const float*, int64_t, int64_t, int64_t, const int32_t*, float*);
-void exl3_tiles_avx512(const Exl3Tensor&, const float*, int64_t, int64_t, int64_t, const int32_t*, float*);
+
+// State-extraction program for one bit width (spec §1.4), positions in canonical order p = 8q + e (AVX2)
+// or 16q + e (AVX-512). A chunk base of -1 means the ring wraps: the chunk starts with the tile's last
+// word. Every byte a state needs lies inside its chunk (checked when built).
+struct Exl3Lanes {
+  int n_words = 0;                 // 32-bit words per tile
+  int n_edge8 = 0, n_edge16 = 0;   // leading vectors whose base is -1
+  int32_t base8[32];               // AVX2: first word of vector q's 4-word chunk
+  alignas(64) uint8_t shuf8[32][32];    // vpshufb control (same 16 bytes in both halves)
+  alignas(64) uint32_t shl8[32][8];     // left shift of each element before >> 16
+  int32_t base16[16];              // AVX-512: first word of vector q's 8-word window
+  alignas(64) uint32_t perm16[16][16];  // vpermd: window word for each dword of the four chunks
+  alignas(64) uint8_t shuf16[16][64];
+  alignas(64) uint32_t shl16[16][16];
+};
+// Built once per k_x2 (2..16), thread-safe.
+const Exl3Lanes& exl3_lanes(Exl3Bits bits);
+
+// One part of the tile grid: tiles [tk0, tk1) × [tn0, tn1). The kernel overwrites
+// u[i·ldu + 16·tn + c] (i < m, tn in range, c < 16) with Σ over its tk of xr · Ŵ.
+struct Exl3Part {
+  const Exl3Tensor* t;
+  const float* xe;  // per token i, per k-tile tk: 32 floats at (i·n_tk + tk)·32, xr rows in lane order
+  int64_t m;
+  int64_t tk0, tk1, tn0, tn1;
+  float* u;
+  int64_t ldu;
+};
+using Exl3TileFn = void (*)(const Exl3Part& part, Exl3Decode decode);
+void exl3_tiles_scalar(const Exl3Part&, Exl3Decode);
+void exl3_tiles_avx2(const Exl3Part&, Exl3Decode);
+void exl3_tiles_avx512(const Exl3Part&, Exl3Decode);
+Exl3TileFn exl3_tile_fn(CpuIsa isa);
+
+// Normalized fp32 Sylvester Hadamard of 128 values in place (AVX2 version bit-identical to scalar).
+void had128_f32_scalar(float* v);
+void had128_f32_avx2(float* v);
+
+// Stage 1 for one token: xe[tk·32 + lane] = had128(x ∘ suh) in the kernels' lane order.
+void exl3_expand_x(const float* x, const float* suh, int64_t k, float* xe, CpuIsa isa);
+// Stage 3 for one token: y = had128(Σ_s u_s) ∘ svh + bias over n columns, u_s = u + s·u_stride.
+void exl3_finish_y(const float* u, int64_t n_splits, int64_t u_stride, const float* svh, const float* bias,
+                   int64_t n, float* y, CpuIsa isa);
+
+// Work split of one tile grid into n_parts = k_splits·n_splits parts (k_splits divides n_parts), and
+// part `index` of it (k-slice index / n_splits writes u + slice·m·ldu).
+void exl3_split(int64_t n_tk, int64_t n_tn, int64_t n_parts, int64_t* k_splits, int64_t* n_splits);
+Exl3Part exl3_part(const Exl3Tensor& t, const float* xe, int64_t m, int64_t k_splits, int64_t n_splits, int64_t index,
+                   float* u, int64_t ldu);
+// suh, svh, bias as fp32 (bias empty when absent).
+void exl3_factors(const Exl3Tensor& t, std::vector<float>& suh, std::vector<float>& svh, std::vector<float>& bias);
+
 }  // namespace detail
 
 }  // namespace spw

@@ -1,9 +1,12 @@
 // EXL3 tile kernel, AVX2 + FMA + F16C: 8 trellis positions (one lane of the tensor-core order) per
-// vector. This file alone is built with -mavx2 -mfma -mf16c; it runs only after cpu_isa_detect()
-// saw AVX2. States by two gathers per 8 positions, codebook values in SIMD (fp16-exact), 8 per-column
-// accumulators per token. Contract: cpu/exl3_gemm.h (detail::).
+// vector. This file alone is built with -mavx2 -mfma -mf16c; it runs only after cpu_isa_detect() saw
+// AVX2. Per vector: states by broadcast 16-byte chunk + vpshufb + shift (Exl3Lanes), codebook values by
+// arithmetic (fp16-exact) or by gather from the fp32 table; per column group of 4 vectors, every token
+// accumulates at once. exl3_gemm_avx512.cpp has the same structure with 16 positions per vector.
+// Contract: cpu/exl3_gemm.h (detail::).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -14,89 +17,125 @@ namespace {
 
 inline __m256 round_f16(__m256 v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
 
-// The low (or high) 16 bits of each 32-bit lane, as 8 fp16 → fp32.
-inline __m256 halves_to_f32(__m256i x, bool high) {
-  const __m256i pick = high ? _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
-                                               2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1)
-                            : _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
-                                               0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-  __m256i p = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(x, pick), 0x08);
-  return _mm256_cvtph_ps(_mm256_castsi256_si128(p));
-}
-
+// CB: 0 = 3INST, 1 = MCG, 2 = MUL1 (spec §2.1). st: 16-bit states in 32-bit elements.
 template <int CB>
 inline __m256 codebook(__m256i st) {
   if constexpr (CB == 2) {
+    // b = bytesum(s·M) by two multiply-adds with ones; (1024 + b)·k_inv + k_bias = b·k_inv − 3.453125,
+    // exact in fp32 (|b·1774| < 2^21 units of 2^-18), then one fp16 rounding.
     __m256i x = _mm256_mullo_epi32(st, _mm256_set1_epi32(static_cast<int>(kExl3Mul1Mult)));
-    const __m256i m8 = _mm256_set1_epi32(0x00FF00FF);
-    __m256i s2 = _mm256_add_epi32(_mm256_and_si256(x, m8), _mm256_and_si256(_mm256_srli_epi32(x, 8), m8));
-    __m256i b = _mm256_add_epi32(_mm256_and_si256(s2, _mm256_set1_epi32(0xFFFF)), _mm256_srli_epi32(s2, 16));
-    __m256 h = _mm256_cvtepi32_ps(_mm256_add_epi32(b, _mm256_set1_epi32(1024)));
-    return round_f16(_mm256_fmadd_ps(h, _mm256_set1_ps(0.00676727294921875f), _mm256_set1_ps(-10.3828125f)));
+    __m256i b = _mm256_madd_epi16(_mm256_maddubs_epi16(x, _mm256_set1_epi8(1)), _mm256_set1_epi16(1));
+    return round_f16(_mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_set1_ps(0.00676727294921875f), _mm256_set1_ps(-3.453125f)));
   } else {
+    // Two fp16 halves with exponents 12..15: shifted into fp32 bit positions they are the halves·2^-112
+    // (normal fp32), so their fp32 sum is exact; ·2^112 restores the scale, then one fp16 rounding.
     __m256i x = CB == 1 ? _mm256_mullo_epi32(st, _mm256_set1_epi32(static_cast<int>(kExl3McgMult)))
                         : _mm256_add_epi32(_mm256_mullo_epi32(st, _mm256_set1_epi32(89226354)), _mm256_set1_epi32(64248484));
     x = _mm256_xor_si256(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0x8FFF8FFFu))), _mm256_set1_epi32(0x3B603B60));
-    return round_f16(_mm256_add_ps(halves_to_f32(x, false), halves_to_f32(x, true)));
+    const __m256i keep = _mm256_set1_epi32(static_cast<int>(0x8FFFE000u));
+    __m256 hi = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(x, 3), keep));
+    __m256 lo = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(x, 16), 3), keep));
+    return round_f16(_mm256_mul_ps(_mm256_add_ps(hi, lo), _mm256_set1_ps(0x1p112f)));
   }
 }
 
-template <int CB>
-void tiles(const Exl3Tensor& t, const float* xe, int64_t m, int64_t tn0, int64_t tn1, const int32_t* starts, float* u) {
-  const int nw = t.words_per_tile() / 2;
-  const int64_t n_tk = t.k / 16;
-  alignas(32) uint32_t buf[80] = {};
-  const __m256i one = _mm256_set1_epi32(1);
-  std::vector<float> accv(static_cast<size_t>(m) * 64 + 8);
-  float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(accv.data()) + 31) & ~uintptr_t(31));
-  __m256 v[32];
-  for (int64_t tn = tn0; tn < tn1; ++tn) {
+template <int CB, bool kLut>
+void tiles(const Exl3Part& P) {
+  const Exl3Tensor& t = *P.t;
+  const Exl3Lanes& L = exl3_lanes(t.bits);
+  const int nw = L.n_words, n_edge = L.n_edge8;
+  const int64_t n_tk = t.k / 16, n_tn = t.n / 16, m = P.m, x_stride = n_tk * 32;
+  const float* lut = exl3_codebook_lut_f32(t.codebook);
+  thread_local std::vector<float> acc_v;
+  if (acc_v.size() < static_cast<size_t>(m) * 64 + 8) acc_v.resize(static_cast<size_t>(m) * 64 + 8);
+  float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(acc_v.data()) + 31) & ~uintptr_t(31));
+  const int64_t tile_nbytes = 4 * nw, row_nwords = n_tn * nw;
+  constexpr int kPrefetchTiles = 4;
+  for (int64_t tn = P.tn0; tn < P.tn1; ++tn) {
     std::memset(acc, 0, sizeof(float) * 64 * m);
-    for (int64_t tk = 0; tk < n_tk; ++tk) {
-      std::memcpy(buf + 1, t.tile(tk, tn), 4 * nw);
-      buf[0] = buf[nw];
-      buf[nw + 1] = buf[1];
-      for (int q = 0; q < 32; ++q) {
-        __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(starts + 8 * q));
-        __m256i w = _mm256_srli_epi32(s, 5), off = _mm256_and_si256(s, _mm256_set1_epi32(31));
-        __m256i hi = _mm256_i32gather_epi32(reinterpret_cast<const int*>(buf), w, 4);
-        __m256i lo = _mm256_i32gather_epi32(reinterpret_cast<const int*>(buf), _mm256_add_epi32(w, one), 4);
-        __m256i st = _mm256_srli_epi32(
-            _mm256_or_si256(_mm256_sllv_epi32(hi, off), _mm256_srlv_epi32(lo, _mm256_sub_epi32(_mm256_set1_epi32(32), off))), 16);
-        v[q] = codebook<CB>(st);
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(t.tile(P.tk0, tn));
+    for (int64_t tk = P.tk0; tk < P.tk1; ++tk, w += row_nwords) {
+      if (tk + kPrefetchTiles < P.tk1) {  // tiles of one column are a row of tiles apart
+        const char* pf = reinterpret_cast<const char*>(w + kPrefetchTiles * row_nwords);
+        for (int64_t o = 0; o < tile_nbytes + 63; o += 64) _mm_prefetch(pf + std::min(o, tile_nbytes - 1), _MM_HINT_T0);
       }
-      for (int64_t i = 0; i < m; ++i) {
-        const float* x = xe + (i * n_tk + tk) * 32;
-        const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8), x2 = _mm256_loadu_ps(x + 16), x3 = _mm256_loadu_ps(x + 24);
-        float* a = acc + i * 64;
-        for (int c = 0; c < 8; ++c) {  // chunk q = 4c + pattern: rows follow q mod 4, column group q / 4
-          __m256 s = _mm256_load_ps(a + 8 * c);
-          s = _mm256_fmadd_ps(v[4 * c], x0, s);
-          s = _mm256_fmadd_ps(v[4 * c + 1], x1, s);
-          s = _mm256_fmadd_ps(v[4 * c + 2], x2, s);
-          s = _mm256_fmadd_ps(v[4 * c + 3], x3, s);
-          _mm256_store_ps(a + 8 * c, s);
+      // Ring-wrap chunk: the tile's last word, then words 0..2.
+      const __m256i edge = _mm256_broadcastsi128_si256(
+          _mm_alignr_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)),
+                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + nw - 4)), 12));
+      const float* xt = P.xe + tk * 32;
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {  // vector q = 4c + r: lane q, rows by r = q mod 4, columns c and c + 8
+        __m256 v[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+          const int q = 4 * c + r;
+          const __m256i chunk = q < n_edge ? edge
+                                           : _mm256_broadcastsi128_si256(
+                                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + L.base8[q])));
+          const __m256i bytes = _mm256_shuffle_epi8(chunk, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shuf8[q])));
+          const __m256i st = _mm256_srli_epi32(
+              _mm256_sllv_epi32(bytes, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shl8[q]))), 16);
+          if constexpr (kLut) v[r] = _mm256_i32gather_ps(lut, st, 4);
+          else v[r] = codebook<CB>(st);
+        }
+        for (int64_t i = 0; i < m; ++i) {
+          const float* x = xt + i * x_stride;
+          float* a = acc + i * 64 + 8 * c;
+          __m256 s = _mm256_load_ps(a);
+          s = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x), s);
+          s = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(x + 8), s);
+          s = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(x + 16), s);
+          s = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(x + 24), s);
+          _mm256_store_ps(a, s);
         }
       }
     }
     for (int64_t i = 0; i < m; ++i)
       for (int c = 0; c < 8; ++c) {
         const float* s = acc + i * 64 + 8 * c;  // lanes 0..3: column c, lanes 4..7: column c + 8
-        u[i * t.n + tn * 16 + c] = (s[0] + s[1]) + (s[2] + s[3]);
-        u[i * t.n + tn * 16 + c + 8] = (s[4] + s[5]) + (s[6] + s[7]);
+        P.u[i * P.ldu + tn * 16 + c] = (s[0] + s[1]) + (s[2] + s[3]);
+        P.u[i * P.ldu + tn * 16 + c + 8] = (s[4] + s[5]) + (s[6] + s[7]);
       }
+  }
+}
+
+template <bool kLut>
+void tiles_cb(const Exl3Part& P) {
+  switch (P.t->codebook) {
+    case Exl3Codebook::k3Inst: return tiles<0, kLut>(P);
+    case Exl3Codebook::kMcg: return tiles<1, kLut>(P);
+    case Exl3Codebook::kMul1: return tiles<2, kLut>(P);
   }
 }
 
 }  // namespace
 
-void exl3_tiles_avx2(const Exl3Tensor& t, const float* xe, int64_t m, int64_t tn0, int64_t tn1,
-                     const int32_t* starts, float* u) {
-  switch (t.codebook) {
-    case Exl3Codebook::k3Inst: return tiles<0>(t, xe, m, tn0, tn1, starts, u);
-    case Exl3Codebook::kMcg: return tiles<1>(t, xe, m, tn0, tn1, starts, u);
-    case Exl3Codebook::kMul1: return tiles<2>(t, xe, m, tn0, tn1, starts, u);
+void exl3_tiles_avx2(const Exl3Part& P, Exl3Decode decode) {
+  if (decode == Exl3Decode::kLut) tiles_cb<true>(P);
+  else tiles_cb<false>(P);
+}
+
+// Same butterflies as had128_f32_scalar (a + b, a − b, then ·r), so results are bit-identical.
+void had128_f32_avx2(float* v) {
+  __m256 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm256_loadu_ps(v + 8 * i);
+  const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1), s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1),
+               s4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
+  for (int i = 0; i < 16; ++i) {
+    r[i] = _mm256_fmadd_ps(r[i], s1, _mm256_permute_ps(r[i], 0xB1));
+    r[i] = _mm256_fmadd_ps(r[i], s2, _mm256_permute_ps(r[i], 0x4E));
+    r[i] = _mm256_fmadd_ps(r[i], s4, _mm256_permute2f128_ps(r[i], r[i], 0x01));
   }
+  for (int s = 1; s < 16; s <<= 1)
+    for (int i = 0; i < 16; i += 2 * s)
+      for (int j = i; j < i + s; ++j) {
+        __m256 a = r[j], b = r[j + s];
+        r[j] = _mm256_add_ps(a, b);
+        r[j + s] = _mm256_sub_ps(a, b);
+      }
+  const __m256 scale = _mm256_set1_ps(0.08838834764831845f);
+  for (int i = 0; i < 16; ++i) _mm256_storeu_ps(v + 8 * i, _mm256_mul_ps(r[i], scale));
 }
 
 }  // namespace spw::detail

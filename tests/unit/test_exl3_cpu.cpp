@@ -1,8 +1,10 @@
 // spw_cpu EXL3 x·W (cpu/exl3_gemm.h) against the fp64 reference exl3_matmul_ref, on every ISA this
 // machine has (scalar, AVX2, AVX-512), at V4.1 expert shapes (5120×2304, 2304×5120), 4096×2048 and
-// awkward ones, m = 1..64, every codebook, K 1..8 and half-integer. Output guard regions must stay
-// untouched and no NaN may appear. Tolerance: 1e-4·RMS(y) per element (fp32 summation order only,
-// k ≤ 5120 terms ⇒ ~1e-6 relative expected).
+// awkward ones, m = 1..64, every codebook, K 1..8 and half-integer, both decode modes (arithmetic and
+// table) and forced k-splits. Output guard regions must stay untouched and no NaN may appear. Tolerance:
+// 1e-4·RMS(y) per element (fp32 summation order only, k ≤ 5120 terms ⇒ ~1e-6 relative expected).
+// Decode exactness is checked separately and bit for bit: the tile kernels with one-hot activations must
+// reproduce exl3_decode_inner for every ISA, decode mode, codebook and K.
 // Compiled only where spw_cpu is linked (SPW_HAVE_CPU comes from its interface).
 #if defined(SPW_HAVE_CPU)
 #include "cpu/exl3_gemm.h"
@@ -12,6 +14,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 namespace spw {
@@ -45,7 +49,7 @@ Owned random_tensor(int64_t k, int64_t n, int k_x2, Exl3Codebook cb, bool bias, 
   return o;
 }
 
-void check(const Exl3Tensor& t, int64_t m, uint32_t seed) {
+void check(const Exl3Tensor& t, int64_t m, uint32_t seed, int k_splits = 0) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0, 1);
   std::vector<float> x(m * t.k);
@@ -57,10 +61,15 @@ void check(const Exl3Tensor& t, int64_t m, uint32_t seed) {
   rms = std::sqrt(rms / ref.size());
   const int64_t guard = 64;
   const float sentinel = 12345.678f;
-  for (int isa = 0; isa <= static_cast<int>(cpu_isa_detect()); ++isa) {
-    SCOPED_TRACE(cpu_isa_name(static_cast<CpuIsa>(isa)));
+  for (int run = 0; run <= 2 * static_cast<int>(cpu_isa_detect()); ++run) {
+    Exl3CpuOptions opt;
+    opt.isa = static_cast<CpuIsa>((run + 1) / 2);
+    opt.decode = run > 0 && run % 2 == 0 ? Exl3Decode::kLut : Exl3Decode::kArith;
+    opt.k_splits = k_splits;
+    SCOPED_TRACE(std::string(cpu_isa_name(opt.isa)) + (opt.decode == Exl3Decode::kLut ? " lut" : " arith") +
+                 " k_splits=" + std::to_string(k_splits));
     std::vector<float> y(m * t.n + 2 * guard, sentinel);
-    exl3_matmul_cpu_isa(static_cast<CpuIsa>(isa), t, x.data(), m, y.data() + guard);
+    exl3_matmul_cpu_opts(opt, t, x.data(), m, y.data() + guard);
     for (int64_t i = 0; i < guard; ++i) {
       ASSERT_EQ(y[i], sentinel);
       ASSERT_EQ(y[guard + m * t.n + i], sentinel);
@@ -105,6 +114,79 @@ TEST(Exl3Cpu, AwkwardSizes) {
     Owned o = random_tensor(k, n, 4 + (seed & 3), static_cast<Exl3Codebook>(seed % 3), true, seed);
     ++seed;
     check(o.t, m, seed++);
+  }
+}
+
+TEST(Exl3Cpu, KSplits) {
+  // Forced k-slices (uneven ones too), summed in stage 3; also the default split on a 4-thread pool.
+  uint32_t seed = 300;
+  for (int ks : {2, 3, 7}) {
+    Owned o = random_tensor(1152, 256, 6, static_cast<Exl3Codebook>(ks % 3), ks == 3, seed++);
+    check(o.t, ks == 7 ? 33 : 1 + ks, seed++, ks);
+  }
+  ThreadPool pool(4);
+  Owned o = random_tensor(2048, 128, 6, Exl3Codebook::kMul1, false, seed++);
+  int64_t k_splits = 0, n_splits = 0;  // 8 column tiles: 2 × 4 beats 4 narrow columns and ties with 4 slices
+  detail::exl3_split(2048 / 16, 128 / 16, 4, &k_splits, &n_splits);
+  EXPECT_EQ(k_splits, 2);
+  EXPECT_EQ(n_splits, 2);
+  std::vector<float> x(3 * 2048), ref(3 * 128), y(3 * 128);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0, 1);
+  for (auto& v : x) v = nd(rng);
+  exl3_matmul_ref(o.t, x.data(), 3, ref.data());
+  exl3_matmul_cpu(o.t, x.data(), 3, y.data(), &pool);
+  double rms = 0, max_err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) rms += double(ref[i]) * ref[i];
+  rms = std::sqrt(rms / ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) max_err = std::max(max_err, std::fabs(double(y[i]) - ref[i]));
+  EXPECT_LT(max_err, 1e-4 * rms);
+}
+
+TEST(Exl3Cpu, DecodeBitExact) {
+  // Part = one tile row, token i one-hot on row i of the tile: u[i][col] is Ŵ[16·tk + i][col] exactly.
+  uint32_t seed = 400;
+  std::vector<int> k_x2s;
+  for (int k_x2 = 2; k_x2 <= 16; ++k_x2) k_x2s.push_back(k_x2);
+  for (int k_x2 : k_x2s)
+    for (int cb = 0; cb < 3; ++cb) {
+      if ((k_x2 & 1) && cb != 2) continue;
+      const int64_t k = 256, n = 256, n_tk = k / 16;
+      Owned o = random_tensor(k, n, k_x2, static_cast<Exl3Codebook>(cb), false, seed++);
+      const std::vector<uint16_t> w = exl3_decode_inner(o.t);
+      std::vector<float> xe(16 * n_tk * 32, 0.0f);
+      for (int i = 0; i < 16; ++i)
+        for (int64_t tk = 0; tk < n_tk; ++tk)
+          for (int p = 0; p < 32; ++p) xe[(i * n_tk + tk) * 32 + p] = exl3_perm_row(p) == i ? 1.0f : 0.0f;
+      for (int isa = 0; isa <= static_cast<int>(cpu_isa_detect()); ++isa)
+        for (Exl3Decode dec : {Exl3Decode::kArith, Exl3Decode::kLut}) {
+          std::vector<float> u(16 * n);
+          int64_t bad = 0;
+          for (int64_t tk = 0; tk < n_tk; ++tk) {
+            detail::Exl3Part part{&o.t, xe.data(), 16, tk, tk + 1, 0, n / 16, u.data(), n};
+            detail::exl3_tile_fn(static_cast<CpuIsa>(isa))(part, dec);
+            for (int i = 0; i < 16; ++i)
+              for (int64_t c = 0; c < n; ++c) {
+                const float want = exl3_f16_to_f32(w[(tk * 16 + i) * n + c]);
+                if (u[i * n + c] != want) ++bad;
+              }
+          }
+          EXPECT_EQ(bad, 0) << cpu_isa_name(static_cast<CpuIsa>(isa)) << (dec == Exl3Decode::kLut ? " lut" : " arith")
+                            << " k_x2=" << k_x2 << " cb=" << exl3_codebook_name(static_cast<Exl3Codebook>(cb));
+        }
+    }
+}
+
+TEST(Exl3Cpu, Had128Avx2MatchesScalar) {
+  if (cpu_isa_detect() < CpuIsa::kAvx2) GTEST_SKIP() << "no AVX2 on this machine";
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0, 1);
+  for (int rep = 0; rep < 20; ++rep) {
+    float a[128], b[128];
+    for (int i = 0; i < 128; ++i) a[i] = b[i] = nd(rng) * std::ldexp(1.0f, rep - 10);
+    detail::had128_f32_scalar(a);
+    detail::had128_f32_avx2(b);
+    for (int i = 0; i < 128; ++i) ASSERT_EQ(a[i], b[i]) << i;
   }
 }
 

@@ -1,0 +1,194 @@
+// bench_exl3_cpu: EXL3 x·W on the CPU against the machine's own read bandwidth, in one run.
+//
+//   bench_exl3_cpu [threads]        (default: all hardware threads)
+//
+// 1. Read bandwidth: all threads sum a 1 GiB buffer (best of 3) — the roofline for streaming trellis.
+// 2. exl3_matmul_cpu (default ISA and decode) at K = 2, 3, 4 × {mul1, mcg} on 8192×8192 and the V4.1
+//    expert shapes 5120×2304 (w1/w3) and 2304×5120 (w2), m = 1, 4, 16, 64: µs per call, trellis GB/s,
+//    % of the measured read bandwidth.
+// 3. Decode modes side by side (arithmetic vs 65,536-entry table) at K = 3, m = 1 and 16.
+// 4. exl3_moe_cpu for one V4.1 layer: 6 experts × 1 token (K = 3 mul1), and 6 experts × 8 tokens.
+// Tensors: random trellis words (any bit pattern is a valid trellis), fixed seed, no files. Every call
+// reads a different copy of the trellis from a 512 MiB pool (no cache reuse between calls). Timing:
+// wall clock over repeated calls until ≥ 0.15 s (at least 3 calls) after one warm-up call.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "cpu/exl3_gemm.h"
+#include "cpu/exl3_moe.h"
+#include "formats/exl3.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using spw::Exl3Codebook;
+using spw::Exl3Tensor;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+double read_bandwidth_gbs(spw::ThreadPool& pool) {
+  const size_t n = (size_t(1) << 30) / sizeof(uint64_t);
+  std::vector<uint64_t> buf(n);
+  pool.parallel_for(n, [&](size_t a, size_t b) {
+    for (size_t i = a; i < b; ++i) buf[i] = i;
+  });
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<uint64_t> partial(pool.size() * 8, 0);
+    auto t0 = Clock::now();
+    pool.parallel_for(n / 8, [&](size_t a, size_t b) {
+      uint64_t s[8] = {};
+      for (size_t i = a; i < b; ++i)
+        for (int j = 0; j < 8; ++j) s[j] += buf[8 * i + j];
+      uint64_t tot = 0;
+      for (uint64_t v : s) tot += v;
+      partial[(a * pool.size() / (n / 8)) * 8] += tot;
+    });
+    const double dt = seconds_since(t0);
+    uint64_t sum = 0;
+    for (uint64_t v : partial) sum += v;
+    if (sum == 42) std::printf(" ");  // keeps the sum alive
+    best = std::max(best, double(n * sizeof(uint64_t)) / dt / 1e9);
+  }
+  return best;
+}
+
+// Random trellis pool; tensors are views at rotating offsets.
+struct Pool {
+  std::vector<uint16_t> words;
+  size_t next = 0;
+  explicit Pool(size_t nbytes) : words(nbytes / 2) {
+    uint64_t s = 12345;
+    for (size_t i = 0; i + 4 <= words.size(); i += 4) {
+      uint64_t r = splitmix(s);
+      for (int j = 0; j < 4; ++j) words[i + j] = static_cast<uint16_t>(r >> (16 * j));
+    }
+  }
+  const uint16_t* take(size_t n_words) {
+    if (next + n_words > words.size()) next = 0;
+    const uint16_t* p = words.data() + next;
+    next += (n_words + 31) & ~size_t(31);  // 64-byte steps
+    return p;
+  }
+};
+
+Exl3Tensor make_tensor(int64_t k, int64_t n, int k_x2, Exl3Codebook cb, uint64_t seed) {
+  Exl3Tensor t;
+  t.name = "bench";
+  t.k = k;
+  t.n = n;
+  t.bits.k_x2 = k_x2;
+  t.codebook = cb;
+  t.suh.resize(k);
+  t.svh.resize(n);
+  for (auto& v : t.suh) v = spw::exl3_f64_to_f16(((splitmix(seed) & 1) ? 1 : -1) * 0.03);
+  for (auto& v : t.svh) v = spw::exl3_f64_to_f16(((splitmix(seed) & 1) ? 1 : -1) * 1.0);
+  return t;
+}
+
+// Calls fn(copy) with a fresh trellis copy each time; returns seconds per call.
+template <class Fn>
+double time_calls(Fn&& fn) {
+  fn();
+  int calls = 0;
+  auto t0 = Clock::now();
+  double dt = 0;
+  while (calls < 3 || dt < 0.15) {
+    fn();
+    ++calls;
+    dt = seconds_since(t0);
+  }
+  return dt / calls;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const size_t threads = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : std::max(1u, std::thread::hardware_concurrency());
+  spw::ThreadPool pool(threads);
+  const auto t_start = Clock::now();
+  const spw::CpuIsa isa = spw::cpu_isa_detect();
+  std::printf("# bench_exl3_cpu: %zu threads, isa %s\n\n", pool.size(), spw::cpu_isa_name(isa));
+  const double bw = read_bandwidth_gbs(pool);
+  std::printf("read bandwidth (sum over 1 GiB, %zu threads, best of 3): %.1f GB/s\n\n", pool.size(), bw);
+
+  Pool tp(size_t(512) << 20);
+  std::vector<float> x(64 * 8192), y(64 * 8192);
+  uint64_t s = 99;
+  for (auto& v : x) v = static_cast<float>((splitmix(s) >> 40) * 0x1p-24 - 0.5);
+
+  struct Shape { const char* name; int64_t k, n; };
+  const Shape shapes[] = {{"dense", 8192, 8192}, {"v41_w13", 5120, 2304}, {"v41_w2", 2304, 5120}};
+  auto run_one = [&](const Shape& sh, int K, Exl3Codebook cb, int64_t m, spw::Exl3Decode dec) {
+    Exl3Tensor t = make_tensor(sh.k, sh.n, 2 * K, cb, 7);
+    spw::Exl3CpuOptions opt;
+    opt.isa = isa;
+    opt.decode = dec;
+    const double sec = time_calls([&] {
+      t.trellis = tp.take(t.trellis_nbytes() / 2);
+      spw::exl3_matmul_cpu_opts(opt, t, x.data(), m, y.data(), &pool);
+    });
+    const double gbs = double(t.trellis_nbytes()) / sec / 1e9;
+    std::printf("| %s | %d | %s | %lldx%lld | %lld | %.0f | %.2f | %.1f%% |\n", sh.name, K, spw::exl3_codebook_name(cb),
+                static_cast<long long>(sh.k), static_cast<long long>(sh.n), static_cast<long long>(m), sec * 1e6, gbs,
+                100.0 * gbs / bw);
+    std::fflush(stdout);
+  };
+
+  std::printf("## exl3_matmul_cpu (decode: arith)\n\n");
+  std::printf("| tensor | K | cb | k×n | m | µs | trellis GB/s | %% of read bw |\n|---|---|---|---|---|---|---|---|\n");
+  for (const Shape& sh : shapes)
+    for (int K : {2, 3, 4})
+      for (Exl3Codebook cb : {Exl3Codebook::kMul1, Exl3Codebook::kMcg})
+        for (int64_t m : {1, 4, 16, 64}) run_one(sh, K, cb, m, spw::Exl3Decode::kArith);
+
+  std::printf("\n## decode modes (K = 3): table lookup (gather)\n\n");
+  std::printf("| tensor | K | cb | k×n | m | µs | trellis GB/s | %% of read bw |\n|---|---|---|---|---|---|---|---|\n");
+  for (const Shape& sh : shapes)
+    for (Exl3Codebook cb : {Exl3Codebook::kMul1, Exl3Codebook::kMcg})
+      for (int64_t m : {1, 16}) run_one(sh, 3, cb, m, spw::Exl3Decode::kLut);
+
+  // One V4.1 MoE layer: 6 routed experts (K = 3 mul1), d = 5120, f = 2304.
+  std::printf("\n## exl3_moe_cpu: one V4.1 layer, K = 3 mul1 (d 5120, f 2304)\n\n");
+  std::printf("| experts × tokens | µs | trellis MB read | trellis GB/s | %% of read bw |\n|---|---|---|---|---|\n");
+  std::vector<Exl3Tensor> w;
+  for (int e = 0; e < 6; ++e) {
+    w.push_back(make_tensor(5120, 2304, 6, Exl3Codebook::kMul1, 100 + 3 * e));
+    w.push_back(make_tensor(5120, 2304, 6, Exl3Codebook::kMul1, 101 + 3 * e));
+    w.push_back(make_tensor(2304, 5120, 6, Exl3Codebook::kMul1, 102 + 3 * e));
+  }
+  std::vector<spw::Exl3ExpertWeights> experts(6);
+  for (int e = 0; e < 6; ++e) experts[e] = {&w[3 * e], &w[3 * e + 1], &w[3 * e + 2]};
+  for (int64_t n_tokens : {1, 8}) {
+    std::vector<int32_t> ids(n_tokens * 6);
+    std::vector<float> wts(n_tokens * 6, 1.0f / 6), out(n_tokens * 5120, 0.0f);
+    for (int64_t j = 0; j < n_tokens; ++j)
+      for (int sl = 0; sl < 6; ++sl) ids[j * 6 + sl] = static_cast<int32_t>((sl + j) % 6);
+    size_t nbytes = 0;
+    for (const Exl3Tensor& t : w) nbytes += t.trellis_nbytes();
+    const double sec = time_calls([&] {
+      for (Exl3Tensor& t : w) t.trellis = tp.take(t.trellis_nbytes() / 2);
+      spw::exl3_moe_cpu(experts.data(), 6, x.data(), n_tokens, ids.data(), wts.data(), 6, 10.0f, out.data(), &pool);
+    });
+    const double gbs = double(nbytes) / sec / 1e9;
+    std::printf("| 6 × %lld | %.0f | %.1f | %.2f | %.1f%% |\n", static_cast<long long>(n_tokens), sec * 1e6, nbytes / 1e6,
+                gbs, 100.0 * gbs / bw);
+  }
+  std::printf("\ntotal bench time: %.1f s\n", seconds_since(t_start));
+  return 0;
+}
