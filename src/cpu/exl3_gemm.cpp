@@ -129,7 +129,7 @@ void had128_f32_scalar(float* v) {
   for (int i = 0; i < 128; ++i) v[i] *= r;
 }
 
-void exl3_expand_x(const float* x, const float* suh, int64_t k, float* xe, CpuIsa isa) {
+void exl3_expand_x(const float* x, const float* suh, int64_t k, float* xe, int64_t tk_stride, CpuIsa isa) {
   static const auto perm_row32 = [] {
     std::array<int, 32> p{};
     for (int i = 0; i < 32; ++i) p[i] = exl3_perm_row(i);
@@ -141,7 +141,7 @@ void exl3_expand_x(const float* x, const float* suh, int64_t k, float* xe, CpuIs
     if (isa >= CpuIsa::kAvx2) had128_f32_avx2(v);
     else had128_f32_scalar(v);
     for (int tk = 0; tk < 8; ++tk)
-      for (int p = 0; p < 32; ++p) xe[(b / 16 + tk) * 32 + p] = v[tk * 16 + perm_row32[p]];
+      for (int p = 0; p < 32; ++p) xe[(b / 16 + tk) * tk_stride + p] = v[tk * 16 + perm_row32[p]];
   }
 }
 
@@ -164,7 +164,6 @@ void exl3_finish_y(const float* u, int64_t n_splits, int64_t u_stride, const flo
 void exl3_tiles_scalar(const Exl3Part& P, Exl3Decode) {
   const Exl3Tensor& t = *P.t;
   const float* lut = exl3_codebook_lut_f32(t.codebook);
-  const int64_t n_tk = t.k / 16;
   thread_local std::vector<float> acc_v;
   float* acc = scratch(acc_v, static_cast<size_t>(P.m) * 16);
   uint16_t st[256];
@@ -175,7 +174,7 @@ void exl3_tiles_scalar(const Exl3Part& P, Exl3Decode) {
       exl3_tile_states(t.tile(tk, tn), t.bits, st);
       for (int p = 0; p < 256; ++p) vals[p] = lut[st[p]];
       for (int64_t i = 0; i < P.m; ++i) {
-        const float* x = P.xe + (i * n_tk + tk) * 32;
+        const float* x = P.xe + (tk * P.m + i) * 32;
         float* a = acc + i * 16;
         for (int p = 0; p < 256; ++p) a[exl3_perm_col(p)] += vals[p] * x[p & 31];
       }
@@ -261,7 +260,7 @@ void exl3_matmul_cpu_opts(const Exl3CpuOptions& opt, const Exl3Tensor& t, const 
   // Stage 1: xe = had128(x ∘ suh) in lane order.
   float* xe = scratch(xe_v, static_cast<size_t>(m) * n_tk * 32);
   tp.parallel_for(static_cast<size_t>(m), [&](size_t a, size_t b) {
-    for (size_t i = a; i < b; ++i) detail::exl3_expand_x(x + i * t.k, suh_p, t.k, xe + i * n_tk * 32, isa);
+    for (size_t i = a; i < b; ++i) detail::exl3_expand_x(x + i * t.k, suh_p, t.k, xe + i * 32, m * 32, isa);
   }, grain_x);
 
   // Stage 2: u = xr · Ŵ per part; one k-slice writes y directly.

@@ -77,7 +77,7 @@ const Exl3Lanes& exl3_lanes(Exl3Bits bits);
 // u[i·ldu + 16·tn + c] (i < m, tn in range, c < 16) with Σ over its tk of xr · Ŵ.
 struct Exl3Part {
   const Exl3Tensor* t;
-  const float* xe;  // per token i, per k-tile tk: 32 floats at (i·n_tk + tk)·32, xr rows in lane order
+  const float* xe;  // per k-tile tk, per token i: 32 floats at (tk·m + i)·32, xr rows in lane order
   int64_t m;
   int64_t tk0, tk1, tn0, tn1;
   float* u;
@@ -93,8 +93,9 @@ Exl3TileFn exl3_tile_fn(CpuIsa isa);
 void had128_f32_scalar(float* v);
 void had128_f32_avx2(float* v);
 
-// Stage 1 for one token: xe[tk·32 + lane] = had128(x ∘ suh) in the kernels' lane order.
-void exl3_expand_x(const float* x, const float* suh, int64_t k, float* xe, CpuIsa isa);
+// Stage 1 for one token: xe[tk·tk_stride + lane] = had128(x ∘ suh) in the kernels' lane order (for token i
+// of m: xe = base + 32·i, tk_stride = 32·m, so one k-tile's rows of all tokens are contiguous).
+void exl3_expand_x(const float* x, const float* suh, int64_t k, float* xe, int64_t tk_stride, CpuIsa isa);
 // Stage 3 for one token: y = had128(Σ_s u_s) ∘ svh + bias over n columns, u_s = u + s·u_stride.
 void exl3_finish_y(const float* u, int64_t n_splits, int64_t u_stride, const float* svh, const float* bias,
                    int64_t n, float* y, CpuIsa isa);

@@ -44,7 +44,7 @@ void tiles(const Exl3Part& P) {
   const Exl3Tensor& t = *P.t;
   const Exl3Lanes& L = exl3_lanes(t.bits);
   const int nw = L.n_words, n_edge = L.n_edge8;
-  const int64_t n_tk = t.k / 16, n_tn = t.n / 16, m = P.m, x_stride = n_tk * 32;
+  const int64_t n_tn = t.n / 16, m = P.m;
   const float* lut = exl3_codebook_lut_f32(t.codebook);
   thread_local std::vector<float> acc_v;
   if (acc_v.size() < static_cast<size_t>(m) * 64 + 8) acc_v.resize(static_cast<size_t>(m) * 64 + 8);
@@ -63,7 +63,7 @@ void tiles(const Exl3Part& P) {
       const __m256i edge = _mm256_broadcastsi128_si256(
           _mm_alignr_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)),
                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + nw - 4)), 12));
-      const float* xt = P.xe + tk * 32;
+      const float* xt = P.xe + tk * m * 32;  // all tokens' rows of this k-tile, contiguous
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {  // vector q = 4c + r: lane q, rows by r = q mod 4, columns c and c + 8
         __m256 v[4];
@@ -80,7 +80,7 @@ void tiles(const Exl3Part& P) {
           else v[r] = codebook<CB>(st);
         }
         for (int64_t i = 0; i < m; ++i) {
-          const float* x = xt + i * x_stride;
+          const float* x = xt + i * 32;
           float* a = acc + i * 64 + 8 * c;
           __m256 s = _mm256_load_ps(a);
           s = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x), s);

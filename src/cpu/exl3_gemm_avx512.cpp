@@ -42,7 +42,7 @@ void tiles(const Exl3Part& P) {
   const Exl3Tensor& t = *P.t;
   const Exl3Lanes& L = exl3_lanes(t.bits);
   const int nw = L.n_words, n_edge = L.n_edge16;
-  const int64_t n_tk = t.k / 16, n_tn = t.n / 16, m = P.m, x_stride = n_tk * 32;
+  const int64_t n_tn = t.n / 16, m = P.m;
   const float* lut = exl3_codebook_lut_f32(t.codebook);
   thread_local std::vector<float> acc_v;
   if (acc_v.size() < static_cast<size_t>(m) * 128 + 16) acc_v.resize(static_cast<size_t>(m) * 128 + 16);
@@ -61,7 +61,7 @@ void tiles(const Exl3Part& P) {
       const __m512i edge = _mm512_castsi256_si512(
           _mm256_alignr_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)),
                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + nw - 8)), 7));
-      const float* xt = P.xe + tk * 32;
+      const float* xt = P.xe + tk * m * 32;  // all tokens' rows of this k-tile, contiguous
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {  // vector q = 2c + r: lanes 2q, 2q + 1, rows by r, columns c and c + 8
         __m512 v[2];
@@ -78,7 +78,7 @@ void tiles(const Exl3Part& P) {
           else v[r] = codebook<CB>(st);
         }
         for (int64_t i = 0; i < m; ++i) {
-          const float* x = xt + i * x_stride;
+          const float* x = xt + i * 32;
           float* a = acc + i * 128 + 16 * c;
           __m512 s = _mm512_load_ps(a);
           s = _mm512_fmadd_ps(v[0], _mm512_loadu_ps(x), s);

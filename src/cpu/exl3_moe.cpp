@@ -122,9 +122,10 @@ void exl3_moe_cpu(const Exl3ExpertWeights* experts, int64_t n_experts, const flo
   tp.parallel_for(static_cast<size_t>(2 * n_rows), [&](size_t lo, size_t hi) {
     for (size_t q = lo; q < hi; ++q) {
       const int64_t r = static_cast<int64_t>(q) / 2, which = static_cast<int64_t>(q) % 2, a = row_expert[r];
-      // Layout: expert a's gate rows, then its up rows, each [m_a][n_tk1][32].
-      float* dst = xe13_p + (2 * row0[a] + which * (row0[a + 1] - row0[a]) + (r - row0[a])) * n_tk1 * 32;
-      detail::exl3_expand_x(x + row_token[r] * d, fp[3 * a + which].suh.data(), d, dst, isa);
+      // Layout: expert a's gate block, then its up block, each [n_tk1][m_a][32].
+      const int64_t m = row0[a + 1] - row0[a];
+      float* dst = xe13_p + (2 * row0[a] + which * m) * n_tk1 * 32 + (r - row0[a]) * 32;
+      detail::exl3_expand_x(x + row_token[r] * d, fp[3 * a + which].suh.data(), d, dst, m * 32, isa);
     }
   }, grain1);
 
@@ -155,7 +156,7 @@ void exl3_moe_cpu(const Exl3ExpertWeights* experts, int64_t n_experts, const flo
       detail::exl3_finish_y(jg.u + i * f, jg.k_splits, m * f, fp[3 * a].svh.data(), bias_of(fp[3 * a]), f, g, isa);
       detail::exl3_finish_y(ju.u + i * f, ju.k_splits, m * f, fp[3 * a + 1].svh.data(), bias_of(fp[3 * a + 1]), f, u, isa);
       ref::swiglu(g, u, g, static_cast<size_t>(f), swiglu_limit, row_weight[r]);
-      detail::exl3_expand_x(g, fp[3 * a + 2].suh.data(), f, xe2_p + r * n_tk2 * 32, isa);
+      detail::exl3_expand_x(g, fp[3 * a + 2].suh.data(), f, xe2_p + row0[a] * n_tk2 * 32 + i * 32, m * 32, isa);
     }
   }, grain2);
 

@@ -157,7 +157,7 @@ TEST(Exl3Cpu, DecodeBitExact) {
       std::vector<float> xe(16 * n_tk * 32, 0.0f);
       for (int i = 0; i < 16; ++i)
         for (int64_t tk = 0; tk < n_tk; ++tk)
-          for (int p = 0; p < 32; ++p) xe[(i * n_tk + tk) * 32 + p] = exl3_perm_row(p) == i ? 1.0f : 0.0f;
+          for (int p = 0; p < 32; ++p) xe[(tk * 16 + i) * 32 + p] = exl3_perm_row(p) == i ? 1.0f : 0.0f;
       for (int isa = 0; isa <= static_cast<int>(cpu_isa_detect()); ++isa)
         for (Exl3Decode dec : {Exl3Decode::kArith, Exl3Decode::kLut}) {
           std::vector<float> u(16 * n);
