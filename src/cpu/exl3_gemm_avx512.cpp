@@ -37,7 +37,11 @@ inline __m512 codebook(__m512i st) {
   }
 }
 
-template <int CB, bool kLut>
+// kBlocked (m ≥ kBlockedMinTokens): as in the AVX2 kernel, kBlock decoded tiles in an L1 buffer, then
+// each token with its 8 accumulators in registers (2 x loads + 16 FMAs per tile).
+constexpr int kBlock = 4, kBlockedMinTokens = 4;
+
+template <int CB, bool kLut, bool kBlocked>
 void tiles(const Exl3Part& P) {
   const Exl3Tensor& t = *P.t;
   const Exl3Lanes& L = exl3_lanes(t.bits);
@@ -49,10 +53,14 @@ void tiles(const Exl3Part& P) {
   float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(acc_v.data()) + 63) & ~uintptr_t(63));
   const int64_t tile_nbytes = 4 * nw, row_nwords = n_tn * nw;
   constexpr int kPrefetchTiles = 4;
+  alignas(64) float vb[kBlock][256];
   for (int64_t tn = P.tn0; tn < P.tn1; ++tn) {
     std::memset(acc, 0, sizeof(float) * 128 * m);
     const uint32_t* w = reinterpret_cast<const uint32_t*>(t.tile(P.tk0, tn));
-    for (int64_t tk = P.tk0; tk < P.tk1; ++tk, w += row_nwords) {
+    for (int64_t tkb = P.tk0; tkb < P.tk1; tkb += kBlock) {
+    const int nb = static_cast<int>(std::min<int64_t>(kBlock, P.tk1 - tkb));
+    for (int b = 0; b < nb; ++b, w += row_nwords) {
+      const int64_t tk = tkb + b;
       if (tk + kPrefetchTiles < P.tk1) {  // tiles of one column are a row of tiles apart
         const char* pf = reinterpret_cast<const char*>(w + kPrefetchTiles * row_nwords);
         for (int64_t o = 0; o < tile_nbytes + 63; o += 64) _mm_prefetch(pf + std::min(o, tile_nbytes - 1), _MM_HINT_T0);
@@ -76,7 +84,9 @@ void tiles(const Exl3Part& P) {
           const __m512i st = _mm512_srli_epi32(_mm512_sllv_epi32(bytes, _mm512_load_si512(L.shl16[q])), 16);
           if constexpr (kLut) v[r] = _mm512_i32gather_ps(st, lut, 4);
           else v[r] = codebook<CB>(st);
+          if constexpr (kBlocked) _mm512_store_ps(vb[b] + 16 * q, v[r]);
         }
+        if constexpr (!kBlocked)
         for (int64_t i = 0; i < m; ++i) {
           const float* x = xt + i * 32;
           float* a = acc + i * 128 + 16 * c;
@@ -85,6 +95,26 @@ void tiles(const Exl3Part& P) {
           s = _mm512_fmadd_ps(v[1], _mm512_loadu_ps(x + 16), s);
           _mm512_store_ps(a, s);
         }
+      }
+    }
+    if constexpr (kBlocked)
+      for (int64_t i = 0; i < m; ++i) {
+        float* a = acc + i * 128;
+        __m512 s[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) s[c] = _mm512_load_ps(a + 16 * c);
+        for (int b = 0; b < nb; ++b) {
+          const float* x = P.xe + ((tkb + b) * m + i) * 32;
+          const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+          const float* vq = vb[b];
+#pragma GCC unroll 8
+          for (int c = 0; c < 8; ++c) {
+            s[c] = _mm512_fmadd_ps(_mm512_load_ps(vq + 32 * c), x0, s[c]);
+            s[c] = _mm512_fmadd_ps(_mm512_load_ps(vq + 32 * c + 16), x1, s[c]);
+          }
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) _mm512_store_ps(a + 16 * c, s[c]);
       }
     }
     // Lane l of accumulator c holds column c (l mod 8 < 4) or c + 8 (otherwise).
@@ -97,20 +127,21 @@ void tiles(const Exl3Part& P) {
   }
 }
 
-template <bool kLut>
+template <bool kLut, bool kBlocked>
 void tiles_cb(const Exl3Part& P) {
   switch (P.t->codebook) {
-    case Exl3Codebook::k3Inst: return tiles<0, kLut>(P);
-    case Exl3Codebook::kMcg: return tiles<1, kLut>(P);
-    case Exl3Codebook::kMul1: return tiles<2, kLut>(P);
+    case Exl3Codebook::k3Inst: return tiles<0, kLut, kBlocked>(P);
+    case Exl3Codebook::kMcg: return tiles<1, kLut, kBlocked>(P);
+    case Exl3Codebook::kMul1: return tiles<2, kLut, kBlocked>(P);
   }
 }
 
 }  // namespace
 
 void exl3_tiles_avx512(const Exl3Part& P, Exl3Decode decode) {
-  if (decode == Exl3Decode::kLut) tiles_cb<true>(P);
-  else tiles_cb<false>(P);
+  const bool blocked = P.m >= kBlockedMinTokens;
+  if (decode == Exl3Decode::kLut) blocked ? tiles_cb<true, true>(P) : tiles_cb<true, false>(P);
+  else blocked ? tiles_cb<false, true>(P) : tiles_cb<false, false>(P);
 }
 
 }  // namespace spw::detail
