@@ -2,12 +2,13 @@
 // text → reasoning_content / content / tool_calls via src/chat's streaming parser.
 #include "chat/stream_parser.h"
 #include "server/openai_api.h"
+#include "server/tool_call_constraint.h"
 
 namespace spw::server {
 namespace {
 
-constexpr auto kPoll = std::chrono::milliseconds(200);
-constexpr int kPingEveryPolls = 10;
+constexpr auto kPingEvery = std::chrono::milliseconds(2000);  // an SSE comment after 2 s of silence
+constexpr auto kGonePoll = std::chrono::milliseconds(200);    // non-streaming: how often the connection is probed
 
 Json bytes_json(const std::string& s) {
   Json b = Json::array();
@@ -44,29 +45,40 @@ std::string final_reason(const std::string& reason, bool any_tool_calls) {
 
 }  // namespace
 
-ApiResult<std::vector<int32_t>> OpenAiApi::chat_prompt(const Json& body, const ChatCompletionRequest& req,
-                                                       bool* thinking) const {
+ApiResult<OpenAiApi::ChatPrompt> OpenAiApi::chat_prompt(const Json& body, const ChatCompletionRequest& req) const {
   auto chat = parse_chat_request(body, model_.family);
   if (!chat.ok()) return bad_request(chat.error().message, "messages");
   ChatRequest& c = chat.value();
+  const bool named = req.tool_choice.starts_with("function:");
   if (req.tool_choice == "none") {
     c.tools.clear();
   } else if (req.tool_choice == "required" && c.tools.empty()) {
     return bad_request("tool_choice is \"required\" but no tools were given", "tool_choice");
-  } else if (req.tool_choice.starts_with("function:")) {
+  } else if (named) {
     const std::string name = req.tool_choice.substr(9);
     std::erase_if(c.tools, [&](const ToolSpec& t) { return !t.function.contains("name") || t.function["name"] != name; });
     if (c.tools.empty()) return bad_request("tool_choice names \"" + name + "\", which is not among the tools", "tool_choice");
   }
-  *thinking = c.options.thinking;
+  ChatPrompt out;
+  out.thinking = c.options.thinking;
+  if (named || req.tool_choice == "required") {
+    ToolCallGrammarOptions options;
+    options.family = model_.family;
+    options.thinking = c.options.thinking;
+    options.parallel = req.parallel_tool_calls;
+    auto grammar = ToolCallGrammar::build(c.tools, options);
+    if (!grammar.ok()) return bad_request("tool_choice " + req.tool_choice + ": " + grammar.error().message, "tools");
+    out.grammar = std::make_shared<const ToolCallGrammar>(std::move(grammar.value()));
+  }
   auto prompt = encode_chat(c);
   if (!prompt.ok()) return bad_request(prompt.error().message, "messages");
   auto ids = text_.encode(prompt.value(), /*parse_special=*/true);
   if (!ids.ok()) return bad_request(ids.error().message, "messages");
-  return std::move(ids.value());
+  out.ids = std::move(ids.value());
+  return out;
 }
 
-HttpReply OpenAiApi::chat_completions(const std::string& body) {
+HttpReply OpenAiApi::chat_completions(const std::string& body, const ClientGone& gone) {
   auto j = parse_body(body);
   if (!j.ok) return HttpReply::error(j.error);
   auto parsed = parse_chat_completion_request(j.value);
@@ -76,64 +88,94 @@ HttpReply OpenAiApi::chat_completions(const std::string& body) {
     return HttpReply::error(bad_request("chat needs a tokenizer and " + settings_.model_dir +
                                             " has no tokenizer.json; use /v1/completions with token ids",
                                         "messages"));
-  bool thinking = false;
-  auto ids = chat_prompt(j.value, req, &thinking);
-  if (!ids.ok) return HttpReply::error(ids.error);
-  auto stream = submit(std::move(ids.value), req.gen, "messages");
-  if (!stream.ok) return HttpReply::error(stream.error);
+  auto prompt = chat_prompt(j.value, req);
+  if (!prompt.ok) return HttpReply::error(prompt.error);
+  const bool thinking = prompt.value.thinking;
+  MakeConstraint constraint;
+  if (prompt.value.grammar) {
+    constraint = [grammar = prompt.value.grammar, trie = text_.token_trie(), eos = model_.eos_id] {
+      return std::make_shared<ToolCallConstraint>(grammar, trie, eos);
+    };
+  }
+  auto streams = submit(std::move(prompt.value.ids), req.gen, "messages", constraint);
+  if (!streams.ok) return HttpReply::error(streams.error);
 
-  auto run = std::make_shared<GenerationRun>(text_, stream.value, req.gen, model_.eos_id, /*skip_special=*/false);
   const std::string id = make_request_id("chatcmpl");
-  StreamParserOptions popts;
-  popts.thinking = thinking;
-  popts.tool_call_id_prefix = "call_" + id.substr(id.size() - 16) + "_";  // unique per request
-  auto parser = std::make_shared<StreamParser>(popts);
+  RunList runs;
+  std::vector<std::shared_ptr<StreamParser>> parsers;
+  for (size_t i = 0; i < streams.value.size(); ++i) {
+    runs.push_back(std::make_shared<GenerationRun>(text_, streams.value[i], req.gen, model_.eos_id, /*skip_special=*/false));
+    StreamParserOptions popts;
+    popts.thinking = thinking;
+    popts.tool_calls = req.tool_choice != "none";
+    // Unique per request and choice.
+    popts.tool_call_id_prefix = "call_" + id.substr(id.size() - 16) + "_" + (i ? std::to_string(i) + "_" : "");
+    parsers.push_back(std::make_shared<StreamParser>(popts));
+  }
   const bool want_logprobs = req.gen.sampling.top_logprobs >= 0;
   const int64_t created = unix_now();
   const std::string model = model_.id;
   const Text& text = text_;
 
   if (!req.gen.stream) {
-    ParsedCompletion out;
-    std::vector<runtime::GeneratedToken> toks;
-    std::string finish;
-    for (;;) {
-      GenerationRun::Step step = run->next(kPoll);
-      append_delta(out, parser->push(step.text));
-      for (auto& t : step.tokens) toks.push_back(std::move(t));
-      if (step.finish_reason) {
-        if (*step.finish_reason == "error") return HttpReply::error({500, step.error, "server_error", "", ""});
-        append_delta(out, parser->finish());
-        finish = final_reason(*step.finish_reason, !out.tool_calls.empty());
-        break;
+    struct Out {
+      ParsedCompletion msg;
+      std::vector<runtime::GeneratedToken> toks;
+      std::string finish;
+    };
+    std::vector<Out> outs(runs.size());
+    std::optional<ApiError> failed;
+    const bool finished = drive_runs(
+        runs,
+        [&](size_t i, GenerationRun::Step& step) {
+          Out& o = outs[i];
+          if (step.finish_reason && *step.finish_reason == "error") {
+            failed = ApiError{500, step.error, "server_error", "", ""};
+            return false;
+          }
+          append_delta(o.msg, parsers[i]->push(step.text));
+          for (auto& t : step.tokens) o.toks.push_back(std::move(t));
+          if (step.finish_reason) {
+            append_delta(o.msg, parsers[i]->finish());
+            o.finish = final_reason(*step.finish_reason, !o.msg.tool_calls.empty());
+          }
+          return true;
+        },
+        [&](bool) { return !(gone && gone()); }, kGonePoll);
+    if (failed) return HttpReply::error(*failed);
+    if (!finished) return HttpReply::error({499, "the client closed the connection", "client_closed", "", ""});
+    Json choices = Json::array();
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const ParsedCompletion& out = outs[i].msg;
+      Json msg;
+      msg["role"] = "assistant";
+      msg["content"] = out.content.empty() && !out.tool_calls.empty() ? Json() : Json(out.content);
+      if (thinking || !out.reasoning_content.empty()) msg["reasoning_content"] = out.reasoning_content;
+      if (!out.tool_calls.empty()) {
+        Json calls = Json::array();
+        for (const auto& c : out.tool_calls) calls.push_back(tool_call_json(0, c.id, c.name, c.arguments, false));
+        msg["tool_calls"] = calls;
       }
+      Json choice;
+      choice["index"] = i;
+      choice["message"] = msg;
+      choice["logprobs"] = want_logprobs ? chat_logprobs(text, outs[i].toks) : Json();
+      choice["finish_reason"] = outs[i].finish;
+      choices.push_back(std::move(choice));
     }
-    Json msg;
-    msg["role"] = "assistant";
-    msg["content"] = out.content.empty() && !out.tool_calls.empty() ? Json() : Json(out.content);
-    if (thinking || !out.reasoning_content.empty()) msg["reasoning_content"] = out.reasoning_content;
-    if (!out.tool_calls.empty()) {
-      Json calls = Json::array();
-      for (const auto& c : out.tool_calls) calls.push_back(tool_call_json(0, c.id, c.name, c.arguments, false));
-      msg["tool_calls"] = calls;
-    }
-    Json choice;
-    choice["index"] = 0;
-    choice["message"] = msg;
-    choice["logprobs"] = want_logprobs ? chat_logprobs(text, toks) : Json();
-    choice["finish_reason"] = finish;
-    Json r = completion_envelope(id, "chat.completion", created, model, Json::array({choice}));
-    r["usage"] = usage_json(*run);
+    Json r = completion_envelope(id, "chat.completion", created, model, std::move(choices));
+    r["usage"] = usage_json(runs);
     return HttpReply::json(r);
   }
 
   HttpReply reply;
   reply.content_type = "text/event-stream";
   const bool include_usage = req.gen.include_usage;
-  reply.sse = [run, parser, id, created, model, want_logprobs, include_usage, &text](const SseWrite& write) {
-    auto chunk = [&](const Json& delta, const std::vector<runtime::GeneratedToken>& toks, const Json& finish) {
+  reply.sse = [runs, parsers, id, created, model, want_logprobs, include_usage, &text](const SseWrite& write) {
+    auto chunk = [&](size_t index, const Json& delta, const std::vector<runtime::GeneratedToken>& toks,
+                     const Json& finish) {
       Json choice;
-      choice["index"] = 0;
+      choice["index"] = index;
       choice["delta"] = delta;
       choice["logprobs"] = want_logprobs && !toks.empty() ? chat_logprobs(text, toks) : Json();
       choice["finish_reason"] = finish;
@@ -151,36 +193,39 @@ HttpReply OpenAiApi::chat_completions(const std::string& body) {
       }
       return delta;
     };
-    if (!write(chunk(Json{{"role", "assistant"}, {"content", ""}}, {}, Json()))) return run->cancel();
-    bool any_tool_calls = false;
-    int idle = 0;
-    for (;;) {
-      GenerationRun::Step step = run->next(kPoll);
-      if (step.finish_reason && *step.finish_reason == "error") {
-        write("data: " + dump_json(error_json({500, step.error, "server_error", "", ""})) + "\n\n");
-        write("data: [DONE]\n\n");
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (!write(chunk(i, Json{{"role", "assistant"}, {"content", ""}}, {}, Json()))) {
+        for (const auto& run : runs) run->cancel();
         return;
       }
-      StreamDelta d = parser->push(step.text);
-      if (step.finish_reason) {
-        StreamDelta tail = parser->finish();
-        d.reasoning_content += tail.reasoning_content;
-        d.content += tail.content;
-        for (auto& c : tail.tool_calls) d.tool_calls.push_back(std::move(c));
-      }
-      any_tool_calls = any_tool_calls || !d.tool_calls.empty();
-      if (!d.empty() || !step.tokens.empty()) {
-        idle = 0;
-        if (!write(chunk(delta_json(d), step.tokens, Json()))) return run->cancel();
-      } else if (!step.finish_reason && ++idle % kPingEveryPolls == 0) {
-        if (!write(": ping\n\n")) return run->cancel();
-      }
-      if (step.finish_reason) {
-        if (!write(chunk(Json::object(), {}, final_reason(*step.finish_reason, any_tool_calls)))) return;
-        break;
-      }
+    std::vector<bool> any_tool_calls(runs.size(), false);
+    bool failed = false;
+    const bool finished = drive_runs(
+        runs,
+        [&](size_t i, GenerationRun::Step& step) {
+          if (step.finish_reason && *step.finish_reason == "error") {
+            write("data: " + dump_json(error_json({500, step.error, "server_error", "", ""})) + "\n\n");
+            failed = true;
+            return false;
+          }
+          StreamDelta d = parsers[i]->push(step.text);
+          if (step.finish_reason) {
+            StreamDelta tail = parsers[i]->finish();
+            d.reasoning_content += tail.reasoning_content;
+            d.content += tail.content;
+            for (auto& c : tail.tool_calls) d.tool_calls.push_back(std::move(c));
+          }
+          if (!d.tool_calls.empty()) any_tool_calls[i] = true;
+          if ((!d.empty() || !step.tokens.empty()) && !write(chunk(i, delta_json(d), step.tokens, Json()))) return false;
+          return !step.finish_reason ||
+                 write(chunk(i, Json::object(), {}, final_reason(*step.finish_reason, any_tool_calls[i])));
+        },
+        [&](bool idle) { return !idle || write(": ping\n\n"); }, kPingEvery);
+    if (failed) {
+      write("data: [DONE]\n\n");
+      return;
     }
-    write_stream_end(write, id, "chat.completion.chunk", created, model, *run, include_usage);
+    if (finished) write_stream_end(write, id, "chat.completion.chunk", created, model, runs, include_usage);
   };
   return reply;
 }

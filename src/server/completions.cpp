@@ -4,8 +4,8 @@
 namespace spw::server {
 namespace {
 
-constexpr auto kPoll = std::chrono::milliseconds(200);
-constexpr int kPingEveryPolls = 10;  // an SSE comment every ~2 s of silence detects gone clients
+constexpr auto kPingEvery = std::chrono::milliseconds(2000);  // an SSE comment after 2 s of silence detects gone clients
+constexpr auto kGonePoll = std::chrono::milliseconds(200);    // non-streaming: how often the connection is probed
 
 // OpenAI's legacy logprobs object, grown token by token.
 struct CompletionLogprobs {
@@ -37,7 +37,7 @@ Json token_ids_json(const std::vector<runtime::GeneratedToken>& toks) {
 
 }  // namespace
 
-HttpReply OpenAiApi::completions(const std::string& body) {
+HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone) {
   auto j = parse_body(body);
   if (!j.ok) return HttpReply::error(j.error);
   auto parsed = parse_completion_request(j.value);
@@ -55,10 +55,12 @@ HttpReply OpenAiApi::completions(const std::string& body) {
     ids = std::get<std::vector<int32_t>>(req.prompt);
     if (req.echo) echo_text = text_.decode(ids, false);
   }
-  auto stream = submit(std::move(ids), req.gen, "prompt");
-  if (!stream.ok) return HttpReply::error(stream.error);
+  auto streams = submit(std::move(ids), req.gen, "prompt");
+  if (!streams.ok) return HttpReply::error(streams.error);
 
-  auto run = std::make_shared<GenerationRun>(text_, stream.value, req.gen, model_.eos_id, /*skip_special=*/true);
+  RunList runs;
+  for (auto& stream : streams.value)
+    runs.push_back(std::make_shared<GenerationRun>(text_, stream, req.gen, model_.eos_id, /*skip_special=*/true));
   const bool want_logprobs = req.gen.sampling.top_logprobs >= 0;
   const std::string id = make_request_id("cmpl");
   const int64_t created = unix_now();
@@ -66,41 +68,57 @@ HttpReply OpenAiApi::completions(const std::string& body) {
   const Text& text = text_;
 
   if (!req.gen.stream) {
-    std::string out = echo_text;
-    std::vector<runtime::GeneratedToken> toks;
-    CompletionLogprobs lp;
-    std::string finish;
-    for (;;) {
-      GenerationRun::Step step = run->next(kPoll);
-      out += step.text;
-      for (auto& t : step.tokens) {
-        if (want_logprobs) lp.add(text, t);
-        toks.push_back(std::move(t));
-      }
-      if (step.finish_reason) {
-        if (*step.finish_reason == "error") return HttpReply::error({500, step.error, "server_error", "", ""});
-        finish = *step.finish_reason;
-        break;
-      }
+    struct Out {
+      std::string text;
+      std::vector<runtime::GeneratedToken> toks;
+      CompletionLogprobs lp;
+      std::string finish;
+    };
+    std::vector<Out> outs(runs.size());
+    for (Out& o : outs) o.text = echo_text;
+    std::optional<ApiError> failed;
+    const bool finished = drive_runs(
+        runs,
+        [&](size_t i, GenerationRun::Step& step) {
+          Out& o = outs[i];
+          o.text += step.text;
+          for (auto& t : step.tokens) {
+            if (want_logprobs) o.lp.add(text, t);
+            o.toks.push_back(std::move(t));
+          }
+          if (step.finish_reason && *step.finish_reason == "error") {
+            failed = ApiError{500, step.error, "server_error", "", ""};
+            return false;
+          }
+          if (step.finish_reason) o.finish = *step.finish_reason;
+          return true;
+        },
+        [&](bool) { return !(gone && gone()); }, kGonePoll);
+    if (failed) return HttpReply::error(*failed);
+    if (!finished) return HttpReply::error({499, "the client closed the connection", "client_closed", "", ""});
+    Json choices = Json::array();
+    for (size_t i = 0; i < outs.size(); ++i) {
+      Json choice;
+      choice["index"] = i;
+      choice["text"] = outs[i].text;
+      choice["logprobs"] = want_logprobs ? outs[i].lp.json() : Json();
+      choice["finish_reason"] = outs[i].finish;
+      choice["token_ids"] = token_ids_json(outs[i].toks);
+      choices.push_back(std::move(choice));
     }
-    Json choice;
-    choice["index"] = 0;
-    choice["text"] = out;
-    choice["logprobs"] = want_logprobs ? lp.json() : Json();
-    choice["finish_reason"] = finish;
-    choice["token_ids"] = token_ids_json(toks);
-    Json r = completion_envelope(id, "text_completion", created, model, Json::array({choice}));
-    r["usage"] = usage_json(*run);
+    Json r = completion_envelope(id, "text_completion", created, model, std::move(choices));
+    r["usage"] = usage_json(runs);
     return HttpReply::json(r);
   }
 
   HttpReply reply;
   reply.content_type = "text/event-stream";
   const bool include_usage = req.gen.include_usage;
-  reply.sse = [run, id, created, model, want_logprobs, include_usage, echo_text, &text](const SseWrite& write) {
-    auto chunk = [&](const std::string& piece, const std::vector<runtime::GeneratedToken>& toks, const Json& finish) {
+  reply.sse = [runs, id, created, model, want_logprobs, include_usage, echo_text, &text](const SseWrite& write) {
+    auto chunk = [&](size_t index, const std::string& piece, const std::vector<runtime::GeneratedToken>& toks,
+                     const Json& finish) {
       Json choice;
-      choice["index"] = 0;
+      choice["index"] = index;
       choice["text"] = piece;
       if (want_logprobs && !toks.empty()) {
         CompletionLogprobs lp;
@@ -114,27 +132,31 @@ HttpReply OpenAiApi::completions(const std::string& body) {
       Json c = completion_envelope(id, "text_completion", created, model, Json::array({choice}));
       return "data: " + dump_json(c) + "\n\n";
     };
-    if (!echo_text.empty() && !write(chunk(echo_text, {}, Json()))) return run->cancel();
-    int idle = 0;
-    for (;;) {
-      GenerationRun::Step step = run->next(kPoll);
-      if (step.finish_reason && *step.finish_reason == "error") {
-        write("data: " + dump_json(error_json({500, step.error, "server_error", "", ""})) + "\n\n");
-        write("data: [DONE]\n\n");
-        return;
-      }
-      if (!step.text.empty() || !step.tokens.empty()) {
-        idle = 0;
-        if (!write(chunk(step.text, step.tokens, Json()))) return run->cancel();
-      } else if (!step.finish_reason && ++idle % kPingEveryPolls == 0) {
-        if (!write(": ping\n\n")) return run->cancel();
-      }
-      if (step.finish_reason) {
-        if (!write(chunk("", {}, *step.finish_reason))) return;
-        break;
-      }
+    if (!echo_text.empty())
+      for (size_t i = 0; i < runs.size(); ++i)
+        if (!write(chunk(i, echo_text, {}, Json()))) {
+          for (const auto& run : runs) run->cancel();
+          return;
+        }
+    bool failed = false;
+    const bool finished = drive_runs(
+        runs,
+        [&](size_t i, GenerationRun::Step& step) {
+          if (step.finish_reason && *step.finish_reason == "error") {
+            write("data: " + dump_json(error_json({500, step.error, "server_error", "", ""})) + "\n\n");
+            failed = true;
+            return false;
+          }
+          if ((!step.text.empty() || !step.tokens.empty()) && !write(chunk(i, step.text, step.tokens, Json())))
+            return false;
+          return !step.finish_reason || write(chunk(i, "", {}, *step.finish_reason));
+        },
+        [&](bool idle) { return !idle || write(": ping\n\n"); }, kPingEvery);
+    if (failed) {
+      write("data: [DONE]\n\n");
+      return;
     }
-    write_stream_end(write, id, "text_completion", created, model, *run, include_usage);
+    if (finished) write_stream_end(write, id, "text_completion", created, model, runs, include_usage);
   };
   return reply;
 }

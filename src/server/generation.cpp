@@ -1,6 +1,7 @@
 #include "server/generation.h"
 
 #include <algorithm>
+#include <thread>
 
 namespace spw::server {
 
@@ -76,6 +77,43 @@ GenerationRun::Step GenerationRun::next(std::chrono::milliseconds timeout) {
   }
   if (stops_.stopped()) step.finish_reason = "stop";
   return step;
+}
+
+bool drive_runs(const RunList& runs, const std::function<bool(size_t, GenerationRun::Step&)>& on_step,
+                const std::function<bool(bool idle)>& on_tick, std::chrono::milliseconds tick) {
+  using clock = std::chrono::steady_clock;
+  // One run blocks in its stream's wait; several are polled without blocking, then nap briefly.
+  const auto wait = runs.size() == 1 ? std::chrono::milliseconds(200) : std::chrono::milliseconds(0);
+  std::vector<bool> done(runs.size(), false);
+  size_t n_done = 0;
+  bool idle = true;
+  auto last_tick = clock::now();
+  auto stop = [&] {
+    for (const auto& run : runs) run->cancel();
+    return false;
+  };
+  while (n_done < runs.size()) {
+    bool progress = false;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (done[i]) continue;
+      GenerationRun::Step step = runs[i]->next(wait);
+      if (step.finish_reason) {
+        done[i] = true;
+        ++n_done;
+      }
+      if (step.text.empty() && step.tokens.empty() && !step.finish_reason) continue;
+      progress = true;
+      if (!on_step(i, step)) return stop();
+    }
+    idle = idle && !progress;
+    if (n_done < runs.size() && clock::now() - last_tick >= tick) {
+      if (!on_tick(idle)) return stop();
+      last_tick = clock::now();
+      idle = true;
+    }
+    if (!progress && runs.size() > 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
 }
 
 }  // namespace spw::server

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,5 +63,13 @@ class GenerationRun {
   bool finished_ = false;
   int n_prompt_ = 0, n_cached_ = 0, n_completion_ = 0;
 };
+
+// Drives the runs of one request's choices (n ≥ 1) from the handler's thread, round-robin:
+// on_step(i, step) for every step of run i that carries text, tokens or the finish, and on_tick(idle)
+// every `tick` (idle: nothing arrived since the last tick). Either callback returning false stops
+// it early (client gone) and cancels every run. Returns true when every run finished.
+using RunList = std::vector<std::shared_ptr<GenerationRun>>;
+bool drive_runs(const RunList& runs, const std::function<bool(size_t, GenerationRun::Step&)>& on_step,
+                const std::function<bool(bool idle)>& on_tick, std::chrono::milliseconds tick);
 
 }  // namespace spw::server

@@ -32,12 +32,23 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-Json usage_json(const GenerationRun& run) {
+uint64_t choice_seed(uint64_t seed, int i) {
+  if (i == 0) return seed;
+  uint64_t z = seed + uint64_t(i) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+Json usage_json(const RunList& runs) {
+  int64_t completion = 0;
+  for (const auto& run : runs) completion += run->n_completion_tokens();
+  const int64_t prompt = runs.empty() ? 0 : runs[0]->n_prompt_tokens();
   Json u;
-  u["prompt_tokens"] = run.n_prompt_tokens();
-  u["completion_tokens"] = run.n_completion_tokens();
-  u["total_tokens"] = run.n_prompt_tokens() + run.n_completion_tokens();
-  u["prompt_tokens_details"] = Json{{"cached_tokens", run.n_cached_tokens()}};
+  u["prompt_tokens"] = prompt;
+  u["completion_tokens"] = completion;
+  u["total_tokens"] = prompt + completion;
+  u["prompt_tokens_details"] = Json{{"cached_tokens", runs.empty() ? 0 : runs[0]->n_cached_tokens()}};
   return u;
 }
 
@@ -51,9 +62,10 @@ ApiResult<Json> parse_body(const std::string& body) {
 OpenAiApi::OpenAiApi(runtime::Engine& engine, const Text& text, const ServerSettings& settings, ModelInfo model)
     : engine_(engine), text_(text), settings_(settings), model_(std::move(model)) {}
 
-ApiResult<std::shared_ptr<runtime::RequestStream>> OpenAiApi::submit(std::vector<int32_t> prompt,
-                                                                     const GenerationParams& gen,
-                                                                     const char* prompt_noun) {
+ApiResult<std::vector<std::shared_ptr<runtime::RequestStream>>> OpenAiApi::submit(std::vector<int32_t> prompt,
+                                                                                  const GenerationParams& gen,
+                                                                                  const char* prompt_noun,
+                                                                                  const MakeConstraint& constraint) {
   const int64_t n_prompt = int64_t(prompt.size());
   const int64_t max_len = settings_.max_model_len;
   if (n_prompt == 0) return bad_request("the prompt is empty", "prompt");
@@ -76,15 +88,26 @@ ApiResult<std::shared_ptr<runtime::RequestStream>> OpenAiApi::submit(std::vector
   req.max_tokens = int(gen.max_tokens.value_or(std::min<int64_t>(settings_.max_tokens_limit, max_len - n_prompt)));
   req.stop_token_ids = gen.stop_token_ids;
   req.ignore_eos = gen.ignore_eos;
-  runtime::Submission s = engine_.submit(std::move(req));
-  switch (s.code) {
-    case runtime::SubmitCode::ok: return std::move(s.stream);
-    case runtime::SubmitCode::invalid: return bad_request(s.message, "prompt");
-    case runtime::SubmitCode::too_large: return bad_request(s.message, "max_tokens", "kv_capacity_exceeded");
-    case runtime::SubmitCode::queue_full: return ApiError{503, s.message, "server_overloaded", "", "queue_full"};
-    case runtime::SubmitCode::draining: return ApiError{503, s.message, "server_unavailable", "", "shutting_down"};
+  std::vector<std::shared_ptr<runtime::RequestStream>> streams;
+  for (int i = 0; i < gen.n; ++i) {
+    runtime::GenerationRequest choice = req;
+    if (gen.sampling.seed) choice.sampling.seed = choice_seed(*gen.sampling.seed, i);
+    if (constraint) choice.constraint = constraint();
+    runtime::Submission s = engine_.submit(std::move(choice));
+    if (s.code == runtime::SubmitCode::ok) {
+      streams.push_back(std::move(s.stream));
+      continue;
+    }
+    for (const auto& queued : streams) queued->cancel();
+    switch (s.code) {
+      case runtime::SubmitCode::invalid: return bad_request(s.message, "prompt");
+      case runtime::SubmitCode::too_large: return bad_request(s.message, "max_tokens", "kv_capacity_exceeded");
+      case runtime::SubmitCode::queue_full: return ApiError{503, s.message, "server_overloaded", "", "queue_full"};
+      case runtime::SubmitCode::draining: return ApiError{503, s.message, "server_unavailable", "", "shutting_down"};
+      default: return ApiError{500, "unknown submit result", "server_error", "", ""};
+    }
   }
-  return ApiError{500, "unknown submit result", "server_error", "", ""};
+  return streams;
 }
 
 HttpReply OpenAiApi::models() const {
@@ -109,10 +132,9 @@ HttpReply OpenAiApi::tokenize(const std::string& body) const {
   if (req.value.has_messages) {
     auto chat = parse_chat_completion_request(j.value);
     if (!chat.ok) return HttpReply::error(chat.error);
-    bool thinking = false;
-    auto p = chat_prompt(j.value, chat.value, &thinking);
+    auto p = chat_prompt(j.value, chat.value);
     if (!p.ok) return HttpReply::error(p.error);
-    ids = std::move(p.value);
+    ids = std::move(p.value.ids);
   } else {
     auto e = text_.encode(*req.value.prompt, req.value.add_special_tokens);
     if (!e.ok()) return HttpReply::error(bad_request(e.error().message, "prompt"));
@@ -148,10 +170,10 @@ Json completion_envelope(const std::string& id, const char* object, int64_t crea
 }
 
 void write_stream_end(const SseWrite& write, const std::string& id, const char* object, int64_t created,
-                      const std::string& model, const GenerationRun& run, bool include_usage) {
+                      const std::string& model, const RunList& runs, bool include_usage) {
   if (include_usage) {
     Json c = completion_envelope(id, object, created, model, Json::array());
-    c["usage"] = usage_json(run);
+    c["usage"] = usage_json(runs);
     if (!write("data: " + dump_json(c) + "\n\n")) return;
   }
   write("data: [DONE]\n\n");

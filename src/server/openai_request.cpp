@@ -142,8 +142,7 @@ void read_generation(Fields& f, GenerationParams& g, bool chat) {
   if (auto v = f.number("presence_penalty", -2, 2)) s.presence_penalty = float(*v);
   if (auto v = f.number("frequency_penalty", -2, 2)) s.frequency_penalty = float(*v);
   if (auto v = f.integer("seed", INT64_MIN, INT64_MAX)) s.seed = uint64_t(*v);
-  if (auto v = f.integer("n", 1, INT32_MAX); v && *v != 1)
-    f.fail(bad_request("only n = 1 is supported", "n"));
+  if (auto v = f.integer("n", 1, kMaxChoices)) g.n = int(*v);
   if (chat) {
     const bool logprobs = f.boolean("logprobs").value_or(false);
     const auto top = f.integer("top_logprobs", 0, kMaxTopLogprobs);
@@ -272,6 +271,7 @@ ApiResult<ChatCompletionRequest> parse_chat_completion_request(const Json& body)
       f.fail(wrong_type("tool_choice", "a string or an object", *tc));
     }
   }
+  if (auto v = f.boolean("parallel_tool_calls")) r.parallel_tool_calls = *v;
   read_generation(f, r.gen, true);
   if (f.failed()) return f.error();
   return r;

@@ -23,7 +23,10 @@ struct GenerationParams {
   bool ignore_eos = false;             // extension (vLLM)
   bool stream = false;
   bool include_usage = false;          // stream_options.include_usage
+  int n = 1;                           // choices: independent sequences, 1..kMaxChoices
 };
+
+inline constexpr int kMaxChoices = 16;
 
 struct CompletionRequest {
   std::string model;
@@ -37,6 +40,7 @@ struct ChatCompletionRequest {
   GenerationParams gen;
   // tool_choice: "auto" (default), "none", "required", or the name of one function.
   std::string tool_choice = "auto";
+  bool parallel_tool_calls = true;  // with an enforced tool_choice: more than one call allowed
 };
 
 ApiResult<CompletionRequest> parse_completion_request(const Json& body);

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "server/tool_call_constraint.h"
 #include "tokenizer/tokenizer.h"
 
 namespace spw::server {
@@ -38,6 +39,18 @@ std::string Text::token_text(int32_t id) const {
 
 std::optional<int32_t> Text::token_to_id(std::string_view token) const {
   return tokenizer_ ? tokenizer_->token_to_id(token) : std::nullopt;
+}
+
+std::shared_ptr<const TokenTrie> Text::token_trie() const {
+  std::call_once(trie_once_, [this] {
+    std::vector<std::string> bytes;
+    if (tokenizer_) {
+      bytes.resize(tokenizer_->vocab_size());
+      for (size_t id = 0; id < bytes.size(); ++id) bytes[id] = std::string(tokenizer_->token_bytes(int32_t(id)));
+    }
+    trie_ = std::make_shared<const TokenTrie>(std::move(bytes));
+  });
+  return trie_;
 }
 
 Text::Decoder::Decoder(const Text& text, bool skip_special) {

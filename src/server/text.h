@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -20,6 +21,8 @@ class IncrementalDecoder;
 
 namespace spw::server {
 
+class TokenTrie;
+
 class Text {
  public:
   // Loads <model_dir>/tokenizer.json if present; a present but broken file is an error.
@@ -33,6 +36,8 @@ class Text {
   // One token as a string for logprobs ("token_id:N" without a tokenizer, as vLLM spells it).
   std::string token_text(int32_t id) const;
   std::optional<int32_t> token_to_id(std::string_view token) const;
+  // Every token's bytes as a trie (constrained decoding); built on first use. Needs a tokenizer.
+  std::shared_ptr<const TokenTrie> token_trie() const;
 
   // Text completed by each new id; never a partial UTF-8 character.
   class Decoder {
@@ -49,6 +54,8 @@ class Text {
  private:
   std::unique_ptr<Tokenizer> tokenizer_;
   std::string missing_message_;
+  mutable std::once_flag trie_once_;
+  mutable std::shared_ptr<const TokenTrie> trie_;
 };
 
 }  // namespace spw::server

@@ -49,7 +49,9 @@ def test_auth_failure_401(server):
     ({"prompt": "hi", "stream": "yes"}, "stream"),
     ({"prompt": "hi", "stop": 5}, "stop"),
     ({"prompt": "hi", "stop": ["a", 3]}, "stop[1]"),
-    ({"prompt": "hi", "n": 2}, "n"),
+    ({"prompt": "hi", "n": 0}, "n"),
+    ({"prompt": "hi", "n": 17}, "n"),
+    ({"prompt": "hi", "n": "two"}, "n"),
     ({"prompt": "hi", "logprobs": 50}, "logprobs"),
     ({"prompt": "hi", "seed": "x"}, "seed"),
     ({"prompt": 12}, "prompt"),
@@ -75,6 +77,11 @@ def test_completions_400(server, body, param):
     ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "sometimes"}, "tool_choice"),
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    # Enforced tool calls need a tool that can be written in DSML: no '"' in its name.
+    ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required",
+      "tools": [{"type": "function", "function": {"name": 'say"hi', "parameters": {"type": "object"}}}]}, "tools"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1}, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, "response_format"),
 ])

@@ -1,5 +1,5 @@
 """Continuous batching, capacity and lifecycle: 64 concurrent streams equal the same requests run
-one at a time, client disconnects free their sequence, a tiny --kv-tokens queues instead of
+one at a time, client disconnects (streaming or not) free their sequences, a tiny --kv-tokens queues instead of
 failing, --max-queue overflow gives 503, SIGTERM drains in-flight requests and exits 0."""
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import json
 import random
 import signal
+import socket
 import threading
 import time
 
@@ -87,6 +88,39 @@ def test_client_disconnect_frees_sequence(batch_server):
     assert server.wait_metric("spillway_running_sequences", lambda v: v == 0, 10) == 0
     assert server.metrics()["spillway_requests_cancelled_total"] == before + 1
     assert server.metrics()["spillway_kv_tokens_used"] == 0
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": [0, 5, 6]}),
+    ("/v1/completions", {"prompt": [0, 5, 7], "n": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Count to a million."}]}),
+])
+def test_non_streaming_disconnect_frees_sequences(batch_server, path, body):
+    """A non-streaming client that closes its connection mid-generation cancels its sequences."""
+    server = batch_server
+    n = body.get("n", 1)
+    before = server.metrics()
+    payload = json.dumps({**body, "max_tokens": 1000000, "temperature": 0, "ignore_eos": True}).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {server.api_key}\r\nContent-Length: {len(payload)}\r\n\r\n").encode()
+    conn = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    try:
+        conn.sendall(head + payload)
+        assert server.wait_metric("spillway_running_sequences", lambda v: v == n, 10) == n
+        assert server.wait_metric("spillway_generation_tokens_total",
+                                  lambda v: v > before["spillway_generation_tokens_total"] + 20, 10) > \
+            before["spillway_generation_tokens_total"] + 20
+    finally:
+        conn.close()
+    # Without the probe these would generate a million tokens each.
+    assert server.wait_metric("spillway_running_sequences", lambda v: v == 0, 10) == 0
+    m = server.metrics()
+    assert m["spillway_requests_cancelled_total"] == before["spillway_requests_cancelled_total"] + n
+    assert m["spillway_kv_tokens_used"] == 0
+    # The server still answers.
+    r = httpx.post(server.base + "/v1/completions", headers=server.headers(), timeout=30,
+                   json={"prompt": [0, 5], "max_tokens": 2})
+    assert r.status_code == 200
 
 
 def test_tiny_kv_capacity_queues_requests(spillway_bin, model_dir):
