@@ -10,8 +10,10 @@
 // halves; AVX-512: four chunks picked by vpermd from an 8-word window), a per-vector vpshufb assembles the
 // three stream bytes of each state, a per-element shift aligns it (Exl3Lanes, built once per K). Codebook
 // values are computed (kArith: multiply/bytesum or multiply/mask/xor, then a fp16 round trip) or looked
-// up in the 65,536-entry fp32 table by gather (kLut). Each decoded group of 2 (AVX-512) or 4 (AVX2)
-// vectors is used at once by every token. Threads split the (k-slice × column-range) parts of the tile
+// up in the 65,536-entry fp32 table by gather (kLut; measured slower on both AVX2 and AVX-512, kept for
+// comparison). With m < 4 each decoded group of 2 (AVX-512) or 4 (AVX2) vectors is used at once by every
+// token; with m ≥ 4, 4 tiles down a column are decoded into L1 and each token then accumulates over them
+// in registers. Activations are laid out [k-tile][token][32] so one tile's token rows are contiguous. Threads split the (k-slice × column-range) parts of the tile
 // grid; k-slices are summed in fixed order in stage 3, so results do not depend on timing.
 //
 // Contract: x [m][k] fp32 row-major, y [m][n] fp32 row-major, overwritten; no aliasing; m ≥ 1 (tuned

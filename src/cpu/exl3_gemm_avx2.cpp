@@ -61,69 +61,70 @@ void tiles(const Exl3Part& P) {
     std::memset(acc, 0, sizeof(float) * 64 * m);
     const uint32_t* w = reinterpret_cast<const uint32_t*>(t.tile(P.tk0, tn));
     for (int64_t tkb = P.tk0; tkb < P.tk1; tkb += kBlock) {
-    const int nb = static_cast<int>(std::min<int64_t>(kBlock, P.tk1 - tkb));
-    for (int b = 0; b < nb; ++b, w += row_nwords) {
-      const int64_t tk = tkb + b;
-      if (tk + kPrefetchTiles < P.tk1) {  // tiles of one column are a row of tiles apart
-        const char* pf = reinterpret_cast<const char*>(w + kPrefetchTiles * row_nwords);
-        for (int64_t o = 0; o < tile_nbytes + 63; o += 64) _mm_prefetch(pf + std::min(o, tile_nbytes - 1), _MM_HINT_T0);
-      }
-      // Ring-wrap chunk: the tile's last word, then words 0..2.
-      const __m256i edge = _mm256_broadcastsi128_si256(
-          _mm_alignr_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)),
-                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + nw - 4)), 12));
-      const float* xt = P.xe + tk * m * 32;  // all tokens' rows of this k-tile, contiguous
+      const int nb = static_cast<int>(std::min<int64_t>(kBlock, P.tk1 - tkb));
+      for (int b = 0; b < nb; ++b, w += row_nwords) {
+        const int64_t tk = tkb + b;
+        if (tk + kPrefetchTiles < P.tk1) {  // tiles of one column are a row of tiles apart
+          const char* pf = reinterpret_cast<const char*>(w + kPrefetchTiles * row_nwords);
+          for (int64_t o = 0; o < tile_nbytes + 63; o += 64) _mm_prefetch(pf + std::min(o, tile_nbytes - 1), _MM_HINT_T0);
+        }
+        // Ring-wrap chunk: the tile's last word, then words 0..2.
+        const __m256i edge = _mm256_broadcastsi128_si256(
+            _mm_alignr_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)),
+                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + nw - 4)), 12));
+        const float* xt = P.xe + tk * m * 32;  // all tokens' rows of this k-tile, contiguous
 #pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) {  // vector q = 4c + r: lane q, rows by r = q mod 4, columns c and c + 8
-        __m256 v[4];
+        for (int c = 0; c < 8; ++c) {  // vector q = 4c + r: lane q, rows by r = q mod 4, columns c and c + 8
+          __m256 v[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; ++r) {
-          const int q = 4 * c + r;
-          const __m256i chunk = q < n_edge ? edge
-                                           : _mm256_broadcastsi128_si256(
-                                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + L.base8[q])));
-          const __m256i bytes = _mm256_shuffle_epi8(chunk, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shuf8[q])));
-          const __m256i st = _mm256_srli_epi32(
-              _mm256_sllv_epi32(bytes, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shl8[q]))), 16);
-          if constexpr (kLut) v[r] = _mm256_i32gather_ps(lut, st, 4);
-          else v[r] = codebook<CB>(st);
-          if constexpr (kBlocked) _mm256_store_ps(vb[b] + 8 * q, v[r]);
-        }
-        if constexpr (!kBlocked)
-        for (int64_t i = 0; i < m; ++i) {
-          const float* x = xt + i * 32;
-          float* a = acc + i * 64 + 8 * c;
-          __m256 s = _mm256_load_ps(a);
-          s = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x), s);
-          s = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(x + 8), s);
-          s = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(x + 16), s);
-          s = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(x + 24), s);
-          _mm256_store_ps(a, s);
-        }
-      }
-    }
-    if constexpr (kBlocked)
-      for (int64_t i = 0; i < m; ++i) {
-        float* a = acc + i * 64;
-        __m256 s[8];
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c) s[c] = _mm256_load_ps(a + 8 * c);
-        for (int b = 0; b < nb; ++b) {
-          const float* x = P.xe + ((tkb + b) * m + i) * 32;
-          const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8), x2 = _mm256_loadu_ps(x + 16),
-                       x3 = _mm256_loadu_ps(x + 24);
-          const float* vq = vb[b];
-#pragma GCC unroll 8
-          for (int c = 0; c < 8; ++c) {
-            s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c), x0, s[c]);
-            s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c + 8), x1, s[c]);
-            s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c + 16), x2, s[c]);
-            s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c + 24), x3, s[c]);
+          for (int r = 0; r < 4; ++r) {
+            const int q = 4 * c + r;
+            const __m256i chunk = q < n_edge ? edge
+                                             : _mm256_broadcastsi128_si256(
+                                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + L.base8[q])));
+            const __m256i bytes = _mm256_shuffle_epi8(chunk, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shuf8[q])));
+            const __m256i st = _mm256_srli_epi32(
+                _mm256_sllv_epi32(bytes, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shl8[q]))), 16);
+            if constexpr (kLut) v[r] = _mm256_i32gather_ps(lut, st, 4);
+            else v[r] = codebook<CB>(st);
+            if constexpr (kBlocked) _mm256_store_ps(vb[b] + 8 * q, v[r]);
+          }
+          if constexpr (!kBlocked) {
+            for (int64_t i = 0; i < m; ++i) {
+              const float* x = xt + i * 32;
+              float* a = acc + i * 64 + 8 * c;
+              __m256 s = _mm256_load_ps(a);
+              s = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x), s);
+              s = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(x + 8), s);
+              s = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(x + 16), s);
+              s = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(x + 24), s);
+              _mm256_store_ps(a, s);
+            }
           }
         }
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c) _mm256_store_ps(a + 8 * c, s[c]);
       }
+      if constexpr (kBlocked)
+        for (int64_t i = 0; i < m; ++i) {
+          float* a = acc + i * 64;
+          __m256 s[8];
+#pragma GCC unroll 8
+          for (int c = 0; c < 8; ++c) s[c] = _mm256_load_ps(a + 8 * c);
+          for (int b = 0; b < nb; ++b) {
+            const float* x = P.xe + ((tkb + b) * m + i) * 32;
+            const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8), x2 = _mm256_loadu_ps(x + 16),
+                         x3 = _mm256_loadu_ps(x + 24);
+            const float* vq = vb[b];
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; ++c) {
+              s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c), x0, s[c]);
+              s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c + 8), x1, s[c]);
+              s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c + 16), x2, s[c]);
+              s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c + 24), x3, s[c]);
+            }
+          }
+#pragma GCC unroll 8
+          for (int c = 0; c < 8; ++c) _mm256_store_ps(a + 8 * c, s[c]);
+        }
     }
     for (int64_t i = 0; i < m; ++i)
       for (int c = 0; c < 8; ++c) {

@@ -58,64 +58,65 @@ void tiles(const Exl3Part& P) {
     std::memset(acc, 0, sizeof(float) * 128 * m);
     const uint32_t* w = reinterpret_cast<const uint32_t*>(t.tile(P.tk0, tn));
     for (int64_t tkb = P.tk0; tkb < P.tk1; tkb += kBlock) {
-    const int nb = static_cast<int>(std::min<int64_t>(kBlock, P.tk1 - tkb));
-    for (int b = 0; b < nb; ++b, w += row_nwords) {
-      const int64_t tk = tkb + b;
-      if (tk + kPrefetchTiles < P.tk1) {  // tiles of one column are a row of tiles apart
-        const char* pf = reinterpret_cast<const char*>(w + kPrefetchTiles * row_nwords);
-        for (int64_t o = 0; o < tile_nbytes + 63; o += 64) _mm_prefetch(pf + std::min(o, tile_nbytes - 1), _MM_HINT_T0);
-      }
-      // Ring-wrap window: the tile's last word, then words 0..6.
-      const __m512i edge = _mm512_castsi256_si512(
-          _mm256_alignr_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)),
-                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + nw - 8)), 7));
-      const float* xt = P.xe + tk * m * 32;  // all tokens' rows of this k-tile, contiguous
+      const int nb = static_cast<int>(std::min<int64_t>(kBlock, P.tk1 - tkb));
+      for (int b = 0; b < nb; ++b, w += row_nwords) {
+        const int64_t tk = tkb + b;
+        if (tk + kPrefetchTiles < P.tk1) {  // tiles of one column are a row of tiles apart
+          const char* pf = reinterpret_cast<const char*>(w + kPrefetchTiles * row_nwords);
+          for (int64_t o = 0; o < tile_nbytes + 63; o += 64) _mm_prefetch(pf + std::min(o, tile_nbytes - 1), _MM_HINT_T0);
+        }
+        // Ring-wrap window: the tile's last word, then words 0..6.
+        const __m512i edge = _mm512_castsi256_si512(
+            _mm256_alignr_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)),
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + nw - 8)), 7));
+        const float* xt = P.xe + tk * m * 32;  // all tokens' rows of this k-tile, contiguous
 #pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) {  // vector q = 2c + r: lanes 2q, 2q + 1, rows by r, columns c and c + 8
-        __m512 v[2];
+        for (int c = 0; c < 8; ++c) {  // vector q = 2c + r: lanes 2q, 2q + 1, rows by r, columns c and c + 8
+          __m512 v[2];
 #pragma GCC unroll 2
-        for (int r = 0; r < 2; ++r) {
-          const int q = 2 * c + r;
-          const __m512i window = q < n_edge ? edge
-                                            : _mm512_castsi256_si512(
-                                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + L.base16[q])));
-          const __m512i chunks = _mm512_permutexvar_epi32(_mm512_load_si512(L.perm16[q]), window);
-          const __m512i bytes = _mm512_shuffle_epi8(chunks, _mm512_load_si512(L.shuf16[q]));
-          const __m512i st = _mm512_srli_epi32(_mm512_sllv_epi32(bytes, _mm512_load_si512(L.shl16[q])), 16);
-          if constexpr (kLut) v[r] = _mm512_i32gather_ps(st, lut, 4);
-          else v[r] = codebook<CB>(st);
-          if constexpr (kBlocked) _mm512_store_ps(vb[b] + 16 * q, v[r]);
-        }
-        if constexpr (!kBlocked)
-        for (int64_t i = 0; i < m; ++i) {
-          const float* x = xt + i * 32;
-          float* a = acc + i * 128 + 16 * c;
-          __m512 s = _mm512_load_ps(a);
-          s = _mm512_fmadd_ps(v[0], _mm512_loadu_ps(x), s);
-          s = _mm512_fmadd_ps(v[1], _mm512_loadu_ps(x + 16), s);
-          _mm512_store_ps(a, s);
-        }
-      }
-    }
-    if constexpr (kBlocked)
-      for (int64_t i = 0; i < m; ++i) {
-        float* a = acc + i * 128;
-        __m512 s[8];
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c) s[c] = _mm512_load_ps(a + 16 * c);
-        for (int b = 0; b < nb; ++b) {
-          const float* x = P.xe + ((tkb + b) * m + i) * 32;
-          const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-          const float* vq = vb[b];
-#pragma GCC unroll 8
-          for (int c = 0; c < 8; ++c) {
-            s[c] = _mm512_fmadd_ps(_mm512_load_ps(vq + 32 * c), x0, s[c]);
-            s[c] = _mm512_fmadd_ps(_mm512_load_ps(vq + 32 * c + 16), x1, s[c]);
+          for (int r = 0; r < 2; ++r) {
+            const int q = 2 * c + r;
+            const __m512i window = q < n_edge ? edge
+                                              : _mm512_castsi256_si512(
+                                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + L.base16[q])));
+            const __m512i chunks = _mm512_permutexvar_epi32(_mm512_load_si512(L.perm16[q]), window);
+            const __m512i bytes = _mm512_shuffle_epi8(chunks, _mm512_load_si512(L.shuf16[q]));
+            const __m512i st = _mm512_srli_epi32(_mm512_sllv_epi32(bytes, _mm512_load_si512(L.shl16[q])), 16);
+            if constexpr (kLut) v[r] = _mm512_i32gather_ps(st, lut, 4);
+            else v[r] = codebook<CB>(st);
+            if constexpr (kBlocked) _mm512_store_ps(vb[b] + 16 * q, v[r]);
+          }
+          if constexpr (!kBlocked) {
+            for (int64_t i = 0; i < m; ++i) {
+              const float* x = xt + i * 32;
+              float* a = acc + i * 128 + 16 * c;
+              __m512 s = _mm512_load_ps(a);
+              s = _mm512_fmadd_ps(v[0], _mm512_loadu_ps(x), s);
+              s = _mm512_fmadd_ps(v[1], _mm512_loadu_ps(x + 16), s);
+              _mm512_store_ps(a, s);
+            }
           }
         }
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c) _mm512_store_ps(a + 16 * c, s[c]);
       }
+      if constexpr (kBlocked)
+        for (int64_t i = 0; i < m; ++i) {
+          float* a = acc + i * 128;
+          __m512 s[8];
+#pragma GCC unroll 8
+          for (int c = 0; c < 8; ++c) s[c] = _mm512_load_ps(a + 16 * c);
+          for (int b = 0; b < nb; ++b) {
+            const float* x = P.xe + ((tkb + b) * m + i) * 32;
+            const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+            const float* vq = vb[b];
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; ++c) {
+              s[c] = _mm512_fmadd_ps(_mm512_load_ps(vq + 32 * c), x0, s[c]);
+              s[c] = _mm512_fmadd_ps(_mm512_load_ps(vq + 32 * c + 16), x1, s[c]);
+            }
+          }
+#pragma GCC unroll 8
+          for (int c = 0; c < 8; ++c) _mm512_store_ps(a + 16 * c, s[c]);
+        }
     }
     // Lane l of accumulator c holds column c (l mod 8 < 4) or c + 8 (otherwise).
     for (int64_t i = 0; i < m; ++i)
