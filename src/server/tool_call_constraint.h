@@ -5,7 +5,12 @@
 // byte trie, built once per tokenizer. A mask walks the trie depth-first from the current grammar
 // state and prunes a whole subtree at the first dead byte, so structural states (one or two bytes
 // allowed) cost a handful of steps and free-text states about one step per trie node. Masks are
-// cached per grammar state: whitespace, tag and value-start states repeat on every call.
+// cached per grammar state: whitespace, tag and value-start states repeat on every call, and
+// free-text states carry no length (unless the schema sets maxLength), so they repeat too.
+// Measured on DeepSeek-V4's tokenizer (129,280 tokens; trie built in ~0.4 s, once): a structural
+// state masks in ~0.3-2 ms, a free-text state (~129k tokens allowed) in ~30-40 ms the first time,
+// ~0.3 ms from the cache (2 shared cores, -O2; /tmp benchmark, not checked in). The cache is per
+// sequence: n choices of one request do not share it.
 // Tests: tests/unit/test_tool_call_grammar.cpp (grammar), tests/unit/test_tool_call_constraint.cpp,
 // tests/python/server/test_tools.py (end to end).
 #pragma once

@@ -81,7 +81,9 @@ void expect_valid_block(const Decoded& d) {
   EXPECT_TRUE(parsed.content.empty()) << d.text;
   for (const ToolCall& c : parsed.tool_calls) {
     const ojson args = ojson::parse(c.arguments);
-    if (c.name == "get_weather") EXPECT_TRUE(args.contains("city")) << c.arguments;
+    if (c.name == "get_weather") {
+      EXPECT_TRUE(args.contains("city")) << c.arguments;
+    }
   }
 }
 

@@ -309,8 +309,12 @@ TEST(ToolCallGrammar, RandomWalksCanAlwaysFinish) {
       for (const ToolCall& call : parsed.tool_calls) {
         const ojson args = ojson::parse(call.arguments, nullptr, false);
         ASSERT_TRUE(args.is_object()) << call.arguments;
-        if (call.name == "get_weather") EXPECT_TRUE(args.contains("city")) << call.arguments;
-        if (call.name == "search") EXPECT_TRUE(args.contains("query") && args.contains("filters")) << call.arguments;
+        if (call.name == "get_weather") {
+          EXPECT_TRUE(args.contains("city")) << call.arguments;
+        }
+        if (call.name == "search") {
+          EXPECT_TRUE(args.contains("query") && args.contains("filters")) << call.arguments;
+        }
       }
     }
   }
