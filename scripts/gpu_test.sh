@@ -42,10 +42,13 @@ from exllamav3.ext import exllamav3_ext
 print('exllamav3 extension ready in %.0f s' % (time.time() - t))" > /tmp/jit.log 2>&1; echo "jit rc $?" >> /tmp/jit.log) &
 JIT=$!
 python3 bench/exl3/make_bench_tensors.py /tmp/bench_tensors >> "$OUT/main.log" 2>&1
-.exl3dev/spw_unit_tests --gtest_brief=1 --gtest_filter='Exl3*' 2>&1 | tee -a "$OUT/main.log"   # CPU kernels, AVX-512 here
+.exl3dev/spw_unit_tests --gtest_brief=1 --gtest_filter='Exl3.*:Exl3Cpu*:Exl3MoeCpu*' 2>&1 | tee -a "$OUT/main.log"   # CPU kernels, AVX-512 here
 .exl3dev/spw_gpu_tests --gtest_brief=1 --gtest_filter='-Exl3Fixtures*' 2>&1 | tee -a "$OUT/main.log"
 .exl3dev/bench_exl3 /tmp/bench_tensors 200 gpu 2>&1 | tee "$OUT/bench_spillway.md"
-[ -x .exl3dev/bench_exl3_cpu ] && timeout 150 .exl3dev/bench_exl3_cpu 16 2>&1 | tee "$OUT/bench_cpu.md"
+[ -x .exl3dev/bench_exl3_cpu ] && timeout 150 .exl3dev/bench_exl3_cpu 16 2>&1 | tee -a "$OUT/bench_spillway.md"
+# Nsight Compute + SASS mix of our kernels while the extension still builds (one file back: profile.txt).
+timeout 150 bash scripts/gpu_profile.sh /tmp/exl3_prof > /tmp/exl3_prof.summary 2>&1
+cat /tmp/exl3_prof.summary /tmp/exl3_prof/*.txt > "$OUT/profile.txt" 2>/dev/null
 wait $JIT
 tail -5 /tmp/jit.log | tee -a "$OUT/main.log"
 python3 tools/exl3/make_fixtures.py "$OUT/fixtures" 2>&1 | tee -a "$OUT/main.log"

@@ -205,7 +205,7 @@ int main(int argc, char** argv) {
   for (auto& e : std::filesystem::directory_iterator(argv[1]))
     if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
   std::sort(files.begin(), files.end());
-  std::printf("\n| tensor | K | cb | k×n | m | spillway µs | trellis GB/s | vs copy-bw roofline | vs read-bw roofline |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| tensor | path | K | cb | k×n | m | spillway µs | trellis GB/s | vs copy-bw roofline | vs read-bw roofline |\n|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> cpu_lines;
   for (const std::string& path : files) {
     auto f = SafetensorsFile::open(path);
@@ -237,19 +237,21 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> nd;
     for (auto& v : xh) v = nd(rng);
     CK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
-    for (int m : {1, 8, 16}) {
-      for (int i = 0; i < 20; ++i) (void)exl3_gemm_cuda(dts[i % copies], x, m, y, ws);
-      CK(cudaDeviceSynchronize());
-      CK(cudaEventRecord(e0));
-      for (int i = 0; i < iters; ++i) (void)exl3_gemm_cuda(dts[i % copies], x, m, y, ws);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      const double us = ms * 1e3 / iters;
-      std::printf("| %s | %g | %s | %lldx%lld | %d | %.2f | %.0f | %.1f%% | %.1f%% |\n", name.c_str(), t->bits.k_x2 / 2.0,
-                  exl3_codebook_name(t->codebook), (long long)t->k, (long long)t->n, m, us, tb / (us * 1e-6) / 1e9,
-                  100.0 * (tb / copy_bw) / (us * 1e-6), 100.0 * (tb / read_bw) / (us * 1e-6));
-    }
+    for (Exl3GemmPath path : {Exl3GemmPath::kXSmem, Exl3GemmPath::kRing})
+      for (int m : {1, 8, 16}) {
+        for (int i = 0; i < 20; ++i) (void)exl3_gemm_cuda(dts[i % copies], x, m, y, ws, nullptr, path);
+        CK(cudaDeviceSynchronize());
+        CK(cudaEventRecord(e0));
+        for (int i = 0; i < iters; ++i) (void)exl3_gemm_cuda(dts[i % copies], x, m, y, ws, nullptr, path);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double us = ms * 1e3 / iters;
+        std::printf("| %s | %s | %g | %s | %lldx%lld | %d | %.2f | %.0f | %.1f%% | %.1f%% |\n", name.c_str(),
+                    exl3_gemm_path_name(path), t->bits.k_x2 / 2.0, exl3_codebook_name(t->codebook), (long long)t->k,
+                    (long long)t->n, m, us, tb / (us * 1e-6) / 1e9, 100.0 * (tb / copy_bw) / (us * 1e-6),
+                    100.0 * (tb / read_bw) / (us * 1e-6));
+      }
     // CPU kernel on the same tensor (host memory), m = 1 and 16.
     for (int m : {1, 16}) {
       if (!with_cpu) break;

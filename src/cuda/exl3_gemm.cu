@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "cuda/exl3_device.cuh"
 #include "cuda/exl3_gemm.h"
@@ -90,29 +91,163 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_kernel(
   if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 
-using KernelFn = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, const __half*, float*, float*,
-                          uint32_t*, int, int, int, int);
+// Path kXSmem (the first kernel): each block rotates its k-slice of x into shared memory itself (no
+// second launch), then each warp loads its strip's tiles in 8-tile register batches and decodes them.
+// Grid (n/128 column groups, k splits of ≤ kMaxKBlocksPerSplit·128), same epilogue as the ring path.
+constexpr int kMaxKBlocksPerSplit = 32;  // k slice ≤ 4096 ⇒ ≤ 131 KB of shared memory for 16 rows
+template <int K, int CB, bool M16>
+__global__ void __launch_bounds__(kThreads) exl3_gemm_xsmem_kernel(
+    const uint16_t* __restrict__ trellis, const uint16_t* __restrict__ suh, const uint16_t* __restrict__ svh,
+    const uint16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y, float* acc,
+    uint32_t* counters, int k, int n, int m, int kpb) {
+  constexpr int kRows = M16 ? 16 : 8;
+  constexpr int kWords = 8 * K;  // uint32 per tile
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  half* xs = reinterpret_cast<half*>(smem_raw);
+  __shared__ bool is_last;
+  const int ld = kpb + 8;  // +8 halves: rows land on distinct banks for the A-fragment loads
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int k0 = blockIdx.y * kpb;
+  const int klen = min(kpb, k - k0);
 
-template <int K, int CB>
-KernelFn pick(bool m16) {
-  return m16 ? exl3_gemm_kernel<K, CB, true> : exl3_gemm_kernel<K, CB, false>;
+  // 1. xs[row][i] = fp16(had128(x[row][k0 + i] · suh[k0 + i])), rows ≥ m zero.
+  const int nblk = klen / 128;
+  for (int job = warp; job < kRows * nblk; job += kThreads / 32) {
+    const int row = job / nblk, b = job % nblk;
+    half* dst = xs + row * ld + b * 128;
+    float v[4];
+    if (row < m) {
+      const float* src = x + static_cast<size_t>(row) * k + k0 + b * 128;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] = src[lane + 32 * e] * __half2float(__ushort_as_half(suh[k0 + b * 128 + lane + 32 * e]));
+      had128_warp(v, lane);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] = 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[lane + 32 * e] = __float2half_rn(v[e]);
+  }
+  __syncthreads();
+
+  // 2. This warp's 16-column strip over the k slice.
+  const int n_tn = n / 16;
+  const int tn = blockIdx.x * 8 + warp;
+  const uint32_t* tiles = reinterpret_cast<const uint32_t*>(trellis) + (static_cast<size_t>(k0 / 16) * n_tn + tn) * kWords;
+  const size_t tile_stride = static_cast<size_t>(n_tn) * kWords;
+  // The lane's 8 states span ring bits [8·lane·K + K − 16, 8·(lane+1)·K): at most 64 bits for K ≤ 6.
+  int start = 8 * lane * K + K - 16;
+  if (start < 0) start += 256 * K;
+  const int wa = start >> 5, off = start & 31;
+  const int wb = wa + 1 == kWords ? 0 : wa + 1;
+  const int wc = wb + 1 == kWords ? 0 : wb + 1;
+  const int t4 = lane & 3, g = lane >> 2;
+  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+  const int n_tiles = klen / 16;  // multiple of 8
+#pragma unroll 1
+  for (int it = 0; it < n_tiles; it += 8) {
+    uint32_t A[8], B[8], C[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const uint32_t* p = tiles + static_cast<size_t>(it + u) * tile_stride;
+      A[u] = __ldg(p + wa);
+      B[u] = __ldg(p + wb);
+      C[u] = __ldg(p + wc);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const uint32_t hi = __funnelshift_l(B[u], A[u], off), lo = __funnelshift_l(C[u], B[u], off);
+      const uint64_t w = (static_cast<uint64_t>(hi) << 32) | lo;
+      uint32_t s[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[j] = static_cast<uint32_t>(w >> (48 - j * K)) & 0xffffu;
+      const uint32_t b00 = decode2<CB>(s[0], s[1]), b01 = decode2<CB>(s[2], s[3]);
+      const uint32_t b10 = decode2<CB>(s[4], s[5]), b11 = decode2<CB>(s[6], s[7]);
+      const half* xr = xs + g * ld + (it + u) * 16 + 2 * t4;
+      const uint32_t a0 = *reinterpret_cast<const uint32_t*>(xr);
+      const uint32_t a2 = *reinterpret_cast<const uint32_t*>(xr + 8);
+      uint32_t a1 = 0, a3 = 0;
+      if constexpr (M16) {
+        a1 = *reinterpret_cast<const uint32_t*>(xr + 8 * ld);
+        a3 = *reinterpret_cast<const uint32_t*>(xr + 8 * ld + 8);
+      }
+      mma16816(c0, a0, a1, a2, a3, b00, b01);
+      mma16816(c1, a0, a1, a2, a3, b10, b11);
+    }
+  }
+
+  // 3. Partial sums into the workspace; the last block of this column group finishes it.
+  const int col = tn * 16 + 2 * t4;
+  if (g < m) {
+    atomicAdd(acc + g * n + col, c0[0]);
+    atomicAdd(acc + g * n + col + 1, c0[1]);
+    atomicAdd(acc + g * n + col + 8, c1[0]);
+    atomicAdd(acc + g * n + col + 9, c1[1]);
+  }
+  if (M16 && g + 8 < m) {
+    atomicAdd(acc + (g + 8) * n + col, c0[2]);
+    atomicAdd(acc + (g + 8) * n + col + 1, c0[3]);
+    atomicAdd(acc + (g + 8) * n + col + 8, c1[2]);
+    atomicAdd(acc + (g + 8) * n + col + 9, c1[3]);
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int row = warp; row < m && row < kRows; row += kThreads / 32) {
+    float* a = acc + static_cast<size_t>(row) * n + blockIdx.x * 128;
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = __ldcg(a + lane + 32 * e);
+    had128_warp(v, lane);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = blockIdx.x * 128 + lane + 32 * e;
+      float r = v[e] * __half2float(__ushort_as_half(svh[c]));
+      if (bias) r += __half2float(__ushort_as_half(bias[c]));
+      y[static_cast<size_t>(row) * n + c] = r;
+      __stcg(a + lane + 32 * e, 0.0f);
+    }
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 
-template <int K>
-KernelFn pick_cb(int cb, bool m16) {
-  return cb == 0 ? pick<K, 0>(m16) : cb == 1 ? pick<K, 1>(m16) : pick<K, 2>(m16);
-}
 
-KernelFn pick_kernel(int K, int cb, bool m16) {
+using RingKernel = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, const __half*, float*, float*,
+                            uint32_t*, int, int, int, int);
+using XSmemKernel = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, const float*, float*,
+                             float*, uint32_t*, int, int, int, int);
+
+// The (K, codebook, 16-row) instance of a kernel template; nullptr for K outside 2..6.
+template <class Fn, template <int, int, bool> class Pick>
+Fn pick_kernel(int K, int cb, bool m16) {
+  auto by_cb = [&](auto k_tag) -> Fn {
+    constexpr int Kc = decltype(k_tag)::value;
+    switch (cb) {
+      case 0: return m16 ? Pick<Kc, 0, true>::fn : Pick<Kc, 0, false>::fn;
+      case 1: return m16 ? Pick<Kc, 1, true>::fn : Pick<Kc, 1, false>::fn;
+      default: return m16 ? Pick<Kc, 2, true>::fn : Pick<Kc, 2, false>::fn;
+    }
+  };
   switch (K) {
-    case 2: return pick_cb<2>(cb, m16);
-    case 3: return pick_cb<3>(cb, m16);
-    case 4: return pick_cb<4>(cb, m16);
-    case 5: return pick_cb<5>(cb, m16);
-    case 6: return pick_cb<6>(cb, m16);
+    case 2: return by_cb(std::integral_constant<int, 2>{});
+    case 3: return by_cb(std::integral_constant<int, 3>{});
+    case 4: return by_cb(std::integral_constant<int, 4>{});
+    case 5: return by_cb(std::integral_constant<int, 5>{});
+    case 6: return by_cb(std::integral_constant<int, 6>{});
   }
   return nullptr;
 }
+template <int K, int CB, bool M16>
+struct RingPick {
+  static constexpr RingKernel fn = exl3_gemm_kernel<K, CB, M16>;
+};
+template <int K, int CB, bool M16>
+struct XSmemPick {
+  static constexpr XSmemKernel fn = exl3_gemm_xsmem_kernel<K, CB, M16>;
+};
 
 Error cuda_error(const char* what, cudaError_t e) { return make_error("CUDA ", what, ": ", cudaGetErrorString(e)); }
 
@@ -153,7 +288,74 @@ void exl3_cuda_workspace_free(Exl3CudaWorkspace& ws) {
   ws = {};
 }
 
-Status exl3_gemm_cuda(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, void* stream) {
+namespace {
+
+Status set_smem(const void* fn, size_t smem) {
+  if (smem <= 40 * 1024) return {};  // dynamic + static above 48 KB needs the opt-in
+  if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      e != cudaSuccess)
+    return cuda_error("set shared memory", e);
+  return {};
+}
+
+// Path kRing: rotation kernel, then per-warp cp.async rings (exl3_device.cuh: strip_mma).
+Status gemm_ring(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, cudaStream_t s) {
+  // Enough blocks for ~4 resident per SM; each warp then streams k_tiles/splits tiles of its strip.
+  const int64_t n_groups = t.n / 128, k_tiles = t.k / 16;
+  const int64_t want = std::max<int64_t>(1, (4 * sm_count() + n_groups - 1) / n_groups);
+  const int64_t per = std::max<int64_t>(2 * kStageTiles, (k_tiles + want - 1) / want);
+  const int64_t splits = (k_tiles + per - 1) / per;
+  __half* xr = reinterpret_cast<__half*>(ws.xr);
+  for (int64_t c = 0; c < m; c += 16) {
+    const int mc = static_cast<int>(std::min<int64_t>(16, m - c));
+    const int64_t rot_jobs = mc * (t.k / 128);
+    exl3_rotate_kernel<<<static_cast<unsigned>((rot_jobs + 7) / 8), kThreads, 0, s>>>(x + c * t.k, t.suh, xr,
+                                                                                       static_cast<int>(t.k), mc);
+    RingKernel fn = pick_kernel<RingKernel, RingPick>(t.bits.ka(), static_cast<int>(t.codebook), mc > 8);
+    const size_t smem = static_cast<size_t>(kThreads / 32) * 4 * kStages * kStageTiles * 8 * t.bits.ka();
+    if (Status st = set_smem(reinterpret_cast<const void*>(fn), smem); !st.ok()) return st;
+    fn<<<dim3(static_cast<unsigned>(n_groups), static_cast<unsigned>(splits)), kThreads, smem, s>>>(
+        t.trellis, t.svh, t.bias, xr, y + c * t.n, ws.acc, ws.counters, static_cast<int>(t.k), static_cast<int>(t.n), mc,
+        static_cast<int>(per));
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch exl3_gemm_kernel", e);
+  }
+  return {};
+}
+
+// Path kXSmem: one launch per 16 rows; blocks rotate x themselves (exl3_gemm_xsmem_kernel).
+Status gemm_xsmem(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, cudaStream_t s) {
+  const int64_t n_groups = t.n / 128, k_blocks = t.k / 128;
+  int64_t splits = std::min<int64_t>(k_blocks, std::max<int64_t>(1, (4 * sm_count() + n_groups - 1) / n_groups));
+  int64_t per = std::min<int64_t>(kMaxKBlocksPerSplit, (k_blocks + splits - 1) / splits);
+  splits = (k_blocks + per - 1) / per;
+  const int kpb = static_cast<int>(per * 128);
+  for (int64_t c = 0; c < m; c += 16) {
+    const int mc = static_cast<int>(std::min<int64_t>(16, m - c));
+    const bool m16 = mc > 8;
+    XSmemKernel fn = pick_kernel<XSmemKernel, XSmemPick>(t.bits.ka(), static_cast<int>(t.codebook), m16);
+    const size_t smem = sizeof(__half) * (m16 ? 16 : 8) * (kpb + 8);
+    if (Status st = set_smem(reinterpret_cast<const void*>(fn), smem); !st.ok()) return st;
+    fn<<<dim3(static_cast<unsigned>(n_groups), static_cast<unsigned>(splits)), kThreads, smem, s>>>(
+        t.trellis, t.suh, t.svh, t.bias, x + c * t.k, y + c * t.n, ws.acc, ws.counters, static_cast<int>(t.k),
+        static_cast<int>(t.n), mc, kpb);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch exl3_gemm_xsmem_kernel", e);
+  }
+  return {};
+}
+
+}  // namespace
+
+const char* exl3_gemm_path_name(Exl3GemmPath p) {
+  switch (p) {
+    case Exl3GemmPath::kAuto: return "auto";
+    case Exl3GemmPath::kXSmem: return "xsmem";
+    case Exl3GemmPath::kRing: return "ring";
+  }
+  return "?";
+}
+
+Status exl3_gemm_cuda(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, void* stream,
+                      Exl3GemmPath path) {
   if (!exl3_cuda_supports(t))
     return make_error("exl3_gemm_cuda: unsupported tensor (K=", t.bits.k_x2 / 2.0, " ", exl3_codebook_name(t.codebook),
                       " k=", t.k, " n=", t.n, "); supported: integer K 2..6, k and n multiples of 128");
@@ -161,32 +363,9 @@ Status exl3_gemm_cuda(const Exl3CudaTensor& t, const float* x, int64_t m, float*
     return make_error("exl3_gemm_cuda: workspace holds k=", ws.capacity_k, " n=", ws.capacity_n, ", tensor has k=", t.k,
                       " n=", t.n);
   if (m < 1) return make_error("exl3_gemm_cuda: m=", m);
-  // Enough blocks for ~4 resident per SM; each warp then streams k_tiles/splits tiles of its strip.
-  const int64_t n_groups = t.n / 128, k_tiles = t.k / 16;
-  const int64_t want = std::max<int64_t>(1, (4 * sm_count() + n_groups - 1) / n_groups);
-  const int64_t per = std::max<int64_t>(2 * kStageTiles, (k_tiles + want - 1) / want);
-  const int64_t splits = (k_tiles + per - 1) / per;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  __half* xr = reinterpret_cast<__half*>(ws.xr);
-  for (int64_t c = 0; c < m; c += 16) {
-    const int mc = static_cast<int>(std::min<int64_t>(16, m - c));
-    const bool m16 = mc > 8;
-    const int64_t rot_jobs = mc * (t.k / 128);
-    exl3_rotate_kernel<<<static_cast<unsigned>((rot_jobs + 7) / 8), kThreads, 0, s>>>(x + c * t.k, t.suh, xr,
-                                                                                       static_cast<int>(t.k), mc);
-    KernelFn fn = pick_kernel(t.bits.ka(), static_cast<int>(t.codebook), m16);
-    const size_t smem = static_cast<size_t>(kThreads / 32) * 4 * kStages * kStageTiles * 8 * t.bits.ka();
-    if (smem > 40 * 1024) {  // dynamic + static above 48 KB needs the opt-in
-      if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-          e != cudaSuccess)
-        return cuda_error("set shared memory", e);
-    }
-    fn<<<dim3(static_cast<unsigned>(n_groups), static_cast<unsigned>(splits)), kThreads, smem, s>>>(
-        t.trellis, t.svh, t.bias, xr, y + c * t.n, ws.acc, ws.counters, static_cast<int>(t.k), static_cast<int>(t.n), mc,
-        static_cast<int>(per));
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch exl3_gemm_kernel", e);
-  }
-  return {};
+  // kAuto = kXSmem: the faster of the two in the last H200 measurement (bench/results/exl3_h200.md).
+  return path == Exl3GemmPath::kRing ? gemm_ring(t, x, m, y, ws, s) : gemm_xsmem(t, x, m, y, ws, s);
 }
 
 }  // namespace spw

@@ -1,9 +1,9 @@
 // y = x·W for EXL3 linears on NVIDIA GPUs (sm_90; portable to sm_120), straight from the trellis.
 //
 // What it computes: y[m][n] = x[m][k]·W + bias, W = diag(suh)·Hk·Ŵ·Hn·diag(svh) (formats/exl3.h).
-// Per chunk of 16 tokens, two launches: the input rotation xr = fp16(had128(x∘suh)) into the
-// workspace, then the trellis product. In the second, each warp walks one 16-column strip over a
-// slice of k, decoding every 16×16 trellis tile in registers (a lane's 8 positions are exactly its two
+// Per chunk of 16 tokens, the input rotation xr = fp16(had128(x∘suh)), then the trellis product (two
+// paths, see Exl3GemmPath): each warp walks one 16-column strip over a slice of k, decoding every
+// 16×16 trellis tile in registers (a lane's 8 positions are exactly its two
 // mma.m16n8k16 B fragments, spec §1.4) while the next tiles' words are already in flight, and
 // multiplies on tensor cores with fp32 accumulation; partial sums meet in an fp32 workspace by
 // atomics, and the last block of each 128-column group applies the output Hadamard, svh and bias,
@@ -51,8 +51,16 @@ bool exl3_cuda_supports(const Exl3CudaTensor& t);
 Status exl3_cuda_workspace_alloc(Exl3CudaWorkspace& ws, int64_t max_k, int64_t max_n);
 void exl3_cuda_workspace_free(Exl3CudaWorkspace& ws);
 
+// Two implementations of the same product, kept side by side while the H200 measurements decide:
+//   kXSmem: one launch; each block rotates its k-slice of x into shared memory, warps load their strip's
+//           trellis in 8-tile register batches.
+//   kRing:  a rotation launch, then warps stream their strip through a cp.async shared-memory ring.
+// kAuto picks the one measured faster (currently kXSmem).
+enum class Exl3GemmPath { kAuto, kXSmem, kRing };
+const char* exl3_gemm_path_name(Exl3GemmPath p);
+
 // stream: a cudaStream_t (void* so host code needs no CUDA headers); nullptr = default stream.
 Status exl3_gemm_cuda(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws,
-                      void* stream = nullptr);
+                      void* stream = nullptr, Exl3GemmPath path = Exl3GemmPath::kAuto);
 
 }  // namespace spw

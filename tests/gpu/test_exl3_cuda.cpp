@@ -1,6 +1,6 @@
 // spw_cuda EXL3 GEMM (cuda/exl3_gemm.h) against the fp64 reference exl3_matmul_ref: V4.1 expert shapes
 // (5120×2304, 2304×5120), 4096×2048, 8192×8192 and awkward ones, K 2..6, every codebook, m 1..64
-// (incl. 9..16 rows and several 16-token chunks), bias on/off. Output guard regions must keep their
+// (incl. 9..16 rows and several 16-token chunks), bias on/off, both kernel paths (Exl3GemmPath). Output guard regions must keep their
 // sentinel, no NaN, and a second identical call must agree to 1e-5 (the self-cleaning workspace; fp32
 // atomics make the summation order, hence the last bits, vary between calls).
 // Tolerance: RMS error ≤ 2e-3·RMS(y), max ≤ 2e-2·RMS(y) — x is rounded to fp16 once after its
@@ -64,9 +64,11 @@ void run_case(int64_t k, int64_t n, int K, Exl3Codebook cb, int64_t m, bool with
   float* dy = upload(yh);
   Exl3CudaWorkspace ws;
   ASSERT_TRUE(exl3_cuda_workspace_alloc(ws, k, n).ok());
+  for (Exl3GemmPath path : {Exl3GemmPath::kXSmem, Exl3GemmPath::kRing}) {
+  SCOPED_TRACE(exl3_gemm_path_name(path));
   std::vector<float> first;
   for (int rep = 0; rep < 2; ++rep) {
-    auto st = exl3_gemm_cuda(d, dx, m, dy + guard, ws);
+    auto st = exl3_gemm_cuda(d, dx, m, dy + guard, ws, nullptr, path);
     ASSERT_TRUE(st.ok()) << st.error().message;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(yh.data(), dy, yh.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -92,6 +94,7 @@ void run_case(int64_t k, int64_t n, int K, Exl3Codebook cb, int64_t m, bool with
   rms = std::sqrt(rms / (m * n));
   EXPECT_LT(std::sqrt(e2 / (m * n)), 2e-3 * rms);
   EXPECT_LT(emax, 2e-2 * rms);
+  }
   exl3_cuda_workspace_free(ws);
   cudaFree(const_cast<uint16_t*>(d.trellis)), cudaFree(const_cast<uint16_t*>(d.suh)), cudaFree(const_cast<uint16_t*>(d.svh));
   cudaFree(const_cast<uint16_t*>(d.bias)), cudaFree(dx), cudaFree(dy);
