@@ -2,9 +2,10 @@
 # Profiles the EXL3 CUDA kernels on the GPU machine: Nsight Compute sections for one GEMV launch
 # (8192×8192 K=3 mul1, m=1) and one fused-MoE launch, plus the SASS instruction mix of both kernels.
 #   here:  scripts/build.sh && bash scripts/gpu_test.sh stage && tar cJf .exl3pack/dev.tar.xz .exl3dev
-#   there: bash scripts/gpu_profile.sh          # carry: .exl3pack; writes $OUT/ncu_*.txt, $OUT/sass_*.txt
+#   there: bash scripts/gpu_profile.sh [DIR]    # carry: .exl3pack; writes DIR/ncu_*.txt, DIR/sass_*.txt
+# (DIR defaults to $OUT) and prints a summary.
 set -u
-OUT=${OUT:-/tmp/exl3_prof}
+OUT=${1:-${OUT:-/tmp/exl3_prof}}
 mkdir -p "$OUT"
 [ -d .exl3dev ] || tar xJf .exl3pack/dev.tar.xz
 export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:${LD_LIBRARY_PATH:-}
