@@ -1,6 +1,9 @@
-// EXL3 small-batch GEMM/GEMV kernel (mma.sync m16n8k16, trellis decoded in registers). Contract,
-// limits and accuracy: exl3_gemm.h. Launch shape: grid (n/128 column groups, k splits), 256 threads;
-// warp w of block (gx, gy) owns output columns [128·gx + 16·w, +16) over the block's k slice.
+// EXL3 small-batch GEMM/GEMV kernels (mma.sync m16n8k16, trellis decoded in registers), two paths
+// (Exl3GemmPath): kRing (rotation launch + per-warp cp.async rings) and kXSmem (x rotated per block
+// into shared memory, trellis in register batches). Contract, limits and accuracy: exl3_gemm.h.
+// Launch shape of both: grid (n/128 column groups, k splits), 256 threads; warp w of block (gx, gy)
+// owns output columns [128·gx + 16·w, +16) over the block's k slice; partial sums meet by fp32
+// atomics and the last block of a column group finishes it (output Hadamard, svh, bias).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
