@@ -198,7 +198,7 @@ TEST(GoldenV41, OracleReferenceNumerics) {
     for (size_t i = 0; i < vocab; ++i) first_row_diff = std::max(first_row_diff, std::fabs(got[i] - want[i]));
     std::printf("  %-60s reference mode: top-1 agreement %zu/%zu, first position max|dlogit| %.2e\n", path.c_str(),
                 agree, rows, first_row_diff);
-    if (prompt.size() == 1) EXPECT_LE(first_row_diff, 1e-3f) << path;
+    if (prompt.size() == 1) { EXPECT_LE(first_row_diff, 1e-3f) << path; }
     total_agree += agree;
     total_rows += rows;
   }

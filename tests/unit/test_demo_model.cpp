@@ -112,8 +112,9 @@ TEST(DemoModel, MatchesOracleExact) {
   for (size_t s = 0; s < decode_ids.size(); ++s) {
     auto step = (*model)->forward(seq, std::span<const int32_t>(&decode_ids[s], 1), opts);
     ASSERT_TRUE(step.ok()) << step.error().message;
-    if (decode_margin[s] > kMinMargin)
+    if (decode_margin[s] > kMinMargin) {
       EXPECT_EQ(int(argmax(step->data(), vocab)), decode_argmax[s]) << "decode step " << s;
+    }
   }
 }
 

@@ -136,8 +136,8 @@ TEST(Exl3Quantize, BlockLdlFactorsTheHessian) {
   for (int64_t i = 0; i < k; ++i)
     for (int64_t j = 0; j < k; ++j) {
       const double v = (*l)[size_t(i * k + j)];
-      if (j / 16 > i / 16) EXPECT_EQ(v, 0.0);
-      if (j / 16 == i / 16) EXPECT_NEAR(v, i == j ? 1.0 : 0.0, 1e-12);
+      if (j / 16 > i / 16) { EXPECT_EQ(v, 0.0); }
+      if (j / 16 == i / 16) { EXPECT_NEAR(v, i == j ? 1.0 : 0.0, 1e-12); }
     }
   auto solve_lower = [&](std::vector<double> b) {  // L·X = B, column by column
     for (int64_t c = 0; c < k; ++c)
@@ -151,7 +151,7 @@ TEST(Exl3Quantize, BlockLdlFactorsTheHessian) {
   const std::vector<double> d = solve_lower(yt);
   for (int64_t i = 0; i < k; ++i)
     for (int64_t j = 0; j < k; ++j)
-      if (i / 16 != j / 16) EXPECT_NEAR(d[size_t(i * k + j)], 0.0, 1e-9) << i << "," << j;
+      if (i / 16 != j / 16) { EXPECT_NEAR(d[size_t(i * k + j)], 0.0, 1e-9) << i << "," << j; }
 }
 
 }  // namespace

@@ -65,8 +65,8 @@ TEST(Exl3QuantizeTrellis, ViterbiMatchesExhaustiveSearch) {
     EXPECT_NEAR(got, want, 1e-5 * (1 + want));
     EXPECT_NEAR(path_cost(exl3_codebook_lut_f32(c.cb), t.data(), st), got, 1e-9);
     for (int p = 1; p < c.n; ++p) EXPECT_EQ(st[size_t(p)] >> c.k, st[size_t(p - 1)] & ((1u << (16 - c.k)) - 1));
-    if (c.start >= 0) EXPECT_EQ(st[0] >> c.k, c.start);
-    if (c.end >= 0) EXPECT_EQ(int(st.back() & ((1u << (16 - c.k)) - 1)), c.end);
+    if (c.start >= 0) { EXPECT_EQ(st[0] >> c.k, c.start); }
+    if (c.end >= 0) { EXPECT_EQ(int(st.back() & ((1u << (16 - c.k)) - 1)), c.end); }
   }
 }
 

@@ -32,13 +32,13 @@ TEST(RuntimeStepPlan, PrefillPiecesNeverLeaveOneToken) {
         for (int64_t e : ends) {
           EXPECT_GT(e, prev);
           EXPECT_LE(e - prev, chunk);
-          if (e != n && e != n - 2) EXPECT_EQ(e % 16, 0) << "n=" << n << " chunk=" << chunk;
-          if (n >= 2) EXPECT_GE(e - prev, 2) << "n=" << n << " start=" << start << " chunk=" << chunk;
+          if (e != n && e != n - 2) { EXPECT_EQ(e % 16, 0) << "n=" << n << " chunk=" << chunk; }
+          if (n >= 2) { EXPECT_GE(e - prev, 2) << "n=" << n << " start=" << start << " chunk=" << chunk; }
           prev = e;
         }
         // The last aligned boundary leaving ≥ 2 tokens is always a piece end (prefix-cache snapshot).
         const int64_t last_aligned = n >= 2 ? (n - 2) / 16 * 16 : 0;
-        if (last_aligned > start) EXPECT_NE(std::find(ends.begin(), ends.end(), last_aligned), ends.end());
+        if (last_aligned > start) { EXPECT_NE(std::find(ends.begin(), ends.end(), last_aligned), ends.end()); }
       }
 }
 

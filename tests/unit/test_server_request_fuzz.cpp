@@ -79,7 +79,7 @@ void check_generation(const GenerationParams& gen) {
   EXPECT_GE(s.top_k, 0);
   EXPECT_TRUE(s.min_p >= 0 && s.min_p <= 1);
   EXPECT_TRUE(s.top_logprobs >= -1 && s.top_logprobs <= 20);
-  if (gen.max_tokens) EXPECT_GE(*gen.max_tokens, 1);
+  if (gen.max_tokens) { EXPECT_GE(*gen.max_tokens, 1); }
   for (const auto& st : gen.stop) EXPECT_FALSE(st.empty());
   for (int32_t id : gen.stop_token_ids) EXPECT_GE(id, 0);
 }
@@ -113,7 +113,7 @@ TEST(ServerRequestFuzz, RandomMutationsNeverThrowAndStayValid) {
         if (r.ok) {
           ++ok;
           check_generation(r.value.gen);
-          if (auto* ids = std::get_if<std::vector<int32_t>>(&r.value.prompt)) EXPECT_FALSE(ids->empty());
+          if (auto* ids = std::get_if<std::vector<int32_t>>(&r.value.prompt)) { EXPECT_FALSE(ids->empty()); }
         } else {
           ++rejected;
           check_error(r.error);
