@@ -5,6 +5,7 @@
 #          [optional: spillway quantize ... --dump-wh .exl3dev/wh3 (and wh2, wh4) for the quantizer comparison]
 #          bash scripts/gpu_test.sh stage         # stripped binaries + runtime libs → .exl3pack/dev.tar.xz
 #   there: bash scripts/gpu_test.sh run           # carry: .exl3pack .deps
+# SKIP_CPU=1 leaves out the CPU tests and CPU benchmark (they compete with exllamav3's JIT build for the cores).
 # Runs: our unit tests (CPU incl. AVX-512, CUDA), bench_exl3 (HBM bandwidth, our kernels vs roofline, fused MoE),
 # bench_exl3_cpu (STREAM-like read vs CPU kernels), exllamav3's JIT build, tools/exl3/make_fixtures.py
 # (exllamav3's quantizer), the fixture test on them, bench/exl3/bench_exllamav3.py on the same tensors (int8
@@ -42,17 +43,17 @@ from exllamav3.ext import exllamav3_ext
 print('exllamav3 extension ready in %.0f s' % (time.time() - t))" > /tmp/jit.log 2>&1; echo "jit rc $?" >> /tmp/jit.log) &
 JIT=$!
 python3 bench/exl3/make_bench_tensors.py /tmp/bench_tensors >> "$OUT/main.log" 2>&1
-.exl3dev/spw_unit_tests --gtest_brief=1 --gtest_filter='Exl3.*:Exl3Cpu*:Exl3MoeCpu*' 2>&1 | tee -a "$OUT/main.log"   # CPU kernels, AVX-512 here
-.exl3dev/spw_gpu_tests --gtest_brief=1 --gtest_filter='-Exl3Fixtures*' 2>&1 | tee -a "$OUT/main.log"
+[ -z "${SKIP_CPU:-}" ] && .exl3dev/spw_unit_tests --gtest_brief=1 --gtest_filter='Exl3.*:Exl3Cpu*:Exl3MoeCpu*' 2>&1 | tee -a "$OUT/main.log"   # CPU kernels, AVX-512 here
+.exl3dev/spw_gpu_tests --gtest_brief=1 2>&1 | tee -a "$OUT/main.log"
 .exl3dev/bench_exl3 /tmp/bench_tensors 200 gpu 2>&1 | tee "$OUT/bench_spillway.md"
-[ -x .exl3dev/bench_exl3_cpu ] && timeout 150 .exl3dev/bench_exl3_cpu 16 2>&1 | tee -a "$OUT/bench_spillway.md"
+[ -z "${SKIP_CPU:-}" ] && [ -x .exl3dev/bench_exl3_cpu ] && timeout 150 .exl3dev/bench_exl3_cpu 16 2>&1 | tee -a "$OUT/bench_spillway.md"
 # Nsight Compute + SASS mix of our kernels while the extension still builds (one file back: profile.txt).
 timeout 150 bash scripts/gpu_profile.sh /tmp/exl3_prof > /tmp/exl3_prof.summary 2>&1
 cat /tmp/exl3_prof.summary /tmp/exl3_prof/*.txt > "$OUT/profile.txt" 2>/dev/null
 wait $JIT
 tail -5 /tmp/jit.log | tee -a "$OUT/main.log"
 python3 tools/exl3/make_fixtures.py "$OUT/fixtures" 2>&1 | tee -a "$OUT/main.log"
-SPW_EXL3_FIXTURE_DIR="$OUT/fixtures" .exl3dev/spw_gpu_tests --gtest_filter='Exl3Fixtures*' 2>&1 | tee -a "$OUT/main.log"
+SPW_EXL3_FIXTURE_DIR="$OUT/fixtures" .exl3dev/spw_unit_tests --gtest_filter='Exl3Fixtures*' 2>&1 | tee -a "$OUT/main.log"
 python3 bench/exl3/bench_exllamav3.py /tmp/bench_tensors 200 2>&1 | tee "$OUT/bench_exllamav3.md"
 EXL3_INT8_GEMV=0 python3 bench/exl3/bench_exllamav3.py /tmp/bench_tensors 200 2>&1 | tee -a "$OUT/bench_exllamav3.md"
 WH=""

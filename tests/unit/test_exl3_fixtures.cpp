@@ -19,7 +19,8 @@
 namespace spw {
 namespace {
 
-// SPW_EXL3_FIXTURE_DIR overrides (scripts/gpu_exl3.sh checks freshly made fixtures on the GPU machine).
+// The committed fixtures run in CI (a CPU test: reader + reference decoder). SPW_EXL3_FIXTURE_DIR overrides
+// (scripts/gpu_test.sh checks freshly made fixtures on the GPU machine).
 const std::string kDir = std::getenv("SPW_EXL3_FIXTURE_DIR") ? std::getenv("SPW_EXL3_FIXTURE_DIR")
                                                               : std::string(SPW_SOURCE_DIR) + "/tests/fixtures/exl3";
 
