@@ -1,0 +1,118 @@
+// Device helpers of the dense linears (dense_linear.h): exact decoders of the checkpoint formats,
+// 16 elements at a time (one lane's chunk), and the reference's fp8 activation fake quant.
+// Each decoder reproduces formats/dtypes.cpp bit for bit on finite codes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/dense/dense_linear.h"
+
+namespace spw::densedev {
+
+// ue8m0 → 2^(code−127); code 0 is the f32 subnormal 2^−127, 255 is NaN (formats/dtypes.cpp).
+__device__ __forceinline__ float e8m0_to_float(uint32_t code) {
+  if (code == 0) return __uint_as_float(0x00400000u);
+  if (code == 255) return __uint_as_float(0x7fc00000u);
+  return __uint_as_float(code << 23);
+}
+
+// 2^ceil(log2 v) from v's bits (fast_round_scale, spec §3); v is a positive normal float here.
+__device__ __forceinline__ float pow2_ceil_dev(float v) {
+  const uint32_t bits = __float_as_uint(v);
+  const uint32_t e = ((bits >> 23) & 0xffu) + ((bits & 0x7fffffu) ? 1u : 0u);
+  return __uint_as_float(e << 23);
+}
+
+__device__ __forceinline__ float round_bf16_dev(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// e4m3 → f32 via the exact fp8→fp16 conversion (every e4m3 value is an fp16 value).
+__device__ __forceinline__ void e4m3x4_to_float(uint32_t word, float* out) {
+  const __half2 lo = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xffffu), __NV_E4M3));
+  const __half2 hi = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> 16), __NV_E4M3));
+  const float2 a = __half22float2(lo), b = __half22float2(hi);
+  out[0] = a.x, out[1] = a.y, out[2] = b.x, out[3] = b.y;
+}
+
+// e2m1 nibble → f32: magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}, bit 3 the sign.
+__device__ __forceinline__ float e2m1_to_float(uint32_t nib) {
+  const uint32_t e = (nib >> 1) & 3u, m = nib & 1u;
+  const float mag = e == 0 ? 0.5f * static_cast<float>(m) : __uint_as_float(((e + 126u) << 23) | (m << 22));
+  return (nib & 8u) ? -mag : mag;
+}
+
+// The raw bytes of one lane's 16-element chunk of one weight row.
+template <DenseFormat F>
+struct Chunk;
+template <>
+struct Chunk<DenseFormat::kFp8> { uint4 q; float s; };
+template <>
+struct Chunk<DenseFormat::kFp4> { uint2 q; float s; };
+template <>
+struct Chunk<DenseFormat::kBf16> { uint4 q[2]; };
+template <>
+struct Chunk<DenseFormat::kF32> { float4 q[4]; };
+
+// Loads elements [k, k+16) of row `row` (k % 16 == 0). `w` and `scale` as in DeviceLinear; `n_in` is
+// the row length.
+template <DenseFormat F>
+__device__ __forceinline__ Chunk<F> load_chunk(const void* __restrict__ w, const uint8_t* __restrict__ scale, int row,
+                                               int k, int n_in, int weight_block) {
+  Chunk<F> c;
+  const size_t r = static_cast<size_t>(row);
+  if constexpr (F == DenseFormat::kFp8) {
+    c.q = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w) + r * n_in + k));
+    const int scale_cols = (n_in + weight_block - 1) / weight_block;
+    c.s = e8m0_to_float(__ldg(scale + static_cast<size_t>(row / weight_block) * scale_cols + k / weight_block));
+  } else if constexpr (F == DenseFormat::kFp4) {
+    c.q = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w) + r * (n_in / 2) + k / 2));
+    c.s = e8m0_to_float(__ldg(scale + r * (n_in / 32) + k / 32));
+  } else if constexpr (F == DenseFormat::kBf16) {
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(w) + r * n_in + k);
+    c.q[0] = __ldg(p), c.q[1] = __ldg(p + 1);
+  } else {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(w) + r * n_in + k);
+    c.q[0] = __ldg(p), c.q[1] = __ldg(p + 1), c.q[2] = __ldg(p + 2), c.q[3] = __ldg(p + 3);
+  }
+  return c;
+}
+
+// The 16 dequantized values of a chunk (exact: e4m3/e2m1 times a power of two, or bf16/f32 as is).
+template <DenseFormat F>
+__device__ __forceinline__ void dequant_chunk(const Chunk<F>& c, float* v) {
+  if constexpr (F == DenseFormat::kFp8) {
+    e4m3x4_to_float(c.q.x, v), e4m3x4_to_float(c.q.y, v + 4), e4m3x4_to_float(c.q.z, v + 8), e4m3x4_to_float(c.q.w, v + 12);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) v[j] *= c.s;
+  } else if constexpr (F == DenseFormat::kFp4) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = e2m1_to_float((c.q.x >> (4 * j)) & 0xfu) * c.s;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[8 + j] = e2m1_to_float((c.q.y >> (4 * j)) & 0xfu) * c.s;
+  } else if constexpr (F == DenseFormat::kBf16) {
+    const uint32_t words[8] = {c.q[0].x, c.q[0].y, c.q[0].z, c.q[0].w, c.q[1].x, c.q[1].y, c.q[1].z, c.q[1].w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[2 * j] = __uint_as_float(words[j] << 16), v[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[4 * j] = c.q[j].x, v[4 * j + 1] = c.q[j].y, v[4 * j + 2] = c.q[j].z, v[4 * j + 3] = c.q[j].w;
+  }
+}
+
+// One element of fake_quant_fp8 given its block's amax: s = pow2_ceil(max(amax, 1e-4)·fp32(1/448)),
+// x ← e4m3_rne(clamp(x/s, ±448))·s (formats/quant.cpp, including its product-with-reciprocal hazard).
+__device__ __forceinline__ float fp8_scale_of(float amax) {
+  return pow2_ceil_dev(fmaxf(amax, 1e-4f) * static_cast<float>(1.0 / 448.0));
+}
+__device__ __forceinline__ float fake_quant_fp8_elem(float x, float s) {
+  const float v = fminf(fmaxf(__fdiv_rn(x, s), -448.0f), 448.0f);
+  const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  const __half h = __half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3));
+  return __half2float(h) * s;
+}
+
+}  // namespace spw::densedev

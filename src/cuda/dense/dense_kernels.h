@@ -1,0 +1,46 @@
+// Internal launchers of the dense-linear kernels (dense_gemv.cu, dense_prep.cu); the public entry
+// points are in dense_linear.h. Every launcher enqueues on `stream` and returns the launch error.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/dense/dense_linear.h"
+
+namespace spw::densedev {
+
+// The weight-streaming product of the decode path. Group g = 0..n_groups−1 reads the weight at
+// byte offset g·w_group_nbytes, x at g·x_group_off and writes y at g·y_group_off (n_groups = 1 for a
+// plain linear). x̂ [n_tokens ≤ 16, ldx] f32 (already quantized), y [n_tokens, ldy].
+struct GemvArgs {
+  DenseFormat format = DenseFormat::kBf16;
+  const void* w = nullptr;
+  const uint8_t* scale = nullptr;
+  int n_out = 0, n_in = 0, weight_block = 128;
+  const float* x = nullptr;
+  int ldx = 0;
+  float* y = nullptr;
+  int ldy = 0;
+  int n_tokens = 0;
+  bool round_out = false;
+  int n_groups = 1;
+  size_t w_group_nbytes = 0;
+  int x_group_off = 0, y_group_off = 0;
+};
+cudaError_t gemv_launch(const GemvArgs& a, cudaStream_t stream);
+
+// out[t, ·] = fake_quant_fp8(x[t, ·], act_block) (act_block > 0) or x (act_block == 0), stored as f32
+// (out_bf16 false) or bf16 (exact when quantized). x and out [n_tokens, n_in], contiguous.
+cudaError_t act_prepare_launch(const float* x, int n_tokens, int n_in, int act_block, void* out, bool out_bf16,
+                               cudaStream_t stream);
+
+// Rows [row0, row0 + n_rows) of the weight dequantized into out [n_rows, n_in] (bf16 bits or f32).
+cudaError_t dequant_rows_launch(const DeviceLinear& w, int row0, int n_rows, void* out, bool out_bf16,
+                                cudaStream_t stream);
+
+// y[i] = bf16(y[i]) for i < n.
+cudaError_t round_bf16_launch(float* y, size_t n, cudaStream_t stream);
+
+}  // namespace spw::densedev

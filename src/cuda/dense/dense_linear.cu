@@ -1,0 +1,223 @@
+// Entry points of the dense linears (contract in dense_linear.h): argument checks, the workspace,
+// the path choice, and the prefill path (activation prep → weight chunks dequantized into scratch →
+// cuBLAS GEMM writing y in place → optional bf16 rounding). The decode kernel is dense_gemv.cu.
+// Column-major view used for cuBLAS: yᵀ [n_out, n_tokens] (ld n_out) = W [n_in, n_out]ᵀ · x̂ᵀ [n_in, n_tokens].
+// Tests: tests/gpu/test_cuda_dense.cpp. Benchmark: bench/dense/bench_dense.cpp.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "cuda/dense/dense_kernels.h"
+#include "cuda/dense/dense_linear.h"
+
+namespace spw {
+namespace {
+
+Error cuda_error(const char* what, cudaError_t e) { return make_error("CUDA ", what, ": ", cudaGetErrorString(e)); }
+Error cublas_error(const char* what, cublasStatus_t s) {
+  return make_error("cuBLAS ", what, ": ", cublasGetStatusString(s));
+}
+
+constexpr int kGemvMaxTokens = 16;
+
+size_t elem_nbytes(DenseFormat f) {
+  switch (f) {
+    case DenseFormat::kFp8: return 1;
+    case DenseFormat::kFp4: return 0;  // half a byte: handled by the callers
+    case DenseFormat::kBf16: return 2;
+    case DenseFormat::kF32: return 4;
+  }
+  return 0;
+}
+
+LinearPath resolve(LinearPath p, int n_tokens) {
+  if (p != LinearPath::kAuto) return p;
+  return n_tokens <= kGemvMaxTokens ? LinearPath::kGemv : LinearPath::kGemm;
+}
+
+}  // namespace
+
+const char* dense_format_name(DenseFormat f) {
+  switch (f) {
+    case DenseFormat::kFp8: return "fp8";
+    case DenseFormat::kFp4: return "fp4";
+    case DenseFormat::kBf16: return "bf16";
+    case DenseFormat::kF32: return "f32";
+  }
+  return "?";
+}
+
+const char* linear_path_name(LinearPath p) {
+  switch (p) {
+    case LinearPath::kAuto: return "auto";
+    case LinearPath::kGemv: return "gemv";
+    case LinearPath::kGemm: return "gemm";
+  }
+  return "?";
+}
+
+size_t dense_weight_nbytes(const DeviceLinear& w) {
+  const size_t n = static_cast<size_t>(w.n_out) * w.n_in;
+  switch (w.format) {
+    case DenseFormat::kFp8: {
+      const size_t b = static_cast<size_t>(w.weight_block);
+      return n + ((w.n_out + b - 1) / b) * ((w.n_in + b - 1) / b);
+    }
+    case DenseFormat::kFp4: return n / 2 + n / 32;
+    default: return n * elem_nbytes(w.format);
+  }
+}
+
+Status linear_cuda_check(const DeviceLinear& w) {
+  if (w.n_out < 1 || w.n_in < 1 || !w.w) return make_error("dense linear: empty weight (", w.n_out, "x", w.n_in, ")");
+  const bool quant_w = w.format == DenseFormat::kFp8 || w.format == DenseFormat::kFp4;
+  const int align = (quant_w || w.act_block > 0) ? 32 : 16;
+  if (w.n_in % align != 0)
+    return make_error("dense linear: n_in ", w.n_in, " is not a multiple of ", align, " (", dense_format_name(w.format), ")");
+  if (w.act_block < 0 || (w.act_block > 0 && (w.act_block % 32 != 0 || w.n_in % w.act_block != 0)))
+    return make_error("dense linear: act_block ", w.act_block, " does not divide n_in ", w.n_in, " in multiples of 32");
+  if (quant_w && !w.scale) return make_error("dense linear: ", dense_format_name(w.format), " weight without scales");
+  if (w.format == DenseFormat::kFp8 && w.weight_block != 32 && w.weight_block != 128)
+    return make_error("dense linear: fp8 weight_block ", w.weight_block, " (32 or 128 supported)");
+  return {};
+}
+
+Status linear_workspace_alloc(LinearWorkspace& ws, int max_tokens, int max_in, size_t wbuf_nbytes) {
+  ws.act_nbytes = sizeof(float) * static_cast<size_t>(max_tokens) * max_in;
+  ws.wbuf_nbytes = wbuf_nbytes;
+  if (cudaError_t e = cudaMalloc(&ws.act, ws.act_nbytes); e != cudaSuccess) return cuda_error("malloc linear workspace", e);
+  if (cudaError_t e = cudaMalloc(&ws.wbuf, ws.wbuf_nbytes); e != cudaSuccess) return cuda_error("malloc linear workspace", e);
+  cublasHandle_t h = nullptr;
+  if (cublasStatus_t s = cublasCreate(&h); s != CUBLAS_STATUS_SUCCESS) return cublas_error("create", s);
+  ws.cublas = h;
+  return {};
+}
+
+void linear_workspace_free(LinearWorkspace& ws) {
+  cudaFree(ws.act);
+  cudaFree(ws.wbuf);
+  if (ws.cublas) cublasDestroy(static_cast<cublasHandle_t>(ws.cublas));
+  ws = {};
+}
+
+namespace {
+
+Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y, bool round_out, LinearWorkspace& ws,
+                   cudaStream_t stream) {
+  const float* xq = x;
+  if (w.act_block > 0) {
+    if (ws.act_nbytes < sizeof(float) * static_cast<size_t>(n_tokens) * w.n_in)
+      return make_error("dense linear: workspace too small for ", n_tokens, "x", w.n_in, " activations");
+    if (cudaError_t e = densedev::act_prepare_launch(x, n_tokens, w.n_in, w.act_block, ws.act, false, stream); e != cudaSuccess)
+      return cuda_error("launch act_quant", e);
+    xq = static_cast<const float*>(ws.act);
+  }
+  densedev::GemvArgs a;
+  a.format = w.format, a.w = w.w, a.scale = w.scale, a.n_out = w.n_out, a.n_in = w.n_in, a.weight_block = w.weight_block;
+  a.x = xq, a.ldx = w.n_in, a.y = y, a.ldy = w.n_out, a.n_tokens = n_tokens, a.round_out = round_out && !w.f32_product;
+  if (cudaError_t e = densedev::gemv_launch(a, stream); e != cudaSuccess) return cuda_error("launch dense gemv", e);
+  return {};
+}
+
+Status linear_gemm(const DeviceLinear& w, const float* x, int n_tokens, float* y, bool round_out, LinearWorkspace& ws,
+                   cudaStream_t stream) {
+  auto* h = static_cast<cublasHandle_t>(ws.cublas);
+  if (cublasStatus_t s = cublasSetStream(h, stream); s != CUBLAS_STATUS_SUCCESS) return cublas_error("set stream", s);
+  // f32 products (and F32-stored weights) run a pedantic fp32 GEMM; everything else bf16 inputs.
+  const bool f32 = w.f32_product || w.format == DenseFormat::kF32;
+  const size_t el = f32 ? 4 : 2;
+  const cudaDataType_t type = f32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cublasComputeType_t compute = f32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+
+  // [n_tokens, n_in] activation in the GEMM's input type (x itself when it already is).
+  const void* act = x;
+  if (w.act_block > 0 || !f32) {
+    if (ws.act_nbytes < el * static_cast<size_t>(n_tokens) * w.n_in)
+      return make_error("dense linear: workspace too small for ", n_tokens, "x", w.n_in, " activations");
+    if (cudaError_t e = densedev::act_prepare_launch(x, n_tokens, w.n_in, w.act_block, ws.act, !f32, stream); e != cudaSuccess)
+      return cuda_error("launch act_prepare", e);
+    act = ws.act;
+  }
+
+  // The weight as stored when the GEMM can read it directly, else dequantized in row chunks.
+  const bool direct = (w.format == DenseFormat::kBf16 && !f32) || w.format == DenseFormat::kF32;
+  int chunk = w.n_out;
+  if (!direct) {
+    const size_t row_nbytes = el * static_cast<size_t>(w.n_in);
+    const size_t fit = ws.wbuf_nbytes / row_nbytes / 128 * 128;
+    if (fit == 0) return make_error("dense linear: weight scratch of ", ws.wbuf_nbytes, " bytes holds no 128 rows of ", w.n_in);
+    chunk = static_cast<int>(std::min<size_t>(fit, static_cast<size_t>(w.n_out)));
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  for (int r0 = 0; r0 < w.n_out; r0 += chunk) {
+    const int rows = std::min(chunk, w.n_out - r0);
+    const void* wt = static_cast<const uint8_t*>(w.w) + el * static_cast<size_t>(r0) * w.n_in;
+    if (!direct) {
+      if (cudaError_t e = densedev::dequant_rows_launch(w, r0, rows, ws.wbuf, !f32, stream); e != cudaSuccess)
+        return cuda_error("launch dequant_rows", e);
+      wt = ws.wbuf;
+    }
+    cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n_tokens, w.n_in, &alpha, wt, type, w.n_in, act,
+                                    type, w.n_in, &beta, y + r0, CUDA_R_32F, w.n_out, compute, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) return cublas_error("GemmEx (dense linear)", s);
+  }
+  if (round_out && !w.f32_product) {
+    if (cudaError_t e = densedev::round_bf16_launch(y, static_cast<size_t>(n_tokens) * w.n_out, stream); e != cudaSuccess)
+      return cuda_error("launch round_bf16", e);
+  }
+  return {};
+}
+
+}  // namespace
+
+Status linear_cuda(const DeviceLinear& w, const float* x, int n_tokens, float* y, bool round_out, LinearWorkspace& ws,
+                   cudaStream_t stream, LinearPath path) {
+  SPW_TRY(linear_cuda_check(w));
+  if (n_tokens < 1) return {};
+  path = resolve(path, n_tokens);
+  if (path == LinearPath::kGemv && n_tokens > kGemvMaxTokens)
+    return make_error("dense linear: the gemv path takes at most ", kGemvMaxTokens, " tokens, got ", n_tokens);
+  if (path == LinearPath::kGemv) return linear_gemv(w, x, n_tokens, y, round_out, ws, stream);
+  return linear_gemm(w, x, n_tokens, y, round_out, ws, stream);
+}
+
+Status grouped_proj_cuda(const uint16_t* w_a, const float* o, int n_tokens, int n_groups, int rank, int per_group,
+                         float* z, bool round_out, LinearWorkspace& ws, cudaStream_t stream, LinearPath path) {
+  if (n_groups < 1 || rank < 1 || per_group % 16 != 0 || per_group < 16 || !w_a)
+    return make_error("grouped projection: bad shape (groups ", n_groups, ", rank ", rank, ", per_group ", per_group, ")");
+  if (n_tokens < 1) return {};
+  path = resolve(path, n_tokens);
+  if (path == LinearPath::kGemv && n_tokens > kGemvMaxTokens)
+    return make_error("grouped projection: the gemv path takes at most ", kGemvMaxTokens, " tokens, got ", n_tokens);
+  const int d_in = n_groups * per_group, d_out = n_groups * rank;
+  if (path == LinearPath::kGemv) {
+    densedev::GemvArgs a;
+    a.format = DenseFormat::kBf16, a.w = w_a, a.n_out = rank, a.n_in = per_group;
+    a.x = o, a.ldx = d_in, a.y = z, a.ldy = d_out, a.n_tokens = n_tokens, a.round_out = round_out;
+    a.n_groups = n_groups, a.w_group_nbytes = sizeof(uint16_t) * static_cast<size_t>(rank) * per_group;
+    a.x_group_off = per_group, a.y_group_off = rank;
+    if (cudaError_t e = densedev::gemv_launch(a, stream); e != cudaSuccess) return cuda_error("launch grouped gemv", e);
+    return {};
+  }
+  if (ws.act_nbytes < 2 * static_cast<size_t>(n_tokens) * d_in)
+    return make_error("grouped projection: workspace too small for ", n_tokens, "x", d_in, " activations");
+  if (cudaError_t e = densedev::act_prepare_launch(o, n_tokens, d_in, 0, ws.act, true, stream); e != cudaSuccess)
+    return cuda_error("launch act_prepare", e);
+  auto* h = static_cast<cublasHandle_t>(ws.cublas);
+  if (cublasStatus_t s = cublasSetStream(h, stream); s != CUBLAS_STATUS_SUCCESS) return cublas_error("set stream", s);
+  const float alpha = 1.0f, beta = 0.0f;
+  // Group g: z_gᵀ [rank, n_tokens] (ld d_out) = W_a[g] [per_group, rank]ᵀ · o_gᵀ [per_group, n_tokens] (ld d_in).
+  cublasStatus_t s = cublasGemmStridedBatchedEx(
+      h, CUBLAS_OP_T, CUBLAS_OP_N, rank, n_tokens, per_group, &alpha, w_a, CUDA_R_16BF, per_group,
+      static_cast<long long>(rank) * per_group, ws.act, CUDA_R_16BF, d_in, per_group, &beta, z, CUDA_R_32F, d_out, rank,
+      n_groups, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (s != CUBLAS_STATUS_SUCCESS) return cublas_error("GemmStridedBatchedEx (grouped projection)", s);
+  if (round_out) {
+    if (cudaError_t e = densedev::round_bf16_launch(z, static_cast<size_t>(n_tokens) * d_out, stream); e != cudaSuccess)
+      return cuda_error("launch round_bf16", e);
+  }
+  return {};
+}
+
+}  // namespace spw

@@ -1,0 +1,94 @@
+// Dense linear layers on the GPU in the checkpoint's compact formats, with the CPU reference's
+// numerics (src/model/linear.cpp; spec specs/deepseek-v4.md §2.1 and §3 "Linear dispatch").
+//
+// What it computes: y[n_tokens, n_out] = x̂·Wᵀ, fp32 accumulation, where
+//   W  = the weight dequantized exactly (FP8 e4m3 · ue8m0 per weight_block² tile; MXFP4 e2m1 · ue8m0
+//        per 32 along the row; BF16; F32), and
+//   x̂ = fake_quant_fp8(x, act_block) per token (formats/quant.h) when act_block > 0 (FP8/FP4
+//        weights under Numerics::fake_quant), else x.
+// Then, if round_out and not f32_product, every output is rounded to bf16 (kept as f32).
+// x̂ and W are bf16-representable, so the tensor-core path differs from the reference only by the
+// order of the fp32 sums.
+//
+// Two paths (LinearPath), both exact up to summation order:
+//   kGemv (decode, n_tokens ≤ 16, the kAuto choice there): one kernel streams the compact weight once
+//     (16 elements per lane per 512-wide k tile, several rows per warp), x̂ staged in shared memory.
+//   kGemm (prefill): x̂ converted once to bf16 (f32 when f32_product or the weight is F32), the
+//     weight dequantized chunk by chunk into workspace scratch of the same type, cuBLAS GEMM
+//     (bf16 inputs, fp32 compute; or pedantic fp32) writes y directly.
+// cuBLASLt's FP8 block scaling (VEC128_32F × BLK128x128_32F) would fit V4's 128 blocks only, not
+// V4.1's 32×32 weight blocks, so both models take the dequantize-then-bf16 route for now.
+//
+// Contract: every pointer a device pointer (weights may be mapped pinned host memory), 16-byte
+// aligned. x [n_tokens, n_in] f32, y [n_tokens, n_out] f32, overwritten, no aliasing with x.
+// On the kGemm path x must be bf16-representable unless f32_product or act_block > 0 (the reference
+// feeds BF16 linears bf16 activations); kGemv reads x in f32 either way.
+// Limits: n_in % 32 == 0 (16 suffices for BF16/F32 without activation quant), n_in % act_block == 0,
+// weight_block ∈ {32, 128}, any n_out ≥ 1, any n_tokens ≥ 1 up to the workspace's max_tokens.
+// Scales: exact for ue8m0 codes ≥ 8 (smaller ones underflow bf16 in the reference's dequant).
+// One workspace per stream.
+// Tests: tests/gpu/test_cuda_dense.cpp. Benchmark: bench/dense/bench_dense.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/status.h"
+
+namespace spw {
+
+// How the weight is stored.
+enum class DenseFormat { kFp8, kFp4, kBf16, kF32 };
+const char* dense_format_name(DenseFormat f);
+
+struct DeviceLinear {
+  DenseFormat format = DenseFormat::kBf16;
+  int n_out = 0, n_in = 0;
+  // kFp8: e4m3 [n_out, n_in]; kFp4: packed e2m1 [n_out, n_in/2] (low nibble = even element);
+  // kBf16: bf16 bits [n_out, n_in]; kF32: float [n_out, n_in].
+  const void* w = nullptr;
+  // kFp8: ue8m0 [ceil(n_out/B), ceil(n_in/B)], B = weight_block; kFp4: ue8m0 [n_out, n_in/32].
+  const uint8_t* scale = nullptr;
+  int weight_block = 128;    // kFp8 only: 128 (V4) or 32 (V4.1)
+  int act_block = 0;         // activation fake-quant block (V4 128, V4.1 32); 0 = x used as is
+  bool f32_product = false;  // the reference's LinearKind::F32 (router, head): no bf16 anywhere
+};
+
+// Weight bytes the product streams (weights plus scales): the decode roofline's numerator.
+size_t dense_weight_nbytes(const DeviceLinear& w);
+
+struct LinearWorkspace {
+  void* act = nullptr;         // ≥ max_tokens·max_in·4 bytes: x̂ (f32 for kGemv, bf16/f32 for kGemm)
+  void* wbuf = nullptr;        // dequantized weight rows for kGemm, wbuf_nbytes
+  size_t act_nbytes = 0, wbuf_nbytes = 0;
+  void* cublas = nullptr;      // cublasHandle_t
+};
+
+// Allocates the workspace (cudaMalloc) and a cuBLAS handle; wbuf_nbytes must hold 128 rows of the
+// widest weight (128·n_in·4 bytes for f32 products). Frees them.
+Status linear_workspace_alloc(LinearWorkspace& ws, int max_tokens, int max_in, size_t wbuf_nbytes = size_t(64) << 20);
+void linear_workspace_free(LinearWorkspace& ws);
+
+enum class LinearPath { kAuto, kGemv, kGemm };
+const char* linear_path_name(LinearPath p);
+
+// Whether linear_cuda handles this weight (formats, divisibility limits above).
+Status linear_cuda_check(const DeviceLinear& w);
+
+// y = x̂·Wᵀ (see the top of this file). kAuto: kGemv for n_tokens ≤ 16, else kGemm.
+Status linear_cuda(const DeviceLinear& w, const float* x, int n_tokens, float* y, bool round_out,
+                   LinearWorkspace& ws, cudaStream_t stream, LinearPath path = LinearPath::kAuto);
+
+// The grouped low-rank output projection (model/attention.cpp): for each group g < n_groups,
+// z[:, g·rank + r] = Σ_k o[:, g·per_group + k] · w_a[g·rank + r, k], fp32 accumulation, no activation
+// quant; rounded to bf16 when round_out. w_a: bf16 [n_groups·rank, per_group]; o: f32
+// [n_tokens, n_groups·per_group]; z: f32 [n_tokens, n_groups·rank], overwritten.
+// Paths as linear_cuda (kGemm: strided-batched cuBLAS bf16 GEMM; o must then be bf16-representable,
+// as the attention output is).
+Status grouped_proj_cuda(const uint16_t* w_a, const float* o, int n_tokens, int n_groups, int rank, int per_group,
+                         float* z, bool round_out, LinearWorkspace& ws, cudaStream_t stream,
+                         LinearPath path = LinearPath::kAuto);
+
+}  // namespace spw

@@ -1,0 +1,112 @@
+// Elementwise helpers of the dense linears (dense_kernels.h): the activation fake quant (bit-exact
+// with formats/quant.h fake_quant_fp8), the weight dequantization into GEMM scratch (exact), and the
+// bf16 rounding of outputs. Simple one-thread-per-item kernels: they move a small fraction of the
+// bytes of the products they feed.
+// Tests: tests/gpu/test_cuda_dense.cpp (through linear_cuda, and the quantized activation directly).
+#include <cuda_bf16.h>
+
+#include "cuda/dense/dense_device.cuh"
+#include "cuda/dense/dense_kernels.h"
+
+namespace spw::densedev {
+namespace {
+
+constexpr int kThreads = 256;
+
+// One warp per (token, block of act_block): lanes stride the block, a butterfly max gives amax.
+template <bool Bf16Out>
+__global__ void __launch_bounds__(kThreads) act_quant_kernel(const float* __restrict__ x, int n_tokens, int n_in,
+                                                             int act_block, void* out) {
+  const int lane = threadIdx.x & 31;
+  const long job = static_cast<long>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  const int blocks_per_row = n_in / act_block;
+  if (job >= static_cast<long>(n_tokens) * blocks_per_row) return;
+  const size_t base = static_cast<size_t>(job) * act_block;  // rows are contiguous: block j of row t starts at (t·bpr + j)·B
+  float amax = 0.0f;
+  for (int i = lane; i < act_block; i += 32) amax = fmaxf(amax, fabsf(x[base + i]));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const float s = fp8_scale_of(amax);
+  for (int i = lane; i < act_block; i += 32) {
+    const float v = fake_quant_fp8_elem(x[base + i], s);
+    if constexpr (Bf16Out) static_cast<__nv_bfloat16*>(out)[base + i] = __float2bfloat16_rn(v);
+    else static_cast<float*>(out)[base + i] = v;
+  }
+}
+
+template <bool Bf16Out>
+__global__ void __launch_bounds__(kThreads) act_copy_kernel(const float* __restrict__ x, size_t n, void* out) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  if constexpr (Bf16Out) static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(x[i]);
+  else static_cast<float*>(out)[i] = x[i];
+}
+
+// One thread per 16-element chunk of the rows [row0, row0 + n_rows).
+template <DenseFormat F, bool Bf16Out>
+__global__ void __launch_bounds__(kThreads) dequant_rows_kernel(DeviceLinear w, int row0, int n_rows, void* out) {
+  const int chunks = w.n_in / 16;
+  const size_t job = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (job >= static_cast<size_t>(n_rows) * chunks) return;
+  const int r = static_cast<int>(job / chunks), k = static_cast<int>(job % chunks) * 16;
+  float v[16];
+  dequant_chunk<F>(load_chunk<F>(w.w, w.scale, row0 + r, k, w.n_in, w.weight_block), v);
+  const size_t o = static_cast<size_t>(r) * w.n_in + k;
+  if constexpr (Bf16Out) {
+    __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + o);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) p[j] = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+  } else {
+    float4* p = reinterpret_cast<float4*>(static_cast<float*>(out) + o);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) p[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) round_bf16_kernel(float* y, size_t n) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) y[i] = round_bf16_dev(y[i]);
+}
+
+unsigned blocks_for(size_t items) { return static_cast<unsigned>((items + kThreads - 1) / kThreads); }
+
+template <bool Bf16Out>
+cudaError_t dequant_rows_as(const DeviceLinear& w, int row0, int n_rows, void* out, cudaStream_t stream) {
+  const unsigned grid = blocks_for(static_cast<size_t>(n_rows) * (w.n_in / 16));
+  switch (w.format) {
+    case DenseFormat::kFp8: dequant_rows_kernel<DenseFormat::kFp8, Bf16Out><<<grid, kThreads, 0, stream>>>(w, row0, n_rows, out); break;
+    case DenseFormat::kFp4: dequant_rows_kernel<DenseFormat::kFp4, Bf16Out><<<grid, kThreads, 0, stream>>>(w, row0, n_rows, out); break;
+    case DenseFormat::kBf16: dequant_rows_kernel<DenseFormat::kBf16, Bf16Out><<<grid, kThreads, 0, stream>>>(w, row0, n_rows, out); break;
+    case DenseFormat::kF32: dequant_rows_kernel<DenseFormat::kF32, Bf16Out><<<grid, kThreads, 0, stream>>>(w, row0, n_rows, out); break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t act_prepare_launch(const float* x, int n_tokens, int n_in, int act_block, void* out, bool out_bf16,
+                               cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(n_tokens) * n_in;
+  if (act_block > 0) {
+    const unsigned grid = static_cast<unsigned>((n / act_block + kThreads / 32 - 1) / (kThreads / 32));
+    if (out_bf16) act_quant_kernel<true><<<grid, kThreads, 0, stream>>>(x, n_tokens, n_in, act_block, out);
+    else act_quant_kernel<false><<<grid, kThreads, 0, stream>>>(x, n_tokens, n_in, act_block, out);
+  } else {
+    if (out_bf16) act_copy_kernel<true><<<blocks_for(n), kThreads, 0, stream>>>(x, n, out);
+    else act_copy_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, n, out);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t dequant_rows_launch(const DeviceLinear& w, int row0, int n_rows, void* out, bool out_bf16,
+                                cudaStream_t stream) {
+  return out_bf16 ? dequant_rows_as<true>(w, row0, n_rows, out, stream) : dequant_rows_as<false>(w, row0, n_rows, out, stream);
+}
+
+cudaError_t round_bf16_launch(float* y, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  round_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, n);
+  return cudaGetLastError();
+}
+
+}  // namespace spw::densedev
