@@ -1,0 +1,153 @@
+// Device building blocks of the attention kernels: the number formats of the compact KV rows
+// (kv_pages.h) and the row quantize/dequantize steps.
+//
+// Bit-exactness with formats/dtypes.cpp and formats/quant.cpp is the contract: the encoders follow
+// the same steps (frexp, exact power-of-two scaling, rint in round-to-nearest-even mode), divisions
+// are IEEE (nvcc's default -prec-div=true; never build these with --use_fast_math), and every
+// product here is of a code value and a scale, which is exact. Tested through
+// tests/gpu/test_cuda_attn_kv.cpp (read(write(x)) == fake_quant(x)).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/attn/kv_pages.h"
+
+namespace spw::cuda::kvdev {
+
+// 1/448 and 1/6 rounded to f32 once, as formats/quant.cpp (the reference kernel's literals).
+constexpr float kInvE4m3Max = float(1.0 / 448.0);
+constexpr float kInvE2m1Max = float(1.0 / 6.0);
+
+__device__ __forceinline__ float bf16_round(float v) {
+  uint32_t bits = __float_as_uint(v);
+  if (isnan(v)) return __uint_as_float(((bits >> 16) | 0x0040u) << 16);
+  uint32_t lsb = (bits >> 16) & 1u;
+  return __uint_as_float(((bits + 0x7fffu + lsb) >> 16) << 16);
+}
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float v) { return uint16_t(__float_as_uint(bf16_round(v)) >> 16); }
+
+// formats/dtypes.cpp round_minifloat(): magnitude code of a ≥ 0 (finite) with mant_bits explicit
+// mantissa bits and smallest normal 2^min_exp; no saturation.
+__device__ __forceinline__ uint32_t round_minifloat(float a, int mant_bits, int min_exp) {
+  int exp = 0;
+  frexpf(a, &exp);
+  int e = exp - 1;
+  if (a == 0.0f || e < min_exp) e = min_exp;
+  uint32_t q = uint32_t(rintf(ldexpf(a, mant_bits - e)));
+  if (a < ldexpf(1.0f, min_exp)) return q;
+  uint32_t biased = uint32_t(e - min_exp + 1);
+  return (biased << mant_bits) + (q - (1u << mant_bits));
+}
+
+__device__ __forceinline__ float e4m3_to_f32(uint32_t code) {
+  float sign = (code & 0x80u) ? -1.0f : 1.0f;
+  int exp = int((code >> 3) & 0xfu), mant = int(code & 0x7u);
+  if (exp == 0xf && mant == 0x7) return __uint_as_float(0x7fc00000u);
+  if (exp == 0) return sign * ldexpf(float(mant), -9);
+  return sign * ldexpf(float(mant | 0x8), exp - 10);
+}
+
+__device__ __forceinline__ uint32_t f32_to_e4m3(float v) {
+  if (isnan(v)) return 0x7fu;
+  uint32_t sign = signbit(v) ? 0x80u : 0u;
+  float a = fabsf(v);
+  if (a > 448.0f) return sign | 0x7eu;
+  return sign | round_minifloat(a, 3, -6);
+}
+
+__device__ __forceinline__ float e2m1_to_f32(uint32_t nibble) {
+  const uint32_t m = nibble & 7u;
+  // {0, 0.5, 1, 1.5, 2, 3, 4, 6}
+  float mag = m < 4 ? 0.5f * float(m) : (m == 7 ? 6.0f : float(m - 2));
+  return (nibble & 8u) ? -mag : mag;
+}
+
+__device__ __forceinline__ uint32_t f32_to_e2m1(float v) {
+  if (isnan(v)) return 0x7u;
+  uint32_t sign = signbit(v) ? 0x8u : 0u;
+  float a = fabsf(v);
+  if (a >= 6.0f) return sign | 0x7u;
+  return sign | round_minifloat(a, 1, 0);
+}
+
+__device__ __forceinline__ float e8m0_to_f32(uint32_t code) {
+  if (code == 0xffu) return __uint_as_float(0x7fc00000u);
+  return ldexpf(1.0f, int(code) - 127);
+}
+
+// formats/dtypes.cpp pow2_ceil() as a ue8m0 code: exponent of 2^ceil(log2(v)) + 127.
+__device__ __forceinline__ uint32_t pow2_ceil_e8m0(float v) {
+  uint32_t bits = __float_as_uint(v);
+  int exp = int((bits >> 23) & 0xffu) - 127;
+  if (bits & 0x7fffffu) exp += 1;
+  return uint32_t(exp + 127);
+}
+
+// Byte offsets inside a row (layout in kv_pages.h).
+__host__ __device__ __forceinline__ int code_offset(const KvRowFormat& f) { return 2 * f.n_bf16; }
+__host__ __device__ __forceinline__ int scale_offset(const KvRowFormat& f) {
+  return 2 * f.n_bf16 + (f.elem == KvElem::kFp8E4m3 ? f.n_quant : f.n_quant / 2);
+}
+
+__device__ __forceinline__ float scale_value(const KvRowFormat& f, uint32_t code) {
+  return f.scale == KvScale::kUe8m0 ? e8m0_to_f32(code) : e4m3_to_f32(code);
+}
+
+// Address of logical row `row` of sequence `seq`.
+__device__ __forceinline__ const uint8_t* row_ptr(const KvPages& kv, size_t row_nbytes, int32_t seq, int64_t row) {
+  const int32_t page = kv.page_table[int64_t(seq) * kv.max_pages_per_seq + row / kKvPageRows];
+  return kv.pool + (int64_t(page) * kKvPageRows + row % kKvPageRows) * int64_t(row_nbytes);
+}
+
+// Channel c of a stored row, dequantized.
+__device__ __forceinline__ float load_channel(const KvRowFormat& f, const uint8_t* row, int c) {
+  if (c >= f.n_quant) {
+    const uint8_t* p = row + 2 * (c - f.n_quant);
+    return bf16_bits_to_f32(uint16_t(p[0] | (uint32_t(p[1]) << 8)));
+  }
+  const float s = scale_value(f, row[scale_offset(f) + c / f.block]);
+  if (f.elem == KvElem::kFp8E4m3) return e4m3_to_f32(row[code_offset(f) + c]) * s;
+  const uint32_t byte = row[code_offset(f) + c / 2];
+  return e2m1_to_f32((c & 1) ? (byte >> 4) : (byte & 0xfu)) * s;
+}
+
+// Quantizes scale block `b` (channels b·block ... b·block+block−1 of x) into `row`, exactly as
+// formats/quant.cpp's fake_quant_fp8 / fake_quant_fp4_ue8m0 / fake_quant_fp4_e4m3 on one block.
+__device__ __forceinline__ void store_block(const KvRowFormat& f, const float* x, int b, uint8_t* row) {
+  const int c0 = b * f.block;
+  float amax = 0.0f;
+  for (int i = 0; i < f.block; ++i) amax = fmaxf(amax, fabsf(x[c0 + i]));
+  float s;
+  uint32_t scode;
+  float lim;
+  if (f.elem == KvElem::kFp8E4m3) {  // fp8, ue8m0 (the only fp8 combination of the model)
+    scode = pow2_ceil_e8m0(fmaxf(amax, 1e-4f) * kInvE4m3Max);
+    s = e8m0_to_f32(scode);
+    lim = 448.0f;
+  } else if (f.scale == KvScale::kUe8m0) {
+    scode = pow2_ceil_e8m0(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) * kInvE2m1Max);
+    s = e8m0_to_f32(scode);
+    lim = 6.0f;
+  } else {
+    scode = f32_to_e4m3(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
+    s = e4m3_to_f32(scode);
+    lim = 6.0f;
+  }
+  row[scale_offset(f) + b] = uint8_t(scode);
+  uint8_t* codes = row + code_offset(f);
+  if (f.elem == KvElem::kFp8E4m3) {
+    for (int i = 0; i < f.block; ++i) codes[c0 + i] = uint8_t(f32_to_e4m3(fminf(fmaxf(x[c0 + i] / s, -lim), lim)));
+  } else {
+    for (int i = 0; i < f.block; i += 2) {
+      uint32_t lo = f32_to_e2m1(fminf(fmaxf(x[c0 + i] / s, -lim), lim));
+      uint32_t hi = f32_to_e2m1(fminf(fmaxf(x[c0 + i + 1] / s, -lim), lim));
+      codes[(c0 + i) / 2] = uint8_t(lo | (hi << 4));
+    }
+  }
+}
+
+}  // namespace spw::cuda::kvdev

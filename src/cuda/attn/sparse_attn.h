@@ -1,0 +1,59 @@
+// Sparse attention with a per-head sink on the GPU (specs/deepseek-v4.md §3, §4.3 step 5, §5.2 step 4;
+// CPU reference ref::sparse_attn_sink, composed as in src/model/attention.cpp), reading K = V rows
+// straight from the compact paged storage (kv_pages.h) and dequantizing them on the fly.
+//
+// For query i at position t = q_pos[i] of sequence s = q_seq[i], the rows, in this order, are
+//   window: positions max(0, t − window + 1) .. t; a position ≥ chunk_pos0[i] is row
+//           chunk_row0[i] + (pos − chunk_pos0[i]) of chunk_kv (this step's new rows, f32, already
+//           fake-quantized like the ring), an earlier one is ring row pos mod window of sequence s;
+//   compressed: entries sel[i][0 .. sel_stride), −1 entries skipped, from `comp` of sequence s.
+// ℓ_j = (q_h·c_j)·scale, m = max_j ℓ_j, p_j = exp(ℓ_j − m),
+// o_h = Σ_j p̃_j·c_j / (Σ_j p_j + exp(sink_h − m)), p̃_j = bf16(p_j) if round_p_bf16 else p_j; with no
+// rows the output is zero (as the reference).
+// Decode = one query per sequence (chunk_pos0 = t, chunk_kv holding the new token's row, or
+// chunk_pos0 = t + 1 if the ring already holds it); prefill = many queries of one sequence with
+// chunk_pos0 = the chunk's first position. Hazard: the ring rows this call reads must not have been
+// overwritten by this step's rows yet (write the ring after attention, as attention.cpp does).
+//
+// Contract: device pointers. q [n_q, n_heads, d_head] f32, out [n_q, n_heads, d_head] f32
+// (overwritten, no aliasing). Logits stay in shared memory: window + sel_stride ≤ kSparseAttnMaxRows.
+// Numerics: exact max (two passes), fp32 throughout; p_j·c_j accumulated over j in the reference's
+// order, so results differ from the CPU only by the dot-product summation order and expf vs exp.
+// Limits: d_head ≤ 1024 (formats as kv_format_supported), n_heads ≥ 1.
+// Tests: tests/gpu/test_cuda_attn_sparse.cpp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "base/status.h"
+#include "cuda/attn/kv_pages.h"
+
+namespace spw::cuda {
+
+// V4 ratio-128 layers at 1 M context: 8192 entries + 128 window rows; 40 KiB of logits.
+constexpr int kSparseAttnMaxRows = 10 * 1024;
+
+struct SparseAttnArgs {
+  const float* q = nullptr;     // [n_q, n_heads, d_head]
+  const float* sink = nullptr;  // [n_heads]
+  int32_t n_q = 0, n_heads = 0, d_head = 0, window = 0;
+  float scale = 0.f;            // 1/√d_head in the model
+  bool round_p_bf16 = true;
+  // Per query.
+  const int32_t* q_seq = nullptr;       // [n_q] sequence (row of the page tables)
+  const int64_t* q_pos = nullptr;       // [n_q]
+  const int64_t* chunk_pos0 = nullptr;  // [n_q] first position whose row is in chunk_kv
+  const int32_t* chunk_row0 = nullptr;  // [n_q] its row in chunk_kv
+  const float* chunk_kv = nullptr;      // [*, d_head] f32
+  KvPages ring;                         // window ring (logical row = pos mod window)
+  const int32_t* sel = nullptr;         // [n_q, sel_stride] compressed entry ids, −1 = none; null if none
+  int32_t sel_stride = 0;
+  KvPages comp;                         // compressed entries (logical row = entry id)
+  float* out = nullptr;                 // [n_q, n_heads, d_head]
+};
+
+Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream);
+
+}  // namespace spw::cuda
