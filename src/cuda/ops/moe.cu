@@ -1,0 +1,114 @@
+// Router and SwiGLU kernels (contract in moe.h).
+//   router: one block per token; scores (and biased scores) in shared memory; top_k rounds of a
+//     block argmax that skips the experts already chosen; thread 0 forms the weights in order.
+//   swiglu: one thread per element.
+#include "cuda/ops/device_numerics.cuh"
+#include "cuda/ops/moe.h"
+
+namespace spw::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kMaxExperts = 4096;
+constexpr int kMaxTopK = 64;
+
+// bias != nullptr: biased top-k; else experts from tid2eid[tokens[t]].
+__global__ void __launch_bounds__(kThreads)
+    router_kernel(const float* logits, const float* bias, const int32_t* tokens, const int32_t* tid2eid,
+                  int n_experts, int top_k, float norm_eps, float route_scale, int32_t* experts, float* weights) {
+  extern __shared__ float smem[];
+  float* scores = smem;                  // [n_experts]
+  float* biased = smem + n_experts;      // [n_experts]
+  __shared__ float scratch_v[32];
+  __shared__ int scratch_i[32];
+  __shared__ int chosen[kMaxTopK];
+  const int64_t t = blockIdx.x;
+  const float* lt = logits + t * n_experts;
+  for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
+    const float s = sqrtf(dev::softplus(lt[e]));
+    scores[e] = s;
+    if (bias) biased[e] = s + bias[e];
+  }
+  __syncthreads();
+  if (bias) {
+    for (int k = 0; k < top_k; ++k) {
+      float bv = -INFINITY;
+      int bi = INT32_MAX;
+      for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
+        bool taken = false;
+        for (int j = 0; j < k; ++j) taken |= chosen[j] == e;
+        if (!taken && dev::better(biased[e], e, bv, bi)) bv = biased[e], bi = e;
+      }
+      dev::block_argmax(bv, bi, scratch_v, scratch_i);
+      if (threadIdx.x == 0) chosen[k] = bi;
+      __syncthreads();
+    }
+  } else if (threadIdx.x == 0) {
+    for (int k = 0; k < top_k; ++k) chosen[k] = tid2eid[int64_t(tokens[t]) * top_k + k];
+  }
+  if (threadIdx.x != 0) return;
+  float sum = 0.f;
+  for (int k = 0; k < top_k; ++k) sum += scores[chosen[k]];
+  for (int k = 0; k < top_k; ++k) {
+    experts[t * top_k + k] = chosen[k];
+    weights[t * top_k + k] = scores[chosen[k]] / (sum + norm_eps) * route_scale;
+  }
+}
+
+Status launch_router(const char* op, const float* logits, const float* bias, const int32_t* tokens,
+                     const int32_t* tid2eid, int64_t n_tokens, int n_experts, int top_k, float norm_eps,
+                     float route_scale, int32_t* experts, float* weights, cudaStream_t stream) {
+  if (n_experts <= 0 || n_experts > kMaxExperts || top_k <= 0 || top_k > n_experts || top_k > kMaxTopK)
+    return make_error(op, ": ", n_experts, " experts, top_k ", top_k, " (supported: top_k ≤ ", kMaxTopK,
+                      ", top_k ≤ experts ≤ ", kMaxExperts, ")");
+  if (n_tokens <= 0) return {};
+  if (n_tokens > INT32_MAX) return make_error(op, ": ", n_tokens, " tokens exceed one grid dimension");
+  const size_t smem = sizeof(float) * 2 * n_experts;
+  router_kernel<<<unsigned(n_tokens), kThreads, smem, stream>>>(logits, bias, tokens, tid2eid, n_experts, top_k,
+                                                                norm_eps, route_scale, experts, weights);
+  return launch_status(op);
+}
+
+__global__ void swiglu_kernel(const float* g, int64_t g_stride, const float* u, int64_t u_stride,
+                              const float* row_weights, int64_t n_rows, int64_t n, float limit, bool round_out,
+                              float* h) {
+  const int64_t job = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (job >= n_rows * n) return;
+  const int64_t r = job / n, i = job % n;
+  float gi = g[r * g_stride + i], ui = u[r * u_stride + i];
+  if (limit > 0) {
+    gi = dev::min_std(gi, limit);
+    ui = dev::clamp_std(ui, -limit, limit);
+  }
+  const float v = dev::silu(gi) * ui * (row_weights ? row_weights[r] : 1.0f);
+  h[job] = round_out ? dev::round_bf16(v) : v;
+}
+
+}  // namespace
+
+Status router_topk(const float* logits, const float* bias, int64_t n_tokens, int n_experts, int top_k, float norm_eps,
+                   float route_scale, int32_t* experts, float* weights, cudaStream_t stream) {
+  if (bias == nullptr) return make_error("router_topk: the selection bias is required");
+  return launch_router("router_topk", logits, bias, nullptr, nullptr, n_tokens, n_experts, top_k, norm_eps,
+                       route_scale, experts, weights, stream);
+}
+
+Status router_hash(const float* logits, const int32_t* tokens, const int32_t* tid2eid, int64_t n_tokens,
+                   int n_experts, int top_k, float norm_eps, float route_scale, int32_t* experts, float* weights,
+                   cudaStream_t stream) {
+  if (tokens == nullptr || tid2eid == nullptr) return make_error("router_hash: tokens and tid2eid are required");
+  return launch_router("router_hash", logits, nullptr, tokens, tid2eid, n_tokens, n_experts, top_k, norm_eps,
+                       route_scale, experts, weights, stream);
+}
+
+Status swiglu(const float* g, int64_t g_stride, const float* u, int64_t u_stride, const float* row_weights,
+              int64_t n_rows, int64_t n, float limit, bool round_out, float* h, cudaStream_t stream) {
+  if (n <= 0 || g_stride < n || u_stride < n)
+    return make_error("swiglu: width ", n, " with strides ", g_stride, ", ", u_stride);
+  if (n_rows <= 0) return {};
+  swiglu_kernel<<<grid_for(n_rows * n, 256), 256, 0, stream>>>(g, g_stride, u, u_stride, row_weights, n_rows, n, limit,
+                                                                round_out, h);
+  return launch_status("swiglu_kernel");
+}
+
+}  // namespace spw::cuda

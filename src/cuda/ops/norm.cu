@@ -1,0 +1,49 @@
+// round_bf16 and rms_norm (contract in norm.h). One thread per element for rounding; one block per
+// row for the norm: the block sums squares in f64, then every thread scales its strided elements.
+#include "cuda/ops/device_numerics.cuh"
+#include "cuda/ops/norm.h"
+
+namespace spw::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void round_bf16_kernel(float* x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = dev::round_bf16(x[i]);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_kernel(const float* x, const float* w, float* y, int64_t d, float eps, bool round_out) {
+  __shared__ double scratch[32];
+  const float* xr = x + int64_t(blockIdx.x) * d;
+  float* yr = y + int64_t(blockIdx.x) * d;
+  double ss = 0.0;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) ss += double(xr[i]) * xr[i];
+  ss = dev::block_sum(ss, scratch);
+  // The reference: 1.0f / std::sqrt(float(ss / double(d)) + eps); IEEE sqrt and division here.
+  const float inv = 1.0f / sqrtf(float(ss / double(d)) + eps);
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    float v = (w ? w[i] : 1.0f) * (xr[i] * inv);
+    yr[i] = round_out ? dev::round_bf16(v) : v;
+  }
+}
+
+}  // namespace
+
+Status round_bf16(float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return {};
+  round_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, n);
+  return launch_status("round_bf16_kernel");
+}
+
+Status rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t d, float eps, bool round_out,
+                cudaStream_t stream) {
+  if (d <= 0) return make_error("rms_norm: row width ", d, " must be positive");
+  if (n_rows <= 0) return {};
+  if (n_rows > INT32_MAX) return make_error("rms_norm: ", n_rows, " rows exceed one grid dimension");
+  rms_norm_kernel<<<unsigned(n_rows), kThreads, 0, stream>>>(x, w, y, d, eps, round_out);
+  return launch_status("rms_norm_kernel");
+}
+
+}  // namespace spw::cuda
