@@ -62,6 +62,58 @@ __device__ __forceinline__ void had128_warp(float (&v)[4], int lane) {
   for (int e = 0; e < 4; ++e) v[e] *= kHadScale;
 }
 
+// Hopper bulk copies (cp.async.bulk, TMA engine) completing on an mbarrier: one instruction moves a
+// contiguous run of trellis tiles into shared memory, so loading costs almost no issue slots.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// Makes barrier initialisation visible to the async proxy (the bulk-copy engine) before first use.
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Blocks until the barrier's phase with this parity (0 for its 1st, 3rd, ... completion) is complete.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// bytes (multiple of 16, both addresses 16-byte aligned) from global to this block's shared memory.
+__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, unsigned bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(smem)),
+      "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// Decodes tile words into states s[0..7] of one lane (see lane_window) with 32-bit shifts only:
+// the lane's 8·K + 16 − K ≤ 64 bits are hi:lo, state j sits at bit 48 − j·K of hi:lo.
+template <int K>
+__device__ __forceinline__ void lane_states(uint32_t A, uint32_t B, uint32_t C, int off, uint32_t (&s)[8]) {
+  const uint32_t hi = __funnelshift_l(B, A, off), lo = __funnelshift_l(C, B, off);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    constexpr int kTop = 48;
+    const int sh = kTop - j * K;  // compile-time after unrolling
+    uint32_t v;
+    if (sh >= 32) v = hi >> (sh - 32);
+    else if (sh == 0) v = lo;
+    else v = __funnelshift_r(lo, hi, sh);
+    s[j] = (sh == 48) ? v : (v & 0xffffu);
+  }
+}
+
 // Where lane ℓ's bits live in a tile: its 8 states span ring bits [8ℓK + K − 16, 8(ℓ+1)K), at most
 // 64 bits for K ≤ 6, i.e. inside words wa, wb, wc (ring order) from bit `off` of wa.
 struct LaneWindow {
@@ -85,52 +137,53 @@ __device__ __forceinline__ LaneWindow lane_window(int lane) {
 template <int K, int CB>
 __device__ __forceinline__ void tile_mma(uint32_t A, uint32_t B, uint32_t C, int off, uint32_t a0, uint32_t a1,
                                          uint32_t a2, uint32_t a3, float (&c0)[4], float (&c1)[4]) {
-  const uint32_t hi = __funnelshift_l(B, A, off), lo = __funnelshift_l(C, B, off);
-  const uint64_t w = (static_cast<uint64_t>(hi) << 32) | lo;
   uint32_t s[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) s[j] = static_cast<uint32_t>(w >> (48 - j * K)) & 0xffffu;
+  lane_states<K>(A, B, C, off, s);
   const uint32_t b00 = decode2<CB>(s[0], s[1]), b01 = decode2<CB>(s[2], s[3]);
   const uint32_t b10 = decode2<CB>(s[4], s[5]), b11 = decode2<CB>(s[6], s[7]);
   mma16816(c0, a0, a1, a2, a3, b00, b01);
   mma16816(c1, a0, a1, a2, a3, b10, b11);
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned saddr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// Pipeline shape of strip_mma: S stages of U tiles each per warp, S − 1 stages in flight.
+// Pipeline shape of strip_mma: kStages stages of kStageTiles tiles per warp, all in flight at once.
 constexpr int kStages = 4, kStageTiles = 8;
-// Shared memory one warp's ring needs (bytes): trellis words, plus row-0 activations when X_ASYNC.
-template <int K, bool X_ASYNC>
+// Shared memory one warp's ring needs (bytes).
+template <int K>
 __host__ __device__ constexpr int ring_bytes() {
-  return kStages * kStageTiles * (8 * K + (X_ASYNC ? 8 : 0)) * 4;
+  return kStages * kStageTiles * 8 * K * 4;
 }
 
-// One warp: rows · Ŵ[kt0 .. kt0+n_tiles) × one 16-column strip. The trellis streams through a
-// warp-private shared-memory ring by cp.async (L2 → shared, bypassing L1), kStages − 1 stages of
-// kStageTiles tiles in flight while the current stage decodes, so each warp keeps ~2 KB of loads
-// outstanding without holding them in registers.
+// A warp-private ring of trellis tiles in shared memory, filled by bulk copies that complete on one
+// mbarrier per slot. `uses` counts the stages ever loaded; it gives each wait its slot and parity,
+// so one ring serves any number of strips in a row.
+struct WarpRing {
+  uint32_t* words;  // ring_bytes<K>() of shared memory, 16-byte aligned
+  uint64_t* bars;   // kStages mbarriers in shared memory
+  uint32_t uses;
+};
+// The whole warp calls this once before its first strip.
+__device__ __forceinline__ void warp_ring_init(WarpRing& r, int lane) {
+  if (lane == 0) {
+    for (int s = 0; s < kStages; ++s) mbar_init(&r.bars[s], 1);
+    mbar_fence_init();
+  }
+  r.uses = 0;
+  __syncwarp();
+}
+
+// One warp: rows · Ŵ[kt0 .. kt0+n_tiles) × one 16-column strip. Lane 0 bulk-copies the strip's tiles
+// (one copy per tile, tiles are `stride` words apart) into the warp's ring, up to kStages stages of
+// kStageTiles tiles in flight; the warp decodes each stage once its barrier completes.
 //   tiles: the strip's first tile (k-tile kt0), 16-byte aligned; stride: uint32 between consecutive
 //   k-tiles of a strip. xr: fp16 rotated activations, row r at xr + r·ldx, already offset to
-//   k = 16·kt0; rows ≥ m read as 0. ring: this warp's ring_bytes<K, X_ASYNC>() of shared memory.
-//   X_ASYNC (m must be 1): row 0 of xr also travels through the ring — through L2, so it may have
-//   been written earlier in the same launch by other blocks; otherwise xr is read with __ldg.
+//   k = 16·kt0; rows ≥ m read as 0. X_COHERENT: xr was written earlier in this launch, so it is read
+//   through L2 (__ldcg); otherwise it is read-only for the launch (__ldg).
 // Accumulators follow the mma C layout: c0/c1 [0..1] row g = lane/4, [2..3] row g + 8.
-template <int K, int CB, bool M16, bool X_ASYNC>
+template <int K, int CB, bool M16, bool X_COHERENT>
 __device__ __forceinline__ void strip_mma(const uint32_t* __restrict__ tiles, size_t stride, int n_tiles,
                                           const __half* __restrict__ xr, int ldx, int m, float (&c0)[4],
-                                          float (&c1)[4], int lane, uint32_t* ring) {
-  constexpr int kWords = 8 * K, kTileChunks = kWords / 4;  // 16-byte chunks per tile
-  constexpr int kSlotWords = kStageTiles * (kWords + (X_ASYNC ? 8 : 0));
-  constexpr int kStageChunks = kStageTiles * (kTileChunks + (X_ASYNC ? 2 : 0));
+                                          float (&c1)[4], int lane, WarpRing& ring) {
+  constexpr int kWords = 8 * K, kSlotWords = kStageTiles * kWords;
   const LaneWindow lw = lane_window<K>(lane);
   const int t4 = lane & 3, g = lane >> 2;
   const bool row0 = g < m, row1 = M16 && g + 8 < m;
@@ -138,55 +191,46 @@ __device__ __forceinline__ void strip_mma(const uint32_t* __restrict__ tiles, si
   const uint32_t* xb = reinterpret_cast<const uint32_t*>(xr + static_cast<size_t>(g + 8) * ldx) + t4;
   const int n_stages = (n_tiles + kStageTiles - 1) / kStageTiles;
 
-  auto issue = [&](int stage) {
-    if (stage < n_stages) {
-      uint32_t* slot = ring + (stage % kStages) * kSlotWords;
-      const int t0 = stage * kStageTiles;
-      for (int c = lane; c < kStageChunks; c += 32) {
-        if (!X_ASYNC || c < kStageTiles * kTileChunks) {
-          const int u = c / kTileChunks, ch = c % kTileChunks;
-          if (t0 + u < n_tiles) cp_async16(slot + u * kWords + ch * 4, tiles + (t0 + u) * stride + ch * 4);
-        } else {
-          const int xc = c - kStageTiles * kTileChunks;  // 2 chunks (16 halves) per tile
-          const int u = xc >> 1;
-          if (t0 + u < n_tiles)
-            cp_async16(slot + kStageTiles * kWords + xc * 4,
-                       reinterpret_cast<const uint32_t*>(xr) + (t0 + u) * 8 + (xc & 1) * 4);
-        }
-      }
-    }
-    cp_async_commit();  // an empty group keeps the wait count uniform
+  auto ldx32 = [](const uint32_t* p) -> uint32_t {
+    if constexpr (X_COHERENT) return __ldcg(p);
+    else return __ldg(p);
+  };
+  auto issue = [&](int st) {
+    if (lane != 0 || st >= n_stages) return;
+    const uint32_t slot = (ring.uses + st) % kStages;
+    const int t0 = st * kStageTiles, nt = min(kStageTiles, n_tiles - t0);
+    mbar_expect_tx(&ring.bars[slot], nt * kWords * 4);
+    for (int u = 0; u < nt; ++u)
+      bulk_copy(ring.words + slot * kSlotWords + u * kWords, tiles + (t0 + u) * stride, kWords * 4, &ring.bars[slot]);
   };
 
-#pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) issue(st);
+  auto tile = [&](const uint32_t* tw, int t) {
+    uint32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    if (row0) a0 = ldx32(xa + t * 8), a2 = ldx32(xa + t * 8 + 4);
+    if constexpr (M16) {
+      if (row1) a1 = ldx32(xb + t * 8), a3 = ldx32(xb + t * 8 + 4);
+    }
+    tile_mma<K, CB>(tw[lw.wa], tw[lw.wb], tw[lw.wc], lw.off, a0, a1, a2, a3, c0, c1);
+  };
+
+  for (int st = 0; st < kStages; ++st) issue(st);
 #pragma unroll 1
   for (int st = 0; st < n_stages; ++st) {
-    cp_async_wait<kStages - 2>();
-    __syncwarp();
-    issue(st + kStages - 1);  // refills the slot the previous iteration consumed
-    const uint32_t* slot = ring + (st % kStages) * kSlotWords;
+    const uint32_t use = ring.uses + st, slot = use % kStages;
+    mbar_wait(&ring.bars[slot], (use / kStages) & 1);
+    const uint32_t* sw = ring.words + slot * kSlotWords;
+    const int t0 = st * kStageTiles;
+    if (t0 + kStageTiles <= n_tiles) {  // full stage: no per-tile bounds checks
 #pragma unroll
-    for (int u = 0; u < kStageTiles; ++u) {
-      const int t = st * kStageTiles + u;
-      if (t < n_tiles) {
-        const uint32_t* tw = slot + u * kWords;
-        uint32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-        if constexpr (X_ASYNC) {
-          const uint32_t* xs = slot + kStageTiles * kWords + u * 8;
-          if (row0) a0 = xs[t4], a2 = xs[4 + t4];
-        } else {
-          if (row0) a0 = __ldg(xa + t * 8), a2 = __ldg(xa + t * 8 + 4);
-          if constexpr (M16) {
-            if (row1) a1 = __ldg(xb + t * 8), a3 = __ldg(xb + t * 8 + 4);
-          }
-        }
-        tile_mma<K, CB>(tw[lw.wa], tw[lw.wb], tw[lw.wc], lw.off, a0, a1, a2, a3, c0, c1);
-      }
+      for (int u = 0; u < kStageTiles; ++u) tile(sw + u * kWords, t0 + u);
+    } else {
+#pragma unroll 1
+      for (int u = 0; u < n_tiles - t0; ++u) tile(sw + u * kWords, t0 + u);
     }
-    __syncwarp();
+    __syncwarp();  // every lane has read the slot before lane 0 refills it
+    issue(st + kStages);
   }
-  cp_async_wait<0>();
+  ring.uses += n_stages;
 }
 
 // xr[i] = fp16(had128(x[i]·suh[i])) for one 128-block, by one warp; returns nothing else.

@@ -1,7 +1,8 @@
-// EXL3 small-batch GEMM/GEMV kernels (mma.sync m16n8k16, trellis decoded in registers), two paths
-// (Exl3GemmPath): kRing (rotation launch + per-warp cp.async rings) and kXSmem (x rotated per block
-// into shared memory, trellis in register batches). Contract, limits and accuracy: exl3_gemm.h.
-// Launch shape of both: grid (n/128 column groups, k splits), 256 threads; warp w of block (gx, gy)
+// EXL3 small-batch GEMM/GEMV kernels (mma.sync m16n8k16, trellis decoded in registers), three paths
+// (Exl3GemmPath): kRing (rotation launch + per-warp bulk-copy rings), kXSmem (x rotated per block into
+// shared memory, trellis in register batches) and kBulk (as kXSmem, trellis by block-wide bulk copies).
+// Contract, limits and accuracy: exl3_gemm.h.
+// Launch shape: grid (n/128 column groups, k splits), 256 compute threads; warp w of block (gx, gy)
 // owns output columns [128·gx + 16·w, +16) over the block's k slice; partial sums meet by fp32
 // atomics and the last block of a column group finishes it (output Hadamard, svh, bias).
 #include <cuda_fp16.h>
@@ -33,38 +34,27 @@ __global__ void __launch_bounds__(kThreads) exl3_rotate_kernel(const float* __re
                lane);
 }
 
-// Grid (n/128 column groups, k splits); warp w of block (gx, gy) owns output columns
-// [128·gx + 16·w, +16) over k-tiles [gy·per, min((gy+1)·per, k/16)).
-template <int K, int CB, bool M16>
-__global__ void __launch_bounds__(kThreads) exl3_gemm_kernel(
-    const uint16_t* __restrict__ trellis, const uint16_t* __restrict__ svh, const uint16_t* __restrict__ bias,
-    const __half* __restrict__ xr, float* __restrict__ y, float* acc, uint32_t* counters, int k, int n, int m,
-    int per) {
+// Partial sums of one warp's 16-column strip (mma C layout: c0/c1 [0..1] row g, [2..3] row g + 8) go
+// into the fp32 workspace; the last block of the column group to arrive applies the output Hadamard,
+// svh and bias, writes y and zeroes its workspace slice again. All threads of the block call this;
+// `has_strip` is false for threads that computed nothing (the bulk path's producer warp).
+template <bool M16>
+__device__ __forceinline__ void finish_column_group(const float (&c0)[4], const float (&c1)[4], bool has_strip,
+                                                    int tn, const uint16_t* __restrict__ svh,
+                                                    const uint16_t* __restrict__ bias, float* __restrict__ y,
+                                                    float* acc, uint32_t* counters, int n, int m) {
   constexpr int kRows = M16 ? 16 : 8;
-  constexpr int kWords = 8 * K;  // uint32 per tile
-  extern __shared__ __align__(16) uint32_t ring_smem[];
   __shared__ bool is_last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int k_tiles = k / 16, n_tn = n / 16;
-  const int kt0 = blockIdx.y * per, kt1 = min(k_tiles, kt0 + per);
-  const int tn = blockIdx.x * 8 + warp;
-  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
-  if (kt0 < kt1) {
-    const uint32_t* tiles = reinterpret_cast<const uint32_t*>(trellis) + (static_cast<size_t>(kt0) * n_tn + tn) * kWords;
-    strip_mma<K, CB, M16, false>(tiles, static_cast<size_t>(n_tn) * kWords, kt1 - kt0, xr + kt0 * 16, k, m, c0, c1,
-                                 lane, ring_smem + warp * (ring_bytes<K, false>() / 4));
-  }
-
-  // Partial sums into the workspace; the last block of this column group finishes it.
   const int t4 = lane & 3, g = lane >> 2;
   const int col = tn * 16 + 2 * t4;
-  if (g < m) {
+  if (has_strip && g < m) {
     atomicAdd(acc + g * n + col, c0[0]);
     atomicAdd(acc + g * n + col + 1, c0[1]);
     atomicAdd(acc + g * n + col + 8, c1[0]);
     atomicAdd(acc + g * n + col + 9, c1[1]);
   }
-  if (M16 && g + 8 < m) {
+  if (M16 && has_strip && g + 8 < m) {
     atomicAdd(acc + (g + 8) * n + col, c0[2]);
     atomicAdd(acc + (g + 8) * n + col + 1, c0[3]);
     atomicAdd(acc + (g + 8) * n + col + 8, c1[2]);
@@ -76,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_kernel(
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  for (int row = warp; row < m && row < kRows; row += kThreads / 32) {
+  for (int row = warp; row < m && row < kRows; row += blockDim.x / 32) {
     float* a = acc + static_cast<size_t>(row) * n + blockIdx.x * 128;
     float v[4];
 #pragma unroll
@@ -94,6 +84,58 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_kernel(
   if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 
+// Grid (n/128 column groups, k splits); warp w of block (gx, gy) owns output columns
+// [128·gx + 16·w, +16) over k-tiles [gy·per, min((gy+1)·per, k/16)).
+template <int K, int CB, bool M16>
+__global__ void __launch_bounds__(kThreads) exl3_gemm_kernel(
+    const uint16_t* __restrict__ trellis, const uint16_t* __restrict__ svh, const uint16_t* __restrict__ bias,
+    const __half* __restrict__ xr, float* __restrict__ y, float* acc, uint32_t* counters, int k, int n, int m,
+    int per) {
+  constexpr int kWords = 8 * K;  // uint32 per tile
+  extern __shared__ __align__(16) uint32_t ring_smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int k_tiles = k / 16, n_tn = n / 16;
+  const int kt0 = blockIdx.y * per, kt1 = min(k_tiles, kt0 + per);
+  const int tn = blockIdx.x * 8 + warp;
+  __shared__ __align__(8) uint64_t bars[kThreads / 32][kStages];
+  WarpRing ring{ring_smem + warp * (ring_bytes<K>() / 4), bars[warp], 0};
+  warp_ring_init(ring, lane);
+  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+  if (kt0 < kt1) {
+    const uint32_t* tiles = reinterpret_cast<const uint32_t*>(trellis) + (static_cast<size_t>(kt0) * n_tn + tn) * kWords;
+    strip_mma<K, CB, M16, false>(tiles, static_cast<size_t>(n_tn) * kWords, kt1 - kt0, xr + kt0 * 16, k, m, c0, c1,
+                                 lane, ring);
+  }
+
+  finish_column_group<M16>(c0, c1, true, tn, svh, bias, y, acc, counters, n, m);
+}
+
+// xs[row][i] = fp16(had128(x[row][k0 + i] · suh[k0 + i])) for i < klen, rows < kRows (rows ≥ m zero),
+// row stride ld halves; all warps of the block share the 128-blocks.
+template <int kRows>
+__device__ __forceinline__ void rotate_slice(const float* __restrict__ x, const uint16_t* __restrict__ suh, half* xs,
+                                             int ld, int k, int k0, int klen, int m) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
+  const int nblk = klen / 128;
+  for (int job = warp; job < kRows * nblk; job += n_warps) {
+    const int row = job / nblk, b = job % nblk;
+    half* dst = xs + row * ld + b * 128;
+    float v[4];
+    if (row < m) {
+      const float* src = x + static_cast<size_t>(row) * k + k0 + b * 128;
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        v[e] = src[lane + 32 * e] * __half2float(__ushort_as_half(suh[k0 + b * 128 + lane + 32 * e]));
+      had128_warp(v, lane);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] = 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[lane + 32 * e] = __float2half_rn(v[e]);
+  }
+}
+
 // Path kXSmem (the first kernel): each block rotates its k-slice of x into shared memory itself (no
 // second launch), then each warp loads its strip's tiles in 8-tile register batches and decodes them.
 // Grid (n/128 column groups, k splits of ≤ kMaxKBlocksPerSplit·128), same epilogue as the ring path.
@@ -107,30 +149,13 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_xsmem_kernel(
   constexpr int kWords = 8 * K;  // uint32 per tile
   extern __shared__ __align__(16) unsigned char smem_raw[];
   half* xs = reinterpret_cast<half*>(smem_raw);
-  __shared__ bool is_last;
   const int ld = kpb + 8;  // +8 halves: rows land on distinct banks for the A-fragment loads
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int k0 = blockIdx.y * kpb;
   const int klen = min(kpb, k - k0);
 
-  // 1. xs[row][i] = fp16(had128(x[row][k0 + i] · suh[k0 + i])), rows ≥ m zero.
-  const int nblk = klen / 128;
-  for (int job = warp; job < kRows * nblk; job += kThreads / 32) {
-    const int row = job / nblk, b = job % nblk;
-    half* dst = xs + row * ld + b * 128;
-    float v[4];
-    if (row < m) {
-      const float* src = x + static_cast<size_t>(row) * k + k0 + b * 128;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[e] = src[lane + 32 * e] * __half2float(__ushort_as_half(suh[k0 + b * 128 + lane + 32 * e]));
-      had128_warp(v, lane);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[e] = 0.0f;
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dst[lane + 32 * e] = __float2half_rn(v[e]);
-  }
+  // 1. The block's k slice of x, rotated, in shared memory.
+  rotate_slice<kRows>(x, suh, xs, ld, k, k0, klen, m);
   __syncthreads();
 
   // 2. This warp's 16-column strip over the k slice.
@@ -180,43 +205,108 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_xsmem_kernel(
   }
 
   // 3. Partial sums into the workspace; the last block of this column group finishes it.
-  const int col = tn * 16 + 2 * t4;
-  if (g < m) {
-    atomicAdd(acc + g * n + col, c0[0]);
-    atomicAdd(acc + g * n + col + 1, c0[1]);
-    atomicAdd(acc + g * n + col + 8, c1[0]);
-    atomicAdd(acc + g * n + col + 9, c1[1]);
-  }
-  if (M16 && g + 8 < m) {
-    atomicAdd(acc + (g + 8) * n + col, c0[2]);
-    atomicAdd(acc + (g + 8) * n + col + 1, c0[3]);
-    atomicAdd(acc + (g + 8) * n + col + 8, c1[2]);
-    atomicAdd(acc + (g + 8) * n + col + 9, c1[3]);
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  for (int row = warp; row < m && row < kRows; row += kThreads / 32) {
-    float* a = acc + static_cast<size_t>(row) * n + blockIdx.x * 128;
-    float v[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = __ldcg(a + lane + 32 * e);
-    had128_warp(v, lane);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int c = blockIdx.x * 128 + lane + 32 * e;
-      float r = v[e] * __half2float(__ushort_as_half(svh[c]));
-      if (bias) r += __half2float(__ushort_as_half(bias[c]));
-      y[static_cast<size_t>(row) * n + c] = r;
-      __stcg(a + lane + 32 * e, 0.0f);
-    }
-  }
-  if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+  finish_column_group<M16>(c0, c1, true, tn, svh, bias, y, acc, counters, n, m);
 }
 
+
+// Path kBulk: like kXSmem, but the trellis reaches shared memory by bulk copies (cp.async.bulk on the
+// TMA engine), issued by a ninth, producer warp into a kBulkStages-deep ring: one copy moves the
+// 8 tiles of a k-tile row of the column group (256·K contiguous bytes), so loads cost almost no issue
+// slots and ~kBulkStages·kBulkStageKt·256·K bytes per block stay in flight while the 8 consumer
+// warps decode. full[s] completes when a stage's bytes have landed; empty[s] when all 8 consumer
+// warps are done with it. Grid as kXSmem; 288 threads.
+constexpr int kBulkStages = 4, kBulkStageKt = 8;  // stages in the ring, k-tiles per stage
+constexpr int kBulkThreads = kThreads + 32;
+template <int K>
+__host__ __device__ constexpr int bulk_ring_bytes() {
+  return kBulkStages * kBulkStageKt * 8 * 8 * K * 4;
+}
+template <int K, int CB, bool M16>
+__global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
+    const uint16_t* __restrict__ trellis, const uint16_t* __restrict__ suh, const uint16_t* __restrict__ svh,
+    const uint16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y, float* acc,
+    uint32_t* counters, int k, int n, int m, int kpb) {
+  constexpr int kRows = M16 ? 16 : 8;
+  constexpr int kWords = 8 * K;               // uint32 per tile
+  constexpr int kRowWords = 8 * kWords;       // one k-tile row of the column group
+  constexpr int kStageWords = kBulkStageKt * kRowWords;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint32_t* ring = reinterpret_cast<uint32_t*>(smem_raw);
+  half* xs = reinterpret_cast<half*>(smem_raw + bulk_ring_bytes<K>());
+  __shared__ __align__(8) uint64_t full[kBulkStages], empty[kBulkStages];
+  const int ld = kpb + 8;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int k0 = blockIdx.y * kpb, klen = min(kpb, k - k0);
+  const int n_stages = klen / (16 * kBulkStageKt);  // klen is a multiple of 128
+  const int n_tn = n / 16;
+  const bool producer = warp == kThreads / 32;
+
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < kBulkStages; ++st) {
+      mbar_init(&full[st], 1);
+      mbar_init(&empty[st], kThreads / 32);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  const char* src = reinterpret_cast<const char*>(trellis) +
+                    (static_cast<size_t>(k0 / 16) * n_tn + blockIdx.x * 8) * kWords * 4;
+  const size_t row_stride = static_cast<size_t>(n_tn) * kWords * 4;
+  auto issue = [&](int st) {  // producer lane 0 only
+    const int slot = st % kBulkStages;
+    mbar_expect_tx(&full[slot], kStageWords * 4);
+    for (int r = 0; r < kBulkStageKt; ++r)
+      bulk_copy(ring + slot * kStageWords + r * kRowWords,
+                src + static_cast<size_t>(st * kBulkStageKt + r) * row_stride, kRowWords * 4, &full[slot]);
+  };
+  // The first stages fly while the block rotates x.
+  if (producer && lane == 0)
+    for (int st = 0; st < kBulkStages && st < n_stages; ++st) issue(st);
+  rotate_slice<kRows>(x, suh, xs, ld, k, k0, klen, m);
+  __syncthreads();
+
+  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+  if (producer) {
+    if (lane == 0)
+      for (int st = kBulkStages; st < n_stages; ++st) {
+        mbar_wait(&empty[st % kBulkStages], (st / kBulkStages - 1) & 1);
+        issue(st);
+      }
+  } else {
+    const LaneWindow lw = lane_window<K>(lane);
+    const int t4 = lane & 3, g = lane >> 2;
+#pragma unroll 1
+    for (int st = 0; st < n_stages; ++st) {
+      const int slot = st % kBulkStages;
+      mbar_wait(&full[slot], (st / kBulkStages) & 1);
+      const uint32_t* tw = ring + slot * kStageWords + warp * kWords;
+      const half* xr = xs + g * ld + st * kBulkStageKt * 16 + 2 * t4;
+#pragma unroll
+      for (int r = 0; r < kBulkStageKt; ++r) {
+        const uint32_t* t = tw + r * kRowWords;
+        uint32_t sv[8];
+        lane_states<K>(t[lw.wa], t[lw.wb], t[lw.wc], lw.off, sv);
+        const uint32_t b00 = decode2<CB>(sv[0], sv[1]), b01 = decode2<CB>(sv[2], sv[3]);
+        const uint32_t b10 = decode2<CB>(sv[4], sv[5]), b11 = decode2<CB>(sv[6], sv[7]);
+        const half* xrr = xr + r * 16;
+        const uint32_t a0 = *reinterpret_cast<const uint32_t*>(xrr);
+        const uint32_t a2 = *reinterpret_cast<const uint32_t*>(xrr + 8);
+        uint32_t a1 = 0, a3 = 0;
+        if constexpr (M16) {
+          a1 = *reinterpret_cast<const uint32_t*>(xrr + 8 * ld);
+          a3 = *reinterpret_cast<const uint32_t*>(xrr + 8 * ld + 8);
+        }
+        mma16816(c0, a0, a1, a2, a3, b00, b01);
+        mma16816(c1, a0, a1, a2, a3, b10, b11);
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[slot]);
+    }
+  }
+  finish_column_group<M16>(c0, c1, !producer, blockIdx.x * 8 + (producer ? 0 : warp), svh, bias, y, acc, counters, n,
+                           m);
+}
 
 using RingKernel = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, const __half*, float*, float*,
                             uint32_t*, int, int, int, int);
@@ -246,6 +336,10 @@ Fn pick_kernel(int K, int cb, bool m16) {
 template <int K, int CB, bool M16>
 struct RingPick {
   static constexpr RingKernel fn = exl3_gemm_kernel<K, CB, M16>;
+};
+template <int K, int CB, bool M16>
+struct BulkPick {
+  static constexpr XSmemKernel fn = exl3_gemm_bulk_kernel<K, CB, M16>;
 };
 template <int K, int CB, bool M16>
 struct XSmemPick {
@@ -301,7 +395,7 @@ Status set_smem(const void* fn, size_t smem) {
   return {};
 }
 
-// Path kRing: rotation kernel, then per-warp cp.async rings (exl3_device.cuh: strip_mma).
+// Path kRing: rotation kernel, then per-warp bulk-copy rings (exl3_device.cuh: strip_mma).
 Status gemm_ring(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, cudaStream_t s) {
   // Enough blocks for ~4 resident per SM; each warp then streams k_tiles/splits tiles of its strip.
   const int64_t n_groups = t.n / 128, k_tiles = t.k / 16;
@@ -315,7 +409,7 @@ Status gemm_ring(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, E
     exl3_rotate_kernel<<<static_cast<unsigned>((rot_jobs + 7) / 8), kThreads, 0, s>>>(x + c * t.k, t.suh, xr,
                                                                                        static_cast<int>(t.k), mc);
     RingKernel fn = pick_kernel<RingKernel, RingPick>(t.bits.ka(), static_cast<int>(t.codebook), mc > 8);
-    const size_t smem = static_cast<size_t>(kThreads / 32) * 4 * kStages * kStageTiles * 8 * t.bits.ka();
+    const size_t smem = static_cast<size_t>(kThreads / 32) * kStages * kStageTiles * 8 * t.bits.ka() * 4;
     if (Status st = set_smem(reinterpret_cast<const void*>(fn), smem); !st.ok()) return st;
     fn<<<dim3(static_cast<unsigned>(n_groups), static_cast<unsigned>(splits)), kThreads, smem, s>>>(
         t.trellis, t.svh, t.bias, xr, y + c * t.n, ws.acc, ws.counters, static_cast<int>(t.k), static_cast<int>(t.n), mc,
@@ -346,6 +440,29 @@ Status gemm_xsmem(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, 
   return {};
 }
 
+// Path kBulk: as kXSmem, with the bulk-copy ring (exl3_gemm_bulk_kernel).
+Status gemm_bulk(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, cudaStream_t s) {
+  const int64_t n_groups = t.n / 128, k_blocks = t.k / 128;
+  int64_t splits = std::min<int64_t>(k_blocks, std::max<int64_t>(1, (4 * sm_count() + n_groups - 1) / n_groups));
+  int64_t per = std::min<int64_t>(kMaxKBlocksPerSplit, (k_blocks + splits - 1) / splits);
+  splits = (k_blocks + per - 1) / per;
+  const int kpb = static_cast<int>(per * 128);
+  const int K = t.bits.ka();
+  for (int64_t c = 0; c < m; c += 16) {
+    const int mc = static_cast<int>(std::min<int64_t>(16, m - c));
+    const bool m16 = mc > 8;
+    XSmemKernel fn = pick_kernel<XSmemKernel, BulkPick>(K, static_cast<int>(t.codebook), m16);
+    const size_t smem = static_cast<size_t>(kBulkStages) * kBulkStageKt * 8 * 8 * K * 4 +
+                        sizeof(__half) * (m16 ? 16 : 8) * (kpb + 8);
+    if (Status st = set_smem(reinterpret_cast<const void*>(fn), smem); !st.ok()) return st;
+    fn<<<dim3(static_cast<unsigned>(n_groups), static_cast<unsigned>(splits)), kBulkThreads, smem, s>>>(
+        t.trellis, t.suh, t.svh, t.bias, x + c * t.k, y + c * t.n, ws.acc, ws.counters, static_cast<int>(t.k),
+        static_cast<int>(t.n), mc, kpb);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch exl3_gemm_bulk_kernel", e);
+  }
+  return {};
+}
+
 }  // namespace
 
 const char* exl3_gemm_path_name(Exl3GemmPath p) {
@@ -353,6 +470,7 @@ const char* exl3_gemm_path_name(Exl3GemmPath p) {
     case Exl3GemmPath::kAuto: return "auto";
     case Exl3GemmPath::kXSmem: return "xsmem";
     case Exl3GemmPath::kRing: return "ring";
+    case Exl3GemmPath::kBulk: return "bulk";
   }
   return "?";
 }
@@ -368,7 +486,11 @@ Status exl3_gemm_cuda(const Exl3CudaTensor& t, const float* x, int64_t m, float*
   if (m < 1) return make_error("exl3_gemm_cuda: m=", m);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // kAuto = kXSmem: the faster of the two in the last H200 measurement (bench/results/exl3_h200.md).
-  return path == Exl3GemmPath::kRing ? gemm_ring(t, x, m, y, ws, s) : gemm_xsmem(t, x, m, y, ws, s);
+  switch (path) {
+    case Exl3GemmPath::kRing: return gemm_ring(t, x, m, y, ws, s);
+    case Exl3GemmPath::kBulk: return gemm_bulk(t, x, m, y, ws, s);
+    default: return gemm_xsmem(t, x, m, y, ws, s);
+  }
 }
 
 }  // namespace spw

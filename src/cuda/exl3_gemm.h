@@ -54,9 +54,11 @@ void exl3_cuda_workspace_free(Exl3CudaWorkspace& ws);
 // Two implementations of the same product, kept side by side while the H200 measurements decide:
 //   kXSmem: one launch; each block rotates its k-slice of x into shared memory, warps load their strip's
 //           trellis in 8-tile register batches.
-//   kRing:  a rotation launch, then warps stream their strip through a cp.async shared-memory ring.
+//   kRing:  a rotation launch, then each warp streams its strip through its own bulk-copy ring.
+//   kBulk:  as kXSmem, but a producer warp streams the trellis into a shared-memory ring by bulk copies
+//           (cp.async.bulk, sm_90+), so loads take almost no issue slots.
 // kAuto picks the one measured faster (currently kXSmem).
-enum class Exl3GemmPath { kAuto, kXSmem, kRing };
+enum class Exl3GemmPath { kAuto, kXSmem, kRing, kBulk };
 const char* exl3_gemm_path_name(Exl3GemmPath p);
 
 // stream: a cudaStream_t (void* so host code needs no CUDA headers); nullptr = default stream.

@@ -61,7 +61,9 @@ __global__ void __launch_bounds__(kThreads, 3) exl3_moe_kernel(MoeArgs a) {
   constexpr int kWords = 8 * K;
   extern __shared__ __align__(16) uint32_t ring_smem[];
   const int lane = threadIdx.x & 31;
-  uint32_t* ring = ring_smem + (threadIdx.x >> 5) * (ring_bytes<K, true>() / 4);
+  __shared__ __align__(8) uint64_t bars[kWarps][kStages];
+  WarpRing ring{ring_smem + (threadIdx.x >> 5) * (ring_bytes<K>() / 4), bars[threadIdx.x >> 5], 0};
+  warp_ring_init(ring, lane);
   const int warp0 = blockIdx.x * kWarps + (threadIdx.x >> 5), n_warps = gridDim.x * kWarps;
   const int P = a.T * a.topk, d = a.d, f = a.f;
   const int dblk = d / 128, fblk = f / 128, d_tn = d / 16, f_tn = f / 16, d_kt = d / 16, f_kt = f / 16;
@@ -232,7 +234,7 @@ Status exl3_moe_decode_cuda(const Exl3CudaMoeLayer& layer, const float* x, const
     cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
     return v > 0 ? v : 1;
   }();
-  const size_t smem = static_cast<size_t>(kWarps) * 4 * kStages * kStageTiles * (8 * layer.bits.ka() + 8);
+  const size_t smem = static_cast<size_t>(kWarps) * kStages * kStageTiles * 8 * layer.bits.ka() * 4;
   if (smem > 40 * 1024) {  // dynamic + static above 48 KB needs the opt-in
     if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
         e != cudaSuccess)
