@@ -1,0 +1,90 @@
+// spw_cuda_ops rope_apply (cuda/ops/rope.h) against ref::rope_apply, per token position: V4.1 q
+// [n_tokens, 64 heads, 512] and kv [n_tokens, 512] with d_rope 64, the indexer's 128-wide heads,
+// plain (θ 10000) and YaRN frequency tables, forward and inverse, positions from 0 to past 2^20, and
+// awkward sizes (d_rope 2, d = d_rope, 1..1023 vectors).
+// Tolerance: angle and rotation are the reference's f32 operations without FMA, so outputs are
+// bit-exact when cos/sin agree; the GPU's cos/sin are the correctly rounded f32 values and glibc's
+// cosf/sinf can differ by 1 ulp, so each output may differ by 2·FLT_EPSILON·(|a| + |b|) (a, b: the
+// pair's inputs). The untouched first d − d_rope channels must be bit-identical.
+#if defined(SPW_HAVE_CUDA)
+#include <cfloat>
+#include <iostream>
+#include <random>
+
+#include "cuda/ops/rope.h"
+#include "formats/dtypes.h"
+#include "ops/ref/rope.h"
+#include "test_cuda_ops_util.h"
+
+namespace spw {
+namespace {
+
+using cuda_test::Guarded;
+using cuda_test::no_nan;
+using cuda_test::within;
+
+void rope_case(const ref::RopeParams& rp, int64_t n_tokens, int64_t heads, int64_t d, bool inverse, int64_t pos0,
+               int64_t pos_step, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "d_rope=" << rp.d_rope << " yarn=" << rp.yarn << " base=" << rp.base
+                                  << " tokens=" << n_tokens << " heads=" << heads << " d=" << d << " inverse="
+                                  << inverse << " pos0=" << pos0 << " step=" << pos_step);
+  const std::vector<float> freqs = ref::rope_frequencies(rp);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(size_t(n_tokens * heads * d));
+  for (auto& v : x) v = round_bf16(nd(rng));
+  std::vector<int64_t> pos(n_tokens);
+  for (int64_t t = 0; t < n_tokens; ++t) pos[t] = pos0 + t * pos_step;
+  std::vector<float> want = x;
+  for (int64_t t = 0; t < n_tokens; ++t)
+    ref::rope_apply(want.data() + t * heads * d, size_t(heads), size_t(d), freqs, pos[t], inverse);
+
+  Guarded<float> dx(x), df(freqs);
+  Guarded<int64_t> dp(pos);
+  SPW_ASSERT_OK(cuda::rope_apply(dx.get(), n_tokens * heads, d, rp.d_rope, df.get(), dp.get(), heads, inverse, nullptr));
+  const std::vector<float> got = dx.download();
+  ASSERT_TRUE(no_nan(got));
+  const int64_t d_nope = d - rp.d_rope;
+  auto tol = [&](size_t i) {
+    const int64_t c = int64_t(i % size_t(d));
+    if (c < d_nope) return 0.0;  // must be untouched
+    const size_t pair = i - size_t((c - d_nope) % 2);
+    return 2.0 * FLT_EPSILON * (std::fabs(x[pair]) + std::fabs(x[pair + 1]));
+  };
+  size_t n_exact = 0;
+  EXPECT_TRUE(within(got, want, tol, &n_exact));
+  std::cout << "  [rope] " << n_exact << " of " << got.size() << " bit-exact\n";
+  EXPECT_TRUE(dx.guards_intact());
+}
+
+ref::RopeParams plain(int d_rope) { return {10000.f, d_rope, false}; }
+ref::RopeParams yarn(int d_rope) { return {160000.f, d_rope, true, 16.f, 65536, 32.f, 1.f}; }
+
+TEST(CudaOpsRope, RealShapes) {
+  SPW_REQUIRE_GPU();
+  rope_case(plain(64), 1, 64, 512, false, 4095, 1, 1);        // q, decode, window layer
+  rope_case(yarn(64), 17, 64, 512, false, 100000, 1, 2);      // q, prefill chunk, compressed layer
+  rope_case(plain(64), 127, 1, 512, false, 0, 1, 3);          // kv from position 0
+  rope_case(yarn(64), 7, 64, 512, true, 1 << 20, 3, 4);       // inverse on the attention output
+  rope_case(yarn(64), 33, 64, 128, false, 65530, 1, 5);       // indexer q (64 heads of 128)
+  rope_case(yarn(64), 9, 1, 512, false, 0, 128, 6);           // compressed entries at g·r
+}
+
+TEST(CudaOpsRope, AwkwardSizes) {
+  SPW_REQUIRE_GPU();
+  rope_case(plain(2), 1, 1, 2, false, 5, 1, 11);
+  rope_case(plain(2), 7, 3, 7, true, 1, 1, 12);
+  rope_case(yarn(16), 17, 5, 17 + 16, false, 1000003, 17, 13);
+  rope_case(plain(64), 1023, 1, 64, false, 0, 1, 14);
+  rope_case(yarn(64), 3, 127, 1023, true, 2000000, 1, 15);
+}
+
+TEST(CudaOpsRope, RejectsBadShapes) {
+  EXPECT_FALSE(cuda::rope_apply(nullptr, 4, 64, 63, nullptr, nullptr, 1, false, nullptr).ok());   // odd d_rope
+  EXPECT_FALSE(cuda::rope_apply(nullptr, 4, 32, 64, nullptr, nullptr, 1, false, nullptr).ok());   // d_rope > d
+  EXPECT_FALSE(cuda::rope_apply(nullptr, 5, 64, 64, nullptr, nullptr, 2, false, nullptr).ok());   // 5 % 2
+}
+
+}  // namespace
+}  // namespace spw
+#endif  // SPW_HAVE_CUDA
