@@ -17,6 +17,7 @@
 #include "ops/ref/linalg.h"
 #include "ops/ref/moe.h"
 #include "ops/ref/topk.h"
+#include "quantize/exl3_quantize.h"
 #include "quantize/safetensors_writer.h"
 #include "tokenizer/tokenizer.h"
 
@@ -92,20 +93,6 @@ Result<CalibrationRows> load_calibration_rows(const std::string& model_dir, cons
 
 namespace {
 
-// H[d][d] += ω·x·xᵀ for each row of x [m][d] (ω = 1 when weights is null).
-void add_outer(std::vector<double>& h, const float* x, const float* weights, int m, int d) {
-  std::vector<double> xd(static_cast<size_t>(d));
-  for (int t = 0; t < m; ++t) {
-    const double w = weights ? weights[t] : 1.0;
-    for (int a = 0; a < d; ++a) xd[size_t(a)] = x[size_t(t) * d + a];
-    for (int a = 0; a < d; ++a) {
-      const double xa = w * xd[size_t(a)];
-      double* row = &h[size_t(a) * d];
-      for (int b = 0; b < d; ++b) row[b] += xa * xd[size_t(b)];
-    }
-  }
-}
-
 // y[m][n_out] = x[m][n_in]·Wᵀ, single-threaded (runs inside the pool's parallel loop).
 void matmul_local(const float* x, const std::vector<float>& w, float* y, int m, int n_in, int n_out) {
   for (int t = 0; t < m; ++t)
@@ -175,7 +162,7 @@ Result<std::vector<LayerHessians>> collect_hessians(const std::string& model_dir
   auto on_ffn_in = [&](int layer, const float* x, int n) {
     LayerAcc& la = acc[size_t(slot_of[size_t(layer)])];
     const LayerWeights& lw = w.layers[size_t(layer)];
-    add_outer(la.h, x, nullptr, n, d);
+    hessian_add_outer(la.h, x, nullptr, n, d);
     la.n += n;
     // Router, as model/moe.cpp: sqrtsoftplus scores, biased top-k (or the hash table), weights.
     std::vector<float> logits(size_t(n) * E), scores(size_t(n) * E), biased(static_cast<size_t>(E));
@@ -210,14 +197,14 @@ Result<std::vector<LayerHessians>> collect_hessians(const std::string& model_dir
         if (m > 0) {
           xs.resize(size_t(m) * d);
           for (int j = 0; j < m; ++j) std::memcpy(&xs[size_t(j) * d], x + size_t(tok_of[e][size_t(j)]) * d, sizeof(float) * d);
-          add_outer(ea.h13, xs.data(), wt_of[e].data(), m, d);
+          hessian_add_outer(ea.h13, xs.data(), wt_of[e].data(), m, d);
           expert_hidden(lw.experts[e], xs.data(), m, d, c.swiglu_limit, h);
-          add_outer(ea.h2, h.data(), wt_of[e].data(), m, f);
+          hessian_add_outer(ea.h2, h.data(), wt_of[e].data(), m, f);
           for (float v : wt_of[e]) ea.n += v;
         }
         if (n_prior > 0) {
           expert_hidden(lw.experts[e], x, n_prior, d, c.swiglu_limit, h);
-          add_outer(ea.prior2, h.data(), nullptr, n_prior, f);
+          hessian_add_outer(ea.prior2, h.data(), nullptr, n_prior, f);
           ea.prior_n += n_prior;
         }
       }

@@ -120,6 +120,19 @@ uint16_t to_f16(double v) { return exl3_f64_to_f16(v); }
 
 }  // namespace
 
+void hessian_add_outer(std::vector<double>& h, const float* x, const float* weights, int m, int d) {
+  std::vector<double> xd(static_cast<size_t>(d));
+  for (int t = 0; t < m; ++t) {
+    const double w = weights ? weights[t] : 1.0;
+    for (int a = 0; a < d; ++a) xd[size_t(a)] = x[size_t(t) * d + a];
+    for (int a = 0; a < d; ++a) {
+      const double xa = w * xd[size_t(a)];
+      double* row = &h[size_t(a) * d];
+      for (int b = 0; b < d; ++b) row[b] += xa * xd[size_t(b)];
+    }
+  }
+}
+
 double codebook_sigma(Exl3Codebook cb) {
   const float* lut = exl3_codebook_lut_f32(cb);
   double s = 0, s2 = 0;

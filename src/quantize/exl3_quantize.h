@@ -63,6 +63,11 @@ double exl3_proxy_error(const float* w, const float* wq, int64_t k, int64_t n, c
 // triangular. Returns L ([k][k], row-major) or an error when H is not PD.
 Result<std::vector<double>> block_ldl(const std::vector<double>& h, int64_t k);
 
+// Proxy Hessian accumulation: h[d][d] += ω_t·x_tᵀx_t for each row t of x [m][d] (ω = 1 when
+// weights is null), fp64, rows in order. calibration.cpp accumulates with it; it is also the
+// reference of hessian_accumulate_cuda (quantize/cuda/exl3_steps_cuda.h).
+void hessian_add_outer(std::vector<double>& h, const float* x, const float* weights, int m, int d);
+
 // Standard deviation of a codebook's 65,536 values.
 double codebook_sigma(Exl3Codebook cb);
 
