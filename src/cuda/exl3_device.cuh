@@ -132,17 +132,22 @@ __device__ __forceinline__ LaneWindow lane_window(int lane) {
   return w;
 }
 
-// Decodes one tile from the lane's three words and accumulates x-rows · tile into c0 (tile columns
-// 0..7) and c1 (8..15). a0..a3: the A fragments of these 16 k-values (rows g and g+8).
-template <int K, int CB>
-__device__ __forceinline__ void tile_mma(uint32_t A, uint32_t B, uint32_t C, int off, uint32_t a0, uint32_t a1,
-                                         uint32_t a2, uint32_t a3, float (&c0)[4], float (&c1)[4]) {
+// Decodes one tile from the lane's three words and accumulates tile-columns × tokens on tensor cores,
+// with the weight tile as the A operand (its 16 columns are the mma's rows, so one m16n8k16 covers
+// the whole tile) and the activations as B (8 tokens per mma). A lane's 8 decoded positions are
+// exactly its A fragment: (col g, k 2t4..+1), (col g+8, ...), (col g, k 2t4+8..+9), (col g+8, ...).
+//   x0/x1: token g's fp16 pairs at k 2t4 and 2t4+8 of this tile; x2/x3 the same for token g+8 (M16).
+//   Accumulator layout ("tile accumulators"): c_lo[0] = y[token 2t4][col g], c_lo[1] = y[2t4+1][g],
+//   c_lo[2] = y[2t4][g+8], c_lo[3] = y[2t4+1][g+8]; c_hi the same for tokens 8 + 2t4 (+1).
+template <int K, int CB, bool M16>
+__device__ __forceinline__ void tile_mma(uint32_t A, uint32_t B, uint32_t C, int off, uint32_t x0, uint32_t x1,
+                                         uint32_t x2, uint32_t x3, float (&c_lo)[4], float (&c_hi)[4]) {
   uint32_t s[8];
   lane_states<K>(A, B, C, off, s);
-  const uint32_t b00 = decode2<CB>(s[0], s[1]), b01 = decode2<CB>(s[2], s[3]);
-  const uint32_t b10 = decode2<CB>(s[4], s[5]), b11 = decode2<CB>(s[6], s[7]);
-  mma16816(c0, a0, a1, a2, a3, b00, b01);
-  mma16816(c1, a0, a1, a2, a3, b10, b11);
+  const uint32_t w0 = decode2<CB>(s[0], s[1]), w1 = decode2<CB>(s[2], s[3]);
+  const uint32_t w2 = decode2<CB>(s[4], s[5]), w3 = decode2<CB>(s[6], s[7]);
+  mma16816(c_lo, w0, w2, w1, w3, x0, x1);
+  if constexpr (M16) mma16816(c_hi, w0, w2, w1, w3, x2, x3);
 }
 
 // Pipeline shape of strip_mma: kStages stages of kStageTiles tiles per warp, all in flight at once.
@@ -178,17 +183,17 @@ __device__ __forceinline__ void warp_ring_init(WarpRing& r, int lane) {
 //   k-tiles of a strip. xr: fp16 rotated activations, row r at xr + r·ldx, already offset to
 //   k = 16·kt0; rows ≥ m read as 0. X_COHERENT: xr was written earlier in this launch, so it is read
 //   through L2 (__ldcg); otherwise it is read-only for the launch (__ldg).
-// Accumulators follow the mma C layout: c0/c1 [0..1] row g = lane/4, [2..3] row g + 8.
+// Accumulators: tile_mma's layout (c_hi only with M16). Tokens ≥ m read token m − 1 again (their
+// results are garbage the caller drops), so no load is predicated.
 template <int K, int CB, bool M16, bool X_COHERENT>
 __device__ __forceinline__ void strip_mma(const uint32_t* __restrict__ tiles, size_t stride, int n_tiles,
-                                          const __half* __restrict__ xr, int ldx, int m, float (&c0)[4],
-                                          float (&c1)[4], int lane, WarpRing& ring) {
+                                          const __half* __restrict__ xr, int ldx, int m, float (&c_lo)[4],
+                                          float (&c_hi)[4], int lane, WarpRing& ring) {
   constexpr int kWords = 8 * K, kSlotWords = kStageTiles * kWords;
   const LaneWindow lw = lane_window<K>(lane);
   const int t4 = lane & 3, g = lane >> 2;
-  const bool row0 = g < m, row1 = M16 && g + 8 < m;
-  const uint32_t* xa = reinterpret_cast<const uint32_t*>(xr + static_cast<size_t>(g) * ldx) + t4;
-  const uint32_t* xb = reinterpret_cast<const uint32_t*>(xr + static_cast<size_t>(g + 8) * ldx) + t4;
+  const uint32_t* xa = reinterpret_cast<const uint32_t*>(xr + static_cast<size_t>(min(g, m - 1)) * ldx) + t4;
+  const uint32_t* xb = reinterpret_cast<const uint32_t*>(xr + static_cast<size_t>(min(g + 8, m - 1)) * ldx) + t4;
   const int n_stages = (n_tiles + kStageTiles - 1) / kStageTiles;
 
   auto ldx32 = [](const uint32_t* p) -> uint32_t {
@@ -205,12 +210,10 @@ __device__ __forceinline__ void strip_mma(const uint32_t* __restrict__ tiles, si
   };
 
   auto tile = [&](const uint32_t* tw, int t) {
-    uint32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-    if (row0) a0 = ldx32(xa + t * 8), a2 = ldx32(xa + t * 8 + 4);
-    if constexpr (M16) {
-      if (row1) a1 = ldx32(xb + t * 8), a3 = ldx32(xb + t * 8 + 4);
-    }
-    tile_mma<K, CB>(tw[lw.wa], tw[lw.wb], tw[lw.wc], lw.off, a0, a1, a2, a3, c0, c1);
+    const uint32_t x0 = ldx32(xa + t * 8), x1 = ldx32(xa + t * 8 + 4);
+    uint32_t x2 = 0, x3 = 0;
+    if constexpr (M16) x2 = ldx32(xb + t * 8), x3 = ldx32(xb + t * 8 + 4);
+    tile_mma<K, CB, M16>(tw[lw.wa], tw[lw.wb], tw[lw.wc], lw.off, x0, x1, x2, x3, c_lo, c_hi);
   };
 
   for (int st = 0; st < kStages; ++st) issue(st);

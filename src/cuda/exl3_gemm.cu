@@ -34,12 +34,12 @@ __global__ void __launch_bounds__(kThreads) exl3_rotate_kernel(const float* __re
                lane);
 }
 
-// Partial sums of one warp's 16-column strip (mma C layout: c0/c1 [0..1] row g, [2..3] row g + 8) go
-// into the fp32 workspace; the last block of the column group to arrive applies the output Hadamard,
-// svh and bias, writes y and zeroes its workspace slice again. All threads of the block call this;
+// Partial sums of one warp's 16-column strip (tile accumulators, exl3_device.cuh: tile_mma) go into
+// the fp32 workspace; the last block of the column group to arrive applies the output Hadamard, svh
+// and bias, writes y and zeroes its workspace slice again. All threads of the block call this;
 // `has_strip` is false for threads that computed nothing (the bulk path's producer warp).
 template <bool M16>
-__device__ __forceinline__ void finish_column_group(const float (&c0)[4], const float (&c1)[4], bool has_strip,
+__device__ __forceinline__ void finish_column_group(const float (&c_lo)[4], const float (&c_hi)[4], bool has_strip,
                                                     int tn, const uint16_t* __restrict__ svh,
                                                     const uint16_t* __restrict__ bias, float* __restrict__ y,
                                                     float* acc, uint32_t* counters, int n, int m) {
@@ -47,18 +47,20 @@ __device__ __forceinline__ void finish_column_group(const float (&c0)[4], const 
   __shared__ bool is_last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t4 = lane & 3, g = lane >> 2;
-  const int col = tn * 16 + 2 * t4;
-  if (has_strip && g < m) {
-    atomicAdd(acc + g * n + col, c0[0]);
-    atomicAdd(acc + g * n + col + 1, c0[1]);
-    atomicAdd(acc + g * n + col + 8, c1[0]);
-    atomicAdd(acc + g * n + col + 9, c1[1]);
-  }
-  if (M16 && has_strip && g + 8 < m) {
-    atomicAdd(acc + (g + 8) * n + col, c0[2]);
-    atomicAdd(acc + (g + 8) * n + col + 1, c0[3]);
-    atomicAdd(acc + (g + 8) * n + col + 8, c1[2]);
-    atomicAdd(acc + (g + 8) * n + col + 9, c1[3]);
+  const int col = tn * 16 + g;
+  if (has_strip) {
+#pragma unroll
+    for (int h = 0; h < (M16 ? 2 : 1); ++h) {
+      const float* c = h ? c_hi : c_lo;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int tok = 8 * h + 2 * t4 + j;
+        if (tok < m) {
+          atomicAdd(acc + tok * n + col, c[j]);
+          atomicAdd(acc + tok * n + col + 8, c[2 + j]);
+        }
+      }
+    }
   }
   __threadfence();
   __syncthreads();
@@ -100,14 +102,14 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_kernel(
   __shared__ __align__(8) uint64_t bars[kThreads / 32][kStages];
   WarpRing ring{ring_smem + warp * (ring_bytes<K>() / 4), bars[warp], 0};
   warp_ring_init(ring, lane);
-  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+  float c_lo[4] = {0.f, 0.f, 0.f, 0.f}, c_hi[4] = {0.f, 0.f, 0.f, 0.f};
   if (kt0 < kt1) {
     const uint32_t* tiles = reinterpret_cast<const uint32_t*>(trellis) + (static_cast<size_t>(kt0) * n_tn + tn) * kWords;
-    strip_mma<K, CB, M16, false>(tiles, static_cast<size_t>(n_tn) * kWords, kt1 - kt0, xr + kt0 * 16, k, m, c0, c1,
+    strip_mma<K, CB, M16, false>(tiles, static_cast<size_t>(n_tn) * kWords, kt1 - kt0, xr + kt0 * 16, k, m, c_lo, c_hi,
                                  lane, ring);
   }
 
-  finish_column_group<M16>(c0, c1, true, tn, svh, bias, y, acc, counters, n, m);
+  finish_column_group<M16>(c_lo, c_hi, true, tn, svh, bias, y, acc, counters, n, m);
 }
 
 // xs[row][i] = fp16(had128(x[row][k0 + i] · suh[k0 + i])) for i < klen, rows < kRows (rows ≥ m zero),
@@ -163,14 +165,9 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_xsmem_kernel(
   const int tn = blockIdx.x * 8 + warp;
   const uint32_t* tiles = reinterpret_cast<const uint32_t*>(trellis) + (static_cast<size_t>(k0 / 16) * n_tn + tn) * kWords;
   const size_t tile_stride = static_cast<size_t>(n_tn) * kWords;
-  // The lane's 8 states span ring bits [8·lane·K + K − 16, 8·(lane+1)·K): at most 64 bits for K ≤ 6.
-  int start = 8 * lane * K + K - 16;
-  if (start < 0) start += 256 * K;
-  const int wa = start >> 5, off = start & 31;
-  const int wb = wa + 1 == kWords ? 0 : wa + 1;
-  const int wc = wb + 1 == kWords ? 0 : wb + 1;
+  const LaneWindow lw = lane_window<K>(lane);
   const int t4 = lane & 3, g = lane >> 2;
-  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+  float c_lo[4] = {0.f, 0.f, 0.f, 0.f}, c_hi[4] = {0.f, 0.f, 0.f, 0.f};
   const int n_tiles = klen / 16;  // multiple of 8
 #pragma unroll 1
   for (int it = 0; it < n_tiles; it += 8) {
@@ -178,34 +175,26 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_xsmem_kernel(
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const uint32_t* p = tiles + static_cast<size_t>(it + u) * tile_stride;
-      A[u] = __ldg(p + wa);
-      B[u] = __ldg(p + wb);
-      C[u] = __ldg(p + wc);
+      A[u] = __ldg(p + lw.wa);
+      B[u] = __ldg(p + lw.wb);
+      C[u] = __ldg(p + lw.wc);
     }
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
-      const uint32_t hi = __funnelshift_l(B[u], A[u], off), lo = __funnelshift_l(C[u], B[u], off);
-      const uint64_t w = (static_cast<uint64_t>(hi) << 32) | lo;
-      uint32_t s[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s[j] = static_cast<uint32_t>(w >> (48 - j * K)) & 0xffffu;
-      const uint32_t b00 = decode2<CB>(s[0], s[1]), b01 = decode2<CB>(s[2], s[3]);
-      const uint32_t b10 = decode2<CB>(s[4], s[5]), b11 = decode2<CB>(s[6], s[7]);
       const half* xr = xs + g * ld + (it + u) * 16 + 2 * t4;
-      const uint32_t a0 = *reinterpret_cast<const uint32_t*>(xr);
-      const uint32_t a2 = *reinterpret_cast<const uint32_t*>(xr + 8);
-      uint32_t a1 = 0, a3 = 0;
+      const uint32_t x0 = *reinterpret_cast<const uint32_t*>(xr);
+      const uint32_t x1 = *reinterpret_cast<const uint32_t*>(xr + 8);
+      uint32_t x2 = 0, x3 = 0;
       if constexpr (M16) {
-        a1 = *reinterpret_cast<const uint32_t*>(xr + 8 * ld);
-        a3 = *reinterpret_cast<const uint32_t*>(xr + 8 * ld + 8);
+        x2 = *reinterpret_cast<const uint32_t*>(xr + 8 * ld);
+        x3 = *reinterpret_cast<const uint32_t*>(xr + 8 * ld + 8);
       }
-      mma16816(c0, a0, a1, a2, a3, b00, b01);
-      mma16816(c1, a0, a1, a2, a3, b10, b11);
+      tile_mma<K, CB, M16>(A[u], B[u], C[u], lw.off, x0, x1, x2, x3, c_lo, c_hi);
     }
   }
 
   // 3. Partial sums into the workspace; the last block of this column group finishes it.
-  finish_column_group<M16>(c0, c1, true, tn, svh, bias, y, acc, counters, n, m);
+  finish_column_group<M16>(c_lo, c_hi, true, tn, svh, bias, y, acc, counters, n, m);
 }
 
 
@@ -266,7 +255,7 @@ __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
   rotate_slice<kRows>(x, suh, xs, ld, k, k0, klen, m);
   __syncthreads();
 
-  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+  float c_lo[4] = {0.f, 0.f, 0.f, 0.f}, c_hi[4] = {0.f, 0.f, 0.f, 0.f};
   if (producer) {
     if (lane == 0)
       for (int st = kBulkStages; st < n_stages; ++st) {
@@ -285,26 +274,21 @@ __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
 #pragma unroll
       for (int r = 0; r < kBulkStageKt; ++r) {
         const uint32_t* t = tw + r * kRowWords;
-        uint32_t sv[8];
-        lane_states<K>(t[lw.wa], t[lw.wb], t[lw.wc], lw.off, sv);
-        const uint32_t b00 = decode2<CB>(sv[0], sv[1]), b01 = decode2<CB>(sv[2], sv[3]);
-        const uint32_t b10 = decode2<CB>(sv[4], sv[5]), b11 = decode2<CB>(sv[6], sv[7]);
         const half* xrr = xr + r * 16;
-        const uint32_t a0 = *reinterpret_cast<const uint32_t*>(xrr);
-        const uint32_t a2 = *reinterpret_cast<const uint32_t*>(xrr + 8);
-        uint32_t a1 = 0, a3 = 0;
+        const uint32_t x0 = *reinterpret_cast<const uint32_t*>(xrr);
+        const uint32_t x1 = *reinterpret_cast<const uint32_t*>(xrr + 8);
+        uint32_t x2 = 0, x3 = 0;
         if constexpr (M16) {
-          a1 = *reinterpret_cast<const uint32_t*>(xrr + 8 * ld);
-          a3 = *reinterpret_cast<const uint32_t*>(xrr + 8 * ld + 8);
+          x2 = *reinterpret_cast<const uint32_t*>(xrr + 8 * ld);
+          x3 = *reinterpret_cast<const uint32_t*>(xrr + 8 * ld + 8);
         }
-        mma16816(c0, a0, a1, a2, a3, b00, b01);
-        mma16816(c1, a0, a1, a2, a3, b10, b11);
+        tile_mma<K, CB, M16>(t[lw.wa], t[lw.wb], t[lw.wc], lw.off, x0, x1, x2, x3, c_lo, c_hi);
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[slot]);
     }
   }
-  finish_column_group<M16>(c0, c1, !producer, blockIdx.x * 8 + (producer ? 0 : warp), svh, bias, y, acc, counters, n,
+  finish_column_group<M16>(c_lo, c_hi, !producer, blockIdx.x * 8 + (producer ? 0 : warp), svh, bias, y, acc, counters, n,
                            m);
 }
 

@@ -46,14 +46,13 @@ __device__ __forceinline__ float h2f(const uint16_t* p, int i) { return __half2f
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
 
-// Adds this warp's row-0 strip result (mma C layout, columns col0 + 2·t4 (+1, +8, +9)) to acc.
-__device__ __forceinline__ void add_row0(float* acc, int col0, const float (&c0)[4], const float (&c1)[4], int lane) {
-  if ((lane >> 2) != 0) return;
-  const int col = col0 + 2 * (lane & 3);
-  atomicAdd(acc + col, c0[0]);
-  atomicAdd(acc + col + 1, c0[1]);
-  atomicAdd(acc + col + 8, c1[0]);
-  atomicAdd(acc + col + 9, c1[1]);
+// Adds this warp's token-0 strip result (tile accumulators, exl3_device.cuh: tile_mma; token 0 sits in
+// lanes with t4 = 0: column g in c[0], column g + 8 in c[2]) to acc.
+__device__ __forceinline__ void add_row0(float* acc, int col0, const float (&c)[4], int lane) {
+  if ((lane & 3) != 0) return;
+  const int col = col0 + (lane >> 2);
+  atomicAdd(acc + col, c[0]);
+  atomicAdd(acc + col + 8, c[2]);
 }
 
 template <int K, int CB>
@@ -89,10 +88,10 @@ __global__ void __launch_bounds__(kThreads, 3) exl3_moe_kernel(MoeArgs a) {
     const int kt0 = kc * a.chunk_b, nt = min(a.chunk_b, d_kt - kt0);
     const uint32_t* tiles = reinterpret_cast<const uint32_t*>(a.experts[e].trellis[q]) +
                             (static_cast<size_t>(kt0) * f_tn + tn) * kWords;
-    float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+    float c_lo[4] = {0.f, 0.f, 0.f, 0.f}, c_hi[4] = {0.f, 0.f, 0.f, 0.f};
     strip_mma<K, CB, false, true>(tiles, static_cast<size_t>(f_tn) * kWords, nt,
-                                  a.xr_gu + (static_cast<size_t>(p) * 2 + q) * d + kt0 * 16, d, 1, c0, c1, lane, ring);
-    add_row0(a.acc_gu + (static_cast<size_t>(p) * 2 + q) * f, tn * 16, c0, c1, lane);
+                                  a.xr_gu + (static_cast<size_t>(p) * 2 + q) * d + kt0 * 16, d, 1, c_lo, c_hi, lane, ring);
+    add_row0(a.acc_gu + (static_cast<size_t>(p) * 2 + q) * f, tn * 16, c_lo, lane);
   }
   grid.sync();
 
@@ -141,10 +140,10 @@ __global__ void __launch_bounds__(kThreads, 3) exl3_moe_kernel(MoeArgs a) {
     const int kt0 = kc * a.chunk_d, nt = min(a.chunk_d, f_kt - kt0);
     const uint32_t* tiles = reinterpret_cast<const uint32_t*>(a.experts[e].trellis[2]) +
                             (static_cast<size_t>(kt0) * d_tn + tn) * kWords;
-    float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+    float c_lo[4] = {0.f, 0.f, 0.f, 0.f}, c_hi[4] = {0.f, 0.f, 0.f, 0.f};
     strip_mma<K, CB, false, true>(tiles, static_cast<size_t>(d_tn) * kWords, nt,
-                                  a.xr_d + static_cast<size_t>(p) * f + kt0 * 16, f, 1, c0, c1, lane, ring);
-    add_row0(a.acc_d + static_cast<size_t>(p) * d, tn * 16, c0, c1, lane);
+                                  a.xr_d + static_cast<size_t>(p) * f + kt0 * 16, f, 1, c_lo, c_hi, lane, ring);
+    add_row0(a.acc_d + static_cast<size_t>(p) * d, tn * 16, c_lo, lane);
   }
   grid.sync();
 
