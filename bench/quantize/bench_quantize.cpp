@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
       proxy = q->proxy_err;
     }
     per_expert += count * best;
-    char shape[32];
+    char shape[48];
     std::snprintf(shape, sizeof shape, "%lldx%lld", (long long)k, (long long)n);
     if (cpu) {
       auto c = spw::quant::exl3_quantize_tensor(p.w.data(), k, n, p.h, qp);

@@ -18,6 +18,8 @@ std::function<int()> add_quantize_command(CLI::App& app) {
   cmd->add_option("--out", o->out_dir, "output directory for the pack (resumes if it holds a partial run)")->required();
   cmd->add_option("--bits", o->bits, "EXL3 bits per weight K (integer 1..8)")->required();
   cmd->add_option("--codebook", o->codebook, "mul1, mcg or 3inst")->capture_default_str();
+  cmd->add_option("--device", o->device, "cpu or cuda (quantize each tensor on the GPU; CUDA builds)")
+      ->capture_default_str();
   cmd->add_option("--calibration", o->calibration, "calibration text (.txt) or .jsonl of {text} / {messages}");
   cmd->add_option("--calibration-tokens", o->calibration_tokens, "calibration tokens in all")->capture_default_str();
   cmd->add_option("--calibration-row", o->row_tokens, "tokens per calibration row")->capture_default_str();

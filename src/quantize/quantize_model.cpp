@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -28,6 +29,9 @@
 #include "quantize/exl3_quantize.h"
 #include "quantize/safetensors_writer.h"
 #include "quantize/trellis_encode.h"
+#if defined(SPW_HAVE_QUANTIZE_CUDA)
+#include "quantize/cuda/exl3_quantize_cuda.h"
+#endif
 
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
@@ -237,6 +241,11 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
   else if (o.codebook == "mcg") cb = Exl3Codebook::kMcg;
   else if (o.codebook == "3inst") cb = Exl3Codebook::k3Inst;
   else return make_error("--codebook ", o.codebook, ": expected mul1, mcg or 3inst");
+  const bool on_cuda = o.device == "cuda";
+  if (!on_cuda && o.device != "cpu") return make_error("--device ", o.device, ": expected cpu or cuda");
+#if !defined(SPW_HAVE_QUANTIZE_CUDA)
+  if (on_cuda) return make_error("--device cuda: this build has no CUDA quantizer (configure with -DSPILLWAY_CUDA=ON)");
+#endif
   if (o.out_dir.empty()) return make_error("--out: required");
   std::error_code ec;
   if (fs::exists(o.out_dir) && fs::equivalent(o.out_dir, o.model_dir, ec))
@@ -338,8 +347,10 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
                                    " tokens in rows of " + std::to_string(o.row_tokens) +
                                    (o.routing_weighted ? ", routing-weighted" : "") +
                                    (o.gate_up_shared ? ", gate/up shared per layer" : ", gate/up per expert"))
-      << "\n  estimated time: " << fmt_secs(est_seconds) << " on " << threads << " threads ("
-      << fmt_secs(tile_seconds * tiles_per_tensor) << " per tensor per thread, excluding calibration)\n"
+      << "\n  estimated time: "
+      << (on_cuda ? std::string("on the GPU (--device cuda); bench_quantize measures seconds per tensor\n")
+                  : fmt_secs(est_seconds) + " on " + std::to_string(threads) + " threads (" +
+                        fmt_secs(tile_seconds * tiles_per_tensor) + " per tensor per thread, excluding calibration)\n")
       << "  output: " << fmt_bytes(double(total_nbytes)) << " (" << fmt_bytes(double(base_nbytes))
       << " copied tensors, " << fmt_bytes(double(quant_nbytes)) << " EXL3 experts, " << fmt_bytes(double(copied_nbytes))
       << " other files) in " << (1 + layers.size()) << " shards\n";
@@ -366,6 +377,7 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
   if (ec) return make_error(work, ": cannot create: ", ec.message());
   ojson fingerprint{{"bits", o.bits},
                     {"codebook", o.codebook},
+                    {"device", o.device},
                     {"seed", o.seed},
                     {"identity_hessian", o.identity_hessian},
                     {"routing_weighted", o.routing_weighted},
@@ -457,7 +469,13 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
     std::atomic<int> next{0};
     std::mutex dump_mu;
     Status dump_status;
-    pool.parallel_for(size_t(threads), [&](size_t, size_t) {
+    // --device cuda: two workers share the GPU (one loads and dequantizes while the other runs).
+    const int workers = on_cuda ? std::min(threads, 2) : threads;
+    pool.parallel_for(size_t(workers), [&](size_t, size_t) {
+#if defined(SPW_HAVE_QUANTIZE_CUDA)
+      auto gpu = on_cuda ? Exl3CudaQuantizer::create()
+                         : Result<std::unique_ptr<Exl3CudaQuantizer>>(std::unique_ptr<Exl3CudaQuantizer>{});
+#endif
       for (int task = next++; task < n_tasks; task = next++) {
         const int ei = task / 3, w = task % 3 + 1, e = experts[size_t(ei)];
         const std::string& stem = stems[size_t(slot) * experts.size() * 3 + size_t(task)];
@@ -478,7 +496,12 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
         qp.bits = o.bits;
         qp.codebook = cb;
         qp.seed = mix_seed(o.seed, l, e, w);
-        results[size_t(task)] = exl3_quantize_tensor(wt->data(), k, n, h, qp);
+#if defined(SPW_HAVE_QUANTIZE_CUDA)
+        if (on_cuda)
+          results[size_t(task)] = gpu.ok() ? (*gpu)->quantize(wt->data(), k, n, h, qp) : Result<QuantizedTensor>(gpu.error());
+        else
+#endif
+          results[size_t(task)] = exl3_quantize_tensor(wt->data(), k, n, h, qp);
         if (results[size_t(task)].ok()) {
           const QuantizedTensor& q = *results[size_t(task)];
           reports[size_t(task)] = TensorReport{stem, l, e, w, k, n, tokens, q.proxy_err, q.proxy_err_before_refit,

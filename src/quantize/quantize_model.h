@@ -30,6 +30,7 @@ struct QuantizeModelOptions {
   std::string model_dir, out_dir, calibration;
   int bits = 0;
   std::string codebook = "mul1";
+  std::string device = "cpu";  // cpu | cuda (built with SPILLWAY_CUDA): where each tensor is quantized
   int64_t calibration_tokens = 16384;
   int row_tokens = 512;
   bool identity_hessian = false;
