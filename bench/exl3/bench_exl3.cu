@@ -3,7 +3,9 @@
 // ratio to the roofline trellis_bytes / bandwidth, and the CPU kernel (spw_cpu) on the same tensors.
 // Then the fused MoE decode kernel on one synthetic V4.1 layer (384 experts of 5120→2304→5120, K=3 mul1,
 // random trellis), different random experts every call, against the roofline of the selected experts'
-// trellis bytes, and against the same work done as 18·T separate exl3_gemm_cuda calls.
+// trellis bytes, and against the same work done as 18·T separate exl3_gemm_cuda calls. Then prefill on the
+// V4.1 expert shapes: decode-once + cuBLAS (exl3_prefill_cuda) vs the small-batch kernel in 16-token chunks
+// vs a dense bf16 cuBLAS GEMM of the same shape, with the bf16 tensor-core rate of a large square GEMM.
 // Usage: bench_exl3 DIR [iters] [gpu]   (DIR holds *.safetensors, one EXL3 linear each, prefix = file
 // stem; "gpu" skips the CPU kernel rows)
 // Driven by scripts/gpu_test.sh; results go to bench/results/exl3_h200.md.
@@ -20,6 +22,10 @@
 #include "cpu/exl3_gemm.h"
 #include "cuda/exl3_gemm.h"
 #include "cuda/exl3_moe.h"
+#include "cuda/exl3_prefill.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include "formats/exl3.h"
 #include "formats/safetensors.h"
 
@@ -160,6 +166,92 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
   exl3_cuda_workspace_free(gws);
 }
 
+// Prefill: tokens/s of one expert matrix at m tokens, three ways, and the dense bf16 tensor-core rate.
+static void bench_prefill(cudaEvent_t e0, cudaEvent_t e1) {
+  std::mt19937 rng(3);
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) { std::fprintf(stderr, "cublasCreate failed\n"); std::exit(1); }
+  float ms;
+  auto time_it = [&](int reps, auto&& fn) {
+    fn();
+    CK(cudaDeviceSynchronize());
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < reps; ++i) fn();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms * 1e3 / reps;  // µs
+  };
+  auto dense_gemm = [&](int64_t m, int64_t k, int64_t n, const void* w, const void* x, float* y) {
+    const float one = 1.f, zero = 0.f;
+    if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &one, w, CUDA_R_16BF, int(k), x, CUDA_R_16BF,
+                     int(k), &zero, y, CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasGemmEx failed\n");
+      std::exit(1);
+    }
+  };
+  // The tensor-core rate in this call: a large square bf16 GEMM.
+  {
+    const int64_t s = 8192;
+    void *w, *x;
+    float* y;
+    CK(cudaMalloc(&w, s * s * 2));
+    CK(cudaMalloc(&x, s * s * 2));
+    CK(cudaMalloc(&y, s * s * 4));
+    CK(cudaMemset(w, 0, s * s * 2));
+    CK(cudaMemset(x, 0, s * s * 2));
+    const double us = time_it(10, [&] { dense_gemm(s, s, s, w, x, y); });
+    std::printf("\nbf16 tensor-core rate (cuBLAS %lld³ GEMM, fp32 accumulate): %.0f TFLOP/s\n", (long long)s,
+                2.0 * s * s * s / (us * 1e-6) / 1e12);
+    CK(cudaFree(w));
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+  }
+  std::printf("\nPrefill, one expert matrix, K=3 mul1 (tokens/s; TFLOP/s on 2·m·k·n)\n");
+  std::printf("| k×n | m | decode-once + cuBLAS µs | tok/s | TFLOP/s | 16-token kernel chunks µs | tok/s | dense bf16 cuBLAS µs | tok/s | EXL3 best vs dense |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  for (auto [k, n] : {std::pair<int64_t, int64_t>{5120, 2304}, {2304, 5120}}) {
+    const int K = 3;
+    std::vector<uint16_t> tr(size_t(k / 16) * (n / 16) * 16 * K), sv(std::max(k, n));
+    for (auto& v : tr) v = rng() & 0xffff;
+    Exl3CudaTensor t;
+    uint16_t *dtr, *suh, *svh;
+    CK(cudaMalloc(&dtr, tr.size() * 2));
+    CK(cudaMemcpy(dtr, tr.data(), tr.size() * 2, cudaMemcpyHostToDevice));
+    for (auto& v : sv) v = exl3_f64_to_f16((rng() & 1) ? 0.01 : -0.01);
+    CK(cudaMalloc(&suh, k * 2));
+    CK(cudaMemcpy(suh, sv.data(), k * 2, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&svh, n * 2));
+    CK(cudaMemcpy(svh, sv.data(), n * 2, cudaMemcpyHostToDevice));
+    t.trellis = dtr, t.suh = suh, t.svh = svh, t.k = k, t.n = n, t.bits.k_x2 = 2 * K, t.codebook = Exl3Codebook::kMul1;
+    const int64_t max_m = 4096;
+    float *x, *y;
+    void *wd, *xd;
+    CK(cudaMalloc(&x, max_m * k * 4));
+    CK(cudaMalloc(&y, max_m * n * 4));
+    CK(cudaMemset(x, 0, max_m * k * 4));
+    CK(cudaMalloc(&wd, k * n * 2));
+    CK(cudaMalloc(&xd, max_m * k * 2));
+    CK(cudaMemset(wd, 0, k * n * 2));
+    CK(cudaMemset(xd, 0, max_m * k * 2));
+    Exl3PrefillWorkspace pws;
+    Exl3CudaWorkspace gws;
+    if (!exl3_prefill_workspace_alloc(pws, k, n, max_m).ok() || !exl3_cuda_workspace_alloc(gws, k, n).ok()) std::exit(1);
+    for (int64_t m : {64, 512, 4096}) {
+      const double us_p = time_it(5, [&] { (void)exl3_prefill_cuda(t, x, m, y, pws); });
+      const double us_c = time_it(m >= 4096 ? 2 : 5, [&] { (void)exl3_gemm_cuda(t, x, m, y, gws, nullptr, Exl3GemmPath::kXSmem); });
+      const double us_d = time_it(5, [&] { dense_gemm(m, k, n, wd, xd, y); });
+      const double flop = 2.0 * m * k * n;
+      std::printf("| %lldx%lld | %lld | %.1f | %.0f | %.1f | %.1f | %.0f | %.1f | %.0f | %.2f× |\n", (long long)k,
+                  (long long)n, (long long)m, us_p, m / (us_p * 1e-6), flop / (us_p * 1e-6) / 1e12, us_c,
+                  m / (us_c * 1e-6), us_d, m / (us_d * 1e-6), us_d / std::min(us_p, us_c));
+    }
+    exl3_prefill_workspace_free(pws);
+    exl3_cuda_workspace_free(gws);
+    for (void* p : {(void*)dtr, (void*)suh, (void*)svh, (void*)x, (void*)y, wd, xd}) CK(cudaFree(p));
+  }
+  cublasDestroy(h);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: bench_exl3 DIR [iters]\n");
@@ -274,6 +366,7 @@ int main(int argc, char** argv) {
     exl3_cuda_workspace_free(ws);
   }
   bench_moe(iters, read_bw, e0, e1);
+  bench_prefill(e0, e1);
   if (with_cpu) {
     std::printf("\nCPU (%u threads):\n| tensor | isa | k×n | m | µs | trellis GB/s |\n|---|---|---|---|---|---|\n",
                 static_cast<unsigned>(global_pool().size()));
