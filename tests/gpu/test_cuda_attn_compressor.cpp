@@ -6,8 +6,9 @@
 // rows in one batch of pushes: one takes them all in one chunk, one a token at a time, one in
 // irregular chunks; every step pushes all three (distinct state slots) in one call.
 // Asserts: the three sequences' entries are bit-identical (chunking must not matter); entries match
-// the CPU within 2e-6·max|kv| (expf vs glibc exp, each ≤ 2 ulp, in positive softmax weights that sum
-// to one; sums and products are otherwise rounded as the CPU does); the final device state equals
+// the CPU within 3e-5·max|kv| (expf vs glibc exp differ by ≤ 2 ulp per weight; sums and products are
+// rounded as the CPU does, but the perturbed terms make the ≤ 256 partial sums round differently:
+// ~√n ulp typical, n ulp ≈ 1.5e-5 worst case for 256 terms, plus the weights); the final device state equals
 // the CPU's CompressorState exactly (pure copies); guards intact, no NaN.
 // Built into spw_gpu_tests; scripts/gpu_test.sh runs it on the GPU machine.
 #if defined(SPW_HAVE_CUDA)
@@ -108,7 +109,7 @@ void run_case(const char* name, int ratio, int width, bool overlap, bool with_ap
     std::vector<float> other(got.begin() + s * per_slot, got.begin() + s * per_slot + size_t(n_entries) * d_out);
     attn_test::expect_bits_equal(other, one_shot, s == 1 ? "token-at-a-time vs one chunk" : "irregular chunks vs one chunk");
   }
-  attn_test::expect_close(one_shot, want, 2e-6 * attn_test::max_abs(kv), std::string(name) + " entries vs CPU");
+  attn_test::expect_close(one_shot, want, 3e-5 * attn_test::max_abs(kv), std::string(name) + " entries vs CPU");
 
   // Final state of every slot equals the CPU's (kv and score rows; overlap: the previous group).
   auto expect_state = [&](const DevBuf<float>& buf, const std::vector<float>& cpu_rows, const char* what) {

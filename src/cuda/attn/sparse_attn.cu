@@ -27,9 +27,9 @@ Error cuda_error(const char* what, cudaError_t e) { return make_error("CUDA ", w
 struct RowRef {
   const float* f32 = nullptr;
   const uint8_t* packed = nullptr;
-  const KvRowFormat* fmt = nullptr;
+  KvRowFormat fmt;
   __device__ bool valid() const { return f32 != nullptr || packed != nullptr; }
-  __device__ float channel(int c) const { return f32 ? f32[c] : kvdev::load_channel(*fmt, packed, c); }
+  __device__ float channel(int c) const { return f32 ? f32[c] : kvdev::load_channel(fmt, packed, c); }
 };
 
 struct QueryRows {
@@ -48,14 +48,14 @@ __device__ RowRef row_ref(const SparseAttnArgs& a, const QueryRows& qr, int64_t 
       r.f32 = a.chunk_kv + (int64_t(qr.chunk_row0) + (pos - qr.chunk_pos0)) * a.d_head;
     } else {
       r.packed = kvdev::row_ptr(a.ring, qr.ring_nbytes, qr.seq, pos % a.window);
-      r.fmt = &a.ring.fmt;
+      r.fmt = a.ring.fmt;
     }
     return r;
   }
   const int32_t g = qr.sel[j - qr.n_win];
   if (g >= 0) {
     r.packed = kvdev::row_ptr(a.comp, qr.comp_nbytes, qr.seq, g);
-    r.fmt = &a.comp.fmt;
+    r.fmt = a.comp.fmt;
   }
   return r;
 }
