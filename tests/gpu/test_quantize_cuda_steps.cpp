@@ -2,6 +2,8 @@
 //   * Hessian accumulation vs hessian_add_outer (fp64 both; cuBLAS sums in another order):
 //     |ΔH| ≤ 1e-12·Σ_t ω|x_a x_b| per entry (a few fp64 ulps of the summed magnitudes).
 //   * block-128 Hadamards (left and right) vs the CPU's butterflies: bit-exact.
+//   * the rotated Hessian (regularised H, signs/scales su, both Hadamards) vs the CPU's operations
+//     in the CPU's order: bit-exact.
 //   * block LDL vs block_ldl: |ΔL| ≤ 1e-9·max(1, |L|) on the strictly-lower-block part (the CPU's
 //     Cholesky and cuSOLVER's round differently; the test Hessians have condition number ≲ 1e4, so
 //     the factors agree to ~1e-12 relative), and a not-PD matrix is reported as such.
@@ -141,6 +143,36 @@ TEST_F(QuantizeCudaSteps, HadamardsBitExact) {
     for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], right[i]) << "right, element " << i;
     cudaFree(d);
   }
+}
+
+TEST_F(QuantizeCudaSteps, HessianRotationBitExact) {
+  const int64_t k = 384;
+  std::vector<double> h = realish_hessian(k, 2 * k, 9);
+  double mean_diag = 0;
+  for (int64_t i = 0; i < k; ++i) mean_diag += h[size_t(i * k + i)];
+  mean_diag /= double(k);
+  for (int64_t i = 0; i < k; ++i) h[size_t(i * k + i)] += 0.025 * mean_diag;  // regularisation (step 1)
+  std::mt19937 rng(13);
+  std::normal_distribution<double> nd(0, 1);
+  std::vector<double> su(static_cast<size_t>(k));
+  for (auto& v : su) v = ((rng() & 1) ? -1.0 : 1.0) * std::exp(0.3 * nd(rng)) / 1.24;
+  std::vector<double> ref = h;  // exl3_quantize.cpp step 4
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t j = 0; j < k; ++j) ref[size_t(i * k + j)] *= su[size_t(i)] * su[size_t(j)];
+  for (int64_t b = 0; b < k; b += 128)
+    for (int64_t j = 0; j < k; ++j) had128_ref(&ref[size_t(b * k + j)], k);
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t b = 0; b < k; b += 128) had128_ref(&ref[size_t(i * k + b)], 1);
+  double *dh = upload(h), *dsu = upload(su), *dhi = nullptr;
+  ASSERT_EQ(cudaMalloc(&dhi, h.size() * 8), cudaSuccess);
+  hessian_rotate_cuda(ctx_, dh, dsu, k, dhi);
+  ASSERT_EQ(cudaStreamSynchronize(ctx_.stream), cudaSuccess);
+  const std::vector<double> got = download(dhi, h.size());
+  for (size_t i = 0; i < h.size(); ++i)
+    ASSERT_EQ(got[i], ref[i]) << "hi[" << i / size_t(k) << "][" << i % size_t(k) << "]";
+  cudaFree(dh);
+  cudaFree(dsu);
+  cudaFree(dhi);
 }
 
 TEST_F(QuantizeCudaSteps, BlockLdlMatchesCpu) {

@@ -105,11 +105,6 @@ __global__ void copy_diag_kernel(const double* __restrict__ h, int64_t k, double
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < k) out[i] = h[i * k + i];
 }
-// h[i][j] ← h·(su[i]·su[j]).
-__global__ void hess_signs_kernel(double* __restrict__ h, int64_t k, const double* __restrict__ su) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < k * k) h[i] *= su[i / k] * su[i % k];
-}
 // m ← m ∘ H (h null: identity).
 __global__ void hadamard_product_kernel(double* __restrict__ m, int64_t k, const double* __restrict__ h) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -264,11 +259,8 @@ Result<QuantizedTensor> Exl3CudaQuantizer::quantize(const float* w, int64_t k, i
 
   // 4. Hessian in the rotated basis: Hk·diag(su)·H·diag(su)·Hk.
   if (use_h) {
-    QCUDA_TRY(cudaMemcpyAsync(d_hi.p, d_hd.p, size_t(kk) * sizeof(double), cudaMemcpyDeviceToDevice, s));
     SPW_TRY(upload(d_vec_k.p, su, s));
-    hess_signs_kernel<<<blocks_for(kk), kThreads, 0, s>>>(d_hi.p, k, d_vec_k.p);
-    had_left_cuda(ctx_, d_hi.p, k, k);
-    had_right_cuda(ctx_, d_hi.p, k, k);
+    hessian_rotate_cuda(ctx_, d_hd.p, d_vec_k.p, k, d_hi.p);
   }
 
   const int64_t n_tk = k / 16, n_tn = n / 16, words = 16 * prm.bits;

@@ -75,6 +75,13 @@ __global__ void had_right_kernel(double* __restrict__ x, int64_t rows, int64_t c
   for (int e = lane; e < 128; e += 32) row[e] = sv[warp][e];
 }
 
+// hi[i][j] = h[i][j]·(su[i]·su[j]).
+__global__ void hess_signs_kernel(const double* __restrict__ h, int64_t k, const double* __restrict__ su,
+                                  double* __restrict__ hi) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < k * k) hi[i] = h[i] * (su[i / k] * su[i % k]);
+}
+
 // Inverse of the lower-triangular 16×16 diagonal block of C at b (16 threads, one column each,
 // the CPU's recurrence), then L[i][b + cc] = Σ_p C[i][b+p]·inv[p][cc] for rows i of this block
 // row (upper triangle of C read as zero).
@@ -211,6 +218,12 @@ void had_left_cuda(QuantCudaContext& ctx, double* x, int64_t rows, int64_t cols)
 void had_right_cuda(QuantCudaContext& ctx, double* x, int64_t rows, int64_t cols) {
   const double r = 1.0 / std::sqrt(128.0);
   had_right_kernel<<<dim3(unsigned((rows + 7) / 8), unsigned(cols / 128)), 256, 0, ctx.stream>>>(x, rows, cols, r);
+}
+
+void hessian_rotate_cuda(QuantCudaContext& ctx, const double* h, const double* su, int64_t k, double* hi) {
+  hess_signs_kernel<<<blocks_for(k * k, 256), 256, 0, ctx.stream>>>(h, k, su, hi);
+  had_left_cuda(ctx, hi, k, k);
+  had_right_cuda(ctx, hi, k, k);
 }
 
 Status block_ldl_cuda(QuantCudaContext& ctx, const double* h, int64_t k, double* l, bool* not_pd) {

@@ -38,6 +38,10 @@ Status hessian_accumulate_cuda(QuantCudaContext& ctx, const float* x, const floa
 void had_left_cuda(QuantCudaContext& ctx, double* x, int64_t rows, int64_t cols);
 void had_right_cuda(QuantCudaContext& ctx, double* x, int64_t rows, int64_t cols);
 
+// Step 4, the Hessian in the rotated basis: hi = Hk·diag(su)·H·diag(su)·Hk (h, su, hi device;
+// hi may not alias h). Bit-exact with the CPU's hi ∘= su·suᵀ, then the two Hadamards.
+void hessian_rotate_cuda(QuantCudaContext& ctx, const double* h, const double* su, int64_t k, double* hi);
+
 // Block LDL (block_ldl on the GPU): L [k][k] (lower, unit block diagonal in exact arithmetic) from
 // a symmetric PD h. Returns false in *not_pd (L undefined) when the Cholesky fails.
 Status block_ldl_cuda(QuantCudaContext& ctx, const double* h, int64_t k, double* l, bool* not_pd);
