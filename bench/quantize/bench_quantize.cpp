@@ -3,7 +3,9 @@
 // Shapes (EXL3 orientation [k = in][n = out]): gate/up 5120×2304 (two per expert), down 2304×5120.
 // W: Gaussian with uneven row/column scales and outliers; H: XᵀX/m of 2k correlated, unevenly
 // scaled feature rows (a real-ish calibration Hessian). The first CUDA call is a warm-up (cuBLAS,
-// cuSOLVER, pools) and not timed.
+// cuSOLVER, pools) and not timed. "2 workers" is what `spillway quantize --device cuda` does: two
+// threads, each with its own Exl3CudaQuantizer (stream), so one tensor's host work and small-grid
+// phases overlap the other's Viterbi; its seconds per tensor = wall time / tensors.
 // Usage: bench_quantize [--bits K] [--reps N] [--cpu] [--identity]
 //   --cpu also times the CPU quantizer once per shape (slow: ~15 min per tensor, one thread).
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -99,8 +102,9 @@ int main(int argc, char** argv) {
   qp.bits = bits;
   qp.seed = 1;
   std::printf("bench_quantize: K=%d mul1, %s Hessian, LDLQ + refit\n", bits, identity ? "identity" : "real-ish");
-  std::printf("%-12s %10s %12s %12s %12s %12s\n", "shape", "cuda s", "cuda proxy", "cpu s", "cpu proxy", "speedup");
-  double per_expert = 0;
+  std::printf("%-12s %10s %12s %14s %12s %12s %10s\n", "shape", "cuda s", "cuda proxy", "2 workers s/t", "cpu s",
+              "cpu proxy", "speedup");
+  double per_expert = 0, per_expert_2w = 0;
   for (auto [k, n, count] : {std::tuple<int64_t, int64_t, int>{5120, 2304, 2}, {2304, 5120, 1}}) {
     const Problem p = make_problem(k, n, identity, uint32_t(k));
     auto warm = (*quantizer)->quantize(p.w.data(), k, n, p.h, qp);
@@ -121,6 +125,31 @@ int main(int argc, char** argv) {
       proxy = q->proxy_err;
     }
     per_expert += count * best;
+    // Two workers, reps tensors each.
+    double two_workers = 0;
+    {
+      auto second = spw::quant::Exl3CudaQuantizer::create();
+      if (!second.ok()) {
+        std::fprintf(stderr, "bench_quantize: %s\n", second.error().message.c_str());
+        return 1;
+      }
+      bool failed = false;
+      auto work = [&](spw::quant::Exl3CudaQuantizer* q) {
+        for (int r = 0; r < reps; ++r)
+          if (!q->quantize(p.w.data(), k, n, p.h, qp).ok()) failed = true;
+      };
+      (*second)->quantize(p.w.data(), k, n, p.h, qp);  // warm-up
+      const auto t0 = std::chrono::steady_clock::now();
+      std::thread a(work, quantizer->get()), b(work, second->get());
+      a.join();
+      b.join();
+      two_workers = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / (2.0 * reps);
+      if (failed) {
+        std::fprintf(stderr, "bench_quantize: a two-worker run failed\n");
+        return 1;
+      }
+    }
+    per_expert_2w += count * two_workers;
     char shape[48];
     std::snprintf(shape, sizeof shape, "%lldx%lld", (long long)k, (long long)n);
     if (cpu) {
@@ -129,15 +158,15 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_quantize: cpu: %s\n", c.error().message.c_str());
         return 1;
       }
-      std::printf("%-12s %10.3f %12.6g %12.1f %12.6g %11.0fx\n", shape, best, proxy, c->seconds, c->proxy_err,
-                  c->seconds / best);
+      std::printf("%-12s %10.3f %12.6g %14.3f %12.1f %12.6g %9.0fx\n", shape, best, proxy, two_workers, c->seconds,
+                  c->proxy_err, c->seconds / best);
     } else {
-      std::printf("%-12s %10.3f %12.6g %12s %12s %12s\n", shape, best, proxy, "-", "-", "-");
+      std::printf("%-12s %10.3f %12.6g %14.3f %12s %12s %10s\n", shape, best, proxy, two_workers, "-", "-", "-");
     }
     std::fflush(stdout);
   }
-  const double all = per_expert * 46080.0 / 3.0;
-  std::printf("per expert (2 gate/up + 1 down): %.3f s; all 46,080 routed-expert tensors: %.0f s = %.2f h on one GPU\n",
-              per_expert, all, all / 3600);
+  for (auto [label, s] : {std::pair<const char*, double>{"1 worker", per_expert}, {"2 workers", per_expert_2w}})
+    std::printf("%s: per expert (2 gate/up + 1 down) %.3f s; all 46,080 routed-expert tensors %.0f s = %.2f h on one GPU\n",
+                label, s, s * 46080.0 / 3.0, s * 46080.0 / 3.0 / 3600);
   return 0;
 }
