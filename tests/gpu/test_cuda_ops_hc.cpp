@@ -1,9 +1,10 @@
-// spw_cuda_ops mHC (cuda/ops/hyper_connection.h) against ops/ref/hyper_connection per token, at V4.1
-// shapes (hc 4, d_model 5120: hc_d 20480, 24 mixes; the V4 head's 4 mixes; 20 Sinkhorn iterations)
-// and awkward ones (hc 1, 2, 3, 8; widths 1, 7, 17, 1023; 1..1023 tokens).
+// spw_cuda_ops mHC (cuda/ops/hyper_connection.h) against ops/ref/hyper_connection per token (and
+// hc_head_pre against model.cpp's inline V4 head formula), at V4.1 shapes (hc 4, d_model 5120:
+// hc_d 20480, 24 mixes; the V4 head's 4 mixes; 20 Sinkhorn iterations) and awkward ones (hc 1, 2, 3,
+// 7, 8; widths 1, 7, 17, 1023; 1..1023 tokens).
 // Tolerances:
 //   hc_collapse, hc_expand (with and without bf16 rounding): bit-exact, same f32 operation order.
-//   hc_split_sinkhorn: 2e-6 relative (≈16 ulp): one thread per token runs the reference's loops, only
+//   hc_split_sinkhorn, hc_head_pre: 2e-6 relative (≈16 ulp): the reference's loops per token; only
 //     sigmoid/softmax exp may differ from glibc's expf by an ulp, and Sinkhorn's normalisations carry
 //     such a perturbation along without growing it.
 //   hc_mixes: 4e-6 · rsqrt(·) · Σ_i |fn[o,i]·X[i]|: the reference sums the 20480 products
@@ -118,6 +119,30 @@ TEST(CudaOpsHc, SplitSinkhorn) {
   split_case(17, 2, 1, 1e-6f, 5);
   split_case(127, 3, 7, 1e-6f, 6);
   split_case(5, 8, 20, 1e-6f, 7);
+}
+
+// model.cpp's V4 head: pre_j = sigmoid(mixes_j·scale[0] + base_j) + hc_eps.
+void head_pre_case(int64_t n_tokens, int hc, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "hc_head_pre tokens=" << n_tokens << " hc=" << hc);
+  const std::vector<float> mixes = normal(size_t(n_tokens * hc), 0.f, 2.f, seed);
+  const std::vector<float> scale = normal(1, 1.f, 0.5f, seed + 1), base = normal(size_t(hc), 0.f, 1.f, seed + 2);
+  const float hc_eps = 1e-6f;
+  std::vector<float> want(mixes.size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = ref::sigmoid(mixes[i] * scale[0] + base[i % hc]) + hc_eps;
+  Guarded<float> dm(mixes), ds(scale), db(base), dpre(want.size());
+  SPW_ASSERT_OK(cuda::hc_head_pre(dm.get(), ds.get(), db.get(), n_tokens, hc, hc_eps, dpre.get(), nullptr));
+  const std::vector<float> got = dpre.download();
+  EXPECT_TRUE(no_nan(got));
+  EXPECT_TRUE(within(got, want, [&](size_t i) { return 2e-6 * std::fabs(want[i]); }));
+  EXPECT_TRUE(dpre.guards_intact());
+}
+
+TEST(CudaOpsHc, HeadPre) {
+  SPW_REQUIRE_GPU();
+  head_pre_case(1, 4, 1);
+  head_pre_case(64, 4, 2);
+  head_pre_case(1023, 1, 3);
+  head_pre_case(17, 7, 4);
 }
 
 void collapse_expand_case(int64_t n_tokens, int hc, int64_t d, bool round_out, uint32_t seed) {

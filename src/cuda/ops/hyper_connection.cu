@@ -2,6 +2,7 @@
 //   hc_mixes: one block per token; the block sums X² in f64, then each warp takes outputs o ≡ warp
 //     (mod n_warps) and reduces its dot product across lanes.
 //   hc_split_sinkhorn: one thread per token, the reference's loops verbatim (hc·hc ≤ 64 registers).
+//   hc_head_pre: one thread per (token, stream).
 //   hc_collapse / hc_expand: one thread per (token, channel), all hc streams of that channel.
 #include "cuda/ops/device_numerics.cuh"
 #include "cuda/ops/hyper_connection.h"
@@ -70,6 +71,13 @@ __global__ void hc_split_sinkhorn_kernel(const float* mixes_all, const float* sc
   for (int i = 0; i < hc * hc; ++i) comb[t * hc * hc + i] = m[i];
 }
 
+__global__ void hc_head_pre_kernel(const float* mixes, const float* scale, const float* base, int64_t n_tokens,
+                                   int hc, float hc_eps, float* pre) {
+  const int64_t job = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (job >= n_tokens * hc) return;
+  pre[job] = __fadd_rn(dev::sigmoid(mul_add(mixes[job], scale[0], base[job % hc])), hc_eps);
+}
+
 __global__ void hc_collapse_kernel(const float* x_streams, const float* pre, int64_t n_tokens, int hc, int64_t d,
                                    bool round_out, float* y) {
   const int64_t job = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -123,6 +131,14 @@ Status hc_split_sinkhorn(const float* mixes, const float* scale, const float* ba
   hc_split_sinkhorn_kernel<<<grid_for(n_tokens, 128), 128, 0, stream>>>(mixes, scale, base, n_tokens, hc,
                                                                         sinkhorn_iters, hc_eps, pre, post, comb);
   return launch_status("hc_split_sinkhorn_kernel");
+}
+
+Status hc_head_pre(const float* mixes, const float* scale, const float* base, int64_t n_tokens, int hc, float hc_eps,
+                   float* pre, cudaStream_t stream) {
+  SPW_TRY(check_hc("hc_head_pre", hc));
+  if (n_tokens <= 0) return {};
+  hc_head_pre_kernel<<<grid_for(n_tokens * hc, 128), 128, 0, stream>>>(mixes, scale, base, n_tokens, hc, hc_eps, pre);
+  return launch_status("hc_head_pre_kernel");
 }
 
 Status hc_collapse(const float* x_streams, const float* pre, int64_t n_tokens, int hc, int64_t d, bool round_out,

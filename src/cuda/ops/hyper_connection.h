@@ -8,13 +8,16 @@
 //   hc_split_sinkhorn: from mixes [n_tokens, (2+hc)·hc] and the layer's scale [3], base [(2+hc)·hc]
 //                      (device) to pre [n_tokens, hc], post [n_tokens, hc], comb [n_tokens, hc, hc]
 //                      (comb[j·hc + k], expand sums over j), with sinkhorn_iters normalisations.
+//   hc_head_pre:       V4's head collapse weights (model.cpp): pre[t, j] = σ(mixes[t, j]·scale[0] +
+//                      base[j]) + hc_eps from the head's mixes [n_tokens, hc] (hc_mixes with n_out = hc).
 //   hc_collapse:       y[t] = Σ_j pre[t, j] · X_t[j]; y [n_tokens, d]; round_out rounds y to bf16.
 //   hc_expand:         X_t[k] ← post[t, k]·y[t] + Σ_j comb[t, j, k]·X_t[j], in place on x_streams
 //                      [n_tokens, hc, d]; round_out rounds the new streams to bf16 (model.cpp expand()).
 // Accuracy:
 //   hc_collapse, hc_expand: bit-exact (the reference's f32 operation order, no FMA).
-//   hc_split_sinkhorn: the reference's order per token (one thread each); bit-exact except where
-//     glibc's expf is off by an ulp (exp here is the f64 value rounded once); tests allow 2e-6 relative.
+//   hc_split_sinkhorn, hc_head_pre: the reference's order per token (one thread each); bit-exact
+//     except where glibc's expf is off by an ulp (exp here is the f64 value rounded once); tests
+//     allow 2e-6 relative.
 //   hc_mixes: mean(X²) in f64 as the reference (bit-exact inverse norm except rare f64 ties); the dot
 //     products sum in a tree order in f32 where the reference sums sequentially, so the difference is
 //     the reference's own rounding error: tests allow 4e-6 · rsqrt(·) · Σ|fn·X|.
@@ -37,6 +40,9 @@ Status hc_mixes(const float* x_streams, const float* fn, int64_t n_tokens, int n
 
 Status hc_split_sinkhorn(const float* mixes, const float* scale, const float* base, int64_t n_tokens, int hc,
                          int sinkhorn_iters, float hc_eps, float* pre, float* post, float* comb, cudaStream_t stream);
+
+Status hc_head_pre(const float* mixes, const float* scale, const float* base, int64_t n_tokens, int hc, float hc_eps,
+                   float* pre, cudaStream_t stream);
 
 Status hc_collapse(const float* x_streams, const float* pre, int64_t n_tokens, int hc, int64_t d, bool round_out,
                    float* y, cudaStream_t stream);

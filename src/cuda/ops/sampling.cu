@@ -146,7 +146,7 @@ struct Layout {
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 Result<Layout> layout(int64_t n_seqs, int64_t vocab) {
-  if (n_seqs <= 0 || vocab <= 0 || n_seqs * vocab > INT32_MAX)
+  if (n_seqs <= 0 || vocab <= 0 || n_seqs * vocab >= INT32_MAX)
     return make_error("sample: ", n_seqs, " rows of ", vocab, " logits (need 1 ≤ n_seqs·vocab < 2^31)");
   const size_t n = size_t(n_seqs * vocab);
   Layout L;
