@@ -3,9 +3,9 @@
 // Work is a flat list of warp jobs per phase, walked grid-stride by every warp of a grid sized to be
 // fully resident; cooperative_groups' grid barrier separates the phases:
 //   A  rotate: (pair, gate|up, 128-block of d)         xr_gu[p][q] = fp16(had(x[t] ∘ suh_q))
-//   B  gate/up: (pair, gate|up, 16-col strip of f, k-chunk)   acc_gu[p][q] += partial x·Ŵ
+//   B  gate/up: every (pair, gate|up, 16-col strip of f, k-tile), split evenly over the warps   acc_gu[p][q] += x·Ŵ
 //   C  SwiGLU: (pair, 128-block of f)                  h = swiglu(had(acc)·svh + b); xr_d[p] = fp16(had(h ∘ suh_2))
-//   D  down: (pair, 16-col strip of d, k-chunk)        acc_d[p] += partial h·Ŵ2
+//   D  down: every (pair, 16-col strip of d, k-tile), split evenly                 acc_d[p] += h·Ŵ2
 //   E  combine: (token, 128-block of d)                y[t] = Σ_j (w_tj · had(acc_d[p])·svh_2 + b_2)
 // Accumulators are zeroed by the phase that consumes them, so the workspace stays clean for the
 // next call without a memset.
@@ -38,7 +38,6 @@ struct MoeArgs {
   float* acc_gu;   // [P][2][f]
   float* acc_d;    // [P][d]
   int T, topk, d, f;
-  int chunk_b, chunk_d;  // k-tiles per job in phases B and D
   float limit;
 };
 
@@ -55,9 +54,116 @@ __device__ __forceinline__ void add_row0(float* acc, int col0, const float (&c)[
   atomicAdd(acc + col + 8, c[2]);
 }
 
+// One phase's matrix products as a single sequence of tiles, ordered (pair p, matrix q, 16-column strip
+// tn, k-tile kt) with kt fastest, split evenly over all warps of the grid ("stream-K"): every warp
+// gets the same number of tiles whatever the shapes, its ring keeps loading across strip boundaries,
+// and a strip split between two warps meets in acc by atomics. The unit of work is a stage of
+// kStageTiles consecutive k-tiles, which never crosses a strip (k is a multiple of 128).
+struct PhaseSeq {
+  const Exl3CudaExpert* experts;
+  const int32_t* idx;
+  int P;             // pairs (token, slot)
+  int q_base, n_q;   // matrices of the phase: trellis[q_base + q], q < n_q
+  int n_kt, n_tn;    // k-tiles per strip (a multiple of kStageTiles), strips per matrix
+  const __half* xr;  // rotated input of (p, q): xr + (p·n_q + q)·ldx
+  int ldx;
+  float* acc;        // output of (p, q): acc + (p·n_q + q)·ld_acc
+  int ld_acc;
+};
+
+struct StageCursor {
+  int p, q, tn, kt;  // kt: the stage's first k-tile
+  __device__ __forceinline__ void set(const PhaseSeq& s, int64_t stage) {
+    const int per_strip = s.n_kt / kStageTiles;
+    kt = static_cast<int>(stage % per_strip) * kStageTiles;
+    stage /= per_strip;
+    tn = static_cast<int>(stage % s.n_tn);
+    stage /= s.n_tn;
+    q = static_cast<int>(stage % s.n_q);
+    p = static_cast<int>(stage / s.n_q);
+  }
+  // Steps to the next stage; true when that starts a new strip.
+  __device__ __forceinline__ bool advance(const PhaseSeq& s) {
+    if ((kt += kStageTiles) < s.n_kt) return false;
+    kt = 0;
+    if (++tn == s.n_tn) {
+      tn = 0;
+      if (++q == s.n_q) q = 0, ++p;
+    }
+    return true;
+  }
+  __device__ __forceinline__ int expert(const PhaseSeq& s) const { return p < s.P ? s.idx[p] : -1; }
+};
+
+// This warp's stages [st0, st1) of the phase: lane 0 bulk-copies their tiles (none for pairs whose
+// expert is −1) into the warp's ring, kStages stages ahead; the warp decodes, multiplies, and adds
+// each strip segment's token-0 result to acc.
+template <int K, int CB>
+__device__ __forceinline__ void phase_stream(const PhaseSeq& s, int64_t st0, int64_t st1, WarpRing& ring, int lane) {
+  constexpr int kWords = 8 * K, kSlotWords = kStageTiles * kWords;
+  const int n_stages = static_cast<int>(st1 - st0);
+  if (n_stages <= 0) return;
+  const LaneWindow lw = lane_window<K>(lane);
+  const int t4 = lane & 3;
+  const size_t kt_stride = static_cast<size_t>(s.n_tn) * kWords;  // words between k-tiles of a strip
+
+  StageCursor pc;  // the producer's position (lane 0)
+  pc.set(s, st0);
+  auto issue = [&](int st) {
+    if (lane != 0 || st >= n_stages) return;
+    const uint32_t slot = (ring.uses + st) % kStages;
+    const int e = pc.expert(s);
+    mbar_expect_tx(&ring.bars[slot], e >= 0 ? kSlotWords * 4 : 0);
+    if (e >= 0) {
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(s.experts[e].trellis[s.q_base + pc.q]) +
+                            static_cast<size_t>(pc.kt) * kt_stride + static_cast<size_t>(pc.tn) * kWords;
+      for (int u = 0; u < kStageTiles; ++u)
+        bulk_copy(ring.words + slot * kSlotWords + u * kWords, src + u * kt_stride, kWords * 4, &ring.bars[slot]);
+    }
+    pc.advance(s);
+  };
+
+  StageCursor cc;  // the consumer's position (every lane)
+  cc.set(s, st0);
+  int ce = cc.expert(s);
+  float c[4] = {0.f, 0.f, 0.f, 0.f}, unused[4];
+  bool pending = false;  // c holds a strip segment not yet added to acc
+
+  for (int st = 0; st < kStages; ++st) issue(st);
+#pragma unroll 1
+  for (int st = 0; st < n_stages; ++st) {
+    const uint32_t use = ring.uses + st, slot = use % kStages;
+    mbar_wait(&ring.bars[slot], (use / kStages) & 1);
+    if (ce >= 0) {
+      const uint32_t* sw = ring.words + slot * kSlotWords;
+      const uint32_t* xp =
+          reinterpret_cast<const uint32_t*>(s.xr + static_cast<size_t>(cc.p * s.n_q + cc.q) * s.ldx) + cc.kt * 8 + t4;
+#pragma unroll
+      for (int u = 0; u < kStageTiles; ++u) {
+        const uint32_t* tw = sw + u * kWords;
+        tile_mma<K, CB, false>(tw[lw.wa], tw[lw.wb], tw[lw.wc], lw.off, __ldcg(xp + u * 8), __ldcg(xp + u * 8 + 4), 0u,
+                               0u, c, unused);
+      }
+      pending = true;
+    }
+    const StageCursor at = cc;
+    if (cc.advance(s)) {
+      if (pending) {
+        add_row0(s.acc + static_cast<size_t>(at.p * s.n_q + at.q) * s.ld_acc, at.tn * 16, c, lane);
+        c[0] = c[1] = c[2] = c[3] = 0.f;
+        pending = false;
+      }
+      ce = cc.expert(s);
+    }
+    __syncwarp();  // every lane has read the slot before lane 0 refills it
+    issue(st + kStages);
+  }
+  if (pending) add_row0(s.acc + static_cast<size_t>(cc.p * s.n_q + cc.q) * s.ld_acc, cc.tn * 16, c, lane);
+  ring.uses += n_stages;
+}
+
 template <int K, int CB>
 __global__ void __launch_bounds__(kThreads, 3) exl3_moe_kernel(MoeArgs a) {
-  constexpr int kWords = 8 * K;
   extern __shared__ __align__(16) uint32_t ring_smem[];
   const int lane = threadIdx.x & 31;
   __shared__ __align__(8) uint64_t bars[kWarps][kStages];
@@ -79,19 +185,11 @@ __global__ void __launch_bounds__(kThreads, 3) exl3_moe_kernel(MoeArgs a) {
   }
   grid.sync();
 
-  // B: gate/up partial products.
-  const int kc_b = (d_kt + a.chunk_b - 1) / a.chunk_b;
-  for (int job = warp0; job < P * 2 * f_tn * kc_b; job += n_warps) {
-    const int kc = job % kc_b, tn = (job / kc_b) % f_tn, q = (job / (kc_b * f_tn)) % 2, p = job / (kc_b * f_tn * 2);
-    const int e = a.idx[p];
-    if (e < 0) continue;
-    const int kt0 = kc * a.chunk_b, nt = min(a.chunk_b, d_kt - kt0);
-    const uint32_t* tiles = reinterpret_cast<const uint32_t*>(a.experts[e].trellis[q]) +
-                            (static_cast<size_t>(kt0) * f_tn + tn) * kWords;
-    float c_lo[4] = {0.f, 0.f, 0.f, 0.f}, c_hi[4] = {0.f, 0.f, 0.f, 0.f};
-    strip_mma<K, CB, false, true>(tiles, static_cast<size_t>(f_tn) * kWords, nt,
-                                  a.xr_gu + (static_cast<size_t>(p) * 2 + q) * d + kt0 * 16, d, 1, c_lo, c_hi, lane, ring);
-    add_row0(a.acc_gu + (static_cast<size_t>(p) * 2 + q) * f, tn * 16, c_lo, lane);
+  // B: gate/up partial products, all pairs' gate and up tiles split evenly over the warps.
+  {
+    const PhaseSeq seq{a.experts, a.idx, P, 0, 2, d_kt, f_tn, a.xr_gu, d, a.acc_gu, f};
+    const int64_t total = static_cast<int64_t>(P) * 2 * f_tn * (d_kt / kStageTiles);  // stages
+    phase_stream<K, CB>(seq, total * warp0 / n_warps, total * (warp0 + 1) / n_warps, ring, lane);
   }
   grid.sync();
 
@@ -131,19 +229,11 @@ __global__ void __launch_bounds__(kThreads, 3) exl3_moe_kernel(MoeArgs a) {
   }
   grid.sync();
 
-  // D: down partial products.
-  const int kc_d = (f_kt + a.chunk_d - 1) / a.chunk_d;
-  for (int job = warp0; job < P * d_tn * kc_d; job += n_warps) {
-    const int kc = job % kc_d, tn = (job / kc_d) % d_tn, p = job / (kc_d * d_tn);
-    const int e = a.idx[p];
-    if (e < 0) continue;
-    const int kt0 = kc * a.chunk_d, nt = min(a.chunk_d, f_kt - kt0);
-    const uint32_t* tiles = reinterpret_cast<const uint32_t*>(a.experts[e].trellis[2]) +
-                            (static_cast<size_t>(kt0) * d_tn + tn) * kWords;
-    float c_lo[4] = {0.f, 0.f, 0.f, 0.f}, c_hi[4] = {0.f, 0.f, 0.f, 0.f};
-    strip_mma<K, CB, false, true>(tiles, static_cast<size_t>(d_tn) * kWords, nt,
-                                  a.xr_d + static_cast<size_t>(p) * f + kt0 * 16, f, 1, c_lo, c_hi, lane, ring);
-    add_row0(a.acc_d + static_cast<size_t>(p) * d, tn * 16, c_lo, lane);
+  // D: down partial products, split the same way.
+  {
+    const PhaseSeq seq{a.experts, a.idx, P, 2, 1, f_kt, d_tn, a.xr_d, f, a.acc_d, d};
+    const int64_t total = static_cast<int64_t>(P) * d_tn * (f_kt / kStageTiles);  // stages
+    phase_stream<K, CB>(seq, total * warp0 / n_warps, total * (warp0 + 1) / n_warps, ring, lane);
   }
   grid.sync();
 
@@ -243,8 +333,7 @@ Status exl3_moe_decode_cuda(const Exl3CudaMoeLayer& layer, const float* x, const
   if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem); e != cudaSuccess)
     return cuda_error("occupancy query", e);
   per_sm = std::max(1, per_sm);
-  const int blocks = n_sms * per_sm, warps = blocks * kWarps;
-  const int P = T * topk;
+  const int blocks = n_sms * per_sm;
   MoeArgs a;
   a.experts = layer.experts, a.x = x, a.idx = idx, a.weights = weights, a.y = y;
   char* b = static_cast<char*>(ws.buf);
@@ -254,13 +343,6 @@ Status exl3_moe_decode_cuda(const Exl3CudaMoeLayer& layer, const float* x, const
   a.acc_d = a.acc_gu + static_cast<size_t>(ws.max_pairs) * 2 * layer.f;
   a.T = T, a.topk = topk, a.d = static_cast<int>(layer.d), a.f = static_cast<int>(layer.f);
   a.limit = layer.swiglu_limit;
-  // k-chunks so each phase has about two jobs per warp (at least two pipeline stages per job).
-  const int64_t d_kt = layer.d / 16, f_kt = layer.f / 16;
-  const int64_t strips_b = int64_t(P) * 2 * (layer.f / 16), strips_d = int64_t(P) * (layer.d / 16);
-  const int64_t splits_b = std::max<int64_t>(1, (2 * warps + strips_b - 1) / strips_b);
-  const int64_t splits_d = std::max<int64_t>(1, (2 * warps + strips_d - 1) / strips_d);
-  a.chunk_b = static_cast<int>(std::min(d_kt, std::max<int64_t>(2 * kStageTiles, (d_kt + splits_b - 1) / splits_b)));
-  a.chunk_d = static_cast<int>(std::min(f_kt, std::max<int64_t>(2 * kStageTiles, (f_kt + splits_d - 1) / splits_d)));
   void* args[] = {&a};
   if (cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fn), dim3(blocks), dim3(kThreads), args,
                                                   smem, static_cast<cudaStream_t>(stream));
