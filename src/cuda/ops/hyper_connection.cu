@@ -1,6 +1,6 @@
 // mHC kernels (contract in hyper_connection.h).
-//   hc_mixes: one block per token; the block sums X² in f64, then each warp takes outputs o ≡ warp
-//     (mod n_warps) and reduces its dot product across lanes.
+//   hc_mixes: grid (token, group of 8 outputs): the block sums X² in f64 (each group again, so that a
+//     decode token spreads over several SMs), then each warp reduces one output's dot product.
 //   hc_split_sinkhorn: one thread per token, the reference's loops verbatim (hc·hc ≤ 64 registers).
 //   hc_head_pre: one thread per (token, stream).
 //   hc_collapse / hc_expand: one thread per (token, channel), all hc streams of that channel.
@@ -20,8 +20,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = threadIdx.x; i < hc_d; i += blockDim.x) ss += double(x[i]) * x[i];
   ss = dev::block_sum(ss, scratch);
   const float inv = 1.0f / sqrtf(float(ss / double(hc_d)) + norm_eps);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  for (int o = warp; o < n_out; o += n_warps) {
+  // Block (t, y) owns outputs y·n_warps + warp, stepping over the whole grid's warps.
+  const int lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
+  for (int o = blockIdx.y * n_warps + (threadIdx.x >> 5); o < n_out; o += n_warps * gridDim.y) {
     const float* w = fn + int64_t(o) * hc_d;
     float acc = 0.f;
     for (int64_t i = lane; i < hc_d; i += 32) acc += w[i] * x[i];
@@ -118,8 +119,10 @@ Status hc_mixes(const float* x_streams, const float* fn, int64_t n_tokens, int n
                 float* mixes, cudaStream_t stream) {
   if (hc_d <= 0 || n_out <= 0) return make_error("hc_mixes: hc_d ", hc_d, " and n_out ", n_out, " must be positive");
   if (n_tokens <= 0) return {};
-  if (n_tokens > INT32_MAX) return make_error("hc_mixes: ", n_tokens, " tokens exceed one grid dimension");
-  hc_mixes_kernel<<<unsigned(n_tokens), kThreads, 0, stream>>>(x_streams, fn, n_out, hc_d, norm_eps, mixes);
+  if (n_tokens > INT32_MAX || n_out > 65535 * (kThreads / 32))
+    return make_error("hc_mixes: ", n_tokens, " tokens, ", n_out, " outputs exceed the grid");
+  const dim3 grid(unsigned(n_tokens), unsigned((n_out + kThreads / 32 - 1) / (kThreads / 32)));
+  hc_mixes_kernel<<<grid, kThreads, 0, stream>>>(x_streams, fn, n_out, hc_d, norm_eps, mixes);
   return launch_status("hc_mixes_kernel");
 }
 
