@@ -1,0 +1,149 @@
+#include "engine/device_weights.h"
+
+#include <cstring>
+#include <string>
+
+#include "formats/dtypes.h"
+
+namespace spw::engine {
+namespace {
+
+class Uploader {
+ public:
+  Uploader(const ModelConfig& c, const ModelWeights& w, const Numerics& num, DeviceWeights& out)
+      : c_(c), w_(w), num_(num), out_(out) {}
+
+  const Status& status() const { return status_; }
+
+  const void* bytes(const void* src, size_t n) {
+    if (!status_.ok()) return nullptr;
+    DeviceBuffer<uint8_t> buf;
+    status_ = upload(static_cast<const uint8_t*>(src), n, buf);
+    if (!status_.ok()) return nullptr;
+    out_.nbytes += n;
+    out_.owned.push_back(std::move(buf));
+    return out_.owned.back().get();
+  }
+  const float* f32(const std::vector<float>& v) {
+    return v.empty() ? nullptr : static_cast<const float*>(bytes(v.data(), v.size() * sizeof(float)));
+  }
+  const int32_t* i32(const std::vector<int32_t>& v) {
+    return v.empty() ? nullptr : static_cast<const int32_t*>(bytes(v.data(), v.size() * sizeof(int32_t)));
+  }
+  const uint16_t* bf16(const std::vector<float>& v) {
+    std::vector<uint16_t> bits(v.size());
+    for (size_t i = 0; i < v.size(); ++i) bits[i] = f32_to_bf16(v[i]);
+    return static_cast<const uint16_t*>(bytes(bits.data(), bits.size() * sizeof(uint16_t)));
+  }
+  DeviceHc hc(const HcWeights& h) { return DeviceHc{f32(h.fn), f32(h.base), f32(h.scale)}; }
+
+  // The linear stored under "<stem>.weight" (+ "<stem>.scale"), in the checkpoint's own bytes.
+  DeviceLinear linear(const std::string& stem, const Linear& l) {
+    DeviceLinear d;
+    if (l.empty() || !status_.ok()) return d;
+    d.n_out = l.n_out;
+    d.n_in = l.n_in;
+    const bool quantized = l.kind == LinearKind::Fp8 || l.kind == LinearKind::Fp4;
+    d.act_block = quantized && num_.fake_quant ? c_.act_block : 0;
+    d.f32_product = l.kind == LinearKind::F32;
+    const TensorInfo* t = find(stem + ".weight");
+    const TensorInfo* s = find(stem + ".scale");
+    const size_t n = size_t(l.n_out) * l.n_in;
+    if (l.kind == LinearKind::Fp8 && t && s && t->dtype == DType::F8_E4M3 && t->nbytes == n) {
+      d.format = DenseFormat::kFp8;
+      d.weight_block = c_.weight_block;
+      d.w = bytes(t->data, t->nbytes);
+      d.scale = static_cast<const uint8_t*>(bytes(s->data, s->nbytes));
+    } else if (l.kind == LinearKind::Fp4 && t && s && t->dtype == DType::I8 && t->nbytes == n / 2) {
+      d.format = DenseFormat::kFp4;
+      d.w = bytes(t->data, t->nbytes);
+      d.scale = static_cast<const uint8_t*>(bytes(s->data, s->nbytes));
+    } else if (!quantized && t && t->dtype == DType::BF16 && t->nbytes == 2 * n) {
+      d.format = DenseFormat::kBf16;
+      d.w = bytes(t->data, t->nbytes);
+    } else if (!quantized && t && t->dtype == DType::F32 && t->nbytes == 4 * n) {
+      d.format = DenseFormat::kF32;
+      d.w = bytes(t->data, t->nbytes);
+    } else {
+      // Not stored in a dense format (EXL3 experts): the exact f32 copy.
+      d.format = DenseFormat::kF32;
+      d.w = bytes(l.w.data(), n * sizeof(float));
+    }
+    if (status_.ok()) {
+      if (Status st = linear_cuda_check(d); !st.ok())
+        status_ = make_error("upload_weights: ", stem, ": ", st.error().message);
+    }
+    return d;
+  }
+
+  DeviceExpert expert(const std::string& stem, const Expert& e) {
+    return DeviceExpert{linear(stem + "w1", e.w1), linear(stem + "w2", e.w2), linear(stem + "w3", e.w3)};
+  }
+
+ private:
+  const TensorInfo* find(const std::string& name) const {
+    if (const TensorInfo* t = w_.checkpoint.find(name)) return t;
+    return w_.checkpoint.find("model." + name);
+  }
+
+  const ModelConfig& c_;
+  const ModelWeights& w_;
+  const Numerics& num_;
+  DeviceWeights& out_;
+  Status status_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceWeights>> upload_weights(const ModelConfig& c, const ModelWeights& w,
+                                                      const Numerics& numerics) {
+  auto out = std::make_unique<DeviceWeights>();
+  Uploader up(c, w, numerics, *out);
+  out->embed = up.f32(w.embed);
+  out->head = up.linear("head", w.head);
+  out->norm = up.f32(w.norm);
+  if (!c.is_v41()) out->hc_head = up.hc(w.hc_head);
+  out->layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    DeviceLayer& dl = out->layers[l];
+    const std::string p = "layers." + std::to_string(l) + ".";
+    dl.attn_norm = up.f32(lw.attn_norm);
+    dl.ffn_norm = up.f32(lw.ffn_norm);
+    dl.hc_attn = up.hc(lw.hc_attn);
+    dl.hc_ffn = up.hc(lw.hc_ffn);
+    dl.wq_a = up.linear(p + "attn.wq_a", lw.wq_a);
+    dl.wq_b = up.linear(p + "attn.wq_b", lw.wq_b);
+    dl.wkv = up.linear(p + "attn.wkv", lw.wkv);
+    dl.wo_a = up.bf16(lw.wo_a.w);
+    dl.wo_b = up.linear(p + "attn.wo_b", lw.wo_b);
+    dl.q_norm = up.f32(lw.q_norm);
+    dl.kv_norm = up.f32(lw.kv_norm);
+    dl.attn_sink = up.f32(lw.attn_sink);
+    dl.comp_wkv = up.linear(p + "attn.compressor.wkv", lw.comp_wkv);
+    dl.comp_wgate = up.linear(p + "attn.compressor.wgate", lw.comp_wgate);
+    dl.comp_ape = up.f32(lw.comp_ape);
+    dl.comp_norm = up.f32(lw.comp_norm);
+    dl.idx_wq_b = up.linear(p + "attn.indexer.wq_b", lw.idx_wq_b);
+    dl.idx_weights_proj = up.linear(p + "attn.indexer.weights_proj", lw.idx_weights_proj);
+    dl.idx_comp_wkv = up.linear(p + "attn.indexer.compressor.wkv", lw.idx_comp_wkv);
+    dl.idx_comp_wgate = up.linear(p + "attn.indexer.compressor.wgate", lw.idx_comp_wgate);
+    dl.idx_comp_ape = up.f32(lw.idx_comp_ape);
+    dl.idx_comp_norm = up.f32(lw.idx_comp_norm);
+    dl.idx_wk = up.linear(p + "attn.indexer.wk", lw.idx_wk);
+    dl.idx_k_norm = up.f32(lw.idx_k_norm);
+    dl.gate = up.linear(p + "ffn.gate", lw.gate);
+    dl.gate_bias = up.f32(lw.gate_bias);
+    dl.tid2eid = up.i32(lw.tid2eid);
+    dl.experts.resize(lw.experts.size());
+    for (size_t e = 0; e < lw.experts.size(); ++e)
+      dl.experts[e] = up.expert(p + "ffn.experts." + std::to_string(e) + ".", lw.experts[e]);
+    dl.shared = up.expert(p + "ffn.shared_experts.", lw.shared);
+    dl.engram_wkv = up.linear(p + "engram.wkv", lw.engram.wkv);
+    SPW_TRY(up.status());
+  }
+  SPW_TRY(up.status());
+  return out;
+}
+
+}  // namespace spw::engine

@@ -1,0 +1,74 @@
+// A loaded ModelWeights on the GPU, in compact form (issue 7): every linear in the format its
+// checkpoint stores it, read as raw bytes from the checkpoint (not re-encoded from the f32 copy):
+//   FP8 e4m3 + ue8m0 block scales, MXFP4 nibbles + ue8m0 per 32, BF16 or F32 as stored.
+// Exceptions, each exact: wo_a (FP8 in the checkpoint, used unquantized as BF16 by the reference)
+// is uploaded as bf16 bits of its dequantized values; a linear the checkpoint does not hold in one
+// of those forms (EXL3 experts) is uploaded as its dequantized f32 copy. Small vectors (norms, mHC,
+// sinks, biases, the compressors' ape) and the embedding table are f32; hash routes int32.
+// The numerics switches (act_block for FP8/FP4 weights, f32_product for FP32 products) come from
+// the weight's LinearKind and Numerics::fake_quant exactly as model/linear.cpp decides them.
+// Engram tables and the Engram gate weights stay on the host (the gather runs there for now).
+// Tests: tests/gpu/test_engine_golden.cpp (through the forward).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "base/status.h"
+#include "cuda/dense/dense_linear.h"
+#include "engine/device_buffer.h"
+#include "model/model.h"
+
+namespace spw::engine {
+
+struct DeviceHc {
+  const float* fn = nullptr;     // [(2+hc)·hc, hc·d] (V4 head: [hc, hc·d])
+  const float* base = nullptr;   // [(2+hc)·hc]
+  const float* scale = nullptr;  // [3]
+};
+
+struct DeviceExpert {
+  DeviceLinear w1, w2, w3;  // gate [F, d], down [d, F], up [F, d]
+};
+
+struct DeviceLayer {
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  DeviceHc hc_attn, hc_ffn;
+  DeviceLinear wq_a, wq_b, wkv, wo_b;
+  const uint16_t* wo_a = nullptr;  // bf16 [o_groups·o_lora_rank, H·D/o_groups]
+  const float* q_norm = nullptr;
+  const float* kv_norm = nullptr;
+  const float* attn_sink = nullptr;
+  DeviceLinear comp_wkv, comp_wgate;
+  const float* comp_ape = nullptr;  // V4 only
+  const float* comp_norm = nullptr;
+  DeviceLinear idx_wq_b, idx_weights_proj, idx_comp_wkv, idx_comp_wgate, idx_wk;
+  const float* idx_comp_ape = nullptr;
+  const float* idx_comp_norm = nullptr;
+  const float* idx_k_norm = nullptr;
+  DeviceLinear gate;
+  const float* gate_bias = nullptr;
+  const int32_t* tid2eid = nullptr;
+  std::vector<DeviceExpert> experts;
+  DeviceExpert shared;
+  DeviceLinear engram_wkv;
+};
+
+struct DeviceWeights {
+  const float* embed = nullptr;  // [vocab, d]
+  DeviceLinear head;
+  const float* norm = nullptr;
+  DeviceHc hc_head;  // V4 only
+  std::vector<DeviceLayer> layers;
+  size_t nbytes = 0;  // device bytes of all of the above
+  std::vector<DeviceBuffer<uint8_t>> owned;
+};
+
+// Uploads every weight the forward reads. Errors: CUDA allocation or copy failures, or a linear
+// that linear_cuda cannot take (names the tensor).
+Result<std::unique_ptr<DeviceWeights>> upload_weights(const ModelConfig& c, const ModelWeights& w,
+                                                      const Numerics& numerics);
+
+}  // namespace spw::engine

@@ -1,0 +1,69 @@
+#include "engine/engine_kernels.h"
+
+namespace spw::engine {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
+
+Status launched(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return {};
+  return make_error(what, ": ", cudaGetErrorString(e));
+}
+
+__global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t n_rows, int64_t d, float* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_rows * d) return;
+  const int64_t j = i / d, ch = i % d;
+  out[i] = x[int64_t(rows[j]) * d + ch];
+}
+
+__global__ void scatter_add_rows_kernel(float* acc, const float* y, const int32_t* rows, int64_t n_rows, int64_t d) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_rows * d) return;
+  const int64_t j = i / d, ch = i % d;
+  float* a = acc + int64_t(rows[j]) * d + ch;
+  *a = __fadd_rn(*a, y[i]);
+}
+
+__global__ void add_kernel(const float* a, const float* b, int64_t n, float* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __fadd_rn(a[i], b[i]);
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float s) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = __fmul_rn(x[i], s);
+}
+
+}  // namespace
+
+Status gather_rows_cuda(const float* x, const int32_t* rows, int64_t n_rows, int64_t d, float* out,
+                        cudaStream_t stream) {
+  if (n_rows * d == 0) return {};
+  gather_rows_kernel<<<blocks_for(n_rows * d), kThreads, 0, stream>>>(x, rows, n_rows, d, out);
+  return launched("gather_rows_cuda");
+}
+
+Status scatter_add_rows_cuda(float* acc, const float* y, const int32_t* rows, int64_t n_rows, int64_t d,
+                             cudaStream_t stream) {
+  if (n_rows * d == 0) return {};
+  scatter_add_rows_kernel<<<blocks_for(n_rows * d), kThreads, 0, stream>>>(acc, y, rows, n_rows, d);
+  return launched("scatter_add_rows_cuda");
+}
+
+Status add_cuda(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream) {
+  if (n == 0) return {};
+  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(a, b, n, out);
+  return launched("add_cuda");
+}
+
+Status scale_cuda(float* x, int64_t n, float s, cudaStream_t stream) {
+  if (n == 0) return {};
+  scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, s);
+  return launched("scale_cuda");
+}
+
+}  // namespace spw::engine

@@ -1,0 +1,29 @@
+// The few glue kernels of the GPU forward that no kernel library provides: the MoE dispatch and
+// combine (gather a subset of rows, add rows back at their tokens) and element-wise add / scale.
+// One thread per output element, f32, each value computed by the same single operation as the CPU
+// reference (model/moe.cpp, indexer.cpp), so results are bit-exact.
+// Contract: device pointers, row-major f32 [*, d]; queued on `stream`; errors are launch errors.
+//   gather_rows_cuda:      out[j] = x[rows[j]], j < n_rows.
+//   scatter_add_rows_cuda: acc[rows[j]] += y[j]; the rows of one call must be distinct (one expert's
+//                          tokens), so calls in expert order add in the reference's order.
+//   add_cuda:              out[i] = a[i] + b[i] (out may alias a or b).
+//   scale_cuda:            x[i] *= s.
+// Tested through the forward (tests/gpu/test_engine_golden.cpp).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "base/status.h"
+
+namespace spw::engine {
+
+Status gather_rows_cuda(const float* x, const int32_t* rows, int64_t n_rows, int64_t d, float* out,
+                        cudaStream_t stream);
+Status scatter_add_rows_cuda(float* acc, const float* y, const int32_t* rows, int64_t n_rows, int64_t d,
+                             cudaStream_t stream);
+Status add_cuda(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream);
+Status scale_cuda(float* x, int64_t n, float s, cudaStream_t stream);
+
+}  // namespace spw::engine

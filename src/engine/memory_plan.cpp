@@ -1,0 +1,132 @@
+#include "engine/memory_plan.h"
+
+#include <algorithm>
+
+#include "cuda/attn/kv_pages.h"
+
+namespace spw::engine {
+namespace {
+
+size_t ceil_div(int64_t a, int64_t b) { return size_t((a + b - 1) / b); }
+
+size_t fp8_nbytes(int64_t n_out, int64_t n_in, int block) {
+  return size_t(n_out * n_in) + ceil_div(n_out, block) * ceil_div(n_in, block);
+}
+size_t fp4_nbytes(int64_t n_out, int64_t n_in) { return size_t(n_out * n_in / 2 + n_out * n_in / 32); }
+size_t bf16_nbytes(int64_t n) { return size_t(2 * n); }
+size_t f32_nbytes(int64_t n) { return size_t(4 * n); }
+
+cuda::KvRowFormat window_format(const ModelConfig& c) {
+  return c.is_v41() ? cuda::kv_format_window_v41(c.d_head) : cuda::kv_format_window_v4(c.d_head, c.d_rope);
+}
+cuda::KvRowFormat compressed_format(const ModelConfig& c) {
+  return c.is_v41() ? cuda::kv_format_compressed_v41(c.d_head) : cuda::kv_format_compressed_v4(c.d_head, c.d_rope);
+}
+
+}  // namespace
+
+bool layer_has_compressed(const ModelConfig& c, int layer) {
+  const LayerPlan& p = c.layers[layer];
+  return c.is_v41() ? p.kv_source : (p.attn == AttnKind::Csa || p.attn == AttnKind::Hca);
+}
+
+bool layer_has_index_keys(const ModelConfig& c, int layer) {
+  const LayerPlan& p = c.layers[layer];
+  return c.is_v41() ? p.kv_source : p.attn == AttnKind::Csa;
+}
+
+int max_linear_in(const ModelConfig& c) {
+  int m = std::max({c.d_model, c.q_lora_rank, c.o_groups * c.o_lora_rank, c.d_expert, c.d_head});
+  if (c.is_v41() && !c.engram_layers.empty())
+    m = std::max(m, (c.engram_max_ngram - 1) * c.engram_n_heads * c.engram_head_dim);
+  return m;
+}
+
+MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget) {
+  MemoryPlan plan;
+  WeightBytes& w = plan.weights;
+  const int64_t d = c.d_model, H = c.n_heads, D = c.d_head, B = c.weight_block, hc = c.hc_mult;
+  const int64_t Hi = c.index_n_heads, Di = c.index_head_dim, E = c.n_experts, F = c.d_expert;
+  const int64_t n_mix = (2 + hc) * hc;
+  w.embed = f32_nbytes(c.vocab_size * d);
+  w.head = f32_nbytes(c.vocab_size * d) + f32_nbytes(d);
+  if (!c.is_v41()) w.hyper_connections += f32_nbytes(hc * hc * d + hc + 1);
+  int engram_slot = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerPlan& p = c.layers[l];
+    w.attention += fp8_nbytes(c.q_lora_rank, d, B) + fp8_nbytes(H * D, c.q_lora_rank, B) + fp8_nbytes(D, d, B) +
+                   bf16_nbytes(int64_t(c.o_groups) * c.o_lora_rank * (H * D / c.o_groups)) +
+                   fp8_nbytes(d, int64_t(c.o_groups) * c.o_lora_rank, B) + f32_nbytes(c.q_lora_rank + D + H + 2 * d);
+    w.hyper_connections += 2 * f32_nbytes(n_mix * hc * d + n_mix + 3);
+    if (p.attn == AttnKind::Csa || p.attn == AttnKind::Hca) {
+      const int64_t coff = p.attn == AttnKind::Csa ? 2 : 1, r = p.compress_ratio;
+      w.compressor += 2 * f32_nbytes(coff * D * d) + f32_nbytes(r * coff * D + D);
+      if (p.attn == AttnKind::Csa)
+        w.compressor += fp8_nbytes(Hi * Di, c.q_lora_rank, B) + bf16_nbytes(Hi * d) + 2 * f32_nbytes(2 * Di * d) +
+                        f32_nbytes(r * 2 * Di + Di);
+    }
+    if (p.kv_source) {
+      const bool gated = p.compress_ratio == 2;
+      w.compressor += (gated ? 2 * f32_nbytes(D * d) : bf16_nbytes(D * d)) + f32_nbytes(D) + bf16_nbytes(Di * D) +
+                      f32_nbytes(Di);
+    }
+    if (p.index_source) w.compressor += fp8_nbytes(Hi * Di, c.q_lora_rank, B) + bf16_nbytes(Hi * d);
+    w.router += f32_nbytes(E * d) + (p.hash_routed ? size_t(4 * c.vocab_size * c.top_k) : f32_nbytes(E));
+    w.routed_experts += size_t(E) * 3 * fp4_nbytes(F, d);
+    w.shared_experts += 2 * fp8_nbytes(F, d, B) + fp8_nbytes(d, F, B);
+    if (p.engram) {
+      const int64_t n_in = int64_t(c.engram_max_ngram - 1) * c.engram_n_heads * c.engram_head_dim;
+      w.engram_dense += fp8_nbytes((hc + 1) * d, n_in, B) + f32_nbytes(2 * hc * d);
+      const int64_t rows = c.engram_num_embeddings[engram_slot++];
+      plan.engram_tables_host_nbytes += size_t(rows * c.engram_head_dim + rows * (c.engram_head_dim / 32));
+    }
+  }
+
+  // KV pools: whole pages per (sequence, layer).
+  KvPlan& kv = plan.kv;
+  const int64_t T = budget.max_context, S = budget.max_seqs;
+  plan.max_pages_per_seq = int(ceil_div(T, cuda::kKvPageRows));
+  const size_t ring_row = cuda::kv_row_nbytes(window_format(c)), comp_row = cuda::kv_row_nbytes(compressed_format(c));
+  const size_t key_row = cuda::kv_row_nbytes(cuda::kv_format_index_key(c.index_head_dim));
+  kv.ring_page_nbytes = ring_row * cuda::kKvPageRows;
+  kv.compressed_page_nbytes = comp_row * cuda::kKvPageRows;
+  kv.index_key_page_nbytes = key_row * cuda::kKvPageRows;
+  const int64_t ring_pages_per_layer = int64_t(ceil_div(c.window, cuda::kKvPageRows));
+  kv.ring_pages = S * c.n_layers * ring_pages_per_layer;
+  kv.ring_nbytes_per_seq = size_t(c.n_layers * ring_pages_per_layer) * kv.ring_page_nbytes;
+  size_t comp_states = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const int64_t r = c.layers[l].compress_ratio;
+    if (r == 0) continue;
+    const int64_t pages = int64_t(ceil_div(int64_t(ceil_div(T, r)), cuda::kKvPageRows));
+    if (layer_has_compressed(c, l)) {
+      kv.compressed_pages += S * pages;
+      kv.nbytes_per_token += double(comp_row) / double(r);
+      const int64_t width = c.layers[l].attn == AttnKind::Csa ? 2 * D : D;
+      const int64_t copies = c.layers[l].attn == AttnKind::Csa ? 4 : 2;  // kv, score (+ previous group)
+      if (!c.is_v41() || r > 1) comp_states += f32_nbytes(copies * r * width);
+    }
+    if (layer_has_index_keys(c, l)) {
+      kv.index_key_pages += S * pages;
+      kv.nbytes_per_token += double(key_row) / double(r);
+      if (!c.is_v41()) comp_states += f32_nbytes(4 * r * 2 * Di);
+    }
+  }
+  plan.state_nbytes = size_t(S) * comp_states + 3 * size_t(S) * c.n_layers * plan.max_pages_per_seq * sizeof(int32_t);
+
+  // Workspace: the dense-linear workspace (activations + 128 dequantized weight rows, at least the
+  // 64 MiB the dense library defaults to) and the step's largest live activations per token.
+  const int64_t n = budget.max_step_tokens, max_in = max_linear_in(c);
+  const size_t linear_ws = f32_nbytes(n * max_in) + std::max(size_t(64) << 20, f32_nbytes(128 * max_in));
+  const int64_t per_token = 2 * hc * d                    // residual streams and a copy
+                            + 3 * H * D                   // q, attention output, a de-rotated copy
+                            + c.q_lora_rank + 4 * D + 4 * d  // cq, kv rows and compressor rows, x, y
+                            + 2 * E + 4 * F * c.top_k     // router logits, expert hidden rows
+                            + Hi * Di + 2 * Hi            // index queries and weights
+                            + c.vocab_size;               // logits
+  const int64_t max_entries = T;                          // ratio-1 index scores per query
+  plan.workspace_nbytes = linear_ws + f32_nbytes(n * per_token) + f32_nbytes(n * max_entries) * 2;
+  return plan;
+}
+
+}  // namespace spw::engine

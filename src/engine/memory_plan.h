@@ -1,0 +1,74 @@
+// The GPU memory planner (issue 7): from a ModelConfig and a KV budget, the bytes the GPU forward
+// needs, per component, before anything is allocated. Pure host arithmetic; GpuModel sizes its KV
+// pools from the same numbers, so the plan is what gets allocated.
+//
+// Weights are counted in the form device_weights.h uploads them: FP8 e4m3 + ue8m0 block scales,
+// MXFP4 nibbles + ue8m0 per 32, BF16 (wo_a, BF16 products), F32 for FP32 products (router, head,
+// V4 compressors) and for small vectors (norms, mHC, sinks, biases) and the embedding table.
+// A checkpoint that stores an FP32-product weight in BF16 uploads it as BF16, so those entries are
+// upper bounds. Engram tables stay in host memory (engram_tables_host_nbytes).
+// KV rows use the compact formats of cuda/attn/kv_pages.h; pools are whole pages of kKvPageRows rows.
+// Tests: tests/gpu/test_engine_plan.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "model/config.h"
+
+namespace spw::engine {
+
+struct KvBudget {
+  int max_seqs = 1;            // sequences alive at once
+  int64_t max_context = 4096;  // positions per sequence
+  int max_step_tokens = 512;   // tokens of one forward call (prefill chunk)
+};
+
+struct WeightBytes {
+  size_t embed = 0, head = 0;  // f32 embedding table; head as stored for an FP32 product
+  size_t attention = 0;        // q LoRA, window KV, output projection, norms, sinks
+  size_t compressor = 0;       // compressors and the indexers
+  size_t routed_experts = 0, shared_experts = 0, router = 0;
+  size_t hyper_connections = 0;  // mHC weights of every layer and the V4 head
+  size_t engram_dense = 0;       // Engram projections and gates (device)
+  size_t total() const {
+    return embed + head + attention + compressor + routed_experts + shared_experts + router + hyper_connections +
+           engram_dense;
+  }
+};
+
+struct KvPlan {
+  // Pages of each pool for the whole budget, and bytes per page.
+  int64_t ring_pages = 0, compressed_pages = 0, index_key_pages = 0;
+  size_t ring_page_nbytes = 0, compressed_page_nbytes = 0, index_key_page_nbytes = 0;
+  // Bytes one sequence adds per token of context once its window is full (compressed entries and
+  // index keys of every layer, amortised over their ratio), and the fixed window rings per sequence.
+  double nbytes_per_token = 0;
+  size_t ring_nbytes_per_seq = 0;
+  size_t pool_nbytes() const {
+    return size_t(ring_pages) * ring_page_nbytes + size_t(compressed_pages) * compressed_page_nbytes +
+           size_t(index_key_pages) * index_key_page_nbytes;
+  }
+};
+
+struct MemoryPlan {
+  WeightBytes weights;
+  KvPlan kv;
+  size_t state_nbytes = 0;      // compressor states and page tables of max_seqs sequences
+  size_t workspace_nbytes = 0;  // linear workspace and the step's activations at max_step_tokens
+  size_t engram_tables_host_nbytes = 0;
+  int max_pages_per_seq = 0;  // page-table width: ceil(max_context / kKvPageRows)
+  size_t device_total() const { return weights.total() + kv.pool_nbytes() + state_nbytes + workspace_nbytes; }
+};
+
+// Layers that own compressed entries (V4: every compressed layer; V4.1: the KV sources) and index
+// keys (V4: CSA layers; V4.1: the KV sources).
+bool layer_has_compressed(const ModelConfig& c, int layer);
+bool layer_has_index_keys(const ModelConfig& c, int layer);
+
+// Widest linear input of the model (sizes the linear workspace).
+int max_linear_in(const ModelConfig& c);
+
+MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget);
+
+}  // namespace spw::engine
