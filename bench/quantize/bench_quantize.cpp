@@ -63,6 +63,7 @@ Problem make_problem(int64_t k, int64_t n, bool identity, uint32_t seed) {
   }
   cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice);
   cudaMemset(dh, 0, size_t(k * k) * 8);
+  cudaDeviceSynchronize();  // the legacy-stream copy/memset must land before the non-blocking stream reads
   auto st = spw::quant::hessian_accumulate_cuda(ctx, dx, nullptr, m, k, dh);
   if (!st.ok()) {
     std::fprintf(stderr, "bench_quantize: %s\n", st.error().message.c_str());

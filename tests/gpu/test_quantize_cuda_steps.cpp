@@ -36,6 +36,9 @@ T* upload(const std::vector<T>& v) {
   T* d = nullptr;
   EXPECT_EQ(cudaMalloc(&d, v.size() * sizeof(T) + 64), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  // A pageable cudaMemcpy may return before its DMA lands, and the kernels run on the context's
+  // non-blocking stream, which does not wait for the legacy stream: finish the copy first.
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return d;
 }
 template <class T>
@@ -137,6 +140,7 @@ TEST_F(QuantizeCudaSteps, HadamardsBitExact) {
     std::vector<double> got = download(d, x.size());
     for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], left[i]) << "left, element " << i;
     ASSERT_EQ(cudaMemcpy(d, x.data(), x.size() * 8, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // see upload()
     had_right_cuda(ctx_, d, rows, cols);
     ASSERT_EQ(cudaStreamSynchronize(ctx_.stream), cudaSuccess);
     got = download(d, x.size());
@@ -200,6 +204,7 @@ TEST_F(QuantizeCudaSteps, BlockLdlMatchesCpu) {
     std::vector<double> bad = h;
     bad[size_t(5 * k + 5)] = -1;
     ASSERT_EQ(cudaMemcpy(dh, bad.data(), bad.size() * 8, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // see upload()
     st = block_ldl_cuda(ctx_, dh, k, dl, &not_pd);
     ASSERT_TRUE(st.ok()) << st.error().message;
     EXPECT_TRUE(not_pd);

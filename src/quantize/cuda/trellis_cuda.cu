@@ -287,6 +287,9 @@ Status trellis_cuda_workspace_alloc(TrellisCudaWorkspace& ws, int bits, Exl3Code
   QCUDA_TRY(cudaMalloc(&ws.lut32, 65536 * sizeof(float)));
   QCUDA_TRY(cudaMemcpy(ws.lut16, exl3_codebook_lut(codebook), 65536 * sizeof(uint16_t), cudaMemcpyHostToDevice));
   QCUDA_TRY(cudaMemcpy(ws.lut32, exl3_codebook_lut_f32(codebook), 65536 * sizeof(float), cudaMemcpyHostToDevice));
+  // Pageable copies may return before their DMA lands, and the search may run on a non-blocking
+  // stream that does not wait for the legacy stream.
+  QCUDA_TRY(cudaDeviceSynchronize());
   return {};
 }
 
