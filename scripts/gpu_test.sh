@@ -6,7 +6,11 @@
 #          bash scripts/gpu_test.sh stage         # stripped binaries + runtime libs → .exl3pack/dev.tar.xz
 #   there: bash scripts/gpu_test.sh run           # carry: .exl3pack .deps
 # SKIP_CPU=1 leaves out the CPU tests and CPU benchmark (they compete with exllamav3's JIT build for the cores).
-# Runs: our unit tests (CPU incl. AVX-512, CUDA), bench_exl3 (HBM bandwidth, our kernels vs roofline, fused MoE),
+# ONLY_OURS=1 runs only our tests and benchmarks (no exllamav3); SKIP_TESTS=1 skips spw_gpu_tests and the profile;
+# SKIP_FIXTURES=1 skips regenerating exllamav3's fixtures (they are committed in tests/fixtures/exl3).
+# Runs: our unit tests (CPU incl. AVX-512), every GPU test (spw_gpu_tests: EXL3 kernels, the forward's ops, dense
+# linears, attention, the CUDA quantizer, the GPU engine), bench_exl3 (HBM bandwidth, our kernels vs roofline, fused MoE, prefill),
+# bench_dense (dense linears vs roofline and cuBLAS), bench_quantize (CUDA quantizer seconds per V4.1 expert tensor),
 # bench_exl3_cpu (STREAM-like read vs CPU kernels), exllamav3's JIT build, tools/exl3/make_fixtures.py
 # (exllamav3's quantizer), the fixture test on them, bench/exl3/bench_exllamav3.py on the same tensors (int8
 # GEMV default and EXL3_INT8_GEMV=0) and tools/quantize/compare_exllamav3.py on the dumped W/H.
@@ -14,7 +18,8 @@
 set -u
 if [ "${1:-}" = stage ]; then
   mkdir -p .exl3dev/lib .exl3pack
-  for b in tests/spw_gpu_tests tests/spw_unit_tests bench/exl3/bench_exl3 bench/exl3/bench_exl3_cpu; do
+  for b in tests/spw_gpu_tests tests/spw_unit_tests bench/exl3/bench_exl3 bench/exl3/bench_exl3_cpu bench/dense/bench_dense \
+           bench/quantize/bench_quantize; do
     [ -f build/$b ] && cp build/$b .exl3dev/ && strip .exl3dev/$(basename $b)
   done
   for l in libspdlog.so.1.10 libfmt.so.9 libstdc++.so.6; do cp -L /usr/lib/x86_64-linux-gnu/$l .exl3dev/lib/; done
@@ -35,25 +40,30 @@ export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=14
 } 2>&1 | tee "$OUT/main.log"
 export PYTHONPATH=/tmp/site
 # exllamav3's CUDA extension JIT-builds in the background while our binaries run.
-(python3 -c "
+[ -z "${ONLY_OURS:-}" ] && (python3 -c "
 import sys, types
 stub = types.ModuleType('pydantic'); stub.PydanticUserError = type('E', (Exception,), {}); sys.modules['pydantic'] = stub
 import time; t = time.time()
 from exllamav3.ext import exllamav3_ext
 print('exllamav3 extension ready in %.0f s' % (time.time() - t))" > /tmp/jit.log 2>&1; echo "jit rc $?" >> /tmp/jit.log) &
-JIT=$!
+JIT=$!  # ($! is this shell's last background job; unused when ONLY_OURS)
 python3 bench/exl3/make_bench_tensors.py /tmp/bench_tensors >> "$OUT/main.log" 2>&1
 [ -z "${SKIP_CPU:-}" ] && .exl3dev/spw_unit_tests --gtest_brief=1 --gtest_filter='Exl3.*:Exl3Cpu*:Exl3MoeCpu*' 2>&1 | tee -a "$OUT/main.log"   # CPU kernels, AVX-512 here
-.exl3dev/spw_gpu_tests --gtest_brief=1 2>&1 | tee -a "$OUT/main.log"
+[ -z "${SKIP_TESTS:-}" ] && timeout 400 .exl3dev/spw_gpu_tests --gtest_brief=1 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 | tee -a "$OUT/main.log"
 .exl3dev/bench_exl3 /tmp/bench_tensors 200 gpu 2>&1 | tee "$OUT/bench_spillway.md"
+[ -x .exl3dev/bench_dense ] && timeout 200 .exl3dev/bench_dense 2>&1 | tee "$OUT/bench_dense.md"
+[ -x .exl3dev/bench_quantize ] && timeout 200 .exl3dev/bench_quantize 2>&1 | tee "$OUT/bench_quantize.md"
 [ -z "${SKIP_CPU:-}" ] && [ -x .exl3dev/bench_exl3_cpu ] && timeout 150 .exl3dev/bench_exl3_cpu 16 2>&1 | tee -a "$OUT/bench_spillway.md"
 # Nsight Compute + SASS mix of our kernels while the extension still builds (one file back: profile.txt).
-timeout 150 bash scripts/gpu_profile.sh /tmp/exl3_prof > /tmp/exl3_prof.summary 2>&1
-cat /tmp/exl3_prof.summary /tmp/exl3_prof/*.txt > "$OUT/profile.txt" 2>/dev/null
+[ -z "${SKIP_TESTS:-}" ] && timeout 150 bash scripts/gpu_profile.sh /tmp/exl3_prof > /tmp/exl3_prof.summary 2>&1
+[ -z "${SKIP_TESTS:-}" ] && cat /tmp/exl3_prof.summary /tmp/exl3_prof/*.txt > "$OUT/profile.txt" 2>/dev/null
+[ -n "${ONLY_OURS:-}" ] && exit 0
 wait $JIT
 tail -5 /tmp/jit.log | tee -a "$OUT/main.log"
-python3 tools/exl3/make_fixtures.py "$OUT/fixtures" 2>&1 | tee -a "$OUT/main.log"
-SPW_EXL3_FIXTURE_DIR="$OUT/fixtures" .exl3dev/spw_unit_tests --gtest_filter='Exl3Fixtures*' 2>&1 | tee -a "$OUT/main.log"
+if [ -z "${SKIP_FIXTURES:-}" ]; then
+  python3 tools/exl3/make_fixtures.py "$OUT/fixtures" 2>&1 | tee -a "$OUT/main.log"
+  SPW_EXL3_FIXTURE_DIR="$OUT/fixtures" .exl3dev/spw_unit_tests --gtest_filter='Exl3Fixtures*' 2>&1 | tee -a "$OUT/main.log"
+fi
 python3 bench/exl3/bench_exllamav3.py /tmp/bench_tensors 200 2>&1 | tee "$OUT/bench_exllamav3.md"
 EXL3_INT8_GEMV=0 python3 bench/exl3/bench_exllamav3.py /tmp/bench_tensors 200 2>&1 | tee -a "$OUT/bench_exllamav3.md"
 WH=""

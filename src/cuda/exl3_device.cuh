@@ -1,8 +1,9 @@
-// Device building blocks shared by the EXL3 kernels (exl3_gemm.cu, exl3_moe.cu): codebook decode,
-// the tensor-core step, the in-warp block-128 Hadamard and the trellis strip loop.
+// Device building blocks shared by the EXL3 kernels (exl3_gemm.cu, exl3_moe.cu, exl3_prefill.cu):
+// codebook decode, state extraction, the tensor-core step, the in-warp block-128 Hadamard, bulk copies
+// with mbarriers and the warp-private tile ring.
 //
 // Tile layout (spec §1.4): a 16×16 tile is 16·K int16 words = 8·K uint32; lane ℓ's 8 positions are
-// exactly its two mma.m16n8k16 B fragments (columns 8·h + ℓ/4 ... of the tile), so decoding in
+// exactly its mma.m16n8k16 fragment of the tile taken as the A operand (tile_mma), so decoding in
 // registers feeds the MMA with no shuffles.
 #pragma once
 
@@ -150,7 +151,7 @@ __device__ __forceinline__ void tile_mma(uint32_t A, uint32_t B, uint32_t C, int
   if constexpr (M16) mma16816(c_hi, w0, w2, w1, w3, x2, x3);
 }
 
-// Pipeline shape of strip_mma: kStages stages of kStageTiles tiles per warp, all in flight at once.
+// Shape of a warp ring (exl3_moe.cu): kStages stages of kStageTiles tiles, all in flight at once.
 constexpr int kStages = 4, kStageTiles = 8;
 // Shared memory one warp's ring needs (bytes).
 template <int K>
@@ -174,66 +175,6 @@ __device__ __forceinline__ void warp_ring_init(WarpRing& r, int lane) {
   }
   r.uses = 0;
   __syncwarp();
-}
-
-// One warp: rows · Ŵ[kt0 .. kt0+n_tiles) × one 16-column strip. Lane 0 bulk-copies the strip's tiles
-// (one copy per tile, tiles are `stride` words apart) into the warp's ring, up to kStages stages of
-// kStageTiles tiles in flight; the warp decodes each stage once its barrier completes.
-//   tiles: the strip's first tile (k-tile kt0), 16-byte aligned; stride: uint32 between consecutive
-//   k-tiles of a strip. xr: fp16 rotated activations, row r at xr + r·ldx, already offset to
-//   k = 16·kt0; rows ≥ m read as 0. X_COHERENT: xr was written earlier in this launch, so it is read
-//   through L2 (__ldcg); otherwise it is read-only for the launch (__ldg).
-// Accumulators: tile_mma's layout (c_hi only with M16). Tokens ≥ m read token m − 1 again (their
-// results are garbage the caller drops), so no load is predicated.
-template <int K, int CB, bool M16, bool X_COHERENT>
-__device__ __forceinline__ void strip_mma(const uint32_t* __restrict__ tiles, size_t stride, int n_tiles,
-                                          const __half* __restrict__ xr, int ldx, int m, float (&c_lo)[4],
-                                          float (&c_hi)[4], int lane, WarpRing& ring) {
-  constexpr int kWords = 8 * K, kSlotWords = kStageTiles * kWords;
-  const LaneWindow lw = lane_window<K>(lane);
-  const int t4 = lane & 3, g = lane >> 2;
-  const uint32_t* xa = reinterpret_cast<const uint32_t*>(xr + static_cast<size_t>(min(g, m - 1)) * ldx) + t4;
-  const uint32_t* xb = reinterpret_cast<const uint32_t*>(xr + static_cast<size_t>(min(g + 8, m - 1)) * ldx) + t4;
-  const int n_stages = (n_tiles + kStageTiles - 1) / kStageTiles;
-
-  auto ldx32 = [](const uint32_t* p) -> uint32_t {
-    if constexpr (X_COHERENT) return __ldcg(p);
-    else return __ldg(p);
-  };
-  auto issue = [&](int st) {
-    if (lane != 0 || st >= n_stages) return;
-    const uint32_t slot = (ring.uses + st) % kStages;
-    const int t0 = st * kStageTiles, nt = min(kStageTiles, n_tiles - t0);
-    mbar_expect_tx(&ring.bars[slot], nt * kWords * 4);
-    for (int u = 0; u < nt; ++u)
-      bulk_copy(ring.words + slot * kSlotWords + u * kWords, tiles + (t0 + u) * stride, kWords * 4, &ring.bars[slot]);
-  };
-
-  auto tile = [&](const uint32_t* tw, int t) {
-    const uint32_t x0 = ldx32(xa + t * 8), x1 = ldx32(xa + t * 8 + 4);
-    uint32_t x2 = 0, x3 = 0;
-    if constexpr (M16) x2 = ldx32(xb + t * 8), x3 = ldx32(xb + t * 8 + 4);
-    tile_mma<K, CB, M16>(tw[lw.wa], tw[lw.wb], tw[lw.wc], lw.off, x0, x1, x2, x3, c_lo, c_hi);
-  };
-
-  for (int st = 0; st < kStages; ++st) issue(st);
-#pragma unroll 1
-  for (int st = 0; st < n_stages; ++st) {
-    const uint32_t use = ring.uses + st, slot = use % kStages;
-    mbar_wait(&ring.bars[slot], (use / kStages) & 1);
-    const uint32_t* sw = ring.words + slot * kSlotWords;
-    const int t0 = st * kStageTiles;
-    if (t0 + kStageTiles <= n_tiles) {  // full stage: no per-tile bounds checks
-#pragma unroll
-      for (int u = 0; u < kStageTiles; ++u) tile(sw + u * kWords, t0 + u);
-    } else {
-#pragma unroll 1
-      for (int u = 0; u < n_tiles - t0; ++u) tile(sw + u * kWords, t0 + u);
-    }
-    __syncwarp();  // every lane has read the slot before lane 0 refills it
-    issue(st + kStages);
-  }
-  ring.uses += n_stages;
 }
 
 // xr[i] = fp16(had128(x[i]·suh[i])) for one 128-block, by one warp; returns nothing else.

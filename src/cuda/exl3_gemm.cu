@@ -1,6 +1,6 @@
-// EXL3 small-batch GEMM/GEMV kernels (mma.sync m16n8k16, trellis decoded in registers), three paths
-// (Exl3GemmPath): kRing (rotation launch + per-warp bulk-copy rings), kXSmem (x rotated per block into
-// shared memory, trellis in register batches) and kBulk (as kXSmem, trellis by block-wide bulk copies).
+// EXL3 small-batch GEMM/GEMV kernels (mma.sync m16n8k16, trellis decoded in registers), two paths
+// (Exl3GemmPath): kXSmem (x rotated per block into shared memory, trellis in register batches) and kBulk
+// (as kXSmem, trellis by block-wide bulk copies).
 // Contract, limits and accuracy: exl3_gemm.h.
 // Launch shape: grid (n/128 column groups, k splits), 256 compute threads; warp w of block (gx, gy)
 // owns output columns [128·gx + 16·w, +16) over the block's k slice; partial sums meet by fp32
@@ -21,18 +21,6 @@ namespace {
 using namespace exl3dev;
 
 constexpr int kThreads = 256;
-
-// xr[row][·] = fp16(had128(x[row][·] ∘ suh)) for rows < m; one warp per (row, 128-block).
-__global__ void __launch_bounds__(kThreads) exl3_rotate_kernel(const float* __restrict__ x,
-                                                               const uint16_t* __restrict__ suh, __half* xr, int k,
-                                                               int m) {
-  const int job = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  const int nblk = k / 128;
-  if (job >= m * nblk) return;
-  const int row = job / nblk, b = job % nblk;
-  rotate_block(x + static_cast<size_t>(row) * k + b * 128, suh + b * 128, xr + static_cast<size_t>(row) * k + b * 128,
-               lane);
-}
 
 // Partial sums of one warp's 16-column strip (tile accumulators, exl3_device.cuh: tile_mma) go into
 // the fp32 workspace; the last block of the column group to arrive applies the output Hadamard, svh
@@ -84,32 +72,6 @@ __device__ __forceinline__ void finish_column_group(const float (&c_lo)[4], cons
     }
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0;
-}
-
-// Grid (n/128 column groups, k splits); warp w of block (gx, gy) owns output columns
-// [128·gx + 16·w, +16) over k-tiles [gy·per, min((gy+1)·per, k/16)).
-template <int K, int CB, bool M16>
-__global__ void __launch_bounds__(kThreads) exl3_gemm_kernel(
-    const uint16_t* __restrict__ trellis, const uint16_t* __restrict__ svh, const uint16_t* __restrict__ bias,
-    const __half* __restrict__ xr, float* __restrict__ y, float* acc, uint32_t* counters, int k, int n, int m,
-    int per) {
-  constexpr int kWords = 8 * K;  // uint32 per tile
-  extern __shared__ __align__(16) uint32_t ring_smem[];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int k_tiles = k / 16, n_tn = n / 16;
-  const int kt0 = blockIdx.y * per, kt1 = min(k_tiles, kt0 + per);
-  const int tn = blockIdx.x * 8 + warp;
-  __shared__ __align__(8) uint64_t bars[kThreads / 32][kStages];
-  WarpRing ring{ring_smem + warp * (ring_bytes<K>() / 4), bars[warp], 0};
-  warp_ring_init(ring, lane);
-  float c_lo[4] = {0.f, 0.f, 0.f, 0.f}, c_hi[4] = {0.f, 0.f, 0.f, 0.f};
-  if (kt0 < kt1) {
-    const uint32_t* tiles = reinterpret_cast<const uint32_t*>(trellis) + (static_cast<size_t>(kt0) * n_tn + tn) * kWords;
-    strip_mma<K, CB, M16, false>(tiles, static_cast<size_t>(n_tn) * kWords, kt1 - kt0, xr + kt0 * 16, k, m, c_lo, c_hi,
-                                 lane, ring);
-  }
-
-  finish_column_group<M16>(c_lo, c_hi, true, tn, svh, bias, y, acc, counters, n, m);
 }
 
 // xs[row][i] = fp16(had128(x[row][k0 + i] · suh[k0 + i])) for i < klen, rows < kRows (rows ≥ m zero),
@@ -292,8 +254,6 @@ __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
                            m);
 }
 
-using RingKernel = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, const __half*, float*, float*,
-                            uint32_t*, int, int, int, int);
 using XSmemKernel = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, const float*, float*,
                              float*, uint32_t*, int, int, int, int);
 
@@ -317,10 +277,6 @@ Fn pick_kernel(int K, int cb, bool m16) {
   }
   return nullptr;
 }
-template <int K, int CB, bool M16>
-struct RingPick {
-  static constexpr RingKernel fn = exl3_gemm_kernel<K, CB, M16>;
-};
 template <int K, int CB, bool M16>
 struct BulkPick {
   static constexpr XSmemKernel fn = exl3_gemm_bulk_kernel<K, CB, M16>;
@@ -353,8 +309,6 @@ Status exl3_cuda_workspace_alloc(Exl3CudaWorkspace& ws, int64_t max_k, int64_t m
   const size_t acc_bytes = sizeof(float) * 16 * max_n, cnt_bytes = sizeof(uint32_t) * (max_n / 128 + 1);
   if (cudaError_t e = cudaMalloc(&ws.acc, acc_bytes); e != cudaSuccess) return cuda_error("malloc workspace", e);
   if (cudaError_t e = cudaMalloc(&ws.counters, cnt_bytes); e != cudaSuccess) return cuda_error("malloc workspace", e);
-  if (cudaError_t e = cudaMalloc(&ws.xr, sizeof(uint16_t) * 16 * max_k); e != cudaSuccess)
-    return cuda_error("malloc workspace", e);
   if (cudaError_t e = cudaMemset(ws.acc, 0, acc_bytes); e != cudaSuccess) return cuda_error("memset workspace", e);
   if (cudaError_t e = cudaMemset(ws.counters, 0, cnt_bytes); e != cudaSuccess) return cuda_error("memset workspace", e);
   ws.capacity_k = max_k;
@@ -365,7 +319,6 @@ Status exl3_cuda_workspace_alloc(Exl3CudaWorkspace& ws, int64_t max_k, int64_t m
 void exl3_cuda_workspace_free(Exl3CudaWorkspace& ws) {
   cudaFree(ws.acc);
   cudaFree(ws.counters);
-  cudaFree(ws.xr);
   ws = {};
 }
 
@@ -376,30 +329,6 @@ Status set_smem(const void* fn, size_t smem) {
   if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
       e != cudaSuccess)
     return cuda_error("set shared memory", e);
-  return {};
-}
-
-// Path kRing: rotation kernel, then per-warp bulk-copy rings (exl3_device.cuh: strip_mma).
-Status gemm_ring(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, cudaStream_t s) {
-  // Enough blocks for ~4 resident per SM; each warp then streams k_tiles/splits tiles of its strip.
-  const int64_t n_groups = t.n / 128, k_tiles = t.k / 16;
-  const int64_t want = std::max<int64_t>(1, (4 * sm_count() + n_groups - 1) / n_groups);
-  const int64_t per = std::max<int64_t>(2 * kStageTiles, (k_tiles + want - 1) / want);
-  const int64_t splits = (k_tiles + per - 1) / per;
-  __half* xr = reinterpret_cast<__half*>(ws.xr);
-  for (int64_t c = 0; c < m; c += 16) {
-    const int mc = static_cast<int>(std::min<int64_t>(16, m - c));
-    const int64_t rot_jobs = mc * (t.k / 128);
-    exl3_rotate_kernel<<<static_cast<unsigned>((rot_jobs + 7) / 8), kThreads, 0, s>>>(x + c * t.k, t.suh, xr,
-                                                                                       static_cast<int>(t.k), mc);
-    RingKernel fn = pick_kernel<RingKernel, RingPick>(t.bits.ka(), static_cast<int>(t.codebook), mc > 8);
-    const size_t smem = static_cast<size_t>(kThreads / 32) * kStages * kStageTiles * 8 * t.bits.ka() * 4;
-    if (Status st = set_smem(reinterpret_cast<const void*>(fn), smem); !st.ok()) return st;
-    fn<<<dim3(static_cast<unsigned>(n_groups), static_cast<unsigned>(splits)), kThreads, smem, s>>>(
-        t.trellis, t.svh, t.bias, xr, y + c * t.n, ws.acc, ws.counters, static_cast<int>(t.k), static_cast<int>(t.n), mc,
-        static_cast<int>(per));
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch exl3_gemm_kernel", e);
-  }
   return {};
 }
 
@@ -453,7 +382,6 @@ const char* exl3_gemm_path_name(Exl3GemmPath p) {
   switch (p) {
     case Exl3GemmPath::kAuto: return "auto";
     case Exl3GemmPath::kXSmem: return "xsmem";
-    case Exl3GemmPath::kRing: return "ring";
     case Exl3GemmPath::kBulk: return "bulk";
   }
   return "?";
@@ -469,12 +397,8 @@ Status exl3_gemm_cuda(const Exl3CudaTensor& t, const float* x, int64_t m, float*
                       " n=", t.n);
   if (m < 1) return make_error("exl3_gemm_cuda: m=", m);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  // kAuto = kXSmem: the faster of the two in the last H200 measurement (bench/results/exl3_h200.md).
-  switch (path) {
-    case Exl3GemmPath::kRing: return gemm_ring(t, x, m, y, ws, s);
-    case Exl3GemmPath::kBulk: return gemm_bulk(t, x, m, y, ws, s);
-    default: return gemm_xsmem(t, x, m, y, ws, s);
-  }
+  // kAuto = kBulk: the faster of the two in the last H200 measurement (bench/results/exl3_h200.md).
+  return path == Exl3GemmPath::kXSmem ? gemm_xsmem(t, x, m, y, ws, s) : gemm_bulk(t, x, m, y, ws, s);
 }
 
 }  // namespace spw

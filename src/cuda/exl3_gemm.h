@@ -1,18 +1,18 @@
 // y = x·W for EXL3 linears on NVIDIA GPUs (sm_90; portable to sm_120), straight from the trellis.
 //
 // What it computes: y[m][n] = x[m][k]·W + bias, W = diag(suh)·Hk·Ŵ·Hn·diag(svh) (formats/exl3.h).
-// Per chunk of 16 tokens, the input rotation xr = fp16(had128(x∘suh)), then the trellis product (two
-// paths, see Exl3GemmPath): each warp walks one 16-column strip over a slice of k, decoding every
-// 16×16 trellis tile in registers (a lane's 8 positions are exactly its two
-// mma.m16n8k16 B fragments, spec §1.4) while the next tiles' words are already in flight, and
-// multiplies on tensor cores with fp32 accumulation; partial sums meet in an fp32 workspace by
-// atomics, and the last block of each 128-column group applies the output Hadamard, svh and bias,
-// writes y and zeroes its workspace slice again (no memset between calls).
+// Per chunk of 16 tokens, each block rotates its k slice of x into shared memory, xr = fp16(had128(x∘suh)),
+// then the trellis product (two paths, see Exl3GemmPath): each warp walks one 16-column strip over the
+// slice, decoding every 16×16 trellis tile in registers (a lane's 8 positions are exactly its
+// mma.m16n8k16 A fragment, spec §1.4) while the next tiles are already in flight, and multiplies on
+// tensor cores with fp32 accumulation; partial sums meet in an fp32 workspace by atomics, and the last
+// block of each 128-column group applies the output Hadamard, svh and bias, writes y and zeroes its
+// workspace slice again (no memset between calls). For many tokens, exl3_prefill.h is faster.
 //
 // Contract: all pointers are device pointers. x [m][k] fp32, y [m][n] fp32 (overwritten, no aliasing
 // with x). Workspace (exl3_cuda_workspace_alloc): acc ≥ 16·n floats and counters ≥ n/128 uint32, zero
-// before the first call and left zero after every call, plus xr (16·k halves); one workspace per
-// stream (concurrent launches must not share one).
+// before the first call and left zero after every call; one workspace per stream (concurrent launches
+// must not share one).
 // Limits: integer K 2..6, every codebook, k and n multiples of 128, any m ≥ 1 (chunks of 16 tokens).
 // Accuracy: Ŵ exact; x is rounded once to fp16 after its rotation (as exllamav3 does), products and
 // sums in fp32 ⇒ ~3e-4 relative RMS error against exl3_matmul_ref.
@@ -40,7 +40,6 @@ struct Exl3CudaTensor {
 struct Exl3CudaWorkspace {
   float* acc = nullptr;         // ≥ 16·n floats, zeroed once
   uint32_t* counters = nullptr; // ≥ n/128, zeroed once
-  uint16_t* xr = nullptr;       // fp16 [16][k]: the rotated activations of one chunk
   int64_t capacity_k = 0, capacity_n = 0;
 };
 
@@ -54,11 +53,10 @@ void exl3_cuda_workspace_free(Exl3CudaWorkspace& ws);
 // Two implementations of the same product, kept side by side while the H200 measurements decide:
 //   kXSmem: one launch; each block rotates its k-slice of x into shared memory, warps load their strip's
 //           trellis in 8-tile register batches.
-//   kRing:  a rotation launch, then each warp streams its strip through its own bulk-copy ring.
 //   kBulk:  as kXSmem, but a producer warp streams the trellis into a shared-memory ring by bulk copies
 //           (cp.async.bulk, sm_90+), so loads take almost no issue slots.
-// kAuto picks the one measured faster (currently kXSmem).
-enum class Exl3GemmPath { kAuto, kXSmem, kRing, kBulk };
+// kAuto picks the one measured faster (currently kBulk).
+enum class Exl3GemmPath { kAuto, kXSmem, kBulk };
 const char* exl3_gemm_path_name(Exl3GemmPath p);
 
 // stream: a cudaStream_t (void* so host code needs no CUDA headers); nullptr = default stream.
