@@ -344,6 +344,22 @@ int main(int argc, char** argv) {
                     (long long)t->n, m, us, tb / (us * 1e-6) / 1e9, 100.0 * (tb / copy_bw) / (us * 1e-6),
                     100.0 * (tb / read_bw) / (us * 1e-6));
       }
+    // Launch-shape sweep of the default path at m = 1: k splits for 2..8 blocks per SM.
+    for (int bps : {2, 6, 8}) {
+      ws.blocks_per_sm = bps;
+      for (int i = 0; i < 20; ++i) (void)exl3_gemm_cuda(dts[i % copies], x, 1, y, ws);
+      CK(cudaDeviceSynchronize());
+      CK(cudaEventRecord(e0));
+      for (int i = 0; i < iters; ++i) (void)exl3_gemm_cuda(dts[i % copies], x, 1, y, ws);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      const double us = ms * 1e3 / iters;
+      std::printf("| %s | bulk, %d blocks/SM | %g | %s | %lldx%lld | 1 | %.2f | %.0f | %.1f%% | %.1f%% |\n", name.c_str(), bps,
+                  t->bits.k_x2 / 2.0, exl3_codebook_name(t->codebook), (long long)t->k, (long long)t->n, us,
+                  tb / (us * 1e-6) / 1e9, 100.0 * (tb / copy_bw) / (us * 1e-6), 100.0 * (tb / read_bw) / (us * 1e-6));
+    }
+    ws.blocks_per_sm = 0;
     // CPU kernel on the same tensor (host memory), m = 1 and 16.
     for (int m : {1, 16}) {
       if (!with_cpu) break;

@@ -335,7 +335,8 @@ Status set_smem(const void* fn, size_t smem) {
 // Path kXSmem: one launch per 16 rows; blocks rotate x themselves (exl3_gemm_xsmem_kernel).
 Status gemm_xsmem(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, cudaStream_t s) {
   const int64_t n_groups = t.n / 128, k_blocks = t.k / 128;
-  int64_t splits = std::min<int64_t>(k_blocks, std::max<int64_t>(1, (4 * sm_count() + n_groups - 1) / n_groups));
+  const int64_t want = (ws.blocks_per_sm > 0 ? ws.blocks_per_sm : 4) * sm_count();
+  int64_t splits = std::min<int64_t>(k_blocks, std::max<int64_t>(1, (want + n_groups - 1) / n_groups));
   int64_t per = std::min<int64_t>(kMaxKBlocksPerSplit, (k_blocks + splits - 1) / splits);
   splits = (k_blocks + per - 1) / per;
   const int kpb = static_cast<int>(per * 128);
@@ -356,7 +357,8 @@ Status gemm_xsmem(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, 
 // Path kBulk: as kXSmem, with the bulk-copy ring (exl3_gemm_bulk_kernel).
 Status gemm_bulk(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, cudaStream_t s) {
   const int64_t n_groups = t.n / 128, k_blocks = t.k / 128;
-  int64_t splits = std::min<int64_t>(k_blocks, std::max<int64_t>(1, (4 * sm_count() + n_groups - 1) / n_groups));
+  const int64_t want = (ws.blocks_per_sm > 0 ? ws.blocks_per_sm : 4) * sm_count();
+  int64_t splits = std::min<int64_t>(k_blocks, std::max<int64_t>(1, (want + n_groups - 1) / n_groups));
   int64_t per = std::min<int64_t>(kMaxKBlocksPerSplit, (k_blocks + splits - 1) / splits);
   splits = (k_blocks + per - 1) / per;
   const int kpb = static_cast<int>(per * 128);

@@ -41,6 +41,9 @@ struct Exl3CudaWorkspace {
   float* acc = nullptr;         // ≥ 16·n floats, zeroed once
   uint32_t* counters = nullptr; // ≥ n/128, zeroed once
   int64_t capacity_k = 0, capacity_n = 0;
+  // Launch shape: k splits are chosen for about this many blocks per SM (0 = the tuned default, 4;
+  // bench_exl3 sweeps it).
+  int blocks_per_sm = 0;
 };
 
 // Whether exl3_gemm_cuda handles this tensor (K, codebook, shape).
