@@ -163,7 +163,7 @@ __device__ __forceinline__ void phase_stream(const PhaseSeq& s, int64_t st0, int
 }
 
 template <int K, int CB>
-__global__ void __launch_bounds__(kThreads, 3) exl3_moe_kernel(MoeArgs a) {
+__global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
   extern __shared__ __align__(16) uint32_t ring_smem[];
   const int lane = threadIdx.x & 31;
   __shared__ __align__(8) uint64_t bars[kWarps][kStages];
