@@ -36,7 +36,8 @@ bool layer_has_index_keys(const ModelConfig& c, int layer) {
 }
 
 int max_linear_in(const ModelConfig& c) {
-  int m = std::max({c.d_model, c.q_lora_rank, c.o_groups * c.o_lora_rank, c.d_expert, c.d_head});
+  // The grouped output projection reads the whole attention output [n, H·D] through the workspace.
+  int m = std::max({c.d_model, c.q_lora_rank, c.o_groups * c.o_lora_rank, c.d_expert, c.d_head, c.n_heads * c.d_head});
   if (c.is_v41() && !c.engram_layers.empty())
     m = std::max(m, (c.engram_max_ngram - 1) * c.engram_n_heads * c.engram_head_dim);
   return m;

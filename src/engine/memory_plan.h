@@ -66,7 +66,7 @@ struct MemoryPlan {
 bool layer_has_compressed(const ModelConfig& c, int layer);
 bool layer_has_index_keys(const ModelConfig& c, int layer);
 
-// Widest linear input of the model (sizes the linear workspace).
+// Widest input of a linear or of the grouped output projection (sizes the linear workspace).
 int max_linear_in(const ModelConfig& c);
 
 MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget);

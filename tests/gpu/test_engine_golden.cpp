@@ -278,7 +278,6 @@ void chunked_vs_one_shot(const std::string& arch) {
   ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
   Case c = read_case(arch, 17);
   ASSERT_GE(c.prompt.size(), 16u);
-  const size_t vocab = size_t(load_cpu(arch)->config().vocab_size);
   {
     Case c16 = c;
     c16.prompt.resize(16);
@@ -287,6 +286,7 @@ void chunked_vs_one_shot(const std::string& arch) {
     opts.budget.max_step_tokens = 16;
     auto gpu = load_gpu(arch, opts);
     ASSERT_TRUE(gpu);
+    const size_t vocab = size_t(gpu->config().vocab_size);
     const auto one_shot = run_gpu(*gpu, c16, 0);
     const auto chunked = run_gpu(*gpu, c16, 3);
     ASSERT_EQ(one_shot.size(), chunked.size());
@@ -298,6 +298,7 @@ void chunked_vs_one_shot(const std::string& arch) {
   {
     auto gpu = load_gpu(arch);
     ASSERT_TRUE(gpu);
+    const size_t vocab = size_t(gpu->config().vocab_size);
     const auto one_shot = run_gpu(*gpu, c, 0);
     const auto chunked = run_gpu(*gpu, c, 3);
     ASSERT_EQ(one_shot.size(), chunked.size());
