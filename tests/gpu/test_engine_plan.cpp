@@ -91,6 +91,28 @@ TEST(EnginePlan, UploadedWeightsWithinPlan) {
   }
 }
 
+// What a user can exceed is an error, not a crash: a second sequence beyond max_seqs, a chunk
+// beyond max_step_tokens, a context beyond max_context; a freed slot is usable again.
+TEST(EnginePlan, BudgetLimitsAreErrors) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  engine::GpuModelOptions opts;
+  opts.budget = {1, 8, 4};
+  auto m = engine::load_gpu_model(model_dir("v41"), Numerics::reference(), opts);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  auto a = (*m)->new_sequence();
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  EXPECT_FALSE((*m)->new_sequence().ok());
+  const std::vector<int32_t> five{5, 6, 7, 8, 9}, four{5, 6, 7, 8}, bad{int32_t((*m)->config().vocab_size)};
+  EXPECT_FALSE((*m)->forward(*a, five).ok());
+  EXPECT_FALSE((*m)->forward(*a, bad).ok());
+  EXPECT_EQ(a->n_past, 0);
+  ASSERT_TRUE((*m)->forward(*a, four).ok());
+  ASSERT_TRUE((*m)->forward(*a, four).ok());
+  EXPECT_FALSE((*m)->forward(*a, std::vector<int32_t>{1}).ok());  // position 8 of an 8-position budget
+  (*m)->free_sequence(*a);
+  EXPECT_TRUE((*m)->new_sequence().ok());
+}
+
 }  // namespace
 }  // namespace spw
 #endif  // SPW_HAVE_CUDA
