@@ -4,6 +4,7 @@
 #include <string>
 
 #include "formats/dtypes.h"
+#include "formats/exl3.h"
 
 namespace spw::engine {
 namespace {
@@ -77,7 +78,35 @@ class Uploader {
   }
 
   DeviceExpert expert(const std::string& stem, const Expert& e) {
-    return DeviceExpert{linear(stem + "w1", e.w1), linear(stem + "w2", e.w2), linear(stem + "w3", e.w3)};
+    DeviceExpert d;
+    const Linear* ls[3] = {&e.w1, &e.w2, &e.w3};
+    const char* names[3] = {"w1", "w2", "w3"};
+    bool all_exl3 = true;
+    for (int q = 0; q < 3 && all_exl3 && status_.ok(); ++q) all_exl3 = exl3(stem + names[q], *ls[q], d.exl3[q]);
+    if (all_exl3 && status_.ok()) return d;
+    d = DeviceExpert{};
+    d.w1 = linear(stem + "w1", e.w1);
+    d.w2 = linear(stem + "w2", e.w2);
+    d.w3 = linear(stem + "w3", e.w3);
+    return d;
+  }
+
+  // The EXL3 tensor stored under `stem` (trellis, suh, svh) on the device, if there is one that the
+  // CUDA kernels take as is: stored [k = n_in, n = n_out] with no padding, no bias.
+  bool exl3(const std::string& stem, const Linear& l, Exl3CudaTensor& out) {
+    const Exl3Lookup lookup = [this](const std::string& n) { return find(n); };
+    if (!exl3_is_stored(lookup, stem)) return false;
+    auto t = exl3_load(lookup, stem);
+    if (!t.ok()) {
+      status_ = make_error("upload_weights: ", t.error().message);
+      return false;
+    }
+    if (t->k != l.n_in || t->n != l.n_out || !t->bias.empty()) return false;
+    out.trellis = static_cast<const uint16_t*>(bytes(t->trellis, t->trellis_nbytes()));
+    out.suh = static_cast<const uint16_t*>(bytes(t->suh.data(), t->suh.size() * sizeof(uint16_t)));
+    out.svh = static_cast<const uint16_t*>(bytes(t->svh.data(), t->svh.size() * sizeof(uint16_t)));
+    out.k = t->k, out.n = t->n, out.bits = t->bits, out.codebook = t->codebook;
+    return status_.ok() && exl3_cuda_supports(out);
   }
 
  private:

@@ -2,8 +2,9 @@
 // checkpoint stores it, read as raw bytes from the checkpoint (not re-encoded from the f32 copy):
 //   FP8 e4m3 + ue8m0 block scales, MXFP4 nibbles + ue8m0 per 32, BF16 or F32 as stored.
 // Exceptions, each exact: wo_a (FP8 in the checkpoint, used unquantized as BF16 by the reference)
-// is uploaded as bf16 bits of its dequantized values; a linear the checkpoint does not hold in one
-// of those forms (EXL3 experts) is uploaded as its dequantized f32 copy. Small vectors (norms, mHC,
+// is uploaded as bf16 bits of its dequantized values. Routed experts stored as EXL3 go up as their
+// trellis, suh and svh (run by cuda/exl3_gemm.h) when their shapes are multiples of 128 (no padding);
+// any other linear the checkpoint does not hold in a dense form is uploaded as its exact f32 copy. Small vectors (norms, mHC,
 // sinks, biases, the compressors' ape) and the embedding table are f32; hash routes int32.
 // The numerics switches (act_block for FP8/FP4 weights, f32_product for FP32 products) come from
 // the weight's LinearKind and Numerics::fake_quant exactly as model/linear.cpp decides them.
@@ -17,6 +18,7 @@
 
 #include "base/status.h"
 #include "cuda/dense/dense_linear.h"
+#include "cuda/exl3_gemm.h"
 #include "engine/device_buffer.h"
 #include "model/model.h"
 
@@ -29,7 +31,10 @@ struct DeviceHc {
 };
 
 struct DeviceExpert {
-  DeviceLinear w1, w2, w3;  // gate [F, d], down [d, F], up [F, d]
+  DeviceLinear w1, w2, w3;  // gate [F, d], down [d, F], up [F, d]; empty for EXL3 experts
+  // EXL3 experts (`spillway quantize` packs): the stored trellis, suh, svh; [0] w1, [1] w2, [2] w3.
+  Exl3CudaTensor exl3[3];
+  bool is_exl3() const { return exl3[0].trellis != nullptr; }
 };
 
 struct DeviceLayer {

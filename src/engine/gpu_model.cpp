@@ -38,7 +38,10 @@ GpuSequence::~GpuSequence() {
 }
 
 GpuModel::~GpuModel() {
-  if (state_) linear_workspace_free(state_->ws);
+  if (state_) {
+    linear_workspace_free(state_->ws);
+    exl3_cuda_workspace_free(state_->exl3_ws);
+  }
 }
 
 size_t GpuModel::weight_nbytes() const { return state_->w->nbytes; }
@@ -364,6 +367,8 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
   const int max_in = max_linear_in(c);
   SPW_TRY(linear_workspace_alloc(st.ws, options.budget.max_step_tokens, max_in,
                                  std::max(size_t(64) << 20, size_t(128) * max_in * sizeof(float))));
+  const int64_t exl3_width = (std::max<int64_t>(c.d_model, c.d_expert) + 127) / 128 * 128;
+  SPW_TRY(exl3_cuda_workspace_alloc(st.exl3_ws, exl3_width, exl3_width));
   st.slot_used.assign(S, false);
   return m;
 }

@@ -16,8 +16,9 @@
 //  - everything runs on the legacy default stream with synchronous host copies in between;
 //  - step temporaries are cudaMalloc'ed and freed per op (cudaFree synchronises the device);
 //  - MoE: the router's choices go to the host, which then runs one gather + three linear calls +
-//    one scatter-add per routed expert (no fused EXL3/MXFP4 MoE kernel yet, no batching across
-//    sequences);
+//    one scatter-add per routed expert — MXFP4 through the dense library, EXL3 (packs from
+//    `spillway quantize`) through cuda/exl3_gemm.h — (the fused EXL3 decode kernel, cuda/exl3_moe.h,
+//    is not wired in yet; no batching across sequences);
 //  - host round trips: the V4 indexer's Hadamard transform, the V4 head's mHC pre weights, the
 //    Engram row gather (tables in host memory) and its gate, the per-expert token lists;
 //  - one sequence per forward call (no batched decode, no CUDA graphs).

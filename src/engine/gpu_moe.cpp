@@ -1,7 +1,8 @@
 // MoE sublayer on the GPU in four stages (router → dispatch → experts → combine, model/moe.cpp),
 // plus the shared expert; and V4.1 Engram (model/engram.cpp). First version: the router runs on
 // the GPU, the per-expert token lists are built on the host, and each routed expert is three
-// linear calls on its gathered tokens (see gpu_model.h for what is slow).
+// linear calls on its gathered tokens — dense (MXFP4) or EXL3 (cuda/exl3_gemm.h) — (see
+// gpu_model.h for what is slow; the fused EXL3 decode kernel, cuda/exl3_moe.h, is not used yet).
 #include <cmath>
 #include <cstring>
 
@@ -16,19 +17,33 @@ namespace {
 
 using Buf = DeviceBuffer<float>;
 
+// y [m, t.n] = x·W of an EXL3 expert linear, rounded like linear() rounds a BF16-kind product (the CPU
+// reference keeps EXL3 experts as an unquantized linear: model/exl3_experts.h).
+Status exl3_linear(GpuStep& s, const Exl3CudaTensor& t, const float* x, int m, float* y) {
+  SPW_TRY(exl3_gemm_cuda(t, x, m, y, s.st.exl3_ws, s.stream));
+  return to_activation(s, y, int64_t(m) * t.n);
+}
+
 // One expert on m gathered rows xs [m, d]: ys [m, d] = w2 · bf16(silu(min(w1·x, L)) · clamp(w3·x, ±L) · weight).
 Status run_expert(GpuStep& s, const DeviceExpert& e, const float* xs, int m, const float* row_weights, float limit,
                   Buf& ys) {
-  const int F = e.w1.n_out, d = e.w2.n_out;
+  const bool exl3 = e.is_exl3();
+  const int F = exl3 ? int(e.exl3[0].n) : e.w1.n_out, d = exl3 ? int(e.exl3[1].n) : e.w2.n_out;
   Buf g, u, h;
   SPW_TRY(g.alloc(size_t(m) * F));
   SPW_TRY(u.alloc(size_t(m) * F));
   SPW_TRY(h.alloc(size_t(m) * F));
   SPW_TRY(ys.alloc(size_t(m) * d));
-  SPW_TRY(linear(s, e.w1, xs, m, g.get()));  // [m, F]
-  SPW_TRY(linear(s, e.w3, xs, m, u.get()));  // [m, F]
+  if (exl3) {
+    SPW_TRY(exl3_linear(s, e.exl3[0], xs, m, g.get()));  // [m, F]
+    SPW_TRY(exl3_linear(s, e.exl3[2], xs, m, u.get()));  // [m, F]
+  } else {
+    SPW_TRY(linear(s, e.w1, xs, m, g.get()));  // [m, F]
+    SPW_TRY(linear(s, e.w3, xs, m, u.get()));  // [m, F]
+  }
   SPW_TRY(cuda::swiglu(g.get(), F, u.get(), F, row_weights, m, F, limit, s.num.bf16_activations, h.get(), s.stream));
-  return linear(s, e.w2, h.get(), m, ys.get());  // [m, d]
+  if (exl3) return exl3_linear(s, e.exl3[1], h.get(), m, ys.get());  // [m, d]
+  return linear(s, e.w2, h.get(), m, ys.get());                       // [m, d]
 }
 
 }  // namespace

@@ -43,6 +43,7 @@ struct GpuState {
   DeviceBuffer<float> rope_main, rope_compress;                // [d_rope/2] frequencies
   std::vector<ref::EngramHashParams> engram_params;
   LinearWorkspace ws;
+  Exl3CudaWorkspace exl3_ws;  // EXL3 experts (max(d, F) wide)
   std::vector<bool> slot_used;
 };
 
