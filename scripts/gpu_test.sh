@@ -22,7 +22,7 @@ if [ "${1:-}" = stage ]; then
            bench/quantize/bench_quantize; do
     [ -f build/$b ] && cp build/$b .exl3dev/ && strip .exl3dev/$(basename $b)
   done
-  for l in libspdlog.so.1.10 libfmt.so.9 libstdc++.so.6; do cp -L /usr/lib/x86_64-linux-gnu/$l .exl3dev/lib/; done
+  for l in libspdlog.so.1.10 libfmt.so.9 libstdc++.so.6 libicuuc.so.72 libicudata.so.72 libpcre2-8.so.0; do cp -L /usr/lib/x86_64-linux-gnu/$l .exl3dev/lib/; done
   tar cJf .exl3pack/dev.tar.xz .exl3dev && ls -la .exl3pack
   exit 0
 fi
