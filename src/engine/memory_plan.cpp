@@ -86,7 +86,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget) {
   // KV pools: whole pages per (sequence, layer).
   KvPlan& kv = plan.kv;
   const int64_t T = budget.max_context, S = budget.max_seqs;
-  plan.max_pages_per_seq = int(ceil_div(T, cuda::kKvPageRows));
+  // A page-table row holds a sequence's ring (window rows, however short the context) or its entries.
+  plan.max_pages_per_seq = int(std::max(ceil_div(T, cuda::kKvPageRows), ceil_div(c.window, cuda::kKvPageRows)));
   const size_t ring_row = cuda::kv_row_nbytes(window_format(c)), comp_row = cuda::kv_row_nbytes(compressed_format(c));
   const size_t key_row = cuda::kv_row_nbytes(cuda::kv_format_index_key(c.index_head_dim));
   kv.ring_page_nbytes = ring_row * cuda::kKvPageRows;
