@@ -2,7 +2,8 @@
 # Every GPU test and benchmark, in one device call (the H200 machine has no network, a bare image).
 #   here:  scripts/build.sh                       # builds spw_gpu_tests, spw_unit_tests, bench_exl3 (nvcc)
 #          pip download exllamav3==1.6.5 --no-deps -d .deps/
-#          [optional: spillway quantize ... --dump-wh .exl3dev/wh3 (and wh2, wh4) for the quantizer comparison]
+#          [optional: spillway quantize ... --out /tmp/qpack3 --dump-wh .exl3dev/wh3 (and 2, 4) for the quantizer comparison,
+#           then python3 tools/exl3/extract_pack_tensors.py /tmp/qpack3 .exl3dev/pack3.safetensors (and 2, 4)]
 #          bash scripts/gpu_test.sh stage         # stripped binaries + runtime libs → .exl3pack/dev.tar.xz
 #   there: bash scripts/gpu_test.sh run           # carry: .exl3pack .deps
 # SKIP_CPU=1 leaves out the CPU tests and CPU benchmark (they compete with exllamav3's JIT build for the cores).
@@ -69,3 +70,8 @@ EXL3_INT8_GEMV=0 python3 bench/exl3/bench_exllamav3.py /tmp/bench_tensors 200 2>
 WH=""
 for K in 2 3 4; do [ -d .exl3dev/wh$K ] && WH="$WH $K=.exl3dev/wh$K"; done
 [ -n "$WH" ] && python3 tools/quantize/compare_exllamav3.py --json "$OUT/quantize_compare.json" $WH 2>&1 | tee "$OUT/quantize_compare.md"
+# exllamav3 reconstructs the tensors of our packs (made here with tools/exl3/extract_pack_tensors.py into
+# .exl3dev/pack$K.safetensors from the same `spillway quantize` runs as the W/H dumps).
+for K in 2 3 4; do
+  [ -f .exl3dev/pack$K.safetensors ] && python3 tools/exl3/check_pack_exllamav3.py .exl3dev/pack$K.safetensors .exl3dev/wh$K 2>&1 | tee -a "$OUT/pack_check.md"
+done
