@@ -24,6 +24,8 @@ std::function<int()> add_quantize_command(CLI::App& app) {
   cmd->add_option("--calibration-tokens", o->calibration_tokens, "calibration tokens in all")->capture_default_str();
   cmd->add_option("--calibration-row", o->row_tokens, "tokens per calibration row")->capture_default_str();
   cmd->add_flag("--identity-hessian", o->identity_hessian, "uncalibrated: H = I (no calibration file needed)");
+  cmd->add_flag("--single-candidate", o->single_candidate,
+                "quantize each tensor once instead of keeping the best of 4 candidates (regularisation strengths, signs)");
   cmd->add_flag("--routing-weighted", o->routing_weighted, "weight each routed token's Hessian term by its routing weight");
   cmd->add_flag("--gate-up-shared", o->gate_up_shared, "one gate/up Hessian per layer (all tokens) instead of per expert");
   cmd->add_option("--prior-tokens", o->prior_tokens, "blend weight n0 of the per-layer prior, in tokens")->capture_default_str();
@@ -74,8 +76,10 @@ std::function<int()> add_eval_kl_command(CLI::App& app) {
       std::fprintf(stderr, "error: %s\n", r.error().message.c_str());
       return 1;
     }
-    std::printf("positions %lld  mean_kl %.6f  top1_agreement %.4f  ppl_p %.3f  ppl_q %.3f\n", (long long)r->positions,
-                r->mean_kl, r->top1_agreement, r->ppl_p, r->ppl_q);
+    std::printf("positions %lld  mean_kl %.6f  top1_agreement %.4f  ppl_p %.3f  ppl_q %.3f  kl_stderr %.6f  row_kl",
+                (long long)r->positions, r->mean_kl, r->top1_agreement, r->ppl_p, r->ppl_q, r->mean_kl_stderr);
+    for (double k : r->row_kl) std::printf(" %.6f", k);
+    std::printf("\n");
     return 0;
   };
 }

@@ -39,6 +39,8 @@ Result<KlResult> eval_kl(const std::string& model_p, const std::string& model_q,
   ForwardOptions fo;
   fo.all_logits = true;
   for (const auto& row : rows->rows) {
+    const double kl_before = kl;
+    const int64_t positions_before = r.positions;
     SequenceState sp = (*mp)->new_sequence(), sq = (*mq)->new_sequence();
     auto yp = (*mp)->forward(sp, row, fo);
     if (!yp.ok()) return yp.error();
@@ -60,11 +62,19 @@ Result<KlResult> eval_kl(const std::string& model_p, const std::string& model_q,
       nll_q -= lq[size_t(row[i + 1])];
       ++r.positions;
     }
+    if (r.positions > positions_before) r.row_kl.push_back((kl - kl_before) / double(r.positions - positions_before));
     std::fprintf(stderr, "\reval-kl: %lld positions", (long long)r.positions);
   }
   std::fprintf(stderr, "\n");
   if (r.positions == 0) return make_error("eval-kl: no positions");
   r.mean_kl = kl / double(r.positions);
+  if (r.row_kl.size() > 1) {
+    double m = 0, v = 0;
+    for (double x : r.row_kl) m += x;
+    m /= double(r.row_kl.size());
+    for (double x : r.row_kl) v += (x - m) * (x - m);
+    r.mean_kl_stderr = std::sqrt(v / double(r.row_kl.size() - 1) / double(r.row_kl.size()));
+  }
   r.top1_agreement = double(agree) / double(r.positions);
   r.ppl_p = std::exp(nll_p / double(r.positions));
   r.ppl_q = std::exp(nll_q / double(r.positions));

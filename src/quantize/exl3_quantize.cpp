@@ -192,16 +192,42 @@ Exl3Tensor QuantizedTensor::view(const std::string& name) const {
   return t;
 }
 
-Result<QuantizedTensor> exl3_quantize_tensor(const float* w, int64_t k, int64_t n, const std::vector<double>& h_in,
-                                             const QuantizeParams& prm) {
-  const auto t_start = std::chrono::steady_clock::now();
-  if (prm.bits < 1 || prm.bits > 8) return make_error("bits ", prm.bits, " outside 1..8");
-  if (k <= 0 || n <= 0 || k % 128 != 0 || n % 128 != 0)
-    return make_error("shape [", k, ", ", n, "]: both dims must be positive multiples of 128 (pad first)");
-  if (!h_in.empty() && h_in.size() != size_t(k * k)) return make_error("Hessian has ", h_in.size(), " entries, expected ", k * k);
-  for (int64_t i = 0; i < k * n; ++i)
-    if (!std::isfinite(w[i])) return make_error("weight has a non-finite value at [", i / n, ", ", i % n, "]");
+std::vector<QuantizeCandidate> quantize_candidates(const QuantizeParams& prm, bool h_usable) {
+  std::vector<QuantizeCandidate> c{{prm.sigma_reg, 0}};
+  if (h_usable) c.insert(c.end(), prm.alternatives.begin(), prm.alternatives.end());
+  return c;
+}
 
+uint64_t tensor_seed(uint64_t seed, int layer, int expert, int w) {
+  uint64_t z = seed ^ (uint64_t(layer) << 40) ^ (uint64_t(expert) << 8) ^ uint64_t(w);
+  z = (z ^ (z >> 33)) * 0xff51afd7ed558ccdull;
+  z = (z ^ (z >> 33)) * 0xc4ceb9fe1a85ec53ull;
+  return z ^ (z >> 33);
+}
+
+QuantizeParams candidate_params(const QuantizeParams& prm, const QuantizeCandidate& c) {
+  QuantizeParams p = prm;
+  p.sigma_reg = c.sigma_reg;
+  p.seed = prm.seed + c.seed_offset;
+  p.alternatives.clear();
+  return p;
+}
+
+bool hessian_usable(const std::vector<double>& h, int64_t k) {
+  if (h.empty()) return false;
+  double mean_diag = 0;
+  bool finite = true;
+  for (double v : h) finite &= std::isfinite(v);
+  for (int64_t i = 0; i < k; ++i) mean_diag += h[size_t(i * k + i)];
+  mean_diag /= double(k);
+  return finite && mean_diag > 1e-20;
+}
+
+namespace {
+
+// One candidate: the whole quantizer at prm.sigma_reg and prm.seed (inputs already validated).
+Result<QuantizedTensor> quantize_one(const float* w, int64_t k, int64_t n, const std::vector<double>& h_in,
+                                     const QuantizeParams& prm) {
   QuantizedTensor out;
   out.k = k;
   out.n = n;
@@ -439,8 +465,33 @@ Result<QuantizedTensor> exl3_quantize_tensor(const float* w, int64_t k, int64_t 
       out.svh = svh0;
     }
   }
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  out.sigma_reg = hd.empty() ? 0.0 : prm.sigma_reg;
+  out.seed = prm.seed;
   return out;
+}
+
+}  // namespace
+
+Result<QuantizedTensor> exl3_quantize_tensor(const float* w, int64_t k, int64_t n, const std::vector<double>& h_in,
+                                             const QuantizeParams& prm) {
+  const auto t_start = std::chrono::steady_clock::now();
+  if (prm.bits < 1 || prm.bits > 8) return make_error("bits ", prm.bits, " outside 1..8");
+  if (k <= 0 || n <= 0 || k % 128 != 0 || n % 128 != 0)
+    return make_error("shape [", k, ", ", n, "]: both dims must be positive multiples of 128 (pad first)");
+  if (!h_in.empty() && h_in.size() != size_t(k * k)) return make_error("Hessian has ", h_in.size(), " entries, expected ", k * k);
+  for (int64_t i = 0; i < k * n; ++i)
+    if (!std::isfinite(w[i])) return make_error("weight has a non-finite value at [", i / n, ", ", i % n, "]");
+  const std::vector<QuantizeCandidate> cands = quantize_candidates(prm, hessian_usable(h_in, k));
+  Result<QuantizedTensor> best = make_error("no candidate");
+  for (size_t i = 0; i < cands.size(); ++i) {
+    auto r = quantize_one(w, k, n, h_in, candidate_params(prm, cands[i]));
+    if (!r.ok()) return r.error();
+    r->candidate = int(i);
+    if (!best.ok() || r->proxy_err < best->proxy_err) best = std::move(r);
+  }
+  best->candidates = int(cands.size());
+  best->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  return best;
 }
 
 }  // namespace spw::quant

@@ -22,11 +22,23 @@
 
 namespace spw::quant {
 
+// One candidate of the per-tensor search (QuantizeParams::alternatives).
+struct QuantizeCandidate {
+  double sigma_reg;      // H_ii += sigma_reg · mean(diag H)
+  uint64_t seed_offset;  // the random signs come from seed + seed_offset
+};
+
 struct QuantizeParams {
   int bits = 3;                                  // K, 1..8
   Exl3Codebook codebook = Exl3Codebook::kMul1;
   double sigma_reg = 0.025;                      // H_ii += sigma_reg · mean(diag H)
   uint64_t seed = 0;                             // signs (suh, svh) come from this seed
+  // Further candidates tried after {sigma_reg, 0} when H is usable (none with the identity): the
+  // tensor is quantized once per candidate and keeps the lowest proxy error on the undamped H
+  // (ties: the earlier). Empty = one quantization (`--single-candidate`). Other strengths trade
+  // LDLQ's feedback against noise in H; other signs give another rotation (the error varies
+  // ~1-2 % between sign draws).
+  std::vector<QuantizeCandidate> alternatives = {{0.01, 0}, {0.1, 0}, {0.025, 1}};
   bool ldlq = true;                              // false: plain per-tile search (no feedback)
   bool refit = true;                             // §4.5 least-squares scale refit
   int refit_rounds = 2;
@@ -47,7 +59,11 @@ struct QuantizedTensor {
   double proxy_err_before_refit = 0;
   bool refit_kept = false;
   bool fell_back_to_identity = false;  // H unusable (zero, non-finite, not PD after retries)
-  double seconds = 0;
+  double sigma_reg = 0;                // the regularisation strength kept (0: identity H)
+  uint64_t seed = 0;                   // the sign seed kept
+  int candidate = 0;                   // index of the kept candidate in quantize_candidates()
+  int candidates = 1;                  // how many were tried
+  double seconds = 0;                  // all candidates together
 
   // A reader view (borrows trellis) for decode/matmul with formats/exl3.
   Exl3Tensor view(const std::string& name) const;
@@ -55,6 +71,16 @@ struct QuantizedTensor {
 
 Result<QuantizedTensor> exl3_quantize_tensor(const float* w, int64_t k, int64_t n, const std::vector<double>& h,
                                              const QuantizeParams& params);
+
+// The candidates exl3_quantize_tensor (and its CUDA twin) tries, in order: {sigma_reg, 0}, then
+// params.alternatives when h_usable.
+std::vector<QuantizeCandidate> quantize_candidates(const QuantizeParams& params, bool h_usable);
+// The params of one candidate alone (sigma_reg and seed set, no alternatives).
+QuantizeParams candidate_params(const QuantizeParams& params, const QuantizeCandidate& c);
+// The sign seed `spillway quantize` gives expert projection w (1..3) of (layer, expert).
+uint64_t tensor_seed(uint64_t seed, int layer, int expert, int w);
+// Whether exl3_quantize_tensor uses h (non-empty, finite, mean diagonal > 1e-20).
+bool hessian_usable(const std::vector<double>& h, int64_t k);
 
 // tr(ΔWᵀ H ΔW) / tr(Wᵀ H W) for ΔW = wq − w; H empty = identity. w, wq: [k][n].
 double exl3_proxy_error(const float* w, const float* wq, int64_t k, int64_t n, const std::vector<double>& h);

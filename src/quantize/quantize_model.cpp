@@ -74,13 +74,6 @@ uint64_t fnv1a_file(const std::string& path) {
   return h;
 }
 
-uint64_t mix_seed(uint64_t seed, int layer, int expert, int w) {
-  uint64_t z = seed ^ (uint64_t(layer) << 40) ^ (uint64_t(expert) << 8) ^ uint64_t(w);
-  z = (z ^ (z >> 33)) * 0xff51afd7ed558ccdull;
-  z = (z ^ (z >> 33)) * 0xc4ceb9fe1a85ec53ull;
-  return z ^ (z >> 33);
-}
-
 // A routed expert projection in the source checkpoint, dequantized to the EXL3 orientation
 // [k = in (padded to 128)][n = out (padded)].
 struct SourceExpert {
@@ -172,6 +165,8 @@ struct TensorReport {
   int64_t k, n;
   double tokens, proxy_err, proxy_err_before_refit, global_scale, seconds;
   bool refit_kept, identity_fallback;
+  double sigma_reg;
+  int candidate, candidates;
 };
 
 ojson report_json(const TensorReport& r) {
@@ -187,6 +182,9 @@ ojson report_json(const TensorReport& r) {
                {"refit_kept", r.refit_kept},
                {"identity_fallback", r.identity_fallback},
                {"global_scale", r.global_scale},
+               {"candidate", r.candidate},
+               {"candidates", r.candidates},
+               {"sigma_reg", r.sigma_reg},
                {"seconds", r.seconds}};
 }
 
@@ -332,7 +330,11 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
     for (int i = 0; i < 2; ++i) enc.encode_tile_rowmajor(tile, words.data(), dec);
     tile_seconds = std::chrono::duration<double>(clock::now() - t0).count() / 2;
   }
-  const double tiles_per_tensor = double(kd / 16 * (kf / 16)) + 20;  // + global-scale search (5 scales × 4 tiles)
+  QuantizeParams default_params;
+  if (o.single_candidate) default_params.alternatives.clear();
+  const double n_candidates = double(quantize_candidates(default_params, !o.identity_hessian).size());
+  // + global-scale search (5 scales × 4 tiles), once per regularisation candidate
+  const double tiles_per_tensor = (double(kd / 16 * (kf / 16)) + 20) * n_candidates;
   const double est_seconds = tile_seconds * tiles_per_tensor * n_tensors / threads;
 
   auto plan_text = [&] {
@@ -380,6 +382,7 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
                     {"device", o.device},
                     {"seed", o.seed},
                     {"identity_hessian", o.identity_hessian},
+                    {"single_candidate", o.single_candidate},
                     {"routing_weighted", o.routing_weighted},
                     {"gate_up_shared", o.gate_up_shared},
                     {"prior_tokens", o.prior_tokens},
@@ -495,7 +498,8 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
         QuantizeParams qp;
         qp.bits = o.bits;
         qp.codebook = cb;
-        qp.seed = mix_seed(o.seed, l, e, w);
+        qp.seed = tensor_seed(o.seed, l, e, w);
+        if (o.single_candidate) qp.alternatives.clear();
 #if defined(SPW_HAVE_QUANTIZE_CUDA)
         if (on_cuda)
           results[size_t(task)] = gpu.ok() ? (*gpu)->quantize(wt->data(), k, n, h, qp) : Result<QuantizedTensor>(gpu.error());
@@ -505,7 +509,8 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
         if (results[size_t(task)].ok()) {
           const QuantizedTensor& q = *results[size_t(task)];
           reports[size_t(task)] = TensorReport{stem, l, e, w, k, n, tokens, q.proxy_err, q.proxy_err_before_refit,
-                                               q.global_scale, q.seconds, q.refit_kept, q.fell_back_to_identity};
+                                               q.global_scale, q.seconds, q.refit_kept, q.fell_back_to_identity,
+                                               q.sigma_reg, q.candidate, q.candidates};
           std::lock_guard<std::mutex> lock(dump_mu);
           if (dumps_left > 0 && (w == 1 || w == 2)) {
             --dumps_left;

@@ -7,7 +7,7 @@
 //   model.safetensors.index.json         weight_map of every tensor
 //   config.json                          source config with quantization_config (spec exl3.md §1.5)
 //   quantization_config.json             the same plus tensor_storage per quantized module
-//   quantize_report.json                 per-tensor proxy error, tokens, seconds (not part of the resume identity)
+//   quantize_report.json                 per-tensor proxy error, kept sigma_reg, tokens, seconds (not part of the resume identity)
 //   tokenizer and other source files     copied
 //   .quantize-work/                      resume state: settings fingerprint, finished layers' reports,
 //                                        Hessians (deleted when the pack is complete unless keep_hessians)
@@ -34,6 +34,7 @@ struct QuantizeModelOptions {
   int64_t calibration_tokens = 16384;
   int row_tokens = 512;
   bool identity_hessian = false;
+  bool single_candidate = false;     // one regularisation strength, no per-tensor search (exl3_quantize.h)
   bool routing_weighted = false;
   bool gate_up_shared = false;
   double prior_tokens = 256;
@@ -62,6 +63,11 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& options);
 // token rows (rows of row_tokens from a text file, evenly spaced, max_tokens in all).
 struct KlResult {
   double mean_kl = 0;
+  // Standard error of mean_kl from the spread of the per-row means (rows are independent slices
+  // of the text; positions within a row are not). row_kl: those per-row means, for paired
+  // comparisons of two packs on the same rows.
+  double mean_kl_stderr = 0;
+  std::vector<double> row_kl;
   double top1_agreement = 0;
   int64_t positions = 0;
   double ppl_p = 0, ppl_q = 0;  // perplexity of each model on the same positions

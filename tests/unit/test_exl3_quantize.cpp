@@ -1,6 +1,7 @@
 // The EXL3 quantizer on single tensors (src/quantize/exl3_quantize.h): what it writes decodes
 // bit-exactly through the reader, LDLQ beats plain per-tile search on a correlated Hessian, the
-// proxy error falls with K, the refit does not hurt, and the block LDL factors H.
+// proxy error falls with K, the refit does not hurt, the candidate search keeps the best
+// candidate, and the block LDL factors H.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -124,6 +125,47 @@ TEST(Exl3Quantize, DeterministicAndIdentityFallback) {
   EXPECT_FALSE(exl3_quantize_tensor(p.w.data(), 100, 128, {}, qp).ok());
   qp.bits = 9;
   EXPECT_FALSE(exl3_quantize_tensor(p.w.data(), p.k, p.n, {}, qp).ok());
+}
+
+// The default quantizes once per candidate (regularisation strength, signs) and keeps the lowest
+// proxy error on the undamped H: exactly the result of the winning candidate run alone.
+TEST(Exl3Quantize, CandidateSearchKeepsTheLowestProxyError) {
+  const Problem p = make_problem(128, 128, 7);
+  QuantizeParams qp;
+  qp.bits = 2;
+  qp.seed = 3;
+  auto best = exl3_quantize_tensor(p.w.data(), p.k, p.n, p.h, qp);
+  ASSERT_TRUE(best.ok()) << best.error().message;
+  const std::vector<QuantizeCandidate> cands = quantize_candidates(qp, true);
+  ASSERT_EQ(cands.size(), 4u);
+  EXPECT_EQ(best->candidates, 4);
+  double lowest = INFINITY;
+  int lowest_i = -1;
+  std::vector<uint16_t> lowest_trellis, lowest_suh;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    auto r = exl3_quantize_tensor(p.w.data(), p.k, p.n, p.h, candidate_params(qp, cands[i]));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->candidates, 1);
+    EXPECT_EQ(r->sigma_reg, cands[i].sigma_reg);
+    EXPECT_EQ(r->seed, qp.seed + cands[i].seed_offset);
+    if (r->proxy_err < lowest) {
+      lowest = r->proxy_err;
+      lowest_i = int(i);
+      lowest_trellis = r->trellis;
+      lowest_suh = r->suh;
+    }
+  }
+  EXPECT_EQ(best->proxy_err, lowest);
+  EXPECT_EQ(best->candidate, lowest_i);
+  EXPECT_EQ(best->sigma_reg, cands[size_t(lowest_i)].sigma_reg);
+  EXPECT_EQ(best->trellis, lowest_trellis);
+  EXPECT_EQ(best->suh, lowest_suh);
+  // The identity Hessian: one candidate (the uncalibrated baseline), sigma_reg reported as 0.
+  auto id = exl3_quantize_tensor(p.w.data(), p.k, p.n, {}, qp);
+  ASSERT_TRUE(id.ok()) << id.error().message;
+  EXPECT_EQ(id->candidates, 1);
+  EXPECT_EQ(id->sigma_reg, 0.0);
+  EXPECT_EQ(id->seed, qp.seed);
 }
 
 TEST(Exl3Quantize, BlockLdlFactorsTheHessian) {

@@ -6,6 +6,8 @@
 #   2. eval-kl of both packs against the source on held-out text
 #   3. the calibrated Hessians at K=2 and K=4 on experts 0-3 (proxy error against K)
 #   4. with ROUTING=1: a --routing-weighted K=3 pack of the same layer and its eval-kl
+#   5. with FLOOR=1: a K=8 identity pack of the same layer (weights practically lossless) and its eval-kl:
+#      the KL that remains without weight error (bench/results/quantize_demo.md)
 set -u
 BIN=${1:-build-quant/bin/spillway}
 W=${2:-/tmp/spw_quantize_bench}
@@ -32,5 +34,9 @@ done
 if [ "${ROUTING:-0}" = 1 ]; then
   q k3_routing --bits 3 "${cal[@]}" --layers "$LAYER" --routing-weighted
   ev k3_routing
+fi
+if [ "${FLOOR:-0}" = 1 ]; then
+  q k8_identity --bits 8 --identity-hessian --layers "$LAYER"
+  ev k8_identity
 fi
 cat "$W/eval_kl.log"

@@ -187,6 +187,22 @@ Result<QuantizedTensor> Exl3CudaQuantizer::quantize(const float* w, int64_t k, i
   if (!h_in.empty() && h_in.size() != size_t(k * k)) return make_error("Hessian has ", h_in.size(), " entries, expected ", k * k);
   for (int64_t i = 0; i < k * n; ++i)
     if (!std::isfinite(w[i])) return make_error("weight has a non-finite value at [", i / n, ", ", i % n, "]");
+  // The CPU's candidate loop (exl3_quantize_tensor): same strengths, same order, same tie rule.
+  const std::vector<QuantizeCandidate> cands = quantize_candidates(prm, hessian_usable(h_in, k));
+  Result<QuantizedTensor> best = make_error("no candidate");
+  for (size_t i = 0; i < cands.size(); ++i) {
+    auto r = quantize_one(w, k, n, h_in, candidate_params(prm, cands[i]));
+    if (!r.ok()) return r.error();
+    r->candidate = int(i);
+    if (!best.ok() || r->proxy_err < best->proxy_err) best = std::move(r);
+  }
+  best->candidates = int(cands.size());
+  best->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  return best;
+}
+
+Result<QuantizedTensor> Exl3CudaQuantizer::quantize_one(const float* w, int64_t k, int64_t n,
+                                                         const std::vector<double>& h_in, const QuantizeParams& prm) {
   cudaStream_t s = ctx_.stream;
 
   QuantizedTensor out;
@@ -510,7 +526,8 @@ Result<QuantizedTensor> Exl3CudaQuantizer::quantize(const float* w, int64_t k, i
     }
   }
   QCUDA_TRY(cudaStreamSynchronize(s));
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  out.sigma_reg = use_h ? prm.sigma_reg : 0.0;
+  out.seed = prm.seed;
   return out;
 }
 

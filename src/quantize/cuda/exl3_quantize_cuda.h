@@ -2,7 +2,9 @@
 // (quantize/exl3_quantize.h, spec exl3.md §4) step for step, every step on the device.
 //
 // Contract: the same inputs, outputs and errors as exl3_quantize_tensor (w [k][n] fp32 host,
-// h [k][k] fp64 host or empty, k, n multiples of 128). Deterministic for a given GPU model.
+// h [k][k] fp64 host or empty, k, n multiples of 128), including the candidate search over
+// regularisation strengths and signs (one full quantization per candidate). Deterministic for a given GPU
+// model.
 // Relation to the CPU result:
 //   * with ldlq = false and refit = false the trellis and scales are bit-identical (the rotation,
 //     the global-scale search and the Viterbi round exactly like the CPU);
@@ -37,6 +39,9 @@ class Exl3CudaQuantizer {
 
  private:
   Exl3CudaQuantizer() = default;
+  // One candidate (prm.sigma_reg, prm.seed), inputs already validated.
+  Result<QuantizedTensor> quantize_one(const float* w, int64_t k, int64_t n, const std::vector<double>& h,
+                                       const QuantizeParams& params);
   Status ensure_trellis(int bits, Exl3Codebook cb, int tiles);
   QuantCudaContext ctx_;
   TrellisCudaWorkspace trellis_;

@@ -1,0 +1,146 @@
+// quantize_candidates: what the per-tensor candidate search (QuantizeParams::alternatives:
+// regularisation strengths and sign draws) buys over one quantization, on the CPU quantizer, for
+// W/H dumps written by `spillway quantize --dump-wh DIR` (W [k][n] f32, H [k][k] f32).
+// Each candidate is run alone (candidate_params) with the sign seed the pack gives the tensor
+// (tensor_seed from the stem model.layers.L.ffn.experts.E.wP, --seed 0), so column "#0" is what
+// `--single-candidate` writes and "best" is what the default writes (lowest proxy error
+// tr(ΔWᵀHΔW)/tr(WᵀHW) on the undamped H, ties to the earlier). Reference errors for the same
+// W/H (e.g. exllamav3's, bench/results/exl3_h200.md) can be given as "stem=value" arguments.
+// Usage: quantize_candidates --bits K [--threads T] FILE.safetensors... [stem=err...]
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "formats/safetensors.h"
+#include "quantize/exl3_quantize.h"
+
+namespace {
+
+struct Dump {
+  std::string stem;
+  int64_t k = 0, n = 0;
+  uint64_t seed = 0;
+  std::vector<float> w;
+  std::vector<double> h;
+};
+
+spw::Result<Dump> load_dump(const std::string& path) {
+  auto f = spw::SafetensorsFile::open(path);
+  if (!f.ok()) return f.error();
+  const spw::TensorInfo* w = (*f)->find("W");
+  const spw::TensorInfo* h = (*f)->find("H");
+  if (!w || !h || w->dtype != spw::DType::F32 || h->dtype != spw::DType::F32 || w->shape.size() != 2 ||
+      h->shape.size() != 2 || h->shape[0] != w->shape[0] || h->shape[1] != w->shape[0])
+    return spw::make_error(path, ": expected W [k][n] f32 and H [k][k] f32 (a --dump-wh file)");
+  Dump d;
+  const std::string base = path.substr(path.find_last_of('/') + 1);
+  d.stem = base.substr(0, base.rfind(".safetensors"));
+  int layer = 0, expert = 0, proj = 0;
+  if (std::sscanf(d.stem.c_str(), "model.layers.%d.ffn.experts.%d.w%d", &layer, &expert, &proj) != 3)
+    return spw::make_error(path, ": name is not model.layers.L.ffn.experts.E.wP.safetensors");
+  d.seed = spw::quant::tensor_seed(0, layer, expert, proj);
+  d.k = w->shape[0];
+  d.n = w->shape[1];
+  d.w.resize(size_t(d.k * d.n));
+  std::memcpy(d.w.data(), w->data, d.w.size() * 4);
+  std::vector<float> hf(size_t(d.k * d.k));
+  std::memcpy(hf.data(), h->data, hf.size() * 4);
+  d.h.assign(hf.begin(), hf.end());
+  return d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int bits = 3, threads = 2;
+  std::vector<std::string> files;
+  std::map<std::string, double> ref;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--bits" && i + 1 < argc) bits = std::atoi(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc) threads = std::max(1, std::atoi(argv[++i]));
+    else if (a.find('=') != std::string::npos) ref[a.substr(0, a.find('='))] = std::atof(a.substr(a.find('=') + 1).c_str());
+    else files.push_back(a);
+  }
+  if (files.empty()) {
+    std::fprintf(stderr, "usage: quantize_candidates --bits K [--threads T] FILE... [stem=err...]\n");
+    return 2;
+  }
+  std::vector<Dump> dumps;
+  for (const auto& f : files) {
+    auto d = load_dump(f);
+    if (!d.ok()) {
+      std::fprintf(stderr, "quantize_candidates: %s\n", d.error().message.c_str());
+      return 1;
+    }
+    dumps.push_back(std::move(*d));
+  }
+  spw::quant::QuantizeParams base;
+  base.bits = bits;
+  const std::vector<spw::quant::QuantizeCandidate> cands = spw::quant::quantize_candidates(base, true);
+  const size_t nc = cands.size();
+  // err[t][c]: dump t quantized as candidate c alone.
+  std::vector<std::vector<double>> err(dumps.size(), std::vector<double>(nc, 0));
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&] {
+      for (size_t job; (job = next++) < dumps.size() * nc;) {
+        const Dump& d = dumps[job / nc];
+        spw::quant::QuantizeParams p = base;
+        p.seed = d.seed;
+        auto q = spw::quant::exl3_quantize_tensor(d.w.data(), d.k, d.n, d.h, spw::quant::candidate_params(p, cands[job % nc]));
+        if (!q.ok()) {
+          std::fprintf(stderr, "quantize_candidates: %s: %s\n", d.stem.c_str(), q.error().message.c_str());
+          failed = true;
+          continue;
+        }
+        err[job / nc][job % nc] = q->proxy_err;
+      }
+    });
+  for (auto& th : pool) th.join();
+  if (failed) return 1;
+  std::printf("| tensor | K |");
+  for (size_t c = 0; c < nc; ++c) std::printf(" #%zu σ=%g signs+%llu |", c, cands[c].sigma_reg, (unsigned long long)cands[c].seed_offset);
+  std::printf(" best | kept | best/#0 |%s\n|---|---|", ref.empty() ? "" : " reference | best/reference |");
+  for (size_t c = 0; c < nc + 3 + (ref.empty() ? 0 : 2); ++c) std::printf("---|");
+  std::printf("\n");
+  double sum_first = 0, sum_best = 0, sum_ref = 0, sum_best_ref = 0;
+  int wins_ref = 0, wins_ref_first = 0, n_ref = 0;
+  std::vector<int> kept(nc, 0);
+  for (size_t t = 0; t < dumps.size(); ++t) {
+    const size_t b = size_t(std::min_element(err[t].begin(), err[t].end()) - err[t].begin());
+    ++kept[b];
+    std::printf("| %s | %d |", dumps[t].stem.c_str(), bits);
+    for (double e : err[t]) std::printf(" %.6f |", e);
+    std::printf(" %.6f | #%zu | %.4f |", err[t][b], b, err[t][b] / err[t][0]);
+    sum_first += err[t][0];
+    sum_best += err[t][b];
+    if (auto it = ref.find(dumps[t].stem); it != ref.end()) {
+      std::printf(" %.6f | %.4f |", it->second, err[t][b] / it->second);
+      sum_ref += it->second;
+      sum_best_ref += err[t][b];
+      ++n_ref;
+      wins_ref += err[t][b] <= it->second;
+      wins_ref_first += err[t][0] <= it->second;
+    }
+    std::printf("\n");
+  }
+  const double nd = double(dumps.size());
+  std::printf("\nK=%d mean proxy error: one candidate (#0) %.6f, best of %zu %.6f (%.2f%% lower); kept:", bits,
+              sum_first / nd, nc, sum_best / nd, 100.0 * (1 - sum_best / sum_first));
+  for (size_t c = 0; c < nc; ++c) std::printf(" #%zu %d", c, kept[c]);
+  std::printf("\n");
+  if (n_ref > 0)
+    std::printf("K=%d vs reference (%d tensors): reference mean %.6f, best mean %.6f; best <= reference on %d/%d "
+                "(one candidate: %d/%d)\n",
+                bits, n_ref, sum_ref / n_ref, sum_best_ref / n_ref, wins_ref, n_ref, wins_ref_first, n_ref);
+  return 0;
+}
