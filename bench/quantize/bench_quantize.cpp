@@ -6,7 +6,9 @@
 // cuSOLVER, pools) and not timed. "2 workers" is what `spillway quantize --device cuda` does: two
 // threads, each with its own Exl3CudaQuantizer (stream), so one tensor's host work and small-grid
 // phases overlap the other's Viterbi; its seconds per tensor = wall time / tensors.
-// Usage: bench_quantize [--bits K] [--reps N] [--cpu] [--identity]
+// Usage: bench_quantize [--bits K] [--reps N] [--cpu] [--identity] [--single-candidate]
+//   The default is what `spillway quantize` does: the per-tensor candidate search (4 full
+//   quantizations with a real Hessian); --single-candidate times one (exllamav3's amount of work).
 //   --cpu also times the CPU quantizer once per shape (slow: ~15 min per tensor, one thread).
 #include <algorithm>
 #include <chrono>
@@ -83,14 +85,15 @@ Problem make_problem(int64_t k, int64_t n, bool identity, uint32_t seed) {
 
 int main(int argc, char** argv) {
   int bits = 3, reps = 3;
-  bool cpu = false, identity = false;
+  bool cpu = false, identity = false, single = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--bits") && i + 1 < argc) bits = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--cpu")) cpu = true;
     else if (!std::strcmp(argv[i], "--identity")) identity = true;
+    else if (!std::strcmp(argv[i], "--single-candidate")) single = true;
     else {
-      std::fprintf(stderr, "usage: bench_quantize [--bits K] [--reps N] [--cpu] [--identity]\n");
+      std::fprintf(stderr, "usage: bench_quantize [--bits K] [--reps N] [--cpu] [--identity] [--single-candidate]\n");
       return 2;
     }
   }
@@ -102,7 +105,9 @@ int main(int argc, char** argv) {
   QuantizeParams qp;
   qp.bits = bits;
   qp.seed = 1;
-  std::printf("bench_quantize: K=%d mul1, %s Hessian, LDLQ + refit\n", bits, identity ? "identity" : "real-ish");
+  if (single) qp.alternatives.clear();
+  std::printf("bench_quantize: K=%d mul1, %s Hessian, LDLQ + refit, %zu candidate(s) per tensor\n", bits,
+              identity ? "identity" : "real-ish", spw::quant::quantize_candidates(qp, !identity).size());
   std::printf("%-12s %10s %12s %14s %12s %12s %10s\n", "shape", "cuda s", "cuda proxy", "2 workers s/t", "cpu s",
               "cpu proxy", "speedup");
   double per_expert = 0, per_expert_2w = 0;

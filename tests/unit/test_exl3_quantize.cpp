@@ -55,6 +55,7 @@ TEST(Exl3Quantize, WrittenTensorDecodesBitExactlyThroughTheReader) {
     qp.bits = 3;
     qp.codebook = cb;
     qp.seed = 5;
+    qp.alternatives.clear();  // one candidate: the search has its own test
     auto q = exl3_quantize_tensor(p.w.data(), p.k, p.n, p.h, qp);
     ASSERT_TRUE(q.ok()) << q.error().message;
     const std::string path = testing::TempDir() + "/exl3_q_roundtrip.safetensors";
@@ -88,6 +89,7 @@ TEST(Exl3Quantize, LdlqBeatsPlainSearchOnCorrelatedHessian) {
   QuantizeParams qp;
   qp.bits = 2;
   qp.refit = false;
+  qp.alternatives.clear();  // one candidate: the search has its own test
   auto with = exl3_quantize_tensor(p.w.data(), p.k, p.n, p.h, qp);
   qp.ldlq = false;
   auto without = exl3_quantize_tensor(p.w.data(), p.k, p.n, p.h, qp);
@@ -102,6 +104,7 @@ TEST(Exl3Quantize, ProxyErrorFallsWithBitsAndRefitHelps) {
   for (int bits : {2, 3, 4}) {
     QuantizeParams qp;
     qp.bits = bits;
+    qp.alternatives.clear();  // one candidate: the search has its own test
     auto q = exl3_quantize_tensor(p.w.data(), p.k, p.n, p.h, qp);
     ASSERT_TRUE(q.ok());
     std::printf("K=%d proxy error %.5f (before refit %.5f)\n", bits, q->proxy_err, q->proxy_err_before_refit);
