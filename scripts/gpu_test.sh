@@ -8,7 +8,10 @@
 #   there: bash scripts/gpu_test.sh run           # carry: .exl3pack .deps
 # SKIP_CPU=1 leaves out the CPU tests and CPU benchmark (they compete with exllamav3's JIT build for the cores).
 # ONLY_OURS=1 runs only our tests and benchmarks (no exllamav3); SKIP_TESTS=1 skips spw_gpu_tests and the profile;
-# SKIP_FIXTURES=1 skips regenerating exllamav3's fixtures (they are committed in tests/fixtures/exl3).
+# SKIP_FIXTURES=1 skips regenerating exllamav3's fixtures (they are committed in tests/fixtures/exl3);
+# GPU_TEST_FILTER picks GPU tests (a --gtest_filter pattern); SKIP_PROFILE=1 skips Nsight Compute.
+# The tests find their fixtures under the source path compiled into them: on the GPU machine, link it to the
+# checkout first (e.g. `mkdir -p /work && ln -sfn $PWD /work/main`).
 # Runs: our unit tests (CPU incl. AVX-512), every GPU test (spw_gpu_tests: EXL3 kernels, the forward's ops, dense
 # linears, attention, the CUDA quantizer, the GPU engine), bench_exl3 (HBM bandwidth, our kernels vs roofline, fused MoE, prefill),
 # bench_dense (dense linears vs roofline and cuBLAS), bench_quantize (CUDA quantizer seconds per V4.1 expert tensor),
@@ -50,14 +53,14 @@ print('exllamav3 extension ready in %.0f s' % (time.time() - t))" > /tmp/jit.log
 JIT=$!  # ($! is this shell's last background job; unused when ONLY_OURS)
 python3 bench/exl3/make_bench_tensors.py /tmp/bench_tensors >> "$OUT/main.log" 2>&1
 [ -z "${SKIP_CPU:-}" ] && .exl3dev/spw_unit_tests --gtest_brief=1 --gtest_filter='Exl3.*:Exl3Cpu*:Exl3MoeCpu*' 2>&1 | tee -a "$OUT/main.log"   # CPU kernels, AVX-512 here
-[ -z "${SKIP_TESTS:-}" ] && timeout 400 .exl3dev/spw_gpu_tests --gtest_brief=1 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 | tee -a "$OUT/main.log"
+[ -z "${SKIP_TESTS:-}" ] && timeout 400 .exl3dev/spw_gpu_tests --gtest_brief=1 --gtest_filter="${GPU_TEST_FILTER:-*}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 | tee -a "$OUT/main.log"
 .exl3dev/bench_exl3 /tmp/bench_tensors 200 gpu 2>&1 | tee "$OUT/bench_spillway.md"
 [ -x .exl3dev/bench_dense ] && timeout 200 .exl3dev/bench_dense 2>&1 | tee "$OUT/bench_dense.md"
 [ -x .exl3dev/bench_quantize ] && timeout 200 .exl3dev/bench_quantize 2>&1 | tee "$OUT/bench_quantize.md"
 [ -z "${SKIP_CPU:-}" ] && [ -x .exl3dev/bench_exl3_cpu ] && timeout 150 .exl3dev/bench_exl3_cpu 16 2>&1 | tee -a "$OUT/bench_spillway.md"
 # Nsight Compute + SASS mix of our kernels while the extension still builds (one file back: profile.txt).
-[ -z "${SKIP_TESTS:-}" ] && timeout 150 bash scripts/gpu_profile.sh /tmp/exl3_prof > /tmp/exl3_prof.summary 2>&1
-[ -z "${SKIP_TESTS:-}" ] && cat /tmp/exl3_prof.summary /tmp/exl3_prof/*.txt > "$OUT/profile.txt" 2>/dev/null
+[ -z "${SKIP_TESTS:-}${SKIP_PROFILE:-}" ] && timeout 150 bash scripts/gpu_profile.sh /tmp/exl3_prof > /tmp/exl3_prof.summary 2>&1
+[ -z "${SKIP_TESTS:-}${SKIP_PROFILE:-}" ] && cat /tmp/exl3_prof.summary /tmp/exl3_prof/*.txt > "$OUT/profile.txt" 2>/dev/null
 [ -n "${ONLY_OURS:-}" ] && exit 0
 wait $JIT
 tail -5 /tmp/jit.log | tee -a "$OUT/main.log"
