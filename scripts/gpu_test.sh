@@ -57,6 +57,7 @@ python3 bench/exl3/make_bench_tensors.py /tmp/bench_tensors >> "$OUT/main.log" 2
 .exl3dev/bench_exl3 /tmp/bench_tensors 200 gpu 2>&1 | tee "$OUT/bench_spillway.md"
 [ -x .exl3dev/bench_dense ] && timeout 200 .exl3dev/bench_dense 2>&1 | tee "$OUT/bench_dense.md"
 [ -x .exl3dev/bench_quantize ] && timeout 200 .exl3dev/bench_quantize 2>&1 | tee "$OUT/bench_quantize.md"
+[ -x .exl3dev/bench_quantize ] && timeout 100 .exl3dev/bench_quantize --single-candidate 2>&1 | tee -a "$OUT/bench_quantize.md"
 [ -z "${SKIP_CPU:-}" ] && [ -x .exl3dev/bench_exl3_cpu ] && timeout 150 .exl3dev/bench_exl3_cpu 16 2>&1 | tee -a "$OUT/bench_spillway.md"
 # Nsight Compute + SASS mix of our kernels while the extension still builds (one file back: profile.txt).
 [ -z "${SKIP_TESTS:-}${SKIP_PROFILE:-}" ] && timeout 150 bash scripts/gpu_profile.sh /tmp/exl3_prof > /tmp/exl3_prof.summary 2>&1
