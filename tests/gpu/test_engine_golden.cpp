@@ -24,6 +24,14 @@
 //    kernels compute per token: bit-identical logits. Chunking on the default paths (GEMM for a
 //    17-token prefill, GEMV for 3-token chunks) only changes summation order: reported, and the
 //    first prompt row (identical inputs up to summation order) within kFirstRowTol.
+// V4.1 also reports the third side of the triangle: GPU and CPU each against the oracle's stored
+// reference-mode logits (ref.prefill_logits, ref.decode_logits; tools/golden/oracle_v41.py, which
+// sums in torch's f32 order). Issue 7 found that the H200 run's V4.1 gaps vs the CPU are such flips,
+// not a GPU bug: on p17 the CPU's row 0 (token 817) differs from the stored oracle by the same 14.24
+// as the GPU's (the layer-3 router's 2nd and 3rd experts are 1.0e-4 apart; the oracle itself lands on
+// either side for 1- vs 2-token prefixes), the CPU-vs-oracle first-mismatch and max-|dlogit| rows of
+// p130/p301 are the GPU-vs-CPU ones, and teacher-forced layer 0 (94.66%) is a 1-ulp ffn.in flip at
+// row 10 that the CPU-vs-oracle teacher-forced run shows with exactly the same 94.66%.
 // Failures print the case, the top-1 share, the first mismatching row and where the max |dlogit| is.
 // Built into spw_gpu_tests; scripts/gpu_test.sh runs it on the GPU machine.
 #if defined(SPW_HAVE_CUDA)
@@ -53,6 +61,7 @@ bool have_gpu() {
 
 struct Case {
   std::vector<int32_t> prompt, decode_ids;
+  std::vector<float> oracle;  // V4.1: the oracle's reference-mode logits, prefill rows then decode rows
 };
 
 Case read_case(const std::string& arch, int prompt_len) {
@@ -66,6 +75,11 @@ Case read_case(const std::string& arch, int prompt_len) {
   c.prompt = golden::read_ids(**file, "prompt_ids");
   c.decode_ids = golden::read_ids(**file, arch == "v41" ? "ref.decode_ids" : "decode_ids");
   if (c.prompt.empty() || c.decode_ids.empty()) ADD_FAILURE() << path << ": missing prompt_ids / decode ids";
+  if (arch == "v41") {
+    c.oracle = golden::read_floats(**file, "ref.prefill_logits");
+    const auto decode = golden::read_floats(**file, "ref.decode_logits");
+    c.oracle.insert(c.oracle.end(), decode.begin(), decode.end());
+  }
   return c;
 }
 
@@ -197,7 +211,7 @@ void gpu_vs_cpu(const std::string& arch) {
   auto gpu = load_gpu(arch);
   ASSERT_TRUE(cpu && gpu);
   const size_t vocab = size_t(cpu->config().vocab_size);
-  size_t rows = 0, agree = 0;
+  size_t rows = 0, agree = 0, oracle_rows = 0, gpu_oracle_agree = 0, cpu_oracle_agree = 0;
   for (int len : {1, 17, 130, 301}) {
     SCOPED_TRACE(arch + " p" + std::to_string(len));
     const Case c = read_case(arch, len);
@@ -210,9 +224,24 @@ void gpu_vs_cpu(const std::string& arch) {
     if (len == 1) { EXPECT_LE(d.first_row_diff, kFirstRowTol) << describe(d); }
     rows += d.rows;
     agree += d.rows - d.top1_mismatches;
+    if (c.oracle.size() == want.size()) {
+      const Diff go = compare(got, c.oracle, vocab), co = compare(want, c.oracle, vocab);
+      std::printf("  [engine %s p%d] GPU vs oracle: %s\n  [engine %s p%d] CPU vs oracle: %s\n", arch.c_str(), len,
+                  describe(go).c_str(), arch.c_str(), len, describe(co).c_str());
+      oracle_rows += go.rows;
+      gpu_oracle_agree += go.rows - go.top1_mismatches;
+      cpu_oracle_agree += co.rows - co.top1_mismatches;
+    } else if (!c.oracle.empty()) {
+      ADD_FAILURE() << "oracle logits of p" << len << ": " << c.oracle.size() << " values, expected " << want.size();
+    }
   }
   std::printf("  [engine %s] top-1 agreement with the CPU over all cases: %zu/%zu\n", arch.c_str(), agree, rows);
   EXPECT_GE(double(agree), kMinTop1Share * double(rows)) << agree << "/" << rows;
+  if (oracle_rows > 0) {
+    std::printf("  [engine %s] top-1 agreement with the oracle over all cases: GPU %zu/%zu, CPU %zu/%zu\n",
+                arch.c_str(), gpu_oracle_agree, oracle_rows, cpu_oracle_agree, oracle_rows);
+    EXPECT_GE(double(gpu_oracle_agree), kMinTop1Share * double(oracle_rows)) << gpu_oracle_agree << "/" << oracle_rows;
+  }
 }
 
 TEST(EngineGolden, V41MatchesCpuReference) { gpu_vs_cpu("v41"); }
