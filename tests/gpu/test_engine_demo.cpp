@@ -121,6 +121,7 @@ TEST(EngineDemo, Exl3PackMatchesCpuAndIsSmaller) {
   o.bits = 3;
   o.calibration = calib;
   o.calibration_tokens = 256;
+  o.row_tokens = 128;  // calibration rows: tokens ≥ row length ≥ 2
   o.layers = {2, 9};  // every expert of two layers: a compressed-KV layer and the last one
   o.device = "cuda";
   o.progress = false;
