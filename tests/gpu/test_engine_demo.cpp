@@ -22,18 +22,16 @@
 #include "model/model.h"
 #include "quantize/quantize_model.h"
 #include "tokenizer/tokenizer.h"
+#include "gpu_test_util.h"
 
 namespace spw {
 namespace {
 
+using gpu_test::have_gpu;
+
 namespace fs = std::filesystem;
 
 const std::string kDemo = std::string(SPW_SOURCE_DIR) + "/models/demo";
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 std::vector<int32_t> prompt_ids() {
   auto tok = Tokenizer::load(kDemo + "/tokenizer.json");

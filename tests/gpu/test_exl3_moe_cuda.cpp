@@ -15,22 +15,13 @@
 #include <vector>
 
 #include "ops/ref/moe.h"
+#include "gpu_test_util.h"
 
 namespace spw {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-template <class T>
-T* upload(const std::vector<T>& v) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, v.size() * sizeof(T) + 16), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return d;
-}
+using gpu_test::have_gpu;
+using gpu_test::upload;
 
 struct HostExpert {
   std::vector<uint16_t> trellis[3];

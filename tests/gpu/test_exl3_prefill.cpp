@@ -6,6 +6,7 @@
 // x is rounded once to fp16 after its rotation; cuBLAS accumulates in fp32.
 #if defined(SPW_HAVE_CUDA)
 #include "cuda/exl3_prefill.h"
+#include "gpu_test_util.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -17,18 +18,8 @@
 namespace spw {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-template <class T>
-T* upload(const std::vector<T>& v) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, v.size() * sizeof(T) + 16), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return d;
-}
+using gpu_test::have_gpu;
+using gpu_test::upload;
 
 void run_case(int64_t k, int64_t n, int K, Exl3Codebook cb, int64_t m, bool with_bias, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << "k=" << k << " n=" << n << " K=" << K << " cb=" << exl3_codebook_name(cb)
