@@ -4,23 +4,28 @@
 //
 // EngineDiag.DemoCpuNoiseFloor (CPU only, no GPU needed): what summation-order noise does on this
 //   model. The CPU reference is run twice, the second time with ±1 bf16 ulp added to a random 0.1 %
-//   of the residual-stream values before every layer (≈ the share of bf16 roundings a last-bit f32
-//   difference flips per layer). Prints top-1 agreement and max / mean |Δlogit| over the same prompt
+//   or 0.01 % of the residual-stream values before every layer (a last-bit f32 difference flips
+//   about 0.1 % of a layer's bf16 roundings). Prints top-1 agreement and max / mean |Δlogit| over the same prompt
 //   + 8 greedy steps as EngineDemo.TrainedModelMatchesCpu. If these numbers are far below the GPU's,
 //   the GPU gap is not noise.
-// EngineDiag.DemoTeacherForced*: prompt prefill (all rows) + 4 decode steps; every GPU layer gets the
-//   CPU's input streams (ForwardOptions::before_layer), so each layer's output difference is that
-//   layer's own (plus the KV state the GPU built from the same forced inputs in earlier calls). Per
-//   (call, layer): % of output stream values within 2 bf16 ulps of the CPU's, max |Δ| with (row,
-//   copy, channel) and both values, how many token rows hold a value off by more than 2 ulps and the
-//   first of them; per call the logits of the forced last layer. The first (call, layer) below
-//   99.9 % is printed as the first divergence. Variants, to bisect: Numerics::stale_index_k off on
-//   both engines; Engram off (a copy of the model dir whose config lists no Engram layers, on both).
-//   The GPU engine has no per-sublayer hook, so within a layer the table localises by token row and
-//   by the layer's attention kind (window / source / reindex / reuse) and Engram.
+// EngineDiag.DemoTeacherForced*, GoldenV41TeacherForced: prompt prefill (all rows) + 4 decode steps
+//   (demo: the CPU's greedy picks; golden: the p17 case's ids, as test_engine_golden.cpp); every GPU
+//   layer gets the CPU's input streams (ForwardOptions::before_layer), so each layer's output
+//   difference is that layer's own (plus the KV state the GPU built from the same forced inputs in
+//   earlier layers and calls). Per (call, layer): % of output stream values within 2 bf16 ulps of the
+//   CPU's, max |Δ| with (row, copy, channel) and both values, how many token rows hold a value off by
+//   more than 2 ulps and the first of them; per call the logits given the forced last layer. The first
+//   (call, layer) below 99.9 % is printed as the first divergence. Variants, to bisect:
+//   Numerics::stale_index_k off on both engines; Engram off (a copy of the model dir whose config
+//   lists no Engram layers, on both). The GPU engine has no per-sublayer hook, so within a layer the
+//   table localises by token row and by the layer's kind (window / source / reindex / reuse, Engram).
+// EngineDiag.*CpuNoiseTeacherForced (CPU only): the same table with the CPU against itself, 0.01 % of
+//   each forced layer input moved by ±1 bf16 ulp: the per-layer noise baseline for the GPU tables.
 // Bounds (a diagnostic: it may fail, it must not crash): every layer of every call ≥ 99.0 % within 2
-// bf16 ulps — on V4 every teacher-forced layer measured ≥ 99.99 %; a summation-order flip touches
-// ~0.1 % of values, a real difference (a wrong row, a flipped top-k pick) far more.
+// bf16 ulps — on V4 every teacher-forced layer measured ≥ 99.99 % on the H200; a summation-order
+// flip touches ~0.1 % of values, a real difference (a wrong row, a flipped top-k pick) far more. The
+// CPU-noise tests are held to the same bound: where they fail too, the layer amplifies last-bit noise
+// (a near-tie in a discrete choice) and the GPU cannot be asked to do better.
 // The demo model is found at SPW_SOURCE_DIR/models/demo (as in test_engine_demo.cpp).
 #if defined(SPW_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -31,12 +36,15 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "../golden/golden_fixture.h"
 #include "engine/gpu_model.h"
 #include "gpu_test_util.h"
 #include "model/model.h"
@@ -138,63 +146,74 @@ std::string demo_without_engram() {
   return dir.string();
 }
 
-// Prompt prefill + kDecodeSteps greedy decode steps (the CPU's picks), every GPU layer fed the CPU's
-// input streams. Prints one table and the first (call, layer) below 99.9 %.
-void teacher_forced(const std::string& dir, const Numerics& num, const char* label) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
-  auto cpu = load_model(dir, num);
-  ASSERT_TRUE(cpu.ok()) << cpu.error().message;
-  engine::GpuModelOptions opts;
-  opts.budget.max_context = 1024;
-  auto gpu = engine::load_gpu_model(dir, num, opts);
-  ASSERT_TRUE(gpu.ok()) << gpu.error().message;
-  const ModelConfig& c = (*cpu)->config();
-  const int n_layers = c.n_layers, hc = c.hc_mult, d = c.d_model, vocab = int(c.vocab_size);
-  const std::vector<int32_t> prompt = prompt_ids();
-  ASSERT_GT(prompt.size(), 40u);
+// ±1 bf16 ulp on a random `share` of the values.
+void perturb(std::vector<float>& x, double share, std::mt19937& rng) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (float& v : x) {
+    if (v == 0.f || !std::isfinite(v) || u(rng) >= share) continue;
+    uint32_t bits = std::bit_cast<uint32_t>(v);
+    bits = u(rng) < 0.5 ? bits + 0x10000u : bits - 0x10000u;  // one bf16 ulp up or down in magnitude
+    v = std::bit_cast<float>(bits);
+  }
+}
 
-  SequenceState cs = (*cpu)->new_sequence();
-  auto gs = (*gpu)->new_sequence();
-  ASSERT_TRUE(gs.ok()) << gs.error().message;
-  std::printf("[diag %s] %s; prompt %zu tokens, then %d decode steps; layer plan:", label, dir.c_str(),
-              prompt.size(), kDecodeSteps);
+// The engine compared with the CPU reference: one forward call of its own sequence.
+using Candidate = std::function<Result<std::vector<float>>(std::span<const int32_t>, const ForwardOptions&)>;
+
+// Calls: `prompt` (all rows), then `decode` ids, or kDecodeSteps greedy picks of the CPU when empty.
+// Every candidate layer is fed the CPU's input streams (then `share` of them perturbed by ±1 bf16 ulp
+// when share > 0: the CPU-noise baseline). Prints one table and the first (call, layer) below 99.9 %.
+void teacher_forced(const Model& cpu, const Candidate& cand, const std::vector<int32_t>& prompt,
+                    const std::vector<int32_t>& decode, double share, const std::string& label) {
+  const ModelConfig& c = cpu.config();
+  const int n_layers = c.n_layers, hc = c.hc_mult, d = c.d_model, vocab = int(c.vocab_size);
+  const int n_calls = 1 + (decode.empty() ? kDecodeSteps : int(decode.size()));
+  std::mt19937 rng(7);
+  SequenceState cs = cpu.new_sequence();
+  std::printf("[diag %s] prompt %zu tokens, then %d decode steps; layer plan:", label.c_str(), prompt.size(),
+              n_calls - 1);
   for (int l = 0; l < n_layers; ++l) std::printf(" %d:%s%s", l, layer_kind(c, l), c.layers[l].engram ? "+engram" : "");
-  std::printf("\n[diag %s] call  pos   layer kind          within2ulp  max|d|     (row,copy,ch)   gpu          cpu  "
+  std::printf("\n[diag %s] call   pos layer kind          within2ulp  max|d|     (row,copy, ch)  other        cpu  "
               "        far_rows first_far\n",
-              label);
+              label.c_str());
 
   std::vector<int32_t> step = prompt;
   long first_bad_call = -1, first_bad_layer = -1;
   double worst = 1.0;
-  for (int call = 0; call <= kDecodeSteps; ++call) {
+  std::string below;  // (call, layer) pairs under the bound
+  for (int call = 0; call < n_calls; ++call) {
     std::vector<std::vector<float>> cin(n_layers), cout(n_layers);
     ForwardOptions co;
     co.all_logits = true;
     co.before_layer = [&](int l, std::vector<float>& x) { cin[l] = x; };
     co.on_layer = [&](int l, const std::vector<float>& x) { cout[l] = x; };
-    auto a = (*cpu)->forward(cs, step, co);
+    auto a = cpu.forward(cs, step, co);
     ASSERT_TRUE(a.ok()) << a.error().message;
 
     std::vector<StreamDiff> diffs(n_layers);
     ForwardOptions go;
     go.all_logits = true;
     go.before_layer = [&](int l, std::vector<float>& x) {
-      if (x.size() == cin[l].size()) x = cin[l];
+      if (x.size() != cin[l].size()) return;  // reported as a size mismatch by on_layer
+      x = cin[l];
+      if (share > 0) perturb(x, share, rng);
     };
     go.on_layer = [&](int l, const std::vector<float>& x) { diffs[l] = diff_streams(x, cout[l], hc, d); };
-    auto b = (*gpu)->forward(*gs, step, go);
+    auto b = cand(step, go);
     ASSERT_TRUE(b.ok()) << b.error().message;
     ASSERT_EQ(a->size(), b->size());
 
     const int64_t pos0 = cs.n_past - int64_t(step.size());
     for (int l = 0; l < n_layers; ++l) {
       const StreamDiff& r = diffs[l];
-      std::printf("[diag %s] %4d %5lld  %5d %-12s %9.3f%%  %.3e  (%3zu,%zu,%3zu)  %+.5e %+.5e  %4d %6ld%s\n", label, call,
-                  (long long)pos0, l, layer_kind(c, l), 100.0 * r.within, r.max_abs, r.max_row, r.max_copy, r.max_ch,
-                  r.got, r.want, r.far_rows, r.first_far_row, r.size_mismatch ? "  SIZE MISMATCH" : "");
+      std::printf("[diag %s] %4d %5lld %5d %-12s %9.3f%%  %.3e  (%3zu,%zu,%4zu)  %+.5e %+.5e  %4d %6ld%s\n",
+                  label.c_str(), call, (long long)pos0, l, layer_kind(c, l), 100.0 * r.within, r.max_abs, r.max_row,
+                  r.max_copy, r.max_ch, r.got, r.want, r.far_rows, r.first_far_row,
+                  r.size_mismatch ? "  SIZE MISMATCH" : "");
       worst = std::min(worst, r.within);
       if (r.within < 0.999 && first_bad_call < 0) first_bad_call = call, first_bad_layer = l;
-      EXPECT_GE(r.within, kMinWithin2Ulps) << label << " call " << call << " layer " << l;
+      if (r.within < kMinWithin2Ulps || r.size_mismatch)
+        below += " (" + std::to_string(call) + "," + std::to_string(l) + ")";
     }
     // Logits given the forced input of the last layer: only the last layer and the head differ.
     double max_dl = 0;
@@ -206,33 +225,91 @@ void teacher_forced(const std::string& dir, const Numerics& num, const char* lab
       top1 += argmax(x, vocab) == argmax(y, vocab);
       for (int v = 0; v < vocab; ++v) max_dl = std::max(max_dl, double(std::fabs(x[v] - y[v])));
     }
-    std::printf("[diag %s] call %d logits (last layer forced): top-1 %d/%zu, max|dlogit| %.4f\n", label, call, top1,
-                rows, max_dl);
-    step = {argmax(a->data() + (rows - 1) * vocab, vocab)};
+    std::printf("[diag %s] call %d logits (last layer forced): top-1 %d/%zu, max|dlogit| %.4f\n", label.c_str(), call,
+                top1, rows, max_dl);
+    step = {decode.empty() ? argmax(a->data() + (rows - 1) * vocab, vocab) : decode[call < int(decode.size()) ? call : 0]};
   }
   std::printf("[diag %s] worst layer %.3f%% within 2 bf16 ulps; first (call, layer) below 99.9%%: (%ld, %ld)\n",
-              label, 100.0 * worst, first_bad_call, first_bad_layer);
+              label.c_str(), 100.0 * worst, first_bad_call, first_bad_layer);
+  EXPECT_TRUE(below.empty()) << label << ": (call, layer) below " << 100.0 * kMinWithin2Ulps
+                             << "% within 2 bf16 ulps:" << below;
 }
 
-TEST(EngineDiag, DemoTeacherForced) { teacher_forced(kDemo, Numerics::reference(), "ref"); }
+// GPU vs CPU on `dir`, both with `num`.
+void gpu_teacher_forced(const std::string& dir, const Numerics& num, const std::vector<int32_t>& prompt,
+                        const std::vector<int32_t>& decode, const std::string& label) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  ASSERT_FALSE(prompt.empty());
+  auto cpu = load_model(dir, num);
+  ASSERT_TRUE(cpu.ok()) << cpu.error().message;
+  engine::GpuModelOptions opts;
+  opts.budget.max_context = 1024;
+  auto gpu = engine::load_gpu_model(dir, num, opts);
+  ASSERT_TRUE(gpu.ok()) << gpu.error().message;
+  auto gs = (*gpu)->new_sequence();
+  ASSERT_TRUE(gs.ok()) << gs.error().message;
+  std::printf("[diag %s] GPU vs CPU, %s\n", label.c_str(), dir.c_str());
+  Candidate cand = [&](std::span<const int32_t> t, const ForwardOptions& o) { return (*gpu)->forward(*gs, t, o); };
+  teacher_forced(**cpu, cand, prompt, decode, 0.0, label);
+}
+
+// The CPU against itself with 0.01 % of each layer's forced input perturbed by ±1 bf16 ulp: how far a
+// last-bit difference alone moves each layer's output (compare with the GPU table).
+void cpu_noise_teacher_forced(const std::string& dir, const std::vector<int32_t>& prompt,
+                              const std::vector<int32_t>& decode, const std::string& label) {
+  ASSERT_FALSE(prompt.empty());
+  auto cpu = load_model(dir, Numerics::reference());
+  ASSERT_TRUE(cpu.ok()) << cpu.error().message;
+  SequenceState s2 = (*cpu)->new_sequence();
+  std::printf("[diag %s] CPU vs CPU with 0.01%% of each layer's input ±1 bf16 ulp, %s\n", label.c_str(), dir.c_str());
+  Candidate cand = [&](std::span<const int32_t> t, const ForwardOptions& o) { return (*cpu)->forward(s2, t, o); };
+  teacher_forced(**cpu, cand, prompt, decode, 0.0001, label);
+}
+
+// The golden p17 case of `arch` (the one test_engine_golden.cpp's teacher-forced test uses): prompt
+// and its first 4 decode ids.
+void golden_p17(const std::string& arch, std::vector<int32_t>& prompt, std::vector<int32_t>& decode) {
+  const std::string path = golden::fixture_dir(arch) + "/cases/p17.safetensors";
+  auto file = SafetensorsFile::open(path);
+  ASSERT_TRUE(file.ok()) << path << ": " << file.error().message;
+  prompt = golden::read_ids(**file, "prompt_ids");
+  decode = golden::read_ids(**file, arch == "v41" ? "ref.decode_ids" : "decode_ids");
+  decode.resize(std::min<size_t>(decode.size(), 4));
+  ASSERT_FALSE(prompt.empty() || decode.empty()) << path;
+}
+
+TEST(EngineDiag, DemoTeacherForced) { gpu_teacher_forced(kDemo, Numerics::reference(), prompt_ids(), {}, "demo"); }
 
 TEST(EngineDiag, DemoTeacherForcedNoStaleIndexK) {
   Numerics num = Numerics::reference();
   num.stale_index_k = false;
-  teacher_forced(kDemo, num, "no-stale-k");
+  gpu_teacher_forced(kDemo, num, prompt_ids(), {}, "demo no-stale-k");
 }
 
-TEST(EngineDiag, DemoTeacherForcedNoEngram) { teacher_forced(demo_without_engram(), Numerics::reference(), "no-engram"); }
+TEST(EngineDiag, DemoTeacherForcedNoEngram) {
+  gpu_teacher_forced(demo_without_engram(), Numerics::reference(), prompt_ids(), {}, "demo no-engram");
+}
 
-// ±1 bf16 ulp on a random `share` of the streams before every layer.
-void perturb(std::vector<float>& x, double share, std::mt19937& rng) {
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  for (float& v : x) {
-    if (v == 0.f || !std::isfinite(v) || u(rng) >= share) continue;
-    uint32_t bits = std::bit_cast<uint32_t>(v);
-    bits = u(rng) < 0.5 ? bits + 0x10000u : bits - 0x10000u;  // one bf16 ulp up or down in magnitude
-    v = std::bit_cast<float>(bits);
-  }
+TEST(EngineDiag, GoldenV41TeacherForced) {
+  std::vector<int32_t> prompt, decode;
+  golden_p17("v41", prompt, decode);
+  gpu_teacher_forced(golden::fixture_dir("v41") + "/model", Numerics::reference(), prompt, decode, "golden-v41");
+}
+
+// CPU only (no GPU needed): the noise baselines for the two tables above.
+TEST(EngineDiag, DemoCpuNoiseTeacherForced) { cpu_noise_teacher_forced(kDemo, prompt_ids(), {}, "demo cpu-noise"); }
+
+TEST(EngineDiag, GoldenV41CpuNoiseTeacherForced) {
+  std::vector<int32_t> prompt, decode;
+  golden_p17("v41", prompt, decode);
+  cpu_noise_teacher_forced(golden::fixture_dir("v41") + "/model", prompt, decode, "golden-v41 cpu-noise");
+}
+
+// V4 for scale: its GPU teacher-forced layers measured ≥ 99.99 % except layers 0 and 3 (94.1 %, 96.8 %).
+TEST(EngineDiag, GoldenV4CpuNoiseTeacherForced) {
+  std::vector<int32_t> prompt, decode;
+  golden_p17("v4", prompt, decode);
+  cpu_noise_teacher_forced(golden::fixture_dir("v4") + "/model", prompt, decode, "golden-v4 cpu-noise");
 }
 
 struct FreeRun {

@@ -1,0 +1,222 @@
+// Issue 7 acceptance: "a full-width single-layer test at real V4.1 dimensions (d=5120, 384 experts of
+// 2304, 64 heads of 512) matches the CPU reference". The GPU forward (engine/gpu_model.h) against the
+// CPU reference Model (model/model.h), both Numerics::reference(), on a synthetic checkpoint written by
+// tools/synth/make_synthetic_model.py (real config, layout and formats; random weights).
+//
+// The model directory comes from the environment variable SPW_FULLWIDTH_MODEL; the test FAILS when it
+// is unset (it is part of the acceptance, not optional). Device commands (scripts/gpu_test.sh stages the
+// binary; the script needs only numpy):
+//   python3 tools/synth/make_synthetic_model.py /tmp/fw14 --arch v41 --real-layers 14 --tokenizer none
+//   SPW_FULLWIDTH_MODEL=/tmp/fw14 spw_gpu_tests --gtest_filter='EngineFullWidth.*'
+// Real layer 14 is the most V4.1-specific single layer: window + its own gated ratio-2 compressor
+// (KV source), its own indexer (index source, fp4 keys), Engram, 384 score-routed MXFP4 experts + the
+// shared expert, mHC with hc 4. Real layer 20 (ratio 1, candidate source) is the other kind worth a run.
+// Any number of layers works: every GPU layer is fed the CPU's input streams (teacher forced), so a
+// difference cannot compound across layers.
+//
+// Memory: both engines dequantize every weight to f32 on the host at load (model/weights.h): one
+// layer's 384 experts are 384·3·2304·5120·4 B = 54 GB. The CPU runs first, its results are kept
+// (logits and streams, a few MB), and it is freed before the GPU model loads (which keeps its own
+// host copy), so the peak is one copy (~62 GB with embedding and head), inside the 128 GiB machine.
+// Time: loading is single-threaded dequantization (~1–2 min per engine per layer); the CPU forward of
+// 16 tokens touches ≤ 96 experts and runs the 129,280×5,120 head on 16 rows (seconds to a minute).
+//
+// What runs: a 16-token prefill (all logits) and 4 decode steps fed the CPU's greedy picks; 16 tokens
+// at ratio 2 give 8 compressed entries, so every entry is selected (index_topk 512): what is tested is
+// the entries' values (compressor, fp4 keys and fp4/e4m3 entries), not top-k near-ties.
+// Tolerances and why:
+//  - per call and layer, ≥ 99 % of the output stream values within 2 bf16 ulps of the CPU's: the GPU
+//    rounds at the same points but sums f32 products in other orders, which flips a bf16 (or e4m3 /
+//    e2m1 fake-quant) rounding now and then; on V4 every teacher-forced layer measured ≥ 99.99 %.
+//    A wrong op (a missing rounding, a wrong block, a wrong row) moves far more than 1 % of values;
+//  - per logit row, max |Δlogit| ≤ 1e-2 · RMS of the CPU row: a 1-ulp flip in 1 % of the 5,120 head
+//    inputs moves a logit by ~4e-4 RMS (√51 flips · 2⁻⁸ relative against √5120 terms), 25× margin;
+//  - top-1 equal on every row whose CPU top-2 gap exceeds that bound (a closer pair is a near-tie).
+// Failures print the call, layer, share, worst element (row, copy, channel) and both values.
+#if defined(SPW_HAVE_CUDA)
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "engine/gpu_model.h"
+#include "gpu_test_util.h"
+#include "model/model.h"
+
+namespace spw {
+namespace {
+
+using gpu_test::have_gpu;
+
+constexpr int kPromptTokens = 16;
+constexpr int kDecodeSteps = 4;
+constexpr double kMinWithin2Ulps = 0.99;
+constexpr double kLogitTolRms = 1e-2;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// What one engine produced: per call the logits [n, vocab] and per layer the output streams.
+struct Recorded {
+  std::vector<std::vector<float>> logits;               // [call]
+  std::vector<std::vector<std::vector<float>>> in, out;  // [call][layer] streams [n, hc, d]
+};
+
+// Deterministic ids spread over the vocabulary, past the special tokens.
+std::vector<int32_t> prompt_ids(int64_t vocab) {
+  std::vector<int32_t> ids(kPromptTokens);
+  for (int i = 0; i < kPromptTokens; ++i) ids[i] = int32_t(11 + (int64_t(i) * 7919 + 104729) % (vocab - 11));
+  return ids;
+}
+
+int argmax(const float* x, int64_t n) { return int(std::max_element(x, x + n) - x); }
+
+// CPU: prefill then greedy decode; `calls` receives the token list of every call.
+void run_cpu(const std::string& dir, Recorded& rec, std::vector<std::vector<int32_t>>& calls) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto cpu = load_model(dir, Numerics::reference());
+  ASSERT_TRUE(cpu.ok()) << cpu.error().message;
+  const ModelConfig& c = (*cpu)->config();
+  std::printf("  [fullwidth] CPU load %.1f s: d %d, %d layers, %d experts of %d, %d heads of %d, vocab %lld\n",
+              seconds_since(t0), c.d_model, c.n_layers, c.n_experts, c.d_expert, c.n_heads, c.d_head,
+              (long long)c.vocab_size);
+  SequenceState s = (*cpu)->new_sequence();
+  calls = {prompt_ids(c.vocab_size)};
+  for (int call = 0; call <= kDecodeSteps; ++call) {
+    rec.in.emplace_back(c.n_layers);
+    rec.out.emplace_back(c.n_layers);
+    ForwardOptions o;
+    o.all_logits = true;
+    o.before_layer = [&](int l, std::vector<float>& x) { rec.in.back()[l] = x; };
+    o.on_layer = [&](int l, const std::vector<float>& x) { rec.out.back()[l] = x; };
+    t0 = std::chrono::steady_clock::now();
+    auto r = (*cpu)->forward(s, calls[call], o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    std::printf("  [fullwidth] CPU call %d (%zu tokens) %.1f s\n", call, calls[call].size(), seconds_since(t0));
+    rec.logits.push_back(std::move(r.value()));
+    if (call < kDecodeSteps)
+      calls.push_back({argmax(rec.logits.back().data() + rec.logits.back().size() - c.vocab_size, c.vocab_size)});
+  }
+}
+
+// GPU: the same calls, every layer fed the CPU's input streams.
+void run_gpu(const std::string& dir, const Recorded& cpu, const std::vector<std::vector<int32_t>>& calls,
+             Recorded& rec) {
+  auto t0 = std::chrono::steady_clock::now();
+  engine::GpuModelOptions opts;
+  opts.budget.max_context = 1024;
+  opts.budget.max_seqs = 1;
+  auto gpu = engine::load_gpu_model(dir, Numerics::reference(), opts);
+  ASSERT_TRUE(gpu.ok()) << gpu.error().message;
+  std::printf("  [fullwidth] GPU load %.1f s, device weights %.2f GiB\n", seconds_since(t0),
+              double((*gpu)->weight_nbytes()) / double(1u << 30));
+  auto seq = (*gpu)->new_sequence();
+  ASSERT_TRUE(seq.ok()) << seq.error().message;
+  const int n_layers = (*gpu)->config().n_layers;
+  for (size_t call = 0; call < calls.size(); ++call) {
+    rec.out.emplace_back(n_layers);
+    ForwardOptions o;
+    o.all_logits = true;
+    o.before_layer = [&](int l, std::vector<float>& x) {
+      if (x.size() == cpu.in[call][l].size()) x = cpu.in[call][l];  // else reported as a size mismatch
+    };
+    o.on_layer = [&](int l, const std::vector<float>& x) { rec.out.back()[l] = x; };
+    t0 = std::chrono::steady_clock::now();
+    auto r = (*gpu)->forward(*seq, calls[call], o);
+    ASSERT_TRUE(r.ok()) << "GPU call " << call << ": " << r.error().message;
+    std::printf("  [fullwidth] GPU call %zu %.2f s\n", call, seconds_since(t0));
+    rec.logits.push_back(std::move(r.value()));
+  }
+}
+
+TEST(EngineFullWidth, SingleLayerMatchesCpu) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  const char* env = std::getenv("SPW_FULLWIDTH_MODEL");
+  ASSERT_TRUE(env && *env) << "SPW_FULLWIDTH_MODEL is not set: generate a model with "
+                              "`python3 tools/synth/make_synthetic_model.py /tmp/fw14 --arch v41 --real-layers 14 "
+                              "--tokenizer none` and run with SPW_FULLWIDTH_MODEL=/tmp/fw14";
+  const std::string dir = env;
+  auto config = read_model_config(dir);
+  ASSERT_TRUE(config.ok()) << config.error().message;
+  const ModelConfig& c = *config;
+  ASSERT_TRUE(c.is_v41()) << dir << ": not a V4.1 config";
+  // The issue's dimensions: a width-divided synthetic model would not be this test.
+  EXPECT_EQ(c.d_model, 5120);
+  EXPECT_EQ(c.n_experts, 384);
+  EXPECT_EQ(c.d_expert, 2304);
+  EXPECT_EQ(c.n_heads, 64);
+  EXPECT_EQ(c.d_head, 512);
+
+  Recorded want, got;
+  std::vector<std::vector<int32_t>> calls;
+  run_cpu(dir, want, calls);  // the CPU model is freed on return
+  ASSERT_FALSE(HasFatalFailure());
+  run_gpu(dir, want, calls, got);
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+
+  const int hc = c.hc_mult, d = c.d_model;
+  const int64_t vocab = c.vocab_size;
+  for (size_t call = 0; call < calls.size(); ++call) {
+    for (int l = 0; l < c.n_layers; ++l) {
+      const std::vector<float>& g = got.out[call][l];
+      const std::vector<float>& w = want.out[call][l];
+      ASSERT_EQ(g.size(), w.size()) << "call " << call << " layer " << l << ": streams of the wrong size";
+      size_t close = 0, worst = 0, non_finite = 0;
+      float worst_abs = 0;
+      for (size_t i = 0; i < w.size(); ++i) {
+        const float a = std::fabs(g[i] - w[i]);
+        close += a <= 2.0f * std::ldexp(std::fabs(w[i]), -8) + 1e-30f;
+        non_finite += !std::isfinite(g[i]);
+        if (!(a <= worst_abs)) worst_abs = std::isfinite(a) ? a : INFINITY, worst = i;
+      }
+      const double share = double(close) / double(w.size());
+      const size_t row = worst / (size_t(hc) * d), copy = worst / d % hc, ch = worst % d;
+      std::printf("  [fullwidth] call %zu layer %d: %.3f%% within 2 bf16 ulps, max |d| %.3e at (row %zu, copy %zu, "
+                  "ch %zu): GPU %+.6e CPU %+.6e\n",
+                  call, l, 100.0 * share, worst_abs, row, copy, ch, g[worst], w[worst]);
+      EXPECT_EQ(non_finite, 0u) << "call " << call << " layer " << l;
+      EXPECT_GE(share, kMinWithin2Ulps) << "call " << call << " layer " << l << ": worst at row " << row << " copy "
+                                        << copy << " ch " << ch << ": GPU " << g[worst] << " CPU " << w[worst];
+    }
+    const std::vector<float>& g = got.logits[call];
+    const std::vector<float>& w = want.logits[call];
+    ASSERT_EQ(g.size(), w.size()) << "call " << call << ": logits of the wrong size";
+    for (size_t row = 0; row * vocab < w.size(); ++row) {
+      const float* gr = g.data() + row * vocab;
+      const float* wr = w.data() + row * vocab;
+      double ss = 0, max_d = 0;
+      int64_t max_v = 0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        ss += double(wr[v]) * wr[v];
+        const double a = std::fabs(double(gr[v]) - wr[v]);
+        if (!(a <= max_d)) max_d = std::isfinite(a) ? a : INFINITY, max_v = v;
+      }
+      const double tol = kLogitTolRms * std::sqrt(ss / double(vocab));
+      const int top_w = argmax(wr, vocab), top_g = argmax(gr, vocab);
+      float second = -INFINITY;
+      for (int64_t v = 0; v < vocab; ++v)
+        if (v != top_w) second = std::max(second, wr[v]);
+      const double gap = double(wr[top_w]) - second;
+      std::printf("  [fullwidth] call %zu row %zu: max |dlogit| %.3e at id %lld (tol %.3e), top-1 GPU %d CPU %d (CPU "
+                  "top-2 gap %.3e)\n",
+                  call, row, max_d, (long long)max_v, tol, top_g, top_w, gap);
+      EXPECT_LE(max_d, tol) << "call " << call << " row " << row << " id " << max_v << ": GPU " << gr[max_v]
+                            << " CPU " << wr[max_v];
+      if (gap > tol) {
+        EXPECT_EQ(top_g, top_w) << "call " << call << " row " << row << " (CPU top-2 gap " << gap << ")";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace spw
+#endif  // SPW_HAVE_CUDA
