@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# llama.cpp as issue 7's peer: its DeepSeek-V4 path on the same synthetic V4-Flash model as `spillway bench`,
+# on the H200 machine (no network there). See tools/peers/llamacpp/README.md for what llama.cpp implements.
+#   here:  bash tools/peers/llamacpp/fetch_sdist.sh && bash tools/peers/llamacpp/stage.sh     # -> .llpack/
+#   there: bash scripts/bench_llamacpp.sh [all|prepare|run] [MODEL_DIR]                       # carry: .llpack
+# MODEL_DIR: the synthetic V4 checkpoint (released HF layout) that scripts/bench_engine.sh generates; default
+# $SYNTH_V4 or /tmp/synth_v4. Results and logs go to $OUT (timings.txt: seconds per phase).
+# Phases (so the CPU-only part can overlap the GPU work of `spillway bench` in the same call):
+#   prepare  unpack; use the prebuilt binaries of .llpack/llama.tar.xz if they run here, else build llama.cpp
+#            from the trimmed source (ninja -j$LLAMA_JOBS, default 12, in the background); wait for MODEL_DIR
+#            (up to $WAIT_MODEL s, default 900); convert it to GGUF with llama.cpp's own convert_hf_to_gguf.py
+#            (DeepSeek-V4's tokenizer from .llpack in place of the model dir's, see README "Tokenizer").
+#   run      on the GPU: llama-simple sanity run (GGML_SCHED_DEBUG=1: which backend runs each graph split),
+#            llama-bench pp4096 + tg128 (-ngl 99, flash attention on, 3 reps), pp40960 (1 rep, unless
+#            SKIP_40K=1), llama-batched-bench aggregate decode at 1, 4, 16, 64 sequences (prompt 128, 128 steps).
+#   all      prepare then run.
+#   convert  unpack the source and convert only (no build, no GPU: how the conversion was tested here).
+# Random token ids as input (llama-bench and llama-batched-bench draw them); the weights are random too.
+set -u
+PHASE=${1:-all}
+MODEL=${2:-${SYNTH_V4:-/tmp/synth_v4}}
+OUT=${OUT:-/tmp/llamacpp_out}
+W=${LLAMA_WORK:-/tmp/llamacpp}
+JOBS=${LLAMA_JOBS:-12}
+PACK=$PWD/.llpack
+GGUF=$W/synth_v4.gguf
+mkdir -p "$OUT" "$W"
+LOG=$OUT/llamacpp.log
+exec > >(tee -a "$LOG") 2>&1
+export PYTHONUNBUFFERED=1
+
+now() { date +%s.%N; }
+# timed NAME CMD...: run CMD, print and record its wall time and exit status.
+timed() {
+  local name=$1; shift
+  local t0; t0=$(now)
+  "$@"
+  local rc=$?
+  local dt; dt=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
+  printf '== %-28s %8.1f s  rc=%d\n' "$name" "$dt" "$rc" | tee -a "$OUT/timings.txt"
+  return $rc
+}
+
+bin_env() {
+  BIN=$(cat "$W/bin_dir" 2>/dev/null || true)
+  export LD_LIBRARY_PATH=$W/llbin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+  # cuBLAS also ships in the image's Python package nvidia-cublas (used if /usr/local/cuda lacks it).
+  local cub
+  cub=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null || true)
+  [ -n "$cub" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$cub
+}
+
+build_from_source() {
+  bash "$PWD/tools/peers/llamacpp/build_llamacpp.sh" "$W/llama.cpp" "$W/build" "$JOBS" > "$OUT/build.log" 2>&1
+}
+
+wait_model() {
+  local waited=0
+  while [ ! -f "$MODEL/config.json" ] || [ ! -f "$MODEL/model.safetensors.index.json" ]; do
+    [ "$waited" -ge "${WAIT_MODEL:-900}" ] && { echo "no model at $MODEL after ${waited}s"; return 1; }
+    sleep 5; waited=$((waited + 5))
+  done
+  # every shard the index names must be there (the generator writes the index last, but be sure)
+  python3 - "$MODEL" <<'EOF'
+import json, os, sys, time
+d = sys.argv[1]
+files = set(json.load(open(os.path.join(d, "model.safetensors.index.json")))["weight_map"].values())
+for _ in range(120):
+    missing = [f for f in files if not os.path.exists(os.path.join(d, f))]
+    if not missing:
+        break
+    time.sleep(5)
+print("model:", d, len(files), "shards,", "missing: %s" % missing if missing else "all present")
+EOF
+}
+
+convert() {
+  # The converter reads the model dir's tokenizer to identify the BPE pre-tokenizer by hash; give it
+  # DeepSeek-V4's own (README "Tokenizer"). Weights and config.json are the model dir's, linked.
+  rm -rf "$W/conv_in" && mkdir -p "$W/conv_in"
+  for f in "$MODEL"/*.safetensors "$MODEL"/model.safetensors.index.json "$MODEL"/config.json; do
+    ln -s "$f" "$W/conv_in/"
+  done
+  cp "$W/llama.cpp/dstok/tokenizer.json" "$W/llama.cpp/dstok/tokenizer_config.json" "$W/conv_in/"
+  df -h "$W" | tail -1
+  PYTHONPATH=$W/llama.cpp/gguf-py python3 "$W/llama.cpp/convert_hf_to_gguf.py" "$W/conv_in" --outfile "$GGUF" \
+    > "$OUT/convert.log" 2>&1
+  local rc=$?
+  tail -3 "$OUT/convert.log"
+  grep -E "tokenizer|pre-tokenizer|WARNING|Error" "$OUT/convert.log" | head -10
+  ls -la "$GGUF" 2>/dev/null
+  df -h "$W" | tail -1
+  return $rc
+}
+
+prepare() {
+  echo "## prepare $(date -u)  model=$MODEL work=$W jobs=$JOBS"
+  nproc; free -g | head -2
+  timed unpack_source tar -C "$W" -xJf "$PACK/llama-src.tar.xz" || { echo "no $PACK/llama-src.tar.xz"; return 1; }
+  local build_pid=""
+  if [ -f "$PACK/llama.tar.xz" ]; then
+    tar -C "$W" -xJf "$PACK/llama.tar.xz"
+    echo "$W/llbin" > "$W/bin_dir"
+    bin_env
+    if "$BIN/llama-bench" --list-devices > "$OUT/prebuilt_check.log" 2>&1; then
+      echo "prebuilt binaries run here:"; cat "$OUT/prebuilt_check.log"
+    else
+      echo "prebuilt binaries do not run here (building from source):"; tail -5 "$OUT/prebuilt_check.log"
+      rm -f "$W/bin_dir"
+    fi
+  fi
+  if [ ! -f "$W/bin_dir" ]; then
+    echo "building llama.cpp from source, -j$JOBS, in the background (log: build.log)"
+    (timed build_llamacpp build_from_source && echo "$W/build/bin" > "$W/bin_dir") &
+    build_pid=$!
+  fi
+  timed wait_model wait_model || return 1
+  timed convert_hf_to_gguf convert || { echo "conversion failed: see convert.log"; tail -30 "$OUT/convert.log"; }
+  if [ -n "$build_pid" ]; then
+    wait "$build_pid"
+    tail -3 "$OUT/build.log"
+  fi
+  [ -f "$W/bin_dir" ] || { echo "llama.cpp did not build: see build.log"; tail -30 "$OUT/build.log"; return 1; }
+  return 0
+}
+
+run() {
+  echo "## run $(date -u)"
+  bin_env
+  [ -n "$BIN" ] && [ -x "$BIN/llama-bench" ] || { echo "no llama.cpp binaries (prepare failed?)"; return 1; }
+  [ -f "$GGUF" ] || { echo "no GGUF at $GGUF (conversion failed?)"; return 1; }
+  nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.max.sm --format=csv
+  # 1. sanity: a short generation; graph splits and the backend of each split (CPU fallbacks show here).
+  GGML_SCHED_DEBUG=1 timed llama_simple timeout 180 "$BIN/llama-simple" -m "$GGUF" -ngl 99 -n 16 "The capital of France is" \
+    > "$OUT/simple.log" 2>&1
+  grep -E "graph splits|SPLIT #|CUDA0 model buffer|CPU_Mapped model buffer|KV|compute buffer|error|failed|ggml_abort" \
+    "$OUT/simple.log" | sort | uniq -c | sort -rn | head -40
+  tail -4 "$OUT/simple.log"
+  # 2. prefill 4096 and decode 128 at batch 1.
+  timed llama_bench_pp4096_tg128 timeout 300 "$BIN/llama-bench" -m "$GGUF" -ngl 99 -fa 1 -p 4096 -n 128 -r 3 \
+    -o md -oe json > "$OUT/llama_bench.md" 2> "$OUT/llama_bench.err"
+  cat "$OUT/llama_bench.md"; grep -iE "error|abort|fail" "$OUT/llama_bench.err" | head -5
+  # 3. prefill 40960 (one rep).
+  if [ -z "${SKIP_40K:-}" ]; then
+    timed llama_bench_pp40960 timeout 300 "$BIN/llama-bench" -m "$GGUF" -ngl 99 -fa 1 -p 40960 -n 0 -r 1 \
+      -o md -oe json > "$OUT/llama_bench_40k.md" 2> "$OUT/llama_bench_40k.err"
+    cat "$OUT/llama_bench_40k.md"; grep -iE "error|abort|fail|out of memory" "$OUT/llama_bench_40k.err" | head -5
+  fi
+  # 4. aggregate decode: 1, 4, 16, 64 sequences, each a 128-token prompt then 128 decode steps.
+  timed llama_batched_bench timeout 300 "$BIN/llama-batched-bench" -m "$GGUF" -ngl 99 -fa on -c 17408 -b 2048 -ub 512 \
+    -npp 128 -ntg 128 -npl 1,4,16,64 > "$OUT/batched_bench.md" 2> "$OUT/batched_bench.err"
+  cat "$OUT/batched_bench.md"; grep -iE "error|abort|fail" "$OUT/batched_bench.err" | head -5
+  return 0
+}
+
+case "$PHASE" in
+  prepare) prepare ;;
+  run) run ;;
+  all) prepare && run ;;
+  convert) timed unpack_source tar -C "$W" -xJf "$PACK/llama-src.tar.xz" && timed wait_model wait_model && timed convert_hf_to_gguf convert ;;
+  *) echo "usage: $0 [all|prepare|run|convert] [MODEL_DIR]"; exit 2 ;;
+esac
+rc=$?
+echo "## done $(date -u) rc=$rc"; cat "$OUT/timings.txt" 2>/dev/null
+exit $rc
