@@ -2,12 +2,13 @@
 // the trained demo model (models/demo, V4.1 architecture)? bench/results/engine_h200.md: 95/98 top-1,
 // max |Δlogit| 0.50, mean 0.0227 free running — is that f32 summation-order noise or a V4.1 bug?
 //
-// EngineDiag.DemoCpuNoiseFloor (CPU only, no GPU needed): what summation-order noise does on this
+// EngineDiag.DemoCpuNoiseFloor (CPU only, no GPU needed): what a last-bit difference does on this
 //   model. The CPU reference is run twice, the second time with ±1 bf16 ulp added to a random 0.1 %
-//   or 0.01 % of the residual-stream values before every layer (a last-bit f32 difference flips
-//   about 0.1 % of a layer's bf16 roundings). Prints top-1 agreement and max / mean |Δlogit| over the same prompt
-//   + 8 greedy steps as EngineDemo.TrainedModelMatchesCpu. If these numbers are far below the GPU's,
-//   the GPU gap is not noise.
+//   or 0.01 % of the residual-stream values before every layer, or to ONE value before layer 0 of
+//   the prompt; the single-value change is repeated without fake quant and in the exact mode (f32
+//   throughout) to show which reference step amplifies it. Prints top-1 agreement and max / mean
+//   |Δlogit| over the same prompt + 8 greedy steps as EngineDemo.TrainedModelMatchesCpu. If these
+//   numbers are far below the GPU's, the GPU gap is not noise.
 // EngineDiag.DemoTeacherForced*, GoldenV41TeacherForced: prompt prefill (all rows) + 4 decode steps
 //   (demo: the CPU's greedy picks; golden: the p17 case's ids, as test_engine_golden.cpp); every GPU
 //   layer gets the CPU's input streams (ForwardOptions::before_layer), so each layer's output
@@ -318,6 +319,8 @@ struct FreeRun {
 };
 
 // Prompt (all logits) then 8 decode steps fed `feed` (or the run's own greedy picks when empty).
+// share > 0: that share of the streams ±1 bf16 ulp before every layer of every call; share < 0: one
+// value (picked by the seed) +1 bf16 ulp before layer 0 of the prompt only.
 FreeRun free_run(const Model& m, const std::vector<int32_t>& prompt, const std::vector<int32_t>& feed, double share,
                  uint32_t seed) {
   FreeRun r;
@@ -325,7 +328,15 @@ FreeRun free_run(const Model& m, const std::vector<int32_t>& prompt, const std::
   SequenceState s = m.new_sequence();
   ForwardOptions o;
   o.all_logits = true;
+  bool single_done = false;
   if (share > 0) o.before_layer = [&](int, std::vector<float>& x) { perturb(x, share, rng); };
+  if (share < 0)
+    o.before_layer = [&](int, std::vector<float>& x) {
+      if (single_done) return;
+      single_done = true;
+      float& v = x[(size_t(seed) * 104729u) % x.size()];
+      v = std::bit_cast<float>(std::bit_cast<uint32_t>(v) + 0x10000u);
+    };
   const int vocab = int(m.config().vocab_size);
   std::vector<int32_t> step = prompt;
   for (int it = 0; it < 9; ++it) {
@@ -340,15 +351,16 @@ FreeRun free_run(const Model& m, const std::vector<int32_t>& prompt, const std::
   return r;
 }
 
-TEST(EngineDiag, DemoCpuNoiseFloor) {
-  auto cpu = load_model(kDemo, Numerics::reference());
+// Prints how far a perturbed CPU run lands from the unperturbed one (same numerics).
+void noise_floor(const Numerics& num, const char* num_name, const std::vector<double>& shares) {
+  auto cpu = load_model(kDemo, num);
   ASSERT_TRUE(cpu.ok()) << cpu.error().message;
   const std::vector<int32_t> prompt = prompt_ids();
   ASSERT_GT(prompt.size(), 40u);
   const int vocab = int((*cpu)->config().vocab_size);
   const FreeRun base = free_run(**cpu, prompt, {}, 0.0, 0);
   ASSERT_FALSE(base.logits.empty());
-  for (double share : {0.001, 0.0001}) {
+  for (double share : shares) {
     for (uint32_t seed : {1u, 2u, 3u}) {
       const FreeRun p = free_run(**cpu, prompt, base.picks, share, seed);
       ASSERT_EQ(p.logits.size(), base.logits.size());
@@ -365,11 +377,23 @@ TEST(EngineDiag, DemoCpuNoiseFloor) {
           sum += dl;
         }
       }
-      std::printf("[diag cpu-noise] ±1 bf16 ulp on %.2f%% of stream values before every layer, seed %u: top-1 %d/%zu, "
-                  "max |dlogit| %.4f, mean %.5f\n",
-                  100.0 * share, seed, top1, rows, max_dl, sum / (double(rows) * vocab));
+      char what[96];
+      if (share > 0) std::snprintf(what, sizeof what, "±1 bf16 ulp on %.2f%% of the streams before every layer", 100 * share);
+      else std::snprintf(what, sizeof what, "+1 bf16 ulp on one stream value before layer 0 of the prompt");
+      std::printf("[diag cpu-noise %s] %s, seed %u: top-1 %d/%zu, max |dlogit| %.4f, mean %.5f\n", num_name, what,
+                  seed, top1, rows, max_dl, sum / (double(rows) * vocab));
     }
   }
+}
+
+// The reference numerics, then the same single-ulp change without fake quant and in the exact mode
+// (f32 throughout): which of the reference's steps amplifies a last-bit change.
+TEST(EngineDiag, DemoCpuNoiseFloor) {
+  noise_floor(Numerics::reference(), "reference", {0.001, 0.0001, -1.0});
+  Numerics bf16_only = Numerics::reference();
+  bf16_only.fake_quant = false;
+  noise_floor(bf16_only, "no fake quant", {-1.0});
+  noise_floor(Numerics::exact(), "exact", {-1.0});
 }
 
 }  // namespace
