@@ -13,8 +13,10 @@
 //   (demo: the CPU's greedy picks; golden: the p17 case's ids, as test_engine_golden.cpp); every GPU
 //   layer gets the CPU's input streams (ForwardOptions::before_layer), so each layer's output
 //   difference is that layer's own (plus the KV state the GPU built from the same forced inputs in
-//   earlier layers and calls). Per (call, layer): % of output stream values within 2 bf16 ulps of the
-//   CPU's, max |Δ| with (row, copy, channel) and both values, how many token rows hold a value off by
+//   earlier layers and calls). Per (call, layer): % of output stream values bit-identical to the
+//   CPU's (a chance summation-order flip leaves most layers of most calls at 100 %; a systematic
+//   difference — another rounding point, quant rule or row — keeps a layer kind below it in every
+//   call), % within 2 bf16 ulps, max |Δ| with (row, copy, channel) and both values, how many token rows hold a value off by
 //   more than 2 ulps and the first of them; per call the logits given the forced last layer. The first
 //   (call, layer) below 99.9 % is printed as the first divergence. Variants, to bisect:
 //   Numerics::stale_index_k off on both engines; Engram off (a copy of the model dir whose config
@@ -80,6 +82,7 @@ bool close_2ulp(float got, float want) {
 
 struct StreamDiff {
   double within = 1.0;  // share of values within 2 bf16 ulps
+  double identical = 1.0;  // share of bit-identical values
   float max_abs = 0, got = 0, want = 0;
   size_t max_row = 0, max_copy = 0, max_ch = 0;
   int far_rows = 0;     // token rows holding a value off by more than 2 ulps
@@ -92,17 +95,18 @@ StreamDiff diff_streams(const std::vector<float>& got, const std::vector<float>&
   StreamDiff r;
   if (got.size() != want.size() || want.empty()) {
     r.size_mismatch = true;
-    r.within = 0;
+    r.within = r.identical = 0;
     return r;
   }
   const size_t row_len = size_t(hc) * d, n_rows = want.size() / row_len;
-  size_t close = 0;
+  size_t close = 0, same = 0;
   for (size_t row = 0; row < n_rows; ++row) {
     bool row_far = false;
     for (size_t k = 0; k < row_len; ++k) {
       const size_t i = row * row_len + k;
       const bool ok = close_2ulp(got[i], want[i]);
       close += ok;
+      same += got[i] == want[i];
       row_far |= !ok;
       const float a = std::fabs(got[i] - want[i]);
       if (!(a <= r.max_abs)) {  // also catches NaN
@@ -117,6 +121,7 @@ StreamDiff diff_streams(const std::vector<float>& got, const std::vector<float>&
     }
   }
   r.within = double(close) / double(want.size());
+  r.identical = double(same) / double(want.size());
   return r;
 }
 
@@ -174,8 +179,8 @@ void teacher_forced(const Model& cpu, const Candidate& cand, const std::vector<i
   std::printf("[diag %s] prompt %zu tokens, then %d decode steps; layer plan:", label.c_str(), prompt.size(),
               n_calls - 1);
   for (int l = 0; l < n_layers; ++l) std::printf(" %d:%s%s", l, layer_kind(c, l), c.layers[l].engram ? "+engram" : "");
-  std::printf("\n[diag %s] call   pos layer kind          within2ulp  max|d|     (row,copy, ch)  other        cpu  "
-              "        far_rows first_far\n",
+  std::printf("\n[diag %s] call   pos layer kind          identical within2ulp  max|d|     (row,copy, ch)  other      "
+              "  cpu          far_rows first_far\n",
               label.c_str());
 
   std::vector<int32_t> step = prompt;
@@ -207,8 +212,9 @@ void teacher_forced(const Model& cpu, const Candidate& cand, const std::vector<i
     const int64_t pos0 = cs.n_past - int64_t(step.size());
     for (int l = 0; l < n_layers; ++l) {
       const StreamDiff& r = diffs[l];
-      std::printf("[diag %s] %4d %5lld %5d %-12s %9.3f%%  %.3e  (%3zu,%zu,%4zu)  %+.5e %+.5e  %4d %6ld%s\n",
-                  label.c_str(), call, (long long)pos0, l, layer_kind(c, l), 100.0 * r.within, r.max_abs, r.max_row,
+      std::printf("[diag %s] %4d %5lld %5d %-12s %8.3f%% %9.3f%%  %.3e  (%3zu,%zu,%4zu)  %+.5e %+.5e  %4d %6ld%s\n",
+                  label.c_str(), call, (long long)pos0, l, layer_kind(c, l), 100.0 * r.identical, 100.0 * r.within,
+                  r.max_abs, r.max_row,
                   r.max_copy, r.max_ch, r.got, r.want, r.far_rows, r.first_far_row,
                   r.size_mismatch ? "  SIZE MISMATCH" : "");
       worst = std::min(worst, r.within);
