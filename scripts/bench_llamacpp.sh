@@ -4,7 +4,12 @@
 #   here:  bash tools/peers/llamacpp/fetch_sdist.sh && bash tools/peers/llamacpp/stage.sh     # -> .llpack/
 #   there: bash scripts/bench_llamacpp.sh [all|prepare|run] [MODEL_DIR]                       # carry: .llpack
 # MODEL_DIR: the synthetic V4 checkpoint (released HF layout) that scripts/bench_engine.sh generates; default
-# $SYNTH_V4 or /tmp/synth_v4. Results and logs go to $OUT (timings.txt: seconds per phase).
+# $SYNTH_V4 or /tmp/synth_v4. SYNTH_GEN=1: if MODEL_DIR has no config.json, generate it first with
+# tools/synth/make_synthetic_model.py --arch v4 --experts mxfp4 --layers $SYNTH_LAYERS (default 4) --seed $SYNTH_SEED (0).
+# Output ($OUT may hold only 8 files): $OUT/llamacpp.log (everything printed, incl. the result tables and the
+# seconds per phase) and $OUT/llamacpp_logs.tar.xz (the full logs: build, convert, simple, bench stderr).
+# On a warm machine a second call reuses $LLAMA_WORK (default /tmp/llamacpp): the build is a ninja no-op and
+# the GGUF is not converted again unless FORCE_CONVERT=1.
 # Phases (so the CPU-only part can overlap the GPU work of `spillway bench` in the same call):
 #   prepare  unpack; use the prebuilt binaries of .llpack/llama.tar.xz if they run here, else build llama.cpp
 #            from the trimmed source (ninja -j$LLAMA_JOBS, default 12, in the background); wait for MODEL_DIR
@@ -24,7 +29,8 @@ W=${LLAMA_WORK:-/tmp/llamacpp}
 JOBS=${LLAMA_JOBS:-12}
 PACK=$PWD/.llpack
 GGUF=$W/synth_v4.gguf
-mkdir -p "$OUT" "$W"
+L=$W/logs
+mkdir -p "$OUT" "$W" "$L"
 LOG=$OUT/llamacpp.log
 exec > >(tee -a "$LOG") 2>&1
 export PYTHONUNBUFFERED=1
@@ -37,7 +43,7 @@ timed() {
   "$@"
   local rc=$?
   local dt; dt=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
-  printf '== %-28s %8.1f s  rc=%d\n' "$name" "$dt" "$rc" | tee -a "$OUT/timings.txt"
+  printf '== %-28s %8.1f s  rc=%d\n' "$name" "$dt" "$rc" | tee -a "$L/timings.txt"
   return $rc
 }
 
@@ -51,10 +57,15 @@ bin_env() {
 }
 
 build_from_source() {
-  bash "$PWD/tools/peers/llamacpp/build_llamacpp.sh" "$W/llama.cpp" "$W/build" "$JOBS" > "$OUT/build.log" 2>&1
+  export PATH=/usr/local/cuda/bin:$PATH
+  bash "$PWD/tools/peers/llamacpp/build_llamacpp.sh" "$W/llama.cpp" "$W/build" "$JOBS" > "$L/build.log" 2>&1
 }
 
 wait_model() {
+  if [ -n "${SYNTH_GEN:-}" ] && [ ! -f "$MODEL/config.json" ]; then
+    timed synth_v4_generate python3 tools/synth/make_synthetic_model.py "$MODEL" --arch v4 --experts mxfp4 \
+      --layers "${SYNTH_LAYERS:-4}" --seed "${SYNTH_SEED:-0}" --tokenizer none
+  fi
   local waited=0
   while [ ! -f "$MODEL/config.json" ] || [ ! -f "$MODEL/model.safetensors.index.json" ]; do
     [ "$waited" -ge "${WAIT_MODEL:-900}" ] && { echo "no model at $MODEL after ${waited}s"; return 1; }
@@ -75,6 +86,11 @@ EOF
 }
 
 convert() {
+  if [ -z "${FORCE_CONVERT:-}" ] && [ -f "$GGUF" ] && [ "$(cat "$W/gguf_from" 2>/dev/null)" = "$MODEL" ] \
+     && [ "$GGUF" -nt "$MODEL/config.json" ]; then
+    echo "reusing $GGUF (converted from $MODEL earlier on this machine)"; ls -la "$GGUF"; return 0
+  fi
+  rm -f "$GGUF" "$W/gguf_from"
   # The converter reads the model dir's tokenizer to identify the BPE pre-tokenizer by hash; give it
   # DeepSeek-V4's own (README "Tokenizer"). Weights and config.json are the model dir's, linked.
   rm -rf "$W/conv_in" && mkdir -p "$W/conv_in"
@@ -84,10 +100,11 @@ convert() {
   cp "$W/llama.cpp/dstok/tokenizer.json" "$W/llama.cpp/dstok/tokenizer_config.json" "$W/conv_in/"
   df -h "$W" | tail -1
   PYTHONPATH=$W/llama.cpp/gguf-py python3 "$W/llama.cpp/convert_hf_to_gguf.py" "$W/conv_in" --outfile "$GGUF" \
-    > "$OUT/convert.log" 2>&1
+    > "$L/convert.log" 2>&1
   local rc=$?
-  tail -3 "$OUT/convert.log"
-  grep -E "tokenizer|pre-tokenizer|WARNING|Error" "$OUT/convert.log" | head -10
+  [ $rc -eq 0 ] && echo "$MODEL" > "$W/gguf_from"
+  tail -3 "$L/convert.log"
+  grep -E "tokenizer|pre-tokenizer|WARNING|Error" "$L/convert.log" | head -10
   ls -la "$GGUF" 2>/dev/null
   df -h "$W" | tail -1
   return $rc
@@ -102,10 +119,10 @@ prepare() {
     tar -C "$W" -xJf "$PACK/llama.tar.xz"
     echo "$W/llbin" > "$W/bin_dir"
     bin_env
-    if "$BIN/llama-bench" --list-devices > "$OUT/prebuilt_check.log" 2>&1; then
-      echo "prebuilt binaries run here:"; cat "$OUT/prebuilt_check.log"
+    if "$BIN/llama-bench" --list-devices > "$L/prebuilt_check.log" 2>&1; then
+      echo "prebuilt binaries run here:"; cat "$L/prebuilt_check.log"
     else
-      echo "prebuilt binaries do not run here (building from source):"; tail -5 "$OUT/prebuilt_check.log"
+      echo "prebuilt binaries do not run here (building from source):"; tail -5 "$L/prebuilt_check.log"
       rm -f "$W/bin_dir"
     fi
   fi
@@ -115,12 +132,12 @@ prepare() {
     build_pid=$!
   fi
   timed wait_model wait_model || return 1
-  timed convert_hf_to_gguf convert || { echo "conversion failed: see convert.log"; tail -30 "$OUT/convert.log"; }
+  timed convert_hf_to_gguf convert || { echo "conversion failed: see convert.log"; tail -30 "$L/convert.log"; }
   if [ -n "$build_pid" ]; then
     wait "$build_pid"
-    tail -3 "$OUT/build.log"
+    tail -3 "$L/build.log"
   fi
-  [ -f "$W/bin_dir" ] || { echo "llama.cpp did not build: see build.log"; tail -30 "$OUT/build.log"; return 1; }
+  [ -f "$W/bin_dir" ] || { echo "llama.cpp did not build: see build.log"; tail -30 "$L/build.log"; return 1; }
   return 0
 }
 
@@ -132,24 +149,24 @@ run() {
   nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.max.sm --format=csv
   # 1. sanity: a short generation; graph splits and the backend of each split (CPU fallbacks show here).
   GGML_SCHED_DEBUG=1 timed llama_simple timeout 180 "$BIN/llama-simple" -m "$GGUF" -ngl 99 -n 16 "The capital of France is" \
-    > "$OUT/simple.log" 2>&1
+    > "$L/simple.log" 2>&1
   grep -E "graph splits|SPLIT #|CUDA0 model buffer|CPU_Mapped model buffer|KV|compute buffer|error|failed|ggml_abort" \
-    "$OUT/simple.log" | sort | uniq -c | sort -rn | head -40
-  tail -4 "$OUT/simple.log"
+    "$L/simple.log" | sort | uniq -c | sort -rn | head -40
+  tail -4 "$L/simple.log"
   # 2. prefill 4096 and decode 128 at batch 1.
   timed llama_bench_pp4096_tg128 timeout 300 "$BIN/llama-bench" -m "$GGUF" -ngl 99 -fa 1 -p 4096 -n 128 -r 3 \
-    -o md -oe json > "$OUT/llama_bench.md" 2> "$OUT/llama_bench.err"
-  cat "$OUT/llama_bench.md"; grep -iE "error|abort|fail" "$OUT/llama_bench.err" | head -5
+    -o md -oe json > "$L/llama_bench.md" 2> "$L/llama_bench.err"
+  cat "$L/llama_bench.md"; grep -iE "error|abort|fail" "$L/llama_bench.err" | head -5
   # 3. prefill 40960 (one rep).
   if [ -z "${SKIP_40K:-}" ]; then
     timed llama_bench_pp40960 timeout 300 "$BIN/llama-bench" -m "$GGUF" -ngl 99 -fa 1 -p 40960 -n 0 -r 1 \
-      -o md -oe json > "$OUT/llama_bench_40k.md" 2> "$OUT/llama_bench_40k.err"
-    cat "$OUT/llama_bench_40k.md"; grep -iE "error|abort|fail|out of memory" "$OUT/llama_bench_40k.err" | head -5
+      -o md -oe json > "$L/llama_bench_40k.md" 2> "$L/llama_bench_40k.err"
+    cat "$L/llama_bench_40k.md"; grep -iE "error|abort|fail|out of memory" "$L/llama_bench_40k.err" | head -5
   fi
   # 4. aggregate decode: 1, 4, 16, 64 sequences, each a 128-token prompt then 128 decode steps.
   timed llama_batched_bench timeout 300 "$BIN/llama-batched-bench" -m "$GGUF" -ngl 99 -fa on -c 17408 -b 2048 -ub 512 \
-    -npp 128 -ntg 128 -npl 1,4,16,64 > "$OUT/batched_bench.md" 2> "$OUT/batched_bench.err"
-  cat "$OUT/batched_bench.md"; grep -iE "error|abort|fail" "$OUT/batched_bench.err" | head -5
+    -npp 128 -ntg 128 -npl 1,4,16,64 > "$L/batched_bench.md" 2> "$L/batched_bench.err"
+  cat "$L/batched_bench.md"; grep -iE "error|abort|fail" "$L/batched_bench.err" | head -5
   return 0
 }
 
@@ -161,5 +178,8 @@ case "$PHASE" in
   *) echo "usage: $0 [all|prepare|run|convert] [MODEL_DIR]"; exit 2 ;;
 esac
 rc=$?
-echo "## done $(date -u) rc=$rc"; cat "$OUT/timings.txt" 2>/dev/null
+echo "## done $(date -u) rc=$rc"; cat "$L/timings.txt" 2>/dev/null
+# the SCHED_DEBUG log repeats per graph: keep its head; cap the others
+for f in "$L"/*.log "$L"/*.err; do [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt 4000000 ] && { head -c 2000000 "$f" > "$f.cut"; mv "$f.cut" "$f"; }; done
+tar -C "$W" -cJf "$OUT/llamacpp_logs.tar.xz" logs
 exit $rc
