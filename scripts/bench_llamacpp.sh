@@ -16,8 +16,9 @@
 #            (up to $WAIT_MODEL s, default 900); convert it to GGUF with llama.cpp's own convert_hf_to_gguf.py
 #            (DeepSeek-V4's tokenizer from .llpack in place of the model dir's, see README "Tokenizer").
 #   run      on the GPU: llama-simple sanity run (GGML_SCHED_DEBUG=1: which backend runs each graph split),
-#            llama-bench pp4096 + tg128 (-ngl 99, flash attention on, 3 reps), pp40960 (1 rep, unless
-#            SKIP_40K=1), llama-batched-bench aggregate decode at 1, 4, 16, 64 sequences (prompt 128, 128 steps).
+#            llama-bench pp4096 + tg128 at depth 0 and 4096 (-ngl 99, flash attention on, micro-batch 512 and
+#            2048, 3 reps), pp40960 (1 rep, unless SKIP_40K=1), llama-batched-bench aggregate decode at 1, 4,
+#            16, 64 sequences (each a 128-token prompt, then 128 steps).
 #   all      prepare then run.
 #   convert  unpack the source and convert only (no build, no GPU: how the conversion was tested here).
 # Random token ids as input (llama-bench and llama-batched-bench draw them); the weights are random too.
@@ -150,23 +151,28 @@ run() {
   # 1. sanity: a short generation; graph splits and the backend of each split (CPU fallbacks show here).
   GGML_SCHED_DEBUG=1 timed llama_simple timeout 180 "$BIN/llama-simple" -m "$GGUF" -ngl 99 -n 16 "The capital of France is" \
     > "$L/simple.log" 2>&1
-  grep -E "graph splits|SPLIT #|CUDA0 model buffer|CPU_Mapped model buffer|KV|compute buffer|error|failed|ggml_abort" \
-    "$L/simple.log" | sort | uniq -c | sort -rn | head -40
-  tail -4 "$L/simple.log"
-  # 2. prefill 4096 and decode 128 at batch 1.
-  timed llama_bench_pp4096_tg128 timeout 300 "$BIN/llama-bench" -m "$GGUF" -ngl 99 -fa 1 -p 4096 -n 128 -r 3 \
+  grep -E "graph splits|model buffer size|KV buffer size|compute buffer size|error|failed|abort" "$L/simple.log" \
+    | sort | uniq -c | sort -rn | head -30
+  echo "graph splits by backend (all graphs llama-simple built; a CPU split = work not on the GPU):"
+  grep -o "## SPLIT #[0-9]*: [A-Za-z0-9_]*" "$L/simple.log" | awk '{print $4}' | sort | uniq -c
+  grep "## SPLIT #[0-9]*: CPU" "$L/simple.log" | sort | uniq -c | sort -rn | cut -c1-300 | head -8
+  grep -v "^\[\|## SPLIT\|^$" "$L/simple.log" | tail -4
+  # 2. prefill 4096 and decode 128 at batch 1, at context depth 0 and 4096, micro-batch 512 (default) and 2048.
+  timed llama_bench_pp4096_tg128 timeout 300 "$BIN/llama-bench" -m "$GGUF" -ngl 99 -fa 1 -p 4096 -n 128 -d 0,4096 \
+    -b 2048 -ub 512,2048 -r 3 \
     -o md -oe json > "$L/llama_bench.md" 2> "$L/llama_bench.err"
-  cat "$L/llama_bench.md"; grep -iE "error|abort|fail" "$L/llama_bench.err" | head -5
+  cat "$L/llama_bench.md"; grep -iE "error|abort|fail|out of memory" "$L/llama_bench.err" | head -5
   # 3. prefill 40960 (one rep).
   if [ -z "${SKIP_40K:-}" ]; then
-    timed llama_bench_pp40960 timeout 300 "$BIN/llama-bench" -m "$GGUF" -ngl 99 -fa 1 -p 40960 -n 0 -r 1 \
+    timed llama_bench_pp40960 timeout 300 "$BIN/llama-bench" -m "$GGUF" -ngl 99 -fa 1 -p 40960 -n 0 -b 2048 -ub 512,2048 -r 1 \
       -o md -oe json > "$L/llama_bench_40k.md" 2> "$L/llama_bench_40k.err"
     cat "$L/llama_bench_40k.md"; grep -iE "error|abort|fail|out of memory" "$L/llama_bench_40k.err" | head -5
   fi
   # 4. aggregate decode: 1, 4, 16, 64 sequences, each a 128-token prompt then 128 decode steps.
   timed llama_batched_bench timeout 300 "$BIN/llama-batched-bench" -m "$GGUF" -ngl 99 -fa on -c 17408 -b 2048 -ub 512 \
     -npp 128 -ntg 128 -npl 1,4,16,64 > "$L/batched_bench.md" 2> "$L/batched_bench.err"
-  cat "$L/batched_bench.md"; grep -iE "error|abort|fail" "$L/batched_bench.err" | head -5
+  # the table (S_TG t/s = aggregate decode tokens/s) is printed with the log; keep its lines
+  grep -hE "^\||^main: n_kv_max|graph splits|error|abort|fail|out of memory" "$L/batched_bench.md" "$L/batched_bench.err" | head -40
   return 0
 }
 
