@@ -10,6 +10,7 @@
 // Accumulators are zeroed by the phase that consumes them, so the workspace stays clean for the
 // next call without a memset.
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -39,11 +40,31 @@ struct MoeArgs {
   float* acc_d;    // [P][d]
   int T, topk, d, f;
   float limit;
+  bool ref_round;  // Exl3CudaMoeLayer::reference_rounding
 };
 
 __device__ __forceinline__ float h2f(const uint16_t* p, int i) { return __half2float(__ushort_as_half(p[i])); }
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
+
+// The reference-rounding mode's pieces: bf16 rounding, and silu with exp in f64 rounded once
+// (cuda/ops/device_numerics.cuh's silu, so that h equals cuda::swiglu's).
+__device__ __forceinline__ float bf16r(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float silu_exact(float v) {
+  return v / (1.0f + static_cast<float>(exp(static_cast<double>(-v))));
+}
+
+// The slot of token t after (prev_e, prev_j) in (expert id, slot) order, skipping −1; −1 at the end.
+__device__ __forceinline__ int next_slot(const int32_t* idx, int topk, int prev_e, int prev_j) {
+  int best = -1;
+  for (int j = 0; j < topk; ++j) {
+    const int e = idx[j];
+    if (e < 0) continue;
+    const bool after = e > prev_e || (e == prev_e && j > prev_j);
+    if (after && (best < 0 || e < idx[best])) best = j;
+  }
+  return best;
+}
 
 // Adds this warp's token-0 strip result (tile accumulators, exl3_device.cuh: tile_mma; token 0 sits in
 // lanes with t4 = 0: column g in c[0], column g + 8 in c[2]) to acc.
@@ -216,11 +237,13 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
       float gi = g[i] * h2f(ex.svh[0], c), ui = u[i] * h2f(ex.svh[1], c);
       if (ex.bias[0]) gi += h2f(ex.bias[0], c);
       if (ex.bias[1]) ui += h2f(ex.bias[1], c);
+      if (a.ref_round) gi = bf16r(gi), ui = bf16r(ui);
       if (a.limit > 0.f) {
         gi = fminf(gi, a.limit);
         ui = fminf(fmaxf(ui, -a.limit), a.limit);
       }
-      h[i] = silu(gi) * ui * h2f(ex.suh[2], c);
+      const float hv = a.ref_round ? bf16r(silu_exact(gi) * ui * a.weights[p]) : silu(gi) * ui;
+      h[i] = hv * h2f(ex.suh[2], c);
     }
     had128_warp(h, lane);
     __half* dst = a.xr_d + static_cast<size_t>(p) * f + b * 128;
@@ -241,7 +264,15 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
   for (int job = warp0; job < a.T * dblk; job += n_warps) {
     const int t = job / dblk, b = job % dblk;
     float out[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int j = 0; j < a.topk; ++j) {
+    const int32_t* tidx = a.idx + static_cast<size_t>(t) * a.topk;
+    for (int n = 0, j = -1, pe = -1; n < a.topk; ++n) {
+      if (a.ref_round) {  // ascending expert id
+        j = next_slot(tidx, a.topk, pe, j);
+        if (j < 0) break;
+        pe = tidx[j];
+      } else {
+        j = n;
+      }
       const int p = t * a.topk + j, e = a.idx[p];
       if (e < 0) continue;
       const Exl3CudaExpert& ex = a.experts[e];
@@ -254,6 +285,12 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int c = b * 128 + lane + 32 * i;
+        if (a.ref_round) {  // the weight is already in h; each slot's output rounded to bf16
+          float yv = v[i] * h2f(ex.svh[2], c);
+          if (ex.bias[2]) yv += h2f(ex.bias[2], c);
+          out[i] = __fadd_rn(out[i], bf16r(yv));
+          continue;
+        }
         out[i] += w * v[i] * h2f(ex.svh[2], c);  // the routing weight scales h, not the bias
         if (ex.bias[2]) out[i] += h2f(ex.bias[2], c);
       }
@@ -343,6 +380,7 @@ Status exl3_moe_decode_cuda(const Exl3CudaMoeLayer& layer, const float* x, const
   a.acc_d = a.acc_gu + static_cast<size_t>(ws.max_pairs) * 2 * layer.f;
   a.T = T, a.topk = topk, a.d = static_cast<int>(layer.d), a.f = static_cast<int>(layer.f);
   a.limit = layer.swiglu_limit;
+  a.ref_round = layer.reference_rounding;
   void* args[] = {&a};
   if (cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fn), dim3(blocks), dim3(kThreads), args,
                                                   smem, static_cast<cudaStream_t>(stream));

@@ -15,10 +15,17 @@
 // capturable and never synchronizes with the host. Pointers in the expert table may point at pinned
 // host memory (mapped), which the kernel then reads over PCIe.
 //
+// reference_rounding (the GPU engine, engine/gpu_moe.cpp): the numerics of running each expert as
+// three exl3_gemm_cuda calls with the reference's activation roundings — g and u rounded to bf16,
+//   h = bf16(silu(min(g, L))·clamp(u, ±L)·weight[t][j]) (silu with an exp evaluated in f64 and rounded
+//   once, as cuda/ops/moe.h's swiglu), each slot's down output rounded to bf16 unweighted, and
+//   y[t] = 0 + Σ over the token's slots in ascending expert id (ties by slot) — the per-expert
+//   scatter-add order. The sums inside each projection still meet by fp32 atomics (any order), so
+//   results match the per-expert path up to fp32 summation order (then a rare 1-ulp bf16 flip).
 // Limits: d and f multiples of 128; all experts share one integer K (2..6) and codebook; T·topk ≤
 // the workspace's max_pairs. Accuracy: as exl3_gemm_cuda per projection (x and h rounded to fp16 once
 // after their rotations), fp32 elsewhere.
-// Tests: tests/gpu/test_exl3_moe_cuda.cpp. Benchmark: bench/exl3/bench_exl3.cu (moe section).
+// Tests: tests/gpu/test_exl3_moe_cuda.cpp; reference_rounding: tests/gpu/test_engine_batch.cpp. Benchmark: bench/exl3/bench_exl3.cu (moe section).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +50,7 @@ struct Exl3CudaMoeLayer {
   Exl3Bits bits;
   Exl3Codebook codebook = Exl3Codebook::kMul1;
   float swiglu_limit = 0.f;
+  bool reference_rounding = false;  // see above
 };
 
 struct Exl3CudaMoeWorkspace {

@@ -1,13 +1,12 @@
-// Small device-memory helpers of the GPU forward: an owning buffer, checked CUDA calls, and
-// synchronous host <-> device copies of small arrays (the step's positions, page tables, routing).
-// Everything runs on the legacy default stream (stream 0), so a cudaMemcpy is ordered after every
-// kernel queued before it; that is simple and correct, and one of the reasons the first GpuModel
-// is slow (gpu_model.h lists the others).
+// Small device-memory helpers of the GPU forward: owning device and mapped pinned host buffers,
+// checked CUDA calls, and synchronous host <-> device copies for loading (upload / download run on
+// the legacy default stream; a step's copies go through step_arena.h on the model's stream).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -60,6 +59,31 @@ class DeviceBuffer {
  private:
   T* p_ = nullptr;
   size_t n_ = 0;
+};
+
+// Pinned host memory mapped into the device's address space (cudaHostAllocMapped): kernels read it
+// over PCIe through device_ptr().
+class MappedHostBuffer {
+ public:
+  MappedHostBuffer() = default;
+  MappedHostBuffer(const MappedHostBuffer&) = delete;
+  MappedHostBuffer& operator=(const MappedHostBuffer&) = delete;
+  MappedHostBuffer(MappedHostBuffer&& o) noexcept
+      : host_(std::exchange(o.host_, nullptr)), dev_(std::exchange(o.dev_, nullptr)) {}
+  ~MappedHostBuffer() {
+    if (host_) cudaFreeHost(host_);
+  }
+  Status alloc_copy(const void* src, size_t nbytes) {
+    SPW_CUDA_TRY(cudaHostAlloc(&host_, nbytes ? nbytes : 1, cudaHostAllocMapped));
+    if (nbytes) std::memcpy(host_, src, nbytes);
+    SPW_CUDA_TRY(cudaHostGetDevicePointer(&dev_, host_, 0));
+    return {};
+  }
+  const void* device_ptr() const { return dev_; }
+
+ private:
+  void* host_ = nullptr;
+  void* dev_ = nullptr;
 };
 
 template <class T>

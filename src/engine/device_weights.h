@@ -8,7 +8,7 @@
 // sinks, biases, the compressors' ape) and the embedding table are f32; hash routes int32.
 // The numerics switches (act_block for FP8/FP4 weights, f32_product for FP32 products) come from
 // the weight's LinearKind and Numerics::fake_quant exactly as model/linear.cpp decides them.
-// Engram tables and the Engram gate weights stay on the host (the gather runs there for now).
+// Engram tables are not uploaded: GpuModel keeps them in mapped pinned host memory (engram_kernels.h).
 // Tests: tests/gpu/test_engine_golden.cpp (through the forward).
 #pragma once
 

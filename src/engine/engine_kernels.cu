@@ -1,5 +1,7 @@
 #include "engine/engine_kernels.h"
 
+#include <cmath>
+
 namespace spw::engine {
 namespace {
 
@@ -38,7 +40,42 @@ __global__ void scale_kernel(float* x, int64_t n, float s) {
   if (i < n) x[i] = __fmul_rn(x[i], s);
 }
 
+__global__ void hadamard_rows_kernel(float* x, int64_t n_rows, int n, float scale) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= n_rows) return;
+  float* v = x + r * n;
+  for (int h = 1; h < n; h *= 2)
+    for (int i = 0; i < n; i += 2 * h)
+      for (int j = i; j < i + h; ++j) {
+        const float a = v[j], b = v[j + h];
+        v[j] = __fadd_rn(a, b);
+        v[j + h] = __fsub_rn(a, b);
+      }
+  for (int i = 0; i < n; ++i) v[i] = __fmul_rn(v[i], scale);
+}
+
+__global__ void iota_select_kernel(const int64_t* visible, int64_t n_rows, int64_t stride, int32_t* sel) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_rows * stride) return;
+  const int64_t r = i / stride, g = i % stride;
+  sel[i] = g < visible[r] ? int32_t(g) : -1;
+}
+
 }  // namespace
+
+Status hadamard_rows_cuda(float* x, int64_t n_rows, int n, cudaStream_t stream) {
+  if (n_rows == 0) return {};
+  if (n <= 0 || (n & (n - 1)) != 0) return make_error("hadamard_rows_cuda: n = ", n, " is not a power of two");
+  const float scale = 1.0f / std::sqrt(float(n));
+  hadamard_rows_kernel<<<blocks_for(n_rows), kThreads, 0, stream>>>(x, n_rows, n, scale);
+  return launched("hadamard_rows_cuda");
+}
+
+Status iota_select_cuda(const int64_t* visible, int64_t n_rows, int64_t stride, int32_t* sel, cudaStream_t stream) {
+  if (n_rows * stride == 0) return {};
+  iota_select_kernel<<<blocks_for(n_rows * stride), kThreads, 0, stream>>>(visible, n_rows, stride, sel);
+  return launched("iota_select_cuda");
+}
 
 Status gather_rows_cuda(const float* x, const int32_t* rows, int64_t n_rows, int64_t d, float* out,
                         cudaStream_t stream) {

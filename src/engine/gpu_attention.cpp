@@ -2,6 +2,10 @@
 // window ring, compressed entries (own or shared), the indexers' selection, sparse attention with
 // sinks, de-rotation and the grouped low-rank output projection. Compressed entries and index keys
 // go straight into the compact pools; kv_write quantizes them exactly as the reference's fake quant.
+// A step may hold chunks of several sequences (batched decode): every array is per row (slot,
+// position) or per chunk (compressor items, new entries), and a sequence's own values are computed
+// exactly as when it runs alone.
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/attn/indexer.h"
@@ -11,12 +15,11 @@
 #include "cuda/ops/rope.h"
 #include "engine/engine_kernels.h"
 #include "engine/gpu_step.h"
-#include "ops/ref/hadamard.h"
 
 namespace spw::engine {
 namespace {
 
-using Buf = DeviceBuffer<float>;
+using Buf = DeviceSpan<float>;
 
 const float* layer_rope(const GpuStep& s, int layer) {
   return s.c.layers[layer].compress_ratio == 0 ? s.st.rope_main.get() : s.st.rope_compress.get();
@@ -34,37 +37,50 @@ int latest_kv_source(const ModelConfig& c, int layer) {
   return -1;
 }
 
-// Entries of a ratio-r compressor that complete in this step: ids first .. first + count − 1.
+// Entries of a ratio-r compressor that complete in this step: chunk b's entry ids p_b/r ..
+// (p_b + n_b)/r − 1, stored at rows out_row0[b] .. of the step's entry buffer [count, d_out].
 struct NewEntries {
-  int64_t first = 0;
-  int count = 0;
+  int count = 0, max_per_chunk = 0;
+  std::vector<int32_t> out_row0, per_chunk;  // [n_chunks]
+  std::vector<int32_t> slot;                 // [count] the entry's sequence slot
+  std::vector<int64_t> id;                   // [count] the entry id (pool row)
 };
-NewEntries new_entries(const GpuStep& s, int r) { return {s.p / r, int((s.p + s.n) / r - s.p / r)}; }
+NewEntries new_entries(const GpuStep& s, int r) {
+  NewEntries e;
+  for (const StepChunk& ch : s.chunks) {
+    const int64_t first = ch.p / r, count = (ch.p + ch.n) / r - first;
+    e.out_row0.push_back(e.count);
+    e.per_chunk.push_back(int32_t(count));
+    for (int64_t g = first; g < first + count; ++g) e.slot.push_back(ch.seq->slot), e.id.push_back(g);
+    e.count += int(count);
+    e.max_per_chunk = std::max(e.max_per_chunk, int(count));
+  }
+  return e;
+}
 
-// Device arrays for writing `e`'s entries: their ids (pool rows) and RoPE positions g·r.
-Status entry_rows(const NewEntries& e, int r, DeviceBuffer<int64_t>& ids, DeviceBuffer<int64_t>& rope_pos) {
-  std::vector<int64_t> g(e.count), gp(e.count);
-  for (int i = 0; i < e.count; ++i) g[i] = e.first + i, gp[i] = (e.first + i) * r;
-  SPW_TRY(upload(g, ids));
-  return upload(gp, rope_pos);
+// Device arrays for writing `e`'s entries: their slots, ids (pool rows) and RoPE positions g·r.
+struct EntryRows {
+  DeviceSpan<int32_t> slots;
+  DeviceSpan<int64_t> ids, rope_pos;
+};
+Status entry_rows(GpuStep& s, const NewEntries& e, int r, EntryRows& out) {
+  std::vector<int64_t> gp(e.id.size());
+  for (size_t i = 0; i < e.id.size(); ++i) gp[i] = e.id[i] * r;
+  SPW_TRY(s.upload(e.slot, out.slots));
+  SPW_TRY(s.upload(e.id, out.ids));
+  return s.upload(gp, out.rope_pos);
 }
 
 // Streams this step's projected rows through `cb` and returns the pooled entries [e.count, d_out].
 Status compress_push(GpuStep& s, const CompressorBuffers& cb, const float* kv, const float* score, const float* ape,
                      const NewEntries& e, Buf& entries) {
-  SPW_TRY(entries.alloc(size_t(std::max(e.count, 1)) * cb.shape.d_out()));
-  cuda::CompressorChunks chunks{s.slots.get(), s.pos0s.get(), s.n_tokens.get(), s.zeros.get(), s.zeros.get()};
-  return cuda::compressor_push_cuda(cb.shape, cb.view(), kv, score, ape, chunks, 1, std::max(e.count, 1),
-                                    entries.get(), s.stream);
-}
-
-// The reference's Hadamard transform of rows [n_rows, n] (V4 indexer), on the host: a round trip.
-Status hadamard_rows_host(float* x, int64_t n_rows, int n) {
-  std::vector<float> h;
-  SPW_TRY(download(x, size_t(n_rows) * n, h));
-  ref::hadamard_rows(h.data(), size_t(n_rows), size_t(n));
-  SPW_CUDA_TRY(cudaMemcpy(x, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
-  return {};
+  SPW_TRY(s.alloc(entries, size_t(std::max(e.count, 1)) * cb.shape.d_out()));
+  DeviceSpan<int32_t> out_row0;
+  SPW_TRY(s.upload(e.out_row0, out_row0));
+  cuda::CompressorChunks chunks{s.chunk_slot.get(), s.chunk_pos0.get(), s.chunk_n.get(), s.chunk_row0.get(),
+                                out_row0.get()};
+  return cuda::compressor_push_cuda(cb.shape, cb.view(), kv, score, ape, chunks, s.n_chunks(),
+                                    std::max(e.max_per_chunk, 1), entries.get(), s.stream);
 }
 
 // V4: runs the main compressor over the new tokens and appends finished entries to the pool.
@@ -75,60 +91,62 @@ Status v4_compress(GpuStep& s, int layer, const float* x) {
   const int r = cb.shape.ratio, D = c.d_head, width = cb.shape.width, n = s.n;
   const NewEntries e = new_entries(s, r);
   Buf kv, score, entry;
-  SPW_TRY(kv.alloc(size_t(n) * width));
-  SPW_TRY(score.alloc(size_t(n) * width));
+  SPW_TRY(s.alloc(kv, size_t(n) * width));
+  SPW_TRY(s.alloc(score, size_t(n) * width));
   SPW_TRY(linear(s, lw.comp_wkv, x, n, kv.get()));                                   // [n, width] f32
   SPW_TRY(linear(s, lw.comp_wgate, x, n, score.get()));                              // [n, width] f32
   SPW_TRY(compress_push(s, cb, kv.get(), score.get(), lw.comp_ape, e, entry));      // [count, D]
   if (e.count == 0) return {};
-  DeviceBuffer<int64_t> ids, rope_pos;
-  SPW_TRY(entry_rows(e, r, ids, rope_pos));
+  EntryRows er;
+  SPW_TRY(entry_rows(s, e, r, er));
   SPW_TRY(to_activation(s, entry.get(), int64_t(e.count) * D));
   SPW_TRY(norm(s, entry.get(), lw.comp_norm, e.count, D));
-  SPW_TRY(cuda::rope_apply(entry.get(), e.count, D, c.d_rope, s.st.rope_compress.get(), rope_pos.get(), 1, false,
+  SPW_TRY(cuda::rope_apply(entry.get(), e.count, D, c.d_rope, s.st.rope_compress.get(), er.rope_pos.get(), 1, false,
                            s.stream));                                               // at the group's first token
   SPW_TRY(to_activation(s, entry.get(), int64_t(e.count) * D));
   // fp8 on the non-RoPE channels (block 64): the pool's row format.
-  return cuda::kv_write_rows_cuda(s.st.comp.view(layer), entry.get(), s.slots.get(), ids.get(), e.count, s.stream);
+  return cuda::kv_write_rows_cuda(s.st.comp.view(layer), entry.get(), er.slots.get(), er.ids.get(), e.count,
+                                  s.stream);
 }
 
 // V4.1 KV source: latents (ratio 2 gated, ratio 1 plain), index keys from the pre-RoPE latent, then
-// the stored entry. Returns the number of new entries through `produced`.
-Status v41_compress(GpuStep& s, int layer, const float* x, int& produced) {
+// the stored entry. Returns each chunk's number of new entries through `produced`.
+Status v41_compress(GpuStep& s, int layer, const float* x, std::vector<int32_t>& produced) {
   const ModelConfig& c = s.c;
   const DeviceLayer& lw = s.w.layers[layer];
   const int r = c.layers[layer].compress_ratio, D = c.d_head, Di = c.index_head_dim, n = s.n;
   const NewEntries e = new_entries(s, r);
   Buf kv, score, pooled, key;
-  SPW_TRY(kv.alloc(size_t(n) * D));
+  SPW_TRY(s.alloc(kv, size_t(n) * D));
   SPW_TRY(linear(s, lw.comp_wkv, x, n, kv.get()));                                     // [n, D]
-  Buf* latent = &kv;
+  float* latent = kv.get();  // ratio 1: every row is an entry, in row order
   if (r > 1) {
-    SPW_TRY(score.alloc(size_t(n) * D));
+    SPW_TRY(s.alloc(score, size_t(n) * D));
     SPW_TRY(linear(s, lw.comp_wgate, x, n, score.get()));                              // [n, D] f32
     SPW_TRY(compress_push(s, s.st.comp_state[layer], kv.get(), score.get(), nullptr, e, pooled));  // [count, D]
     SPW_TRY(to_activation(s, pooled.get(), int64_t(e.count) * D));
-    latent = &pooled;
+    latent = pooled.get();
   }
-  produced = e.count;
+  produced = e.per_chunk;
   if (e.count == 0) return {};
-  DeviceBuffer<int64_t> ids, rope_pos;
-  SPW_TRY(entry_rows(e, r, ids, rope_pos));
+  EntryRows er;
+  SPW_TRY(entry_rows(s, e, r, er));
   // [count, D] pre-RoPE latent
-  SPW_TRY(norm(s, latent->get(), lw.comp_norm, e.count, D));
+  SPW_TRY(norm(s, latent, lw.comp_norm, e.count, D));
   // Index keys [count, Di]: k_norm(wk · latent), RoPE at g·r, fp4 (ue8m0, block 32) in the pool.
-  SPW_TRY(key.alloc(size_t(e.count) * Di));
-  SPW_TRY(linear(s, lw.idx_wk, latent->get(), e.count, key.get()));
+  SPW_TRY(s.alloc(key, size_t(e.count) * Di));
+  SPW_TRY(linear(s, lw.idx_wk, latent, e.count, key.get()));
   SPW_TRY(norm(s, key.get(), lw.idx_k_norm, e.count, Di));
-  SPW_TRY(cuda::rope_apply(key.get(), e.count, Di, c.d_rope, s.st.rope_compress.get(), rope_pos.get(), 1, false,
+  SPW_TRY(cuda::rope_apply(key.get(), e.count, Di, c.d_rope, s.st.rope_compress.get(), er.rope_pos.get(), 1, false,
                            s.stream));
   SPW_TRY(to_activation(s, key.get(), int64_t(e.count) * Di));
-  SPW_TRY(cuda::kv_write_rows_cuda(s.st.keys.view(layer), key.get(), s.slots.get(), ids.get(), e.count, s.stream));
+  SPW_TRY(cuda::kv_write_rows_cuda(s.st.keys.view(layer), key.get(), er.slots.get(), er.ids.get(), e.count,
+                                   s.stream));
   // Stored entry [count, D]: RoPE at g·r, fp4 with e4m3 scales per 16 (the pool's row format).
-  SPW_TRY(cuda::rope_apply(latent->get(), e.count, D, c.d_rope, s.st.rope_compress.get(), rope_pos.get(), 1, false,
+  SPW_TRY(cuda::rope_apply(latent, e.count, D, c.d_rope, s.st.rope_compress.get(), er.rope_pos.get(), 1, false,
                            s.stream));
-  SPW_TRY(to_activation(s, latent->get(), int64_t(e.count) * D));
-  return cuda::kv_write_rows_cuda(s.st.comp.view(layer), latent->get(), s.slots.get(), ids.get(), e.count, s.stream);
+  SPW_TRY(to_activation(s, latent, int64_t(e.count) * D));
+  return cuda::kv_write_rows_cuda(s.st.comp.view(layer), latent, er.slots.get(), er.ids.get(), e.count, s.stream);
 }
 
 // Index queries qi [n, Hi, Di] (fp4-quantized) and head weights wts [n, Hi].
@@ -136,14 +154,14 @@ Status index_queries(GpuStep& s, const DeviceLayer& lw, const float* x, const fl
                      Buf& wts) {
   const ModelConfig& c = s.c;
   const int n = s.n, Hi = c.index_n_heads, Di = c.index_head_dim;
-  SPW_TRY(qi.alloc(size_t(n) * Hi * Di));
-  SPW_TRY(wts.alloc(size_t(n) * Hi));
+  SPW_TRY(s.alloc(qi, size_t(n) * Hi * Di));
+  SPW_TRY(s.alloc(wts, size_t(n) * Hi));
   SPW_TRY(linear(s, lw.idx_wq_b, cq, n, qi.get()));                                  // [n, Hi·Di]
   SPW_TRY(cuda::rope_apply(qi.get(), int64_t(n) * Hi, Di, c.d_rope, s.st.rope_compress.get(), s.pos.get(), Hi, false,
                            s.stream));
   SPW_TRY(to_activation(s, qi.get(), qi.size()));
   if (hadamard) {
-    SPW_TRY(hadamard_rows_host(qi.get(), int64_t(n) * Hi, Di));
+    SPW_TRY(hadamard_rows_cuda(qi.get(), int64_t(n) * Hi, Di, s.stream));
     SPW_TRY(to_activation(s, qi.get(), qi.size()));
   }
   SPW_TRY(cuda::fake_quant_fp4_ue8m0(qi.get(), int64_t(n) * Hi, Di, Di, 32, s.stream));
@@ -153,125 +171,187 @@ Status index_queries(GpuStep& s, const DeviceLayer& lw, const float* x, const fl
   return to_activation(s, wts.get(), wts.size());
 }
 
-// Per-query scoring arguments over `n_entries` keys of `key_layer`; visible(i) = (p+i+1)/r.
+// Per-row scoring arguments: n_entries(i) = the entries its chunk has after this step (0 for rows
+// that score nothing), visible(i) = (pos_i + 1)/r; max_entries their maximum (the score stride).
 struct ScoreInputs {
-  DeviceBuffer<int64_t> n_entries, visible;
+  std::vector<int64_t> n_entries_h;
+  DeviceSpan<int64_t> n_entries, visible;
+  int64_t max_entries = 0;
 };
-Status score_inputs(const GpuStep& s, int64_t n_entries, int r, ScoreInputs& in) {
-  std::vector<int64_t> ne(s.n, n_entries), vis(s.n);
-  for (int i = 0; i < s.n; ++i) vis[i] = (s.p + i + 1) / r;
-  SPW_TRY(upload(ne, in.n_entries));
-  return upload(vis, in.visible);
+// chunk_entries[b]: chunk b's entry count (callers pass (p_b + n_b)/r, or 0 to score nothing).
+Status score_inputs(GpuStep& s, const std::vector<int64_t>& chunk_entries, int r, ScoreInputs& in) {
+  std::vector<int64_t> vis(s.n);
+  in.n_entries_h.resize(s.n);
+  for (int i = 0; i < s.n; ++i) {
+    in.n_entries_h[i] = chunk_entries[s.row_chunk[i]];
+    vis[i] = (s.row_pos[i] + 1) / r;
+    in.max_entries = std::max(in.max_entries, in.n_entries_h[i]);
+  }
+  SPW_TRY(s.upload(in.n_entries_h, in.n_entries));
+  return s.upload(vis, in.visible);
 }
 
-Status index_scores(GpuStep& s, const Buf& qi, const Buf& wts, int key_layer, int64_t n_entries,
-                    const ScoreInputs& in, Buf& scores) {
+// Scores of rows r0 .. r1 − 1 against the keys of key_layer into scores [n, max_entries].
+Status index_scores(GpuStep& s, const Buf& qi, const Buf& wts, int key_layer, const ScoreInputs& in, int r0, int r1,
+                    Buf& scores) {
   const ModelConfig& c = s.c;
-  SPW_TRY(scores.alloc(size_t(s.n) * n_entries));
+  const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;
   cuda::IndexScoreArgs a;
-  a.q = qi.get(), a.w = wts.get(), a.n_q = s.n, a.n_heads = c.index_n_heads, a.d_index = c.index_head_dim;
-  a.q_seq = s.slots.get(), a.n_entries = in.n_entries.get(), a.visible = in.visible.get();
-  a.max_entries = n_entries, a.keys = s.st.keys.view(key_layer), a.round_bf16 = s.num.bf16_activations;
-  a.scores = scores.get(), a.score_stride = n_entries;
-  return cuda::index_scores_cuda(a, s.stream);  // [n, n_entries]
+  a.q = qi.get() + r0 * Hi * Di, a.w = wts.get() + r0 * Hi, a.n_q = r1 - r0, a.n_heads = int(Hi);
+  a.d_index = int(Di), a.q_seq = s.slots.get() + r0, a.n_entries = in.n_entries.get() + r0;
+  a.visible = in.visible.get() + r0, a.max_entries = in.max_entries, a.keys = s.st.keys.view(key_layer);
+  a.round_bf16 = s.num.bf16_activations, a.scores = scores.get() + r0 * in.max_entries;
+  a.score_stride = in.max_entries;
+  return cuda::index_scores_cuda(a, s.stream);
 }
 
 // V4 CSA layer: the indexer's own overlapping compressor (keys: norm, RoPE, Hadamard, fp4), then
 // the top-index_topk visible entries per token → sel [n, index_topk].
-Status v4_indexer_select(GpuStep& s, int layer, const float* x, const float* cq, DeviceBuffer<int32_t>& sel) {
+Status v4_indexer_select(GpuStep& s, int layer, const float* x, const float* cq, DeviceSpan<int32_t>& sel) {
   const ModelConfig& c = s.c;
   const DeviceLayer& lw = s.w.layers[layer];
   const CompressorBuffers& cb = s.st.idx_comp_state[layer];
   const int n = s.n, r = cb.shape.ratio, Di = c.index_head_dim, K = c.index_topk;
   const NewEntries e = new_entries(s, r);
   Buf kv, score, entry;
-  SPW_TRY(kv.alloc(size_t(n) * 2 * Di));
-  SPW_TRY(score.alloc(size_t(n) * 2 * Di));
+  SPW_TRY(s.alloc(kv, size_t(n) * 2 * Di));
+  SPW_TRY(s.alloc(score, size_t(n) * 2 * Di));
   SPW_TRY(linear(s, lw.idx_comp_wkv, x, n, kv.get()));                               // [n, 2·Di] f32
   SPW_TRY(linear(s, lw.idx_comp_wgate, x, n, score.get()));                          // [n, 2·Di] f32
   SPW_TRY(compress_push(s, cb, kv.get(), score.get(), lw.idx_comp_ape, e, entry));  // [count, Di]
   if (e.count > 0) {
-    DeviceBuffer<int64_t> ids, rope_pos;
-    SPW_TRY(entry_rows(e, r, ids, rope_pos));
+    EntryRows er;
+    SPW_TRY(entry_rows(s, e, r, er));
     const int64_t m = int64_t(e.count) * Di;
     SPW_TRY(to_activation(s, entry.get(), m));
     SPW_TRY(norm(s, entry.get(), lw.idx_comp_norm, e.count, Di));
-    SPW_TRY(cuda::rope_apply(entry.get(), e.count, Di, c.d_rope, s.st.rope_compress.get(), rope_pos.get(), 1, false,
-                             s.stream));
+    SPW_TRY(cuda::rope_apply(entry.get(), e.count, Di, c.d_rope, s.st.rope_compress.get(), er.rope_pos.get(), 1,
+                             false, s.stream));
     SPW_TRY(to_activation(s, entry.get(), m));
-    SPW_TRY(hadamard_rows_host(entry.get(), e.count, Di));
+    SPW_TRY(hadamard_rows_cuda(entry.get(), e.count, Di, s.stream));
     SPW_TRY(to_activation(s, entry.get(), m));
-    SPW_TRY(cuda::kv_write_rows_cuda(s.st.keys.view(layer), entry.get(), s.slots.get(), ids.get(), e.count,
+    SPW_TRY(cuda::kv_write_rows_cuda(s.st.keys.view(layer), entry.get(), er.slots.get(), er.ids.get(), e.count,
                                      s.stream));  // fp4, ue8m0 per 32
   }
-  SPW_TRY(sel.alloc(size_t(n) * K));
-  const int64_t n_entries = (s.p + n) / r;
-  if (n_entries == 0) {
-    SPW_CUDA_TRY(cudaMemset(sel.get(), 0xff, sel.nbytes()));  // −1: nothing selected
+  SPW_TRY(s.alloc(sel, size_t(n) * K));
+  std::vector<int64_t> chunk_entries;
+  for (const StepChunk& ch : s.chunks) chunk_entries.push_back((ch.p + ch.n) / r);
+  ScoreInputs in;
+  SPW_TRY(score_inputs(s, chunk_entries, r, in));
+  if (in.max_entries == 0) {
+    SPW_CUDA_TRY(cudaMemsetAsync(sel.get(), 0xff, sel.nbytes(), s.stream));  // −1: nothing selected
     return {};
   }
   Buf qi, wts, scores;
   SPW_TRY(index_queries(s, lw, x, cq, /*hadamard=*/true, qi, wts));
-  ScoreInputs in;
-  SPW_TRY(score_inputs(s, n_entries, r, in));
-  SPW_TRY(index_scores(s, qi, wts, layer, n_entries, in, scores));
-  return cuda::topk_select_cuda(scores.get(), n_entries, in.n_entries.get(), n, K, sel.get(), K, s.stream);
+  SPW_TRY(s.alloc(scores, size_t(n) * in.max_entries));
+  SPW_TRY(index_scores(s, qi, wts, layer, in, 0, n, scores));
+  return cuda::topk_select_cuda(scores.get(), in.max_entries, in.n_entries.get(), n, K, sel.get(), K, s.stream);
 }
 
 // V4.1 index source: scores over the latest published keys (Numerics::stale_index_k), the
-// candidate blocks (candidate source: publish; re-index layer: mask), top-k → s.topk.
-Status v41_indexer_select(GpuStep& s, int layer, const float* x, const float* cq, int produced) {
+// candidate blocks (candidate source: publish; re-index layer: mask), top-k → s.topk. The key
+// layer is per sequence; rows of consecutive chunks that share one are scored in one launch.
+Status v41_indexer_select(GpuStep& s, int layer, const float* x, const float* cq,
+                          const std::vector<int32_t>& produced) {
   const ModelConfig& c = s.c;
   const LayerPlan& plan = c.layers[layer];
   const DeviceLayer& lw = s.w.layers[layer];
-  const int n = s.n, r = plan.compress_ratio, K = c.index_topk;
-  const int64_t compress_len = (s.p + n) / r;
+  const int n = s.n, r = plan.compress_ratio, K = c.index_topk, n_ch = s.n_chunks();
 
-  int key_layer;
-  if (plan.kv_source && (produced > 0 || !s.num.stale_index_k)) {
-    key_layer = layer;
-    s.seq.published_index_k_layer = layer;
-  } else if (s.num.stale_index_k) {
-    key_layer = s.seq.published_index_k_layer;
-  } else {
-    key_layer = layer;
-    while (key_layer >= 0 && !c.layers[key_layer].kv_source) --key_layer;
+  std::vector<int> key_layer(n_ch);
+  std::vector<int64_t> chunk_entries(n_ch);
+  for (int b = 0; b < n_ch; ++b) {
+    GpuSequence& seq = *s.chunks[b].seq;
+    int kl;
+    if (plan.kv_source && (produced[b] > 0 || !s.num.stale_index_k)) {
+      kl = layer;
+      seq.published_index_k_layer = layer;
+    } else if (s.num.stale_index_k) {
+      kl = seq.published_index_k_layer;
+    } else {
+      kl = layer;
+      while (kl >= 0 && !c.layers[kl].kv_source) --kl;
+    }
+    key_layer[b] = kl;
+    const int64_t end = s.chunks[b].p + s.chunks[b].n, compress_len = end / r;
+    chunk_entries[b] = kl < 0 ? 0 : compress_len;
+    if (kl >= 0) SPW_CHECK(end / c.layers[kl].compress_ratio >= compress_len);
   }
-  SPW_CUDA_TRY(cudaMemset(s.topk.get(), 0xff, s.topk.nbytes()));  // −1: nothing selected
-  if (compress_len == 0 || key_layer < 0) return {};
-  SPW_CHECK((s.p + n) / c.layers[key_layer].compress_ratio >= compress_len);
+  SPW_CUDA_TRY(cudaMemsetAsync(s.topk.get(), 0xff, s.topk.nbytes(), s.stream));  // −1: nothing selected
+  ScoreInputs in;
+  SPW_TRY(score_inputs(s, chunk_entries, r, in));
+  if (in.max_entries == 0) return {};
+  const int64_t len = in.max_entries;
 
   Buf qi, wts, scores;
   SPW_TRY(index_queries(s, lw, x, cq, /*hadamard=*/false, qi, wts));
-  ScoreInputs in;
-  SPW_TRY(score_inputs(s, compress_len, r, in));
-  SPW_TRY(index_scores(s, qi, wts, key_layer, compress_len, in, scores));  // [n, compress_len]
+  SPW_TRY(s.alloc(scores, size_t(n) * len));
+  for (int b0 = 0, b1; b0 < n_ch; b0 = b1) {  // [n, len]
+    for (b1 = b0 + 1; b1 < n_ch && key_layer[b1] == key_layer[b0];) ++b1;
+    if (key_layer[b0] < 0) continue;
+    const StepChunk& last = s.chunks[b1 - 1];
+    SPW_TRY(index_scores(s, qi, wts, key_layer[b0], in, s.chunks[b0].row0, last.row0 + last.n, scores));
+  }
   if (plan.candidate_source) {
     const int bs = c.candidate_block_size, kb = c.candidate_topk_blocks;
-    const int64_t nb = (compress_len + bs - 1) / bs;
+    const int64_t nb = (len + bs - 1) / bs;
     Buf block_scores;
-    DeviceBuffer<int64_t> n_blocks;
-    DeviceBuffer<int32_t> kept;
-    SPW_TRY(block_scores.alloc(size_t(n) * nb));
-    SPW_TRY(n_blocks.alloc(n));
-    SPW_TRY(kept.alloc(size_t(n) * kb));
-    SPW_TRY(cuda::candidate_block_scores_cuda(scores.get(), compress_len, in.n_entries.get(), in.visible.get(), n,
-                                              compress_len, bs, block_scores.get(), nb, n_blocks.get(), s.stream));
+    DeviceSpan<int64_t> n_blocks;
+    DeviceSpan<int32_t> kept;
+    SPW_TRY(s.alloc(block_scores, size_t(n) * nb));
+    SPW_TRY(s.alloc(n_blocks, n));
+    SPW_TRY(s.alloc(kept, size_t(n) * kb));
+    SPW_TRY(cuda::candidate_block_scores_cuda(scores.get(), len, in.n_entries.get(), in.visible.get(), n, len, bs,
+                                              block_scores.get(), nb, n_blocks.get(), s.stream));
     SPW_TRY(cuda::topk_select_cuda(block_scores.get(), nb, n_blocks.get(), n, kb, kept.get(), kb, s.stream));
     // The mask is as wide as any layer's entries can be this step (ratio ≥ 1), zero beyond ours.
-    s.cand_stride = s.p + n;
-    SPW_TRY(s.candidates.alloc(size_t(n) * s.cand_stride));
-    SPW_CUDA_TRY(cudaMemset(s.candidates.get(), 0, s.candidates.nbytes()));
-    SPW_TRY(cuda::candidate_mask_cuda(kept.get(), kb, in.n_entries.get(), n, compress_len, bs, s.candidates.get(),
+    SPW_CUDA_TRY(cudaMemsetAsync(s.candidates.get(), 0, s.candidates.nbytes(), s.stream));
+    SPW_TRY(cuda::candidate_mask_cuda(kept.get(), kb, in.n_entries.get(), n, len, bs, s.candidates.get(),
                                       s.cand_stride, s.stream));
     s.has_candidates = true;
   }
   if (plan.attn == AttnKind::Reindex) {
     SPW_CHECK(s.has_candidates);
-    SPW_TRY(cuda::index_scores_apply_mask_cuda(scores.get(), compress_len, in.n_entries.get(), n, compress_len,
-                                               s.candidates.get(), s.cand_stride, s.stream));
+    SPW_TRY(cuda::index_scores_apply_mask_cuda(scores.get(), len, in.n_entries.get(), n, len, s.candidates.get(),
+                                               s.cand_stride, s.stream));
   }
-  return cuda::topk_select_cuda(scores.get(), compress_len, in.n_entries.get(), n, K, s.topk.get(), K, s.stream);
+  return cuda::topk_select_cuda(scores.get(), len, in.n_entries.get(), n, K, s.topk.get(), K, s.stream);
+}
+
+// HCA: every visible entry, sel [n, stride] with stride = max(1, max_end/r).
+Status hca_select(GpuStep& s, int r, DeviceSpan<int32_t>& sel, int& stride) {
+  stride = int(std::max<int64_t>(1, s.max_end / r));
+  std::vector<int64_t> vis(s.n);
+  for (int i = 0; i < s.n; ++i) vis[i] = (s.row_pos[i] + 1) / r;
+  DeviceSpan<int64_t> vis_d;
+  SPW_TRY(s.upload(vis, vis_d));
+  SPW_TRY(s.alloc(sel, size_t(s.n) * stride));
+  return iota_select_cuda(vis_d.get(), s.n, stride, sel.get(), s.stream);
+}
+
+// The ring keeps the last W positions of each sequence (written after attention read the old rows).
+Status ring_write(GpuStep& s, int layer, const float* kv) {
+  const int W = s.c.window, D = s.c.d_head;
+  bool all_rows = true;
+  for (const StepChunk& ch : s.chunks) all_rows = all_rows && ch.n <= W;
+  if (all_rows) {  // one launch: each row's own ring row
+    std::vector<int64_t> rows(s.n);
+    for (int i = 0; i < s.n; ++i) rows[i] = s.row_pos[i] % W;
+    DeviceSpan<int64_t> rows_d;
+    SPW_TRY(s.upload(rows, rows_d));
+    return cuda::kv_write_rows_cuda(s.st.ring.view(layer), kv, s.slots.get(), rows_d.get(), s.n, s.stream);
+  }
+  for (const StepChunk& ch : s.chunks) {  // a chunk longer than the window: its last W rows
+    const int i0 = std::max(0, ch.n - W);
+    std::vector<int64_t> rows(ch.n - i0);
+    for (int i = i0; i < ch.n; ++i) rows[i - i0] = (ch.p + i) % W;
+    DeviceSpan<int64_t> rows_d;
+    SPW_TRY(s.upload(rows, rows_d));
+    SPW_TRY(cuda::kv_write_rows_cuda(s.st.ring.view(layer), kv + size_t(ch.row0 + i0) * D,
+                                     s.slots.get() + ch.row0 + i0, rows_d.get(), ch.n - i0, s.stream));
+  }
+  return {};
 }
 
 }  // namespace
@@ -285,8 +365,8 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
 
   // [n, q_lora] → q [n, H, D]
   Buf cq, q, kv;
-  SPW_TRY(cq.alloc(size_t(n) * c.q_lora_rank));
-  SPW_TRY(q.alloc(size_t(n) * H * D));
+  SPW_TRY(s.alloc(cq, size_t(n) * c.q_lora_rank));
+  SPW_TRY(s.alloc(q, size_t(n) * H * D));
   SPW_TRY(linear(s, lw.wq_a, x, n, cq.get()));                                                   // [n, q_lora]
   SPW_TRY(norm(s, cq.get(), lw.q_norm, n, c.q_lora_rank));
   SPW_TRY(linear(s, lw.wq_b, cq.get(), n, q.get()));                                              // [n, H·D]
@@ -296,7 +376,7 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   SPW_TRY(to_activation(s, q.get(), q.size()));                                                  // [n, H, D]
 
   // Window KV of the new tokens [n, D], fake-quantized as the ring stores it.
-  SPW_TRY(kv.alloc(size_t(n) * D));
+  SPW_TRY(s.alloc(kv, size_t(n) * D));
   SPW_TRY(linear(s, lw.wkv, x, n, kv.get()));
   SPW_TRY(norm(s, kv.get(), lw.kv_norm, n, D));
   SPW_TRY(cuda::rope_apply(kv.get(), n, D, c.d_rope, rope, s.pos.get(), 1, false, s.stream));
@@ -305,7 +385,7 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   else SPW_TRY(cuda::fake_quant_fp8(kv.get(), n, D - c.d_rope, D, 64, s.stream));
 
   // Compressed entries and the selection [n, sel_stride] (−1 padded) of each new token.
-  DeviceBuffer<int32_t> own_sel;
+  DeviceSpan<int32_t> own_sel;
   const int32_t* sel = nullptr;
   int sel_stride = 0;
   cuda::KvPages comp = s.st.comp.view(layer);
@@ -314,17 +394,12 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
     if (plan.attn == AttnKind::Csa) {
       SPW_TRY(v4_indexer_select(s, layer, x, cq.get(), own_sel));
       sel_stride = c.index_topk;
-    } else {  // HCA: every visible entry, built on the host
-      const int r = plan.compress_ratio;
-      sel_stride = int(std::max<int64_t>(1, (s.p + n) / r));
-      std::vector<int32_t> h(size_t(n) * sel_stride, -1);
-      for (int i = 0; i < n; ++i)
-        for (int64_t g = 0; g < (s.p + i + 1) / r; ++g) h[size_t(i) * sel_stride + g] = int32_t(g);
-      SPW_TRY(upload(h, own_sel));
+    } else {
+      SPW_TRY(hca_select(s, plan.compress_ratio, own_sel, sel_stride));
     }
     sel = own_sel.get();
   } else if (plan.attn != AttnKind::Window) {
-    int produced = 0;
+    std::vector<int32_t> produced(s.n_chunks(), 0);
     if (plan.kv_source) SPW_TRY(v41_compress(s, layer, x, produced));
     if (plan.index_source) SPW_TRY(v41_indexer_select(s, layer, x, cq.get(), produced));
     comp = s.st.comp.view(latest_kv_source(c, layer));
@@ -336,31 +411,23 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
 
   // Sparse attention per token over [window rows ; selected compressed rows] → o [n, H, D].
   Buf o;
-  SPW_TRY(o.alloc(size_t(n) * H * D));
+  SPW_TRY(s.alloc(o, size_t(n) * H * D));
   cuda::SparseAttnArgs a;
   a.q = q.get(), a.sink = lw.attn_sink, a.n_q = n, a.n_heads = H, a.d_head = D, a.window = W;
   a.scale = 1.0f / std::sqrt(float(D)), a.round_p_bf16 = s.num.bf16_activations;
-  a.q_seq = s.slots.get(), a.q_pos = s.pos.get(), a.chunk_pos0 = s.pos0s.get(), a.chunk_row0 = s.zeros.get();
+  a.q_seq = s.slots.get(), a.q_pos = s.pos.get(), a.chunk_pos0 = s.pos0s.get(), a.chunk_row0 = s.row0s.get();
   a.chunk_kv = kv.get(), a.ring = s.st.ring.view(layer), a.sel = sel, a.sel_stride = sel_stride, a.comp = comp;
   a.out = o.get();
   SPW_TRY(cuda::sparse_attn_cuda(a, s.stream));
   SPW_TRY(to_activation(s, o.get(), o.size()));
   SPW_TRY(cuda::rope_apply(o.get(), int64_t(n) * H, D, c.d_rope, rope, s.pos.get(), H, /*inverse=*/true, s.stream));
   SPW_TRY(to_activation(s, o.get(), o.size()));
-
-  // The ring keeps the last W positions (written after attention read the old rows).
-  const int i0 = std::max(0, n - W);
-  std::vector<int64_t> ring_rows(n - i0);
-  for (int i = i0; i < n; ++i) ring_rows[i - i0] = (s.p + i) % W;
-  DeviceBuffer<int64_t> ring_rows_d;
-  SPW_TRY(upload(ring_rows, ring_rows_d));
-  SPW_TRY(cuda::kv_write_rows_cuda(s.st.ring.view(layer), kv.get() + size_t(i0) * D, s.slots.get(), ring_rows_d.get(),
-                                   n - i0, s.stream));
+  SPW_TRY(ring_write(s, layer, kv.get()));
 
   // Grouped low-rank output: z [n, G·R] = W_a[g]·o_g (BF16, no activation quant), out = wo_b·z.
   const int G = c.o_groups, R = c.o_lora_rank;
   Buf z;
-  SPW_TRY(z.alloc(size_t(n) * G * R));
+  SPW_TRY(s.alloc(z, size_t(n) * G * R));
   SPW_TRY(grouped_proj_cuda(lw.wo_a, o.get(), n, G, R, H * D / G, z.get(), s.num.bf16_activations, s.st.ws, s.stream,
                             s.path));
   return linear(s, lw.wo_b, z.get(), n, out);  // [n, d]

@@ -8,6 +8,7 @@
 #include "cuda/ops/embedding.h"
 #include "cuda/ops/hyper_connection.h"
 #include "cuda/ops/norm.h"
+#include "cuda/ops/sampling.h"
 #include "engine/gpu_step.h"
 #include "ops/ref/linalg.h"
 #include "ops/ref/rope.h"
@@ -39,8 +40,11 @@ GpuSequence::~GpuSequence() {
 
 GpuModel::~GpuModel() {
   if (state_) {
+    if (state_->stream) cudaStreamSynchronize(state_->stream);
     linear_workspace_free(state_->ws);
     exl3_cuda_workspace_free(state_->exl3_ws);
+    if (state_->exl3_moe_ws.buf) exl3_cuda_moe_workspace_free(state_->exl3_moe_ws);
+    if (state_->stream) cudaStreamDestroy(state_->stream);
   }
 }
 
@@ -48,20 +52,19 @@ size_t GpuModel::weight_nbytes() const { return state_->w->nbytes; }
 
 namespace {
 
-// Writes page-table row (layer, slot) of a pool from the sequence's page list.
-Status upload_page_row(const KvPool& pool, int layer, int slot, const std::vector<int32_t>& pages) {
+// Writes page-table row (layer, slot) of a pool from the sequence's page list (queued on the stream).
+Status upload_page_row(GpuState& st, const KvPool& pool, int layer, int slot, const std::vector<int32_t>& pages) {
   int32_t* row = pool.page_table.get() + (size_t(layer) * pool.max_seqs + slot) * pool.max_pages_per_seq;
-  SPW_CUDA_TRY(cudaMemcpy(row, pages.data(), pages.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  return {};
+  return st.staging.upload_bytes(row, pages.data(), pages.size() * sizeof(int32_t), st.stream);
 }
 
 // Grows `pages` to n_pages pages of `pool` and publishes the row.
-Status grow(KvPool& pool, int layer, int slot, std::vector<int32_t>& pages, int64_t n_pages) {
+Status grow(GpuState& st, KvPool& pool, int layer, int slot, std::vector<int32_t>& pages, int64_t n_pages) {
   if (int64_t(pages.size()) >= n_pages) return {};
   auto more = pool.alloc.alloc(int32_t(n_pages - int64_t(pages.size())));
   if (!more.ok()) return make_error("KV pool exhausted: ", more.error().message);
   pages.insert(pages.end(), more->begin(), more->end());
-  return upload_page_row(pool, layer, slot, pages);
+  return upload_page_row(st, pool, layer, slot, pages);
 }
 
 int64_t pages_for(int64_t rows) { return (rows + cuda::kKvPageRows - 1) / cuda::kKvPageRows; }
@@ -82,9 +85,9 @@ Result<GpuSequence> GpuModel::new_sequence() {
   seq.comp_pages.resize(c.n_layers);
   seq.key_pages.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
-    SPW_TRY(grow(st.ring, l, seq.slot, seq.ring_pages[l], pages_for(c.window)));
+    SPW_TRY(grow(st, st.ring, l, seq.slot, seq.ring_pages[l], pages_for(c.window)));
     for (CompressorBuffers* cb : {&st.comp_state[l], &st.idx_comp_state[l]})
-      if (cb->shape.ratio > 0) SPW_TRY(cuda::compressor_state_reset_cuda(cb->shape, cb->view(), seq.slot, nullptr));
+      if (cb->shape.ratio > 0) SPW_TRY(cuda::compressor_state_reset_cuda(cb->shape, cb->view(), seq.slot, st.stream));
   }
   return seq;
 }
@@ -109,8 +112,8 @@ Status GpuModel::reserve_pages(GpuSequence& seq, int64_t n_total) {
     const int r = c.layers[l].compress_ratio;
     if (r == 0) continue;
     const int64_t pages = pages_for(n_total / r);
-    if (layer_has_compressed(c, l)) SPW_TRY(grow(state_->comp, l, seq.slot, seq.comp_pages[l], pages));
-    if (layer_has_index_keys(c, l)) SPW_TRY(grow(state_->keys, l, seq.slot, seq.key_pages[l], pages));
+    if (layer_has_compressed(c, l)) SPW_TRY(grow(*state_, state_->comp, l, seq.slot, seq.comp_pages[l], pages));
+    if (layer_has_index_keys(c, l)) SPW_TRY(grow(*state_, state_->keys, l, seq.slot, seq.key_pages[l], pages));
   }
   return {};
 }
@@ -128,26 +131,18 @@ Status linear(GpuStep& s, const DeviceLinear& l, const float* x, int n_tokens, f
 
 namespace {
 
-template <class T>
-Status fill(DeviceBuffer<T>& buf, size_t n, T value) {
-  return upload(std::vector<T>(n, value), buf);
-}
+using Buf = DeviceSpan<float>;
 
 // One hyper-connection site: pre [n, hc], post [n, hc], comb [n, hc, hc] from the streams.
-Status hc_coefficients(GpuStep& s, const DeviceHc& hw, const float* streams, DeviceBuffer<float>& pre,
-                       DeviceBuffer<float>& post, DeviceBuffer<float>& comb) {
+Status hc_coefficients(GpuStep& s, const DeviceHc& hw, const float* streams, float* mixes, float* pre, float* post,
+                       float* comb) {
   const ModelConfig& c = s.c;
   const int n = s.n, hc = c.hc_mult, n_mix = (2 + hc) * hc;
-  DeviceBuffer<float> mixes;
-  SPW_TRY(mixes.alloc(size_t(n) * n_mix));
-  SPW_TRY(pre.alloc(size_t(n) * hc));
-  SPW_TRY(post.alloc(size_t(n) * hc));
-  SPW_TRY(comb.alloc(size_t(n) * hc * hc));
   // [n, (2+hc)·hc]
-  SPW_TRY(cuda::hc_mixes(streams, hw.fn, n, n_mix, int64_t(hc) * c.d_model, c.norm_eps, mixes.get(), s.stream));
+  SPW_TRY(cuda::hc_mixes(streams, hw.fn, n, n_mix, int64_t(hc) * c.d_model, c.norm_eps, mixes, s.stream));
   // [n, hc], [n, hc], [n, hc, hc]
-  return cuda::hc_split_sinkhorn(mixes.get(), hw.scale, hw.base, n, hc, c.hc_sinkhorn_iters, c.hc_eps, pre.get(),
-                                 post.get(), comb.get(), s.stream);
+  return cuda::hc_split_sinkhorn(mixes, hw.scale, hw.base, n, hc, c.hc_sinkhorn_iters, c.hc_eps, pre, post, comb,
+                                 s.stream);
 }
 
 // x[n, d] = norm(Σ_j pre_j X_j), bf16 after the collapse and after the norm.
@@ -159,125 +154,220 @@ Status collapse_and_norm(GpuStep& s, const float* streams, const float* pre, con
 
 }  // namespace
 
-Result<std::vector<float>> GpuModel::forward(GpuSequence& seq, std::span<const int32_t> tokens,
-                                             const ForwardOptions& options) {
+// Checks the chunks, reserves their pages and uploads the step's per-row and per-chunk arrays.
+Status GpuModel::begin_step(GpuStep& s) {
+  const ModelConfig& c = config_;
+  for (const StepChunk& ch : s.chunks) {
+    GpuSequence& seq = *ch.seq;
+    if (seq.owner != this) return make_error("the sequence does not belong to this model");
+    if (ch.tokens.empty()) return make_error("no tokens");
+    for (int32_t t : ch.tokens)
+      if (t < 0 || t >= c.vocab_size)
+        return make_error("token id ", t, " is outside the vocabulary (0..", c.vocab_size - 1, ")");
+    if (seq.n_past + int64_t(ch.tokens.size()) > options_.budget.max_context)
+      return make_error("context of ", seq.n_past + int64_t(ch.tokens.size()), " positions exceeds the budget's ",
+                        options_.budget.max_context);
+    for (const StepChunk& other : s.chunks)
+      if (&other != &ch && other.seq == ch.seq) return make_error("a sequence appears twice in one step");
+  }
+  for (StepChunk& ch : s.chunks) {
+    ch.p = ch.seq->n_past;
+    ch.n = int(ch.tokens.size());
+    ch.row0 = s.n;
+    s.n += ch.n;
+    s.max_end = std::max(s.max_end, ch.p + ch.n);
+  }
+  const int max_rows = step_max_rows(options_.budget);
+  if (s.n > max_rows) return make_error(s.n, " tokens in one step, the budget allows ", max_rows);
+  for (StepChunk& ch : s.chunks) SPW_TRY(reserve_pages(*ch.seq, ch.p + ch.n));
+
+  const int n = s.n, n_ch = s.n_chunks();
+  std::vector<int32_t> slots(n), row0s(n), ch_slot(n_ch), ch_n(n_ch), ch_row0(n_ch);
+  std::vector<int64_t> pos0s(n), ch_pos0(n_ch);
+  s.tokens.resize(n);
+  s.row_chunk.resize(n);
+  s.row_pos.resize(n);
+  for (int b = 0; b < n_ch; ++b) {
+    const StepChunk& ch = s.chunks[b];
+    ch_slot[b] = ch.seq->slot, ch_n[b] = ch.n, ch_row0[b] = ch.row0, ch_pos0[b] = ch.p;
+    for (int i = 0; i < ch.n; ++i) {
+      const int r = ch.row0 + i;
+      s.tokens[r] = ch.tokens[i], s.row_chunk[r] = b, s.row_pos[r] = ch.p + i;
+      slots[r] = ch.seq->slot, row0s[r] = ch.row0, pos0s[r] = ch.p;
+    }
+  }
+  SPW_TRY(s.upload(s.tokens, s.tokens_d));
+  SPW_TRY(s.upload(s.row_pos, s.pos));
+  SPW_TRY(s.upload(slots, s.slots));
+  SPW_TRY(s.upload(row0s, s.row0s));
+  SPW_TRY(s.upload(pos0s, s.pos0s));
+  SPW_TRY(s.upload(ch_slot, s.chunk_slot));
+  SPW_TRY(s.upload(ch_n, s.chunk_n));
+  SPW_TRY(s.upload(ch_row0, s.chunk_row0));
+  SPW_TRY(s.upload(ch_pos0, s.chunk_pos0));
+  if (c.is_v41()) {
+    SPW_TRY(s.alloc(s.topk, size_t(n) * c.index_topk));
+    SPW_CUDA_TRY(cudaMemsetAsync(s.topk.get(), 0xff, s.topk.nbytes(), s.stream));
+    s.cand_stride = s.max_end;
+    SPW_TRY(s.alloc(s.candidates, size_t(n) * s.cand_stride));
+  }
+  return {};
+}
+
+// Embedding, the blocks and the head of the step; logits [n_out, vocab] of rows first .. first +
+// n_out − 1 in `logits` (step-scope arena memory).
+Status GpuModel::run_step(GpuStep& s, const ForwardOptions& options, int first, int n_out, Buf& logits) {
   const ModelConfig& c = config_;
   GpuState& st = *state_;
-  if (seq.owner != this) return make_error("forward: the sequence does not belong to this model");
-  if (tokens.empty()) return make_error("forward: no tokens");
-  for (int32_t t : tokens)
-    if (t < 0 || t >= c.vocab_size)
-      return make_error("token id ", t, " is outside the vocabulary (0..", c.vocab_size - 1, ")");
-  if (int64_t(tokens.size()) > options_.budget.max_step_tokens)
-    return make_error("forward: ", tokens.size(), " tokens in one call, the budget allows ",
-                      options_.budget.max_step_tokens);
-  if (seq.n_past + int64_t(tokens.size()) > options_.budget.max_context)
-    return make_error("forward: context of ", seq.n_past + int64_t(tokens.size()), " positions exceeds the budget's ",
-                      options_.budget.max_context);
-  SPW_TRY(reserve_pages(seq, seq.n_past + int64_t(tokens.size())));
-
-  GpuStep s{c, *st.w, *host_weights_, numerics_, st, seq, tokens, seq.n_past, int(tokens.size()), options_.linear_path};
-  const int n = s.n, d = c.d_model, hc = c.hc_mult;
+  const int n = s.n, d = c.d_model, hc = c.hc_mult, n_mix = (2 + hc) * hc;
   const size_t hc_d = size_t(hc) * d;
-  std::vector<int64_t> positions(n);
-  for (int i = 0; i < n; ++i) positions[i] = s.p + i;
-  SPW_TRY(upload(tokens.data(), tokens.size(), s.tokens_d));
-  SPW_TRY(upload(positions, s.pos));
-  SPW_TRY(fill(s.slots, n, int32_t(seq.slot)));
-  SPW_TRY(fill(s.zeros, n, int32_t(0)));
-  SPW_TRY(fill(s.n_tokens, 1, int32_t(n)));
-  SPW_TRY(fill(s.pos0s, n, s.p));
-  if (c.is_v41()) SPW_TRY(fill(s.topk, size_t(n) * c.index_topk, int32_t(-1)));
 
   // [n, hc, d]: hc copies of the embedding.
-  DeviceBuffer<float> streams, x, y;
-  SPW_TRY(streams.alloc(size_t(n) * hc_d));
-  SPW_TRY(x.alloc(size_t(n) * d));
-  SPW_TRY(y.alloc(size_t(n) * d));
+  Buf streams, x, y, mixes, carried, pre_a, post_a, comb_a, pre_f, post_f, comb_f;
+  SPW_TRY(s.alloc(streams, size_t(n) * hc_d));
+  SPW_TRY(s.alloc(x, size_t(n) * d));
+  SPW_TRY(s.alloc(y, size_t(n) * d));
+  SPW_TRY(s.alloc(mixes, size_t(n) * n_mix));
+  for (Buf* b : {&pre_a, &post_a, &pre_f, &post_f}) SPW_TRY(s.alloc(*b, size_t(n) * hc));
+  for (Buf* b : {&comb_a, &comb_f}) SPW_TRY(s.alloc(*b, size_t(n) * hc * hc));
   SPW_TRY(cuda::embedding_gather(st.w->embed, c.vocab_size, d, s.tokens_d.get(), n, hc, streams.get(), s.stream));
 
   // V4.1 single-pass mHC: the collapse weights come from the previous sublayer; one-hot at the start.
   std::vector<float> one_hot(size_t(n) * hc, 0.f);
   for (int i = 0; i < n; ++i) one_hot[size_t(i) * hc] = 1.f;
-  DeviceBuffer<float> carried, pre_a, post_a, comb_a, pre_f, post_f, comb_f;
-  SPW_TRY(upload(one_hot, carried));
+  SPW_TRY(s.upload(one_hot, carried));
 
   for (int l = 0; l < c.n_layers; ++l) {
     const DeviceLayer& lw = st.w->layers[l];
     if (options.before_layer) {  // host copy of the streams, possibly replaced
       std::vector<float> host;
-      SPW_TRY(download(streams.get(), streams.size(), host));
+      SPW_TRY(s.download(streams.get(), streams.size(), host));
       options.before_layer(l, host);
       if (host.size() != streams.size()) return make_error("before_layer changed the size of the streams");
-      SPW_CUDA_TRY(cudaMemcpy(streams.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+      SPW_TRY(st.staging.upload_bytes(streams.get(), host.data(), host.size() * sizeof(float), s.stream));
     }
-    if (c.layers[l].engram) SPW_TRY(engram(s, l, streams.get()));  // [n, hc, d] in place
+    if (c.layers[l].engram) {
+      ArenaScope scope(st.arena);
+      SPW_TRY(engram(s, l, streams.get()));  // [n, hc, d] in place
+    }
 
     // Attention sublayer.
-    SPW_TRY(hc_coefficients(s, lw.hc_attn, streams.get(), pre_a, post_a, comb_a));
+    SPW_TRY(hc_coefficients(s, lw.hc_attn, streams.get(), mixes.get(), pre_a.get(), post_a.get(), comb_a.get()));
     SPW_TRY(collapse_and_norm(s, streams.get(), c.is_v41() ? carried.get() : pre_a.get(), lw.attn_norm, x.get()));
-    SPW_TRY(attention(s, l, x.get(), y.get()));                                                    // [n, d]
+    {
+      ArenaScope scope(st.arena);
+      SPW_TRY(attention(s, l, x.get(), y.get()));                                                  // [n, d]
+    }
     SPW_TRY(cuda::hc_expand(streams.get(), y.get(), post_a.get(), comb_a.get(), n, hc, d, numerics_.bf16_activations,
                             s.stream));                                                            // [n, hc, d]
 
     // FFN sublayer.
-    SPW_TRY(hc_coefficients(s, lw.hc_ffn, streams.get(), pre_f, post_f, comb_f));
+    SPW_TRY(hc_coefficients(s, lw.hc_ffn, streams.get(), mixes.get(), pre_f.get(), post_f.get(), comb_f.get()));
     SPW_TRY(collapse_and_norm(s, streams.get(), c.is_v41() ? pre_a.get() : pre_f.get(), lw.ffn_norm, x.get()));
-    SPW_TRY(moe(s, l, x.get(), y.get()));                                                          // [n, d]
+    {
+      ArenaScope scope(st.arena);
+      SPW_TRY(moe(s, l, x.get(), y.get()));                                                        // [n, d]
+    }
     SPW_TRY(cuda::hc_expand(streams.get(), y.get(), post_f.get(), comb_f.get(), n, hc, d, numerics_.bf16_activations,
                             s.stream));                                                            // [n, hc, d]
     if (c.is_v41()) std::swap(carried, pre_f);
     if (options.on_layer) {
       std::vector<float> host;
-      SPW_TRY(download(streams.get(), streams.size(), host));
+      SPW_TRY(s.download(streams.get(), streams.size(), host));
       options.on_layer(l, host);
     }
   }
 
   // Head: collapse the streams (V4: hc_head weights; V4.1: the last FFN's pre), norm, project.
-  const int first = options.all_logits ? 0 : n - 1, n_out = n - first;
-  DeviceBuffer<float> head_pre, h, logits;
-  if (c.is_v41()) {
-    SPW_TRY(head_pre.alloc(size_t(n_out) * hc));
-    SPW_CUDA_TRY(cudaMemcpy(head_pre.get(), carried.get() + size_t(first) * hc, sizeof(float) * n_out * hc,
-                            cudaMemcpyDeviceToDevice));
-  } else {
-    // [n_out, hc] mixes on the GPU; the sigmoid weights on the host (hc numbers per token).
-    DeviceBuffer<float> mixes;
-    SPW_TRY(mixes.alloc(size_t(n_out) * hc));
-    SPW_TRY(cuda::hc_mixes(streams.get() + size_t(first) * hc_d, st.w->hc_head.fn, n_out, hc, int64_t(hc_d),
-                           c.norm_eps, mixes.get(), s.stream));
-    std::vector<float> m, pre(size_t(n_out) * hc);
-    SPW_TRY(download(mixes.get(), mixes.size(), m));
-    const HcWeights& hh = host_weights_->hc_head;
-    for (int i = 0; i < n_out; ++i)
-      for (int j = 0; j < hc; ++j)
-        pre[size_t(i) * hc + j] = ref::sigmoid(m[size_t(i) * hc + j] * hh.scale[0] + hh.base[j]) + c.hc_eps;
-    SPW_TRY(upload(pre, head_pre));
+  const float* rows = streams.get() + size_t(first) * hc_d;
+  const float* head_pre = carried.get() + size_t(first) * hc;
+  if (!c.is_v41()) {
+    // [n_out, hc] mixes, then σ(mix·scale + base) + hc_eps.
+    SPW_TRY(cuda::hc_mixes(rows, st.w->hc_head.fn, n_out, hc, int64_t(hc_d), c.norm_eps, mixes.get(), s.stream));
+    SPW_TRY(cuda::hc_head_pre(mixes.get(), st.w->hc_head.scale, st.w->hc_head.base, n_out, hc, c.hc_eps, pre_a.get(),
+                              s.stream));
+    head_pre = pre_a.get();
   }
-  SPW_TRY(h.alloc(size_t(n_out) * d));
-  SPW_TRY(logits.alloc(size_t(n_out) * c.vocab_size));
-  SPW_TRY(cuda::hc_collapse(streams.get() + size_t(first) * hc_d, head_pre.get(), n_out, hc, d,
-                            numerics_.bf16_activations, h.get(), s.stream));                       // [n_out, d]
-  SPW_TRY(cuda::rms_norm(h.get(), st.w->norm, h.get(), n_out, d, c.norm_eps, numerics_.bf16_activations, s.stream));
-  SPW_TRY(linear(s, st.w->head, h.get(), n_out, logits.get()));                                  // [n_out, vocab]
-  std::vector<float> out;
-  SPW_TRY(download(logits.get(), logits.size(), out));
+  SPW_TRY(s.alloc(logits, size_t(n_out) * c.vocab_size));
+  SPW_TRY(cuda::hc_collapse(rows, head_pre, n_out, hc, d, numerics_.bf16_activations, x.get(), s.stream));  // [n_out, d]
+  SPW_TRY(cuda::rms_norm(x.get(), st.w->norm, x.get(), n_out, d, c.norm_eps, numerics_.bf16_activations, s.stream));
+  return linear(s, st.w->head, x.get(), n_out, logits.get());                                     // [n_out, vocab]
+}
 
-  // Commit the sequence's position and the Engram n-gram history.
-  seq.n_past += n;
-  if (c.is_v41() && !c.engram_layers.empty()) {
-    for (int32_t t : tokens) seq.engram_recent.push_back(host_weights_->engram_token_map[t]);
-    const size_t keep = size_t(c.engram_max_ngram - 1);
-    if (seq.engram_recent.size() > keep)
-      seq.engram_recent.erase(seq.engram_recent.begin(), seq.engram_recent.end() - keep);
+// Commits the chunks' positions and Engram n-gram histories.
+void GpuModel::end_step(GpuStep& s) {
+  const ModelConfig& c = config_;
+  for (StepChunk& ch : s.chunks) {
+    GpuSequence& seq = *ch.seq;
+    seq.n_past += ch.n;
+    if (c.is_v41() && !c.engram_layers.empty()) {
+      for (int32_t t : ch.tokens) seq.engram_recent.push_back(host_weights_->engram_token_map[t]);
+      const size_t keep = size_t(c.engram_max_ngram - 1);
+      if (seq.engram_recent.size() > keep)
+        seq.engram_recent.erase(seq.engram_recent.begin(), seq.engram_recent.end() - keep);
+    }
   }
+}
+
+Result<std::vector<float>> GpuModel::forward(GpuSequence& seq, std::span<const int32_t> tokens,
+                                             const ForwardOptions& options) {
+  GpuState& st = *state_;
+  if (int64_t(tokens.size()) > options_.budget.max_step_tokens)
+    return make_error("forward: ", tokens.size(), " tokens in one call, the budget allows ",
+                      options_.budget.max_step_tokens);
+  ArenaScope scope(st.arena);
+  GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {StepChunk{&seq, tokens}}, options_.linear_path, st.stream,
+            options_.moe_dispatch};
+  if (Status e = begin_step(s); !e.ok()) return make_error("forward: ", e.error().message);
+  const int first = options.all_logits ? 0 : s.n - 1, n_out = s.n - first;
+  DeviceSpan<float> logits;
+  SPW_TRY(run_step(s, options, first, n_out, logits));
+  std::vector<float> out;
+  SPW_TRY(s.download(logits.get(), logits.size(), out));
+  end_step(s);
   return out;
+}
+
+Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int32_t> tokens, std::span<int32_t> next,
+                        std::vector<float>* logits) {
+  GpuState& st = *state_;
+  const int B = int(seqs.size());
+  if (B == 0) return make_error("decode: no sequences");
+  if (tokens.size() != seqs.size() || next.size() != seqs.size())
+    return make_error("decode: ", seqs.size(), " sequences, ", tokens.size(), " tokens, ", next.size(),
+                      " outputs (one each)");
+  if (B > options_.budget.max_seqs)
+    return make_error("decode: ", B, " sequences, the budget allows ", options_.budget.max_seqs);
+  if (options_.linear_path == LinearPath::kGemv && B > 16)
+    return make_error("decode: the forced GEMV path takes at most 16 sequences per step, got ", B);
+  ArenaScope scope(st.arena);
+  GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {}, options_.linear_path, st.stream, options_.moe_dispatch};
+  for (int b = 0; b < B; ++b) {
+    if (!seqs[b]) return make_error("decode: sequence ", b, " is null");
+    s.chunks.push_back(StepChunk{seqs[b], tokens.subspan(b, 1)});
+  }
+  if (Status e = begin_step(s); !e.ok()) return make_error("decode: ", e.error().message);
+  DeviceSpan<float> out;
+  SPW_TRY(run_step(s, {}, 0, B, out));
+  DeviceSpan<int32_t> next_d;
+  SPW_TRY(s.alloc(next_d, B));
+  SPW_TRY(cuda::argmax(out.get(), B, config_.vocab_size, next_d.get(), s.stream));
+  std::vector<int32_t> host_next;
+  SPW_TRY(s.download(next_d.get(), size_t(B), host_next));
+  if (logits) SPW_TRY(s.download(out.get(), out.size(), *logits));
+  std::copy(host_next.begin(), host_next.end(), next.begin());
+  end_step(s);
+  return {};
 }
 
 // ---- loading ----
 
 namespace {
+
+template <class T>
+Status fill(DeviceBuffer<T>& buf, size_t n, T value) {
+  return upload(std::vector<T>(n, value), buf);
+}
 
 Status alloc_pool(KvPool& pool, const cuda::KvRowFormat& fmt, int64_t n_pages, const ModelConfig& c,
                   const MemoryPlan& plan, int max_seqs) {
@@ -363,13 +453,36 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
     st.engram_params = ref::engram_hash_params(c.engram_layers, c.engram_vocab_size, c.engram_compressed_vocab_size,
                                                c.engram_max_ngram, c.engram_n_heads);
     for (auto& p : st.engram_params) p.pad_id = m->host_weights_->engram_token_map[c.engram_pad_token_id];
+    for (int layer : c.engram_layers) {
+      const EngramWeights& ew = m->host_weights_->layers[layer].engram;
+      EngramTables& t = st.engram_tables.emplace_back();
+      SPW_TRY(t.table.alloc_copy(ew.table->data, ew.table->nbytes));
+      SPW_TRY(t.scale.alloc_copy(ew.table_scale->data, ew.table_scale->nbytes));
+      std::vector<float> qk(ew.q_weight.size());
+      for (size_t i = 0; i < qk.size(); ++i) qk[i] = ew.q_weight[i] * ew.k_weight[i];
+      SPW_TRY(upload(qk, t.qk));
+    }
   }
   const int max_in = max_linear_in(c);
-  SPW_TRY(linear_workspace_alloc(st.ws, options.budget.max_step_tokens, max_in,
+  SPW_TRY(linear_workspace_alloc(st.ws, step_max_rows(options.budget), max_in,
                                  std::max(size_t(64) << 20, size_t(128) * max_in * sizeof(float))));
   const int64_t exl3_width = (std::max<int64_t>(c.d_model, c.d_expert) + 127) / 128 * 128;
   SPW_TRY(exl3_cuda_workspace_alloc(st.exl3_ws, exl3_width, exl3_width));
+  st.expert_tables.resize(c.n_layers);
+  st.exl3_moe.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    SPW_TRY(expert_table_build(st.w->layers[l].experts, st.expert_tables[l]));
+    SPW_TRY(exl3_moe_table_build(st.w->layers[l].experts, c.swiglu_limit, st.exl3_moe[l]));
+    if (st.exl3_moe[l].ready() && !st.exl3_moe_ws.buf)
+      SPW_TRY(exl3_cuda_moe_workspace_alloc(st.exl3_moe_ws, kDeviceDispatchRows * c.top_k, st.exl3_moe[l].layer.d,
+                                            st.exl3_moe[l].layer.f));
+  }
+  SPW_TRY(st.arena.init(m->plan_.step_arena_nbytes));
+  SPW_TRY(st.staging.init(m->plan_.staging_host_nbytes));
+  SPW_CUDA_TRY(cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking));
   st.slot_used.assign(S, false);
+  // The uploads above ran on the legacy stream; the model's stream does not wait for it.
+  SPW_CUDA_TRY(cudaDeviceSynchronize());
   return m;
 }
 

@@ -12,17 +12,28 @@
 // activations such an ulp can flip a bf16 rounding and grow through the layers (tests/golden says
 // how far on these random-weight models), which is what tests/gpu/test_engine_golden.cpp bounds.
 //
-// What is slow in this first version, and why (correctness first):
-//  - everything runs on the legacy default stream with synchronous host copies in between;
-//  - step temporaries are cudaMalloc'ed and freed per op (cudaFree synchronises the device);
-//  - MoE: the router's choices go to the host, which then runs one gather + three linear calls +
-//    one scatter-add per routed expert — MXFP4 through the dense library, EXL3 (packs from
-//    `spillway quantize`) through cuda/exl3_gemm.h — (the fused EXL3 decode kernel, cuda/exl3_moe.h,
-//    is not wired in yet; no batching across sequences);
-//  - host round trips: the V4 indexer's Hadamard transform, the V4 head's mHC pre weights, the
-//    Engram row gather (tables in host memory) and its gate, the per-expert token lists;
-//  - one sequence per forward call (no batched decode, no CUDA graphs).
-// Tests: tests/gpu/test_engine_golden.cpp, tests/gpu/test_engine_plan.cpp.
+// Execution: one non-blocking CUDA stream per model; step temporaries come from a device arena sized
+// by the memory planner (no cudaMalloc / cudaFree in a step); host <-> device copies go through a
+// pinned staging buffer, async on the stream (step_arena.h). A step is a chunk of one sequence
+// (forward) or one token of each of B sequences (decode): every kernel takes per-row slots and
+// positions, so batching does not change a sequence's numbers (tests/gpu/test_engine_batch.cpp).
+// Decode-sized steps (≤ 16 rows) dispatch the MoE on the device (engine/moe_dispatch.h: grouped
+// GEMVs for dense experts, the fused cuda/exl3_moe.h kernel for EXL3 experts); Engram gathers its
+// rows from mapped host memory on the device; the V4 indexer's Hadamard and head weights run on the
+// device.
+//
+// What is still slow, and why:
+//  - host round trips left: a prefill chunk (> 16 rows) downloads the router's choices for the
+//    per-expert token lists (GEMMs that read each expert once); decode() waits for its next tokens;
+//    test hooks (before_layer / on_layer) copy the streams;
+//  - host work per step: the compressors' emission counts, the entry ids, the indexer's entry
+//    counts and the V4.1 key layers are planned on the host from the positions and uploaded (small,
+//    async copies), and the launch sizes depend on them — which is also why there are no CUDA graphs
+//    yet (a graph needs the emission and entry counts predicated on device-side positions);
+//  - the device MoE dispatch is a plain warp-per-output GEMV over (token, slot) pairs: a token's
+//    experts are read once per pair, not once per step for all tokens that chose them;
+//  - Engram hashing stays on the host (a few integer ops per token).
+// Tests: tests/gpu/test_engine_golden.cpp, test_engine_plan.cpp, test_engine_batch.cpp.
 #pragma once
 
 #include <memory>
@@ -38,7 +49,12 @@
 namespace spw::engine {
 
 struct GpuState;
+struct GpuStep;
 class GpuModel;
+template <class T>
+struct DeviceSpan;
+
+enum class MoeDispatch { kAuto, kHost, kDevice };
 
 struct GpuModelOptions {
   KvBudget budget;
@@ -46,6 +62,10 @@ struct GpuModelOptions {
   // kGemv forces the GEMV for every linear (then no call may exceed 16 tokens): the same summation
   // order for every chunking, which the chunked-prefill test uses to expect identical results.
   LinearPath linear_path = LinearPath::kAuto;
+  // Routed experts: kAuto runs steps of ≤ 16 rows with the dispatch on the device (grouped GEMVs over
+  // the (token, slot) pairs, engine/moe_dispatch.h) and longer ones per expert with the token lists on
+  // the host (GEMMs that read each expert once); kHost / kDevice force one (tests compare them).
+  MoeDispatch moe_dispatch = MoeDispatch::kAuto;
 };
 
 // One sequence's state on the GPU: a slot in the model's page tables and compressor states, the
@@ -89,11 +109,24 @@ class GpuModel {
   Result<std::vector<float>> forward(GpuSequence& seq, std::span<const int32_t> tokens,
                                      const ForwardOptions& options = {});
 
+  // One decode step for B sequences with one new token each (tokens[i] for seqs[i]); returns the
+  // greedy next token of each (argmax on the GPU) in next[B]; copies logits [B, vocab] to the host
+  // only when `logits` is non-null.
+  // Per sequence the result is what forward(seq, {token}) computes: every kernel of the step works
+  // per row (the sequence's slot and position), and linears on ≤ 16 rows take the GEMV, whose row
+  // results do not depend on the other rows. Errors: B = 0 or above the budget's max_seqs, a
+  // sequence twice, mismatched spans, and forward()'s errors.
+  Status decode(std::span<GpuSequence* const> seqs, std::span<const int32_t> tokens, std::span<int32_t> next,
+                std::vector<float>* logits = nullptr);
+
  private:
   friend Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string&, const Numerics&,
                                                           const GpuModelOptions&);
   GpuModel() = default;
   Status reserve_pages(GpuSequence& seq, int64_t n_total);
+  Status begin_step(GpuStep& s);
+  Status run_step(GpuStep& s, const ForwardOptions& options, int first, int n_out, DeviceSpan<float>& logits);
+  void end_step(GpuStep& s);
 
   ModelConfig config_;
   Numerics numerics_;

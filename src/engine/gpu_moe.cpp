@@ -1,13 +1,21 @@
 // MoE sublayer on the GPU in four stages (router → dispatch → experts → combine, model/moe.cpp),
-// plus the shared expert; and V4.1 Engram (model/engram.cpp). First version: the router runs on
-// the GPU, the per-expert token lists are built on the host, and each routed expert is three
-// linear calls on its gathered tokens — dense (MXFP4) or EXL3 (cuda/exl3_gemm.h) — (see
-// gpu_model.h for what is slow; the fused EXL3 decode kernel, cuda/exl3_moe.h, is not used yet).
+// plus the shared expert; and V4.1 Engram (model/engram.cpp). The router runs on the GPU; then
+//  - device dispatch (steps of ≤ 16 rows; GpuModelOptions::moe_dispatch): dense experts as grouped
+//    GEMVs over the (token, slot) pairs, EXL3 experts as the fused decode kernel (cuda/exl3_moe.h,
+//    reference_rounding); both read the expert ids from device memory, no host round trip
+//    (moe_dispatch.h);
+//  - host dispatch (prefill chunks): the per-expert token lists are built on the host
+//    and each routed expert is three linear calls on its gathered tokens — dense (MXFP4) or EXL3
+//    (cuda/exl3_gemm.h) — which read each expert's weights once per chunk.
+// Both add a token's experts in ascending expert order. Engram: host hashing, device gather from the
+// mapped host tables and device gate (engram_kernels.h).
 #include <cmath>
 #include <cstring>
 
+#include "cuda/ops/act_quant.h"
 #include "cuda/ops/moe.h"
 #include "engine/engine_kernels.h"
+#include "engine/engram_kernels.h"
 #include "engine/gpu_step.h"
 #include "formats/quant.h"
 #include "ops/ref/linalg.h"
@@ -15,7 +23,7 @@
 namespace spw::engine {
 namespace {
 
-using Buf = DeviceBuffer<float>;
+using Buf = DeviceSpan<float>;
 
 // y [m, t.n] = x·W of an EXL3 expert linear, rounded like linear() rounds a BF16-kind product (the CPU
 // reference keeps EXL3 experts as an unquantized linear: model/exl3_experts.h).
@@ -30,10 +38,10 @@ Status run_expert(GpuStep& s, const DeviceExpert& e, const float* xs, int m, con
   const bool exl3 = e.is_exl3();
   const int F = exl3 ? int(e.exl3[0].n) : e.w1.n_out, d = exl3 ? int(e.exl3[1].n) : e.w2.n_out;
   Buf g, u, h;
-  SPW_TRY(g.alloc(size_t(m) * F));
-  SPW_TRY(u.alloc(size_t(m) * F));
-  SPW_TRY(h.alloc(size_t(m) * F));
-  SPW_TRY(ys.alloc(size_t(m) * d));
+  SPW_TRY(s.alloc(g, size_t(m) * F));
+  SPW_TRY(s.alloc(u, size_t(m) * F));
+  SPW_TRY(s.alloc(h, size_t(m) * F));
+  SPW_TRY(s.alloc(ys, size_t(m) * d));
   if (exl3) {
     SPW_TRY(exl3_linear(s, e.exl3[0], xs, m, g.get()));  // [m, F]
     SPW_TRY(exl3_linear(s, e.exl3[2], xs, m, u.get()));  // [m, F]
@@ -46,6 +54,76 @@ Status run_expert(GpuStep& s, const DeviceExpert& e, const float* xs, int m, con
   return linear(s, e.w2, h.get(), m, ys.get());                       // [m, d]
 }
 
+// Dispatch on the host: the tokens of each expert and their route weights go to the host; each
+// expert runs on its gathered rows and is added into acc [n, d] at its tokens, in expert order.
+Status routed_host(GpuStep& s, int layer, const float* x, const DeviceSpan<int32_t>& experts, const Buf& weights,
+                   float* acc) {
+  const ModelConfig& c = s.c;
+  const DeviceLayer& lw = s.w.layers[layer];
+  const int n = s.n, d = c.d_model, E = c.n_experts, K = c.top_k;
+  std::vector<int32_t> ex;
+  std::vector<float> wt;
+  SPW_TRY(s.download(experts.get(), experts.size(), ex));
+  SPW_TRY(s.download(weights.get(), weights.size(), wt));
+  std::vector<std::vector<int32_t>> tokens_of(E);
+  std::vector<std::vector<float>> weights_of(E);
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k < K; ++k) {
+      tokens_of[ex[size_t(i) * K + k]].push_back(i);
+      weights_of[ex[size_t(i) * K + k]].push_back(wt[size_t(i) * K + k]);
+    }
+  SPW_CUDA_TRY(cudaMemsetAsync(acc, 0, sizeof(float) * size_t(n) * d, s.stream));
+  for (int e = 0; e < E; ++e) {
+    const int m = int(tokens_of[e].size());
+    if (m == 0) continue;
+    ArenaScope scope(s.st.arena);
+    Buf xs, ys, rw;
+    DeviceSpan<int32_t> rows;
+    SPW_TRY(s.upload(tokens_of[e], rows));
+    SPW_TRY(s.upload(weights_of[e], rw));
+    SPW_TRY(s.alloc(xs, size_t(m) * d));
+    SPW_TRY(gather_rows_cuda(x, rows.get(), m, d, xs.get(), s.stream));                       // [m, d]
+    SPW_TRY(run_expert(s, lw.experts[e], xs.get(), m, rw.get(), c.swiglu_limit, ys));          // [m, d]
+    SPW_TRY(scatter_add_rows_cuda(acc, ys.get(), rows.get(), m, d, s.stream));                 // acc[rows] += ys
+  }
+  return {};
+}
+
+// Dispatch on the device: every (token, slot) pair p = t·K + j through its expert (grouped GEMVs,
+// moe_dispatch.h), then each token's pairs summed in expert order into acc [n, d].
+Status routed_device(GpuStep& s, int layer, const float* x, const DeviceSpan<int32_t>& experts, const Buf& weights,
+                     float* acc) {
+  const ModelConfig& c = s.c;
+  const ExpertTable& t = s.st.expert_tables[layer];
+  const int n = s.n, d = c.d_model, K = c.top_k, F = t.shape[0].n_out;
+  const int64_t P = int64_t(n) * K;
+  const bool rb = s.num.bf16_activations;
+  Buf xq, g, u, h, ys;
+  const float* x_in = x;
+  if (t.shape[0].act_block > 0) {  // x̂ as the dense library's activation prep makes it
+    SPW_TRY(s.alloc(xq, size_t(n) * d));
+    SPW_CUDA_TRY(cudaMemcpyAsync(xq.get(), x, xq.nbytes(), cudaMemcpyDeviceToDevice, s.stream));
+    SPW_TRY(cuda::fake_quant_fp8(xq.get(), n, d, d, t.shape[0].act_block, s.stream));
+    x_in = xq.get();
+  }
+  SPW_TRY(s.alloc(g, size_t(P) * F));
+  SPW_TRY(s.alloc(u, size_t(P) * F));
+  SPW_TRY(s.alloc(h, size_t(P) * F));
+  SPW_TRY(s.alloc(ys, size_t(P) * d));
+  SPW_TRY(grouped_expert_gemv_cuda(t, 0, x_in, K, experts.get(), P, g.get(), rb, s.stream));  // [P, F]
+  SPW_TRY(grouped_expert_gemv_cuda(t, 2, x_in, K, experts.get(), P, u.get(), rb, s.stream));  // [P, F]
+  SPW_TRY(cuda::swiglu(g.get(), F, u.get(), F, weights.get(), P, F, c.swiglu_limit, rb, h.get(), s.stream));
+  if (t.shape[1].act_block > 0) SPW_TRY(cuda::fake_quant_fp8(h.get(), P, F, F, t.shape[1].act_block, s.stream));
+  SPW_TRY(grouped_expert_gemv_cuda(t, 1, h.get(), 1, experts.get(), P, ys.get(), rb, s.stream));  // [P, d]
+  return moe_combine_cuda(ys.get(), experts.get(), n, K, d, acc, s.stream);                      // [n, d]
+}
+
+bool use_device_dispatch(const GpuStep& s, int layer) {
+  const bool exl3 = s.st.exl3_moe[layer].ready() && int64_t(s.n) * s.c.top_k <= s.st.exl3_moe_ws.max_pairs;
+  if (s.moe_dispatch == MoeDispatch::kHost || !(s.st.expert_tables[layer].ready() || exl3)) return false;
+  return s.moe_dispatch == MoeDispatch::kDevice || s.n <= kDeviceDispatchRows;
+}
+
 }  // namespace
 
 Status moe(GpuStep& s, int layer, const float* x, float* out) {
@@ -56,10 +134,10 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
 
   // Router: [n, E] logits (FP32 product) → [n, top_k] experts and weights.
   Buf logits, weights;
-  DeviceBuffer<int32_t> experts;
-  SPW_TRY(logits.alloc(size_t(n) * E));
-  SPW_TRY(weights.alloc(size_t(n) * K));
-  SPW_TRY(experts.alloc(size_t(n) * K));
+  DeviceSpan<int32_t> experts;
+  SPW_TRY(s.alloc(logits, size_t(n) * E));
+  SPW_TRY(s.alloc(weights, size_t(n) * K));
+  SPW_TRY(s.alloc(experts, size_t(n) * K));
   SPW_TRY(linear(s, lw.gate, x, n, logits.get()));
   if (c.layers[layer].hash_routed)
     SPW_TRY(cuda::router_hash(logits.get(), s.tokens_d.get(), lw.tid2eid, n, E, K, route_eps, c.route_scale,
@@ -68,34 +146,16 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
     SPW_TRY(cuda::router_topk(logits.get(), lw.gate_bias, n, E, K, route_eps, c.route_scale, experts.get(),
                               weights.get(), s.stream));
 
-  // Dispatch (host): the tokens of each expert and their route weights.
-  std::vector<int32_t> ex;
-  std::vector<float> wt;
-  SPW_TRY(download(experts.get(), experts.size(), ex));
-  SPW_TRY(download(weights.get(), weights.size(), wt));
-  std::vector<std::vector<int32_t>> tokens_of(E);
-  std::vector<std::vector<float>> weights_of(E);
-  for (int i = 0; i < n; ++i)
-    for (int k = 0; k < K; ++k) {
-      tokens_of[ex[size_t(i) * K + k]].push_back(i);
-      weights_of[ex[size_t(i) * K + k]].push_back(wt[size_t(i) * K + k]);
-    }
-
-  // Experts, in expert order, each added into acc [n, d] at its tokens (f32, the reference's order).
-  Buf acc, xs, ys, rw, shared;
-  DeviceBuffer<int32_t> rows;
-  SPW_TRY(acc.alloc(size_t(n) * d));
-  SPW_CUDA_TRY(cudaMemset(acc.get(), 0, acc.nbytes()));
-  for (int e = 0; e < E; ++e) {
-    const int m = int(tokens_of[e].size());
-    if (m == 0) continue;
-    SPW_TRY(upload(tokens_of[e], rows));
-    SPW_TRY(upload(weights_of[e], rw));
-    SPW_TRY(xs.alloc(size_t(m) * d));
-    SPW_TRY(gather_rows_cuda(x, rows.get(), m, d, xs.get(), s.stream));                       // [m, d]
-    SPW_TRY(run_expert(s, lw.experts[e], xs.get(), m, rw.get(), c.swiglu_limit, ys));          // [m, d]
-    SPW_TRY(scatter_add_rows_cuda(acc.get(), ys.get(), rows.get(), m, d, s.stream));           // acc[rows] += ys
-  }
+  // Dispatch and experts → acc [n, d].
+  Buf acc, shared;
+  SPW_TRY(s.alloc(acc, size_t(n) * d));
+  if (!use_device_dispatch(s, layer))
+    SPW_TRY(routed_host(s, layer, x, experts, weights, acc.get()));
+  else if (s.st.expert_tables[layer].ready())
+    SPW_TRY(routed_device(s, layer, x, experts, weights, acc.get()));
+  else  // EXL3: the fused decode kernel with the per-expert path's roundings
+    SPW_TRY(exl3_moe_decode_cuda(s.st.exl3_moe[layer].layer, x, experts.get(), weights.get(), n, K, acc.get(),
+                                 s.st.exl3_moe_ws, s.stream));
 
   // Shared expert (clamped in V4.1 only), combine, bf16.
   SPW_TRY(run_expert(s, lw.shared, x, n, nullptr, c.is_v41() ? c.swiglu_limit : 0.f, shared));  // [n, d]
@@ -105,65 +165,40 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
 
 Status engram(GpuStep& s, int layer, float* streams) {
   const ModelConfig& c = s.c;
-  const EngramWeights& ew = s.host_w.layers[layer].engram;
   int slot = 0;
   while (c.engram_layers[slot] != layer) ++slot;
   const ref::EngramHashParams& hp = s.st.engram_params[slot];
+  const EngramTables& tables = s.st.engram_tables[slot];
   const int n = s.n, d = c.d_model, hc = c.hc_mult, hd = c.engram_head_dim, M = c.engram_max_ngram;
   const int n_rows = (M - 1) * c.engram_n_heads, n_in = n_rows * hd;
 
-  // Gather (host, tables in host memory): rows [n, n_rows·hd] dequantized from fp8 with 1×32 ue8m0 scales.
-  std::vector<float> gathered(size_t(n) * n_in);
-  std::vector<int64_t> row_ids(n_rows), history(M);
-  const std::vector<int64_t>& recent = s.seq.engram_recent;  // before this step's tokens
+  // Table rows [n, n_rows] (host hashing over each sequence's n-gram history).
+  std::vector<int64_t> row_ids(size_t(n) * n_rows), history(M);
   for (int i = 0; i < n; ++i) {
+    const StepChunk& ch = s.chunks[s.row_chunk[i]];
+    const std::vector<int64_t>& recent = ch.seq->engram_recent;  // before this step's tokens
+    const int i_chunk = i - ch.row0;
     for (int k = 0; k < M; ++k) {  // history[k] = compressed id at position (p+i−k), −2 before the start
-      const int64_t j = int64_t(i) - k;
-      if (j >= 0) history[k] = s.host_w.engram_token_map[s.tokens[j]];
+      const int64_t j = int64_t(i_chunk) - k;
+      if (j >= 0) history[k] = s.host_w.engram_token_map[ch.tokens[j]];
       else if (int64_t(recent.size()) + j >= 0) history[k] = recent[recent.size() + j];
       else history[k] = -2;
     }
-    ref::engram_rows(hp, history.data(), row_ids.data());
-    for (int r = 0; r < n_rows; ++r)
-      dequant_fp8_rows(ew.table->data + size_t(row_ids[r]) * hd, ew.table_scale->data + size_t(row_ids[r]) * (hd / 32),
-                       1, hd, 32, gathered.data() + size_t(i) * n_in + size_t(r) * hd);
+    ref::engram_rows(hp, history.data(), row_ids.data() + size_t(i) * n_rows);
   }
-
-  // kv [n, (hc+1)·d] = wkv · rows on the GPU: hc keys and one value.
-  Buf rows_d, kv_d;
-  SPW_TRY(upload(gathered, rows_d));
-  SPW_TRY(kv_d.alloc(size_t(n) * (hc + 1) * d));
-  SPW_TRY(linear(s, s.w.layers[layer].engram_wkv, rows_d.get(), n, kv_d.get()));
-
-  // The gate per residual copy (host: f64 sums in the reference's order), streams updated in place.
-  std::vector<float> kv, x;
-  SPW_TRY(download(kv_d.get(), kv_d.size(), kv));
-  SPW_TRY(download(streams, size_t(n) * hc * d, x));
-  const float inv_sqrt_d = 1.0f / std::sqrt(float(d));
-  for (int i = 0; i < n; ++i) {
-    const float* key = kv.data() + size_t(i) * (hc + 1) * d;
-    const float* value = key + size_t(hc) * d;
-    for (int j = 0; j < hc; ++j) {
-      float* xj = x.data() + (size_t(i) * hc + j) * d;
-      const float* kj = key + size_t(j) * d;
-      double sx = 0, sk = 0, dot = 0;
-      for (int ch = 0; ch < d; ++ch) {
-        const float wgt = ew.q_weight[size_t(j) * d + ch] * ew.k_weight[size_t(j) * d + ch];
-        sx += double(xj[ch]) * xj[ch];
-        sk += double(kj[ch]) * kj[ch];
-        dot += double(xj[ch]) * wgt * kj[ch];
-      }
-      const float rx = 1.0f / std::sqrt(float(sx / d) + c.norm_eps);
-      const float rk = 1.0f / std::sqrt(float(sk / d) + c.norm_eps);
-      const float g_dot = float(dot) * rx * rk * inv_sqrt_d;
-      const float sign = float((g_dot > 0.f) - (g_dot < 0.f));
-      const float gate = ref::sigmoid(sign * std::sqrt(std::max(std::fabs(g_dot), 1e-6f)));
-      for (int ch = 0; ch < d; ++ch) xj[ch] += gate * value[ch];
-      if (s.num.bf16_activations) ref::round_bf16_inplace(xj, d);
-    }
-  }
-  SPW_CUDA_TRY(cudaMemcpy(streams, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
-  return {};
+  DeviceSpan<int64_t> ids;
+  Buf rows, kv;
+  SPW_TRY(s.upload(row_ids, ids));
+  SPW_TRY(s.alloc(rows, size_t(n) * n_in));
+  SPW_TRY(s.alloc(kv, size_t(n) * (hc + 1) * d));
+  // [n, n_rows·hd] dequantized from fp8 with 1×32 ue8m0 scales, read from host memory.
+  SPW_TRY(engram_gather_cuda(static_cast<const uint8_t*>(tables.table.device_ptr()),
+                             static_cast<const uint8_t*>(tables.scale.device_ptr()), ids.get(), int64_t(n) * n_rows,
+                             hd, rows.get(), s.stream));
+  // [n, (hc+1)·d]: hc keys and one value.
+  SPW_TRY(linear(s, s.w.layers[layer].engram_wkv, rows.get(), n, kv.get()));
+  // The gate per residual copy, streams [n, hc, d] updated in place.
+  return engram_gate_cuda(streams, kv.get(), tables.qk.get(), n, hc, d, c.norm_eps, s.num.bf16_activations, s.stream);
 }
 
 }  // namespace spw::engine

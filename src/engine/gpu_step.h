@@ -11,6 +11,8 @@
 #include "engine/device_buffer.h"
 #include "engine/device_weights.h"
 #include "engine/gpu_model.h"
+#include "engine/moe_dispatch.h"
+#include "engine/step_arena.h"
 #include "ops/ref/engram_hash.h"
 
 namespace spw::engine {
@@ -36,39 +38,84 @@ struct KvPool {
   }
 };
 
+// One Engram layer's tables (mapped pinned host memory) and its gate weights q·k [hc, d] (device).
+struct EngramTables {
+  MappedHostBuffer table, scale;
+  DeviceBuffer<float> qk;
+};
+
 struct GpuState {
   std::unique_ptr<DeviceWeights> w;
   KvPool ring, comp, keys;
   std::vector<CompressorBuffers> comp_state, idx_comp_state;  // per layer
   DeviceBuffer<float> rope_main, rope_compress;                // [d_rope/2] frequencies
   std::vector<ref::EngramHashParams> engram_params;
+  std::vector<EngramTables> engram_tables;  // per Engram layer, as engram_params
+  std::vector<ExpertTable> expert_tables;   // per layer (device MoE dispatch; empty when not uniform dense)
+  std::vector<Exl3MoeTable> exl3_moe;       // per layer (fused EXL3 decode; empty when not EXL3)
+  Exl3CudaMoeWorkspace exl3_moe_ws;         // pairs of a ≤ 16-row step
   LinearWorkspace ws;
   Exl3CudaWorkspace exl3_ws;  // EXL3 experts (max(d, F) wide)
   std::vector<bool> slot_used;
+  cudaStream_t stream = nullptr;  // non-blocking; every kernel and copy of the model runs on it
+  DeviceArena arena;              // step temporaries (memory_plan.h: step_arena_nbytes)
+  PinnedStaging staging;          // host side of the step's copies
 };
 
-// One forward call of one sequence.
+// One sequence's part of a step: its tokens are rows row0 .. row0 + n − 1 of the step, at
+// positions p .. p + n − 1.
+struct StepChunk {
+  GpuSequence* seq = nullptr;
+  std::span<const int32_t> tokens;
+  int64_t p = 0;
+  int row0 = 0, n = 0;
+};
+
+// One step: a chunk of one sequence (forward) or one token of each of several sequences (decode).
+// Every per-token quantity is indexed by the step's row; kernels see per-token slots and positions.
 struct GpuStep {
   const ModelConfig& c;
   const DeviceWeights& w;
   const ModelWeights& host_w;
   const Numerics& num;
   GpuState& st;
-  GpuSequence& seq;
-  std::span<const int32_t> tokens;
-  int64_t p = 0;  // position of tokens[0]
-  int n = 0;
+  std::vector<StepChunk> chunks;
   LinearPath path = LinearPath::kAuto;
   cudaStream_t stream = nullptr;
-  // Device arrays of the step, [n] each: token ids, positions p + i, the slot, p, 0; and [1]: n.
-  DeviceBuffer<int32_t> tokens_d{}, slots{}, zeros{}, n_tokens{};
-  DeviceBuffer<int64_t> pos{}, pos0s{};
+  MoeDispatch moe_dispatch = MoeDispatch::kAuto;
+  int n = 0;                        // rows (tokens) of the step
+  std::vector<int32_t> tokens{};    // [n]
+  std::vector<int32_t> row_chunk{}; // [n] chunk of each row
+  std::vector<int64_t> row_pos{};   // [n] position of each row
+  int64_t max_end = 0;              // max over chunks of p + n
+  // Device arrays, per row: token ids, slot, position, its chunk's first position and first row;
+  // per chunk: slot, first position, token count, first row (compressor_push's items).
+  DeviceSpan<int32_t> tokens_d{}, slots{}, row0s{}, chunk_slot{}, chunk_n{}, chunk_row0{};
+  DeviceSpan<int64_t> pos{}, pos0s{}, chunk_pos0{};
   // V4.1 publications of this step: the latest index source's selection [n, index_topk] (−1 padded)
-  // and the candidate source's per-entry mask [n, cand_stride].
-  DeviceBuffer<int32_t> topk{};
-  DeviceBuffer<uint8_t> candidates{};
+  // and the candidate source's per-entry mask [n, cand_stride] (cand_stride = max_end).
+  DeviceSpan<int32_t> topk{};
+  DeviceSpan<uint8_t> candidates{};
   int64_t cand_stride = 0;
   bool has_candidates = false;
+
+  int n_chunks() const { return int(chunks.size()); }
+  template <class T>
+  Status alloc(DeviceSpan<T>& out, size_t count) {
+    return st.arena.alloc(out, count);
+  }
+  // Allocates and queues the upload of v (async, through the pinned staging buffer).
+  template <class T>
+  Status upload(const std::vector<T>& v, DeviceSpan<T>& out) {
+    SPW_TRY(alloc(out, v.size()));
+    return st.staging.upload_bytes(out.get(), v.data(), v.size() * sizeof(T), stream);
+  }
+  // Copies n device values to the host and waits for them (a host round trip).
+  template <class T>
+  Status download(const T* src, size_t count, std::vector<T>& dst) {
+    dst.resize(count);
+    return st.staging.download_bytes(dst.data(), src, count * sizeof(T), stream);
+  }
 };
 
 // y[n_tokens, l.n_out] = x̂·Wᵀ with the reference's numerics (model/linear.cpp).

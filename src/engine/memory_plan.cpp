@@ -43,6 +43,37 @@ int max_linear_in(const ModelConfig& c) {
   return m;
 }
 
+size_t step_arena_nbytes(const ModelConfig& c, int64_t n, int64_t T) {
+  const int64_t d = c.d_model, H = c.n_heads, D = c.d_head, hc = c.hc_mult, E = c.n_experts, F = c.d_expert;
+  const int64_t Hi = c.index_n_heads, Di = c.index_head_dim, K = c.top_k, n_mix = (2 + hc) * hc;
+  // f32 values (or int32 / int64 counted as one / two) per row of the step.
+  const int64_t step = 8                                   // token, slot, row0, position, chunk position
+                       + 12                                // per-chunk arrays (at most one chunk per row)
+                       + c.index_topk + T / 4              // V4.1 selection, candidate mask (bytes)
+                       + hc * d + 2 * d + n_mix            // streams, x, y, mixes
+                       + 4 * hc + 2 * hc * hc + hc         // pre/post/comb of both sites, the one-hot
+                       + c.vocab_size + 1;                 // logits, next token
+  int64_t min_ratio = T;
+  for (const LayerPlan& p : c.layers)
+    if (p.compress_ratio > 0) min_ratio = std::min<int64_t>(min_ratio, p.compress_ratio);
+  const int64_t attn = c.q_lora_rank + 3 * H * D           // cq, q, o
+                       + 2 * D + 4 * D + 2 * D + 4        // kv, compressor kv/score (2D wide), entries, ids
+                       + 4 * Di + 2 * Di + Di             // indexer compressor rows, entries, keys
+                       + Hi * Di + Hi + 4                 // index queries, weights, score inputs
+                       + 2 * T + T / std::max(1, c.candidate_block_size) + 4 + c.candidate_topk_blocks  // scores
+                       + std::max<int64_t>(c.index_topk, T / std::max<int64_t>(1, min_ratio) + 1)        // sel
+                       + 2 + int64_t(c.o_groups) * c.o_lora_rank;  // ring rows, z
+  const int64_t moe = E + 3 * K + d                        // router logits, weights, experts, acc
+                      + 2 * d + 3 * F + 3                  // one routed expert's rows (host dispatch)
+                      + K * (3 * F + d + 4)                // device dispatch: every (row, slot) pair
+                      + 3 * F + d;                         // shared expert
+  const int64_t n_in = int64_t(c.engram_max_ngram - 1) * c.engram_n_heads * c.engram_head_dim;
+  const int64_t engram = c.engram_layers.empty() ? 0 : n_in + (hc + 1) * d + 2 * c.engram_n_heads * c.engram_max_ngram;
+  const int64_t per_row = step + std::max({attn, moe, engram});
+  // Every allocation is rounded up to 256 B: 1 MiB covers the few hundred of one scope.
+  return f32_nbytes(n * per_row) + (size_t(1) << 20);
+}
+
 MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget) {
   MemoryPlan plan;
   WeightBytes& w = plan.weights;
@@ -117,17 +148,14 @@ MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget) {
   plan.state_nbytes = size_t(S) * comp_states + 3 * size_t(S) * c.n_layers * plan.max_pages_per_seq * sizeof(int32_t);
 
   // Workspace: the dense-linear workspace (activations + 128 dequantized weight rows, at least the
-  // 64 MiB the dense library defaults to) and the step's largest live activations per token.
-  const int64_t n = budget.max_step_tokens, max_in = max_linear_in(c);
+  // 64 MiB the dense library defaults to) and the step arena.
+  const int64_t n = step_max_rows(budget), max_in = max_linear_in(c);
   const size_t linear_ws = f32_nbytes(n * max_in) + std::max(size_t(64) << 20, f32_nbytes(128 * max_in));
-  const int64_t per_token = 2 * hc * d                    // residual streams and a copy
-                            + 3 * H * D                   // q, attention output, a de-rotated copy
-                            + c.q_lora_rank + 4 * D + 4 * d  // cq, kv rows and compressor rows, x, y
-                            + 2 * E + 4 * F * c.top_k     // router logits, expert hidden rows
-                            + Hi * Di + 2 * Hi            // index queries and weights
-                            + c.vocab_size;               // logits
-  const int64_t max_entries = T;                          // ratio-1 index scores per query
-  plan.workspace_nbytes = linear_ws + f32_nbytes(n * per_token) + f32_nbytes(n * max_entries) * 2;
+  plan.step_arena_nbytes = step_arena_nbytes(c, n, T);
+  plan.workspace_nbytes = linear_ws + plan.step_arena_nbytes;
+  // Staging: the per-row arrays of a step and the page-table rows of a decode batch; larger copies
+  // (all-logits downloads, test hooks) synchronise and reuse it.
+  plan.staging_host_nbytes = size_t(4) << 20;
   return plan;
 }
 

@@ -54,8 +54,10 @@ struct KvPlan {
 struct MemoryPlan {
   WeightBytes weights;
   KvPlan kv;
-  size_t state_nbytes = 0;      // compressor states and page tables of max_seqs sequences
-  size_t workspace_nbytes = 0;  // linear workspace and the step's activations at max_step_tokens
+  size_t state_nbytes = 0;        // compressor states and page tables of max_seqs sequences
+  size_t workspace_nbytes = 0;    // linear workspace + step arena
+  size_t step_arena_nbytes = 0;   // the step's activations at step_max_rows rows (GpuModel's arena)
+  size_t staging_host_nbytes = 0;  // pinned host staging of the step's copies (host memory)
   size_t engram_tables_host_nbytes = 0;
   int max_pages_per_seq = 0;  // page-table width: ceil(max_context / kKvPageRows)
   size_t device_total() const { return weights.total() + kv.pool_nbytes() + state_nbytes + workspace_nbytes; }
@@ -65,6 +67,13 @@ struct MemoryPlan {
 // keys (V4: CSA layers; V4.1: the KV sources).
 bool layer_has_compressed(const ModelConfig& c, int layer);
 bool layer_has_index_keys(const ModelConfig& c, int layer);
+
+// Rows of the largest step: a prefill chunk (max_step_tokens) or a decode batch (max_seqs).
+inline int step_max_rows(const KvBudget& b) { return b.max_step_tokens > b.max_seqs ? b.max_step_tokens : b.max_seqs; }
+
+// Device bytes of a step's temporaries at n_rows rows and contexts up to max_context, as GpuModel
+// allocates them from its arena: the step-long arrays plus the largest sublayer's scope.
+size_t step_arena_nbytes(const ModelConfig& c, int64_t n_rows, int64_t max_context);
 
 // Widest input of a linear or of the grouped output projection (sizes the linear workspace).
 int max_linear_in(const ModelConfig& c);

@@ -1,0 +1,159 @@
+#include "engine/moe_dispatch.h"
+
+#include "cuda/dense/dense_device.cuh"
+#include "engine/device_weights.h"
+
+namespace spw::engine {
+namespace {
+
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+
+template <DenseFormat F>
+__global__ void grouped_gemv_kernel(const ExpertPtrs* table, int which, DeviceLinear shape, const float* x, int x_div,
+                                    const int32_t* experts, int64_t n_pairs, float* y, bool round_out) {
+  const int64_t job = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  const int n_out = shape.n_out, n_in = shape.n_in;
+  if (job >= n_pairs * n_out) return;
+  const int64_t p = job / n_out;
+  const int o = int(job % n_out);
+  const int e = experts[p];
+  if (e < 0) return;
+  const void* w = table[e].w[which];
+  const uint8_t* scale = table[e].scale[which];
+  const float* xr = x + (p / x_div) * n_in;
+  float acc = 0.f;
+  for (int k = lane * 16; k < n_in; k += 32 * 16) {
+    const densedev::Chunk<F> c = densedev::load_chunk<F>(w, scale, o, k, n_in, shape.weight_block);
+    float v[16];
+    densedev::dequant_chunk<F>(c, v);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) acc = __fmaf_rn(xr[k + j], v[j], acc);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+  if (lane == 0) y[p * n_out + o] = round_out ? densedev::round_bf16_dev(acc) : acc;
+}
+
+__global__ void moe_combine_kernel(const float* ys, const int32_t* experts, int64_t n_tokens, int top_k, int64_t d,
+                                   float* acc) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_tokens * d) return;
+  const int64_t t = i / d, ch = i % d;
+  const int32_t* ex = experts + t * top_k;
+  float sum = 0.f;
+  int prev_e = -1, prev_j = -1;
+  for (int n = 0; n < top_k; ++n) {  // the next slot in (expert, slot) order after (prev_e, prev_j)
+    int best = -1;
+    for (int j = 0; j < top_k; ++j) {
+      const bool after = ex[j] > prev_e || (ex[j] == prev_e && j > prev_j);
+      if (after && (best < 0 || ex[j] < ex[best])) best = j;
+    }
+    if (best < 0 || ex[best] < 0) break;
+    sum = __fadd_rn(sum, ys[(t * top_k + best) * d + ch]);
+    prev_e = ex[best], prev_j = best;
+  }
+  acc[i] = sum;
+}
+
+Status launched(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return {};
+  return make_error(what, ": ", cudaGetErrorString(e));
+}
+
+}  // namespace
+
+Status expert_table_build(const std::vector<DeviceExpert>& experts, ExpertTable& t) {
+  t.ptrs.reset();
+  if (experts.empty() || experts[0].is_exl3()) return {};
+  const DeviceLinear* first[3] = {&experts[0].w1, &experts[0].w2, &experts[0].w3};
+  std::vector<ExpertPtrs> host(experts.size());
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const DeviceLinear* l[3] = {&experts[e].w1, &experts[e].w2, &experts[e].w3};
+    for (int q = 0; q < 3; ++q) {
+      const DeviceLinear& a = *l[q];
+      const DeviceLinear& b = *first[q];
+      if (experts[e].is_exl3() || a.format != b.format || a.n_out != b.n_out || a.n_in != b.n_in ||
+          a.weight_block != b.weight_block || a.act_block != b.act_block || a.f32_product != b.f32_product ||
+          a.n_in % 32 != 0)
+        return {};
+      host[e].w[q] = a.w;
+      host[e].scale[q] = a.scale;
+    }
+  }
+  // Gate and up read the same quantized input; down reads their width.
+  if (first[0]->act_block != first[2]->act_block || first[0]->n_out != first[2]->n_out ||
+      first[0]->n_in != first[2]->n_in || first[1]->n_in != first[0]->n_out)
+    return {};
+  for (int q = 0; q < 3; ++q) t.shape[q] = *first[q];
+  return upload(host, t.ptrs);
+}
+
+Status exl3_moe_table_build(const std::vector<DeviceExpert>& experts, float swiglu_limit, Exl3MoeTable& t) {
+  t.experts.reset();
+  if (experts.empty() || !experts[0].is_exl3()) return {};
+  const Exl3CudaTensor& r = experts[0].exl3[0];
+  std::vector<Exl3CudaExpert> host(experts.size());
+  constexpr int kFrom[3] = {0, 2, 1};  // the fused kernel's order: w1 (gate), w3 (up), w2 (down)
+  for (size_t e = 0; e < experts.size(); ++e) {
+    if (!experts[e].is_exl3()) return {};
+    for (int q = 0; q < 3; ++q) {
+      const Exl3CudaTensor& x = experts[e].exl3[kFrom[q]];
+      const Exl3CudaTensor& x0 = experts[0].exl3[kFrom[q]];
+      if (x.bits.k_x2 != r.bits.k_x2 || x.codebook != r.codebook || x.k != x0.k || x.n != x0.n) return {};
+      host[e].trellis[q] = x.trellis, host[e].suh[q] = x.suh, host[e].svh[q] = x.svh, host[e].bias[q] = x.bias;
+    }
+  }
+  Exl3CudaMoeLayer l;
+  l.n_experts = int(experts.size());
+  l.d = experts[0].exl3[1].n, l.f = experts[0].exl3[0].n;
+  l.bits = r.bits, l.codebook = r.codebook, l.swiglu_limit = swiglu_limit, l.reference_rounding = true;
+  if (experts[0].exl3[0].k != l.d || experts[0].exl3[1].k != l.f) return {};
+  SPW_TRY(upload(host, t.experts));
+  l.experts = t.experts.get();
+  if (!exl3_cuda_moe_supports(l)) {
+    t.experts.reset();
+    return {};
+  }
+  t.layer = l;
+  return {};
+}
+
+Status grouped_expert_gemv_cuda(const ExpertTable& t, int which, const float* x, int x_div, const int32_t* experts,
+                                int64_t n_pairs, float* y, bool round_out, cudaStream_t stream) {
+  if (!t.ready()) return make_error("grouped_expert_gemv_cuda: no expert table (experts not uniform dense linears)");
+  const DeviceLinear& s = t.shape[which];
+  const int64_t warps = n_pairs * s.n_out;
+  if (warps == 0) return {};
+  const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
+  const bool rb = round_out && !s.f32_product;
+  switch (s.format) {
+    case DenseFormat::kFp8:
+      grouped_gemv_kernel<DenseFormat::kFp8><<<blocks, kThreads, 0, stream>>>(t.ptrs.get(), which, s, x, x_div,
+                                                                              experts, n_pairs, y, rb);
+      break;
+    case DenseFormat::kFp4:
+      grouped_gemv_kernel<DenseFormat::kFp4><<<blocks, kThreads, 0, stream>>>(t.ptrs.get(), which, s, x, x_div,
+                                                                              experts, n_pairs, y, rb);
+      break;
+    case DenseFormat::kBf16:
+      grouped_gemv_kernel<DenseFormat::kBf16><<<blocks, kThreads, 0, stream>>>(t.ptrs.get(), which, s, x, x_div,
+                                                                               experts, n_pairs, y, rb);
+      break;
+    case DenseFormat::kF32:
+      grouped_gemv_kernel<DenseFormat::kF32><<<blocks, kThreads, 0, stream>>>(t.ptrs.get(), which, s, x, x_div,
+                                                                              experts, n_pairs, y, rb);
+      break;
+  }
+  return launched("grouped_expert_gemv_cuda");
+}
+
+Status moe_combine_cuda(const float* ys, const int32_t* experts, int64_t n_tokens, int top_k, int64_t d, float* acc,
+                        cudaStream_t stream) {
+  if (n_tokens * d == 0) return {};
+  moe_combine_kernel<<<unsigned((n_tokens * d + 255) / 256), 256, 0, stream>>>(ys, experts, n_tokens, top_k, d, acc);
+  return launched("moe_combine_cuda");
+}
+
+}  // namespace spw::engine

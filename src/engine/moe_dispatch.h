@@ -1,0 +1,74 @@
+// MoE dispatch on the device (issue 7): the routed experts of a step run as grouped GEMVs over its
+// (token, slot) pairs, reading each pair's expert id from device memory, so the router's choices
+// never go to the host. For decode-sized steps; prefill chunks keep the per-expert GEMMs
+// (gpu_moe.cpp's host dispatch), which read each expert's weights once.
+//
+// ExpertTable: per layer, a device array of every routed expert's (w1, w2, w3) weight and scale
+// pointers; built at load when all experts are dense linears of one format and shape (MXFP4 in the
+// checkpoints). Exl3MoeTable: the same for EXL3 experts (`spillway quantize` packs), which run as
+// the fused decode kernel cuda/exl3_moe.h in its reference_rounding mode (the per-expert path's
+// numerics up to fp32 summation order).
+//
+// grouped_expert_gemv_cuda: for every pair p < n_pairs with e = experts[p] (≥ 0),
+//   y[p, o] = Σ_k x[p / x_div, k] · W_e[o, k]   (o < n_out, k < n_in; W dequantized exactly as the
+//   dense library does, cuda/dense/dense_device.cuh), rounded to bf16 when round_out.
+//   x must already be fake-quantized when the weight's act_block > 0 (the caller runs
+//   cuda::fake_quant_fp8 on it, as the dense library's activation prep does). One warp per output:
+//   lane l sums its 16-element chunks l, l + 32, ... in order (fp32 FMA), then a fixed xor tree
+//   across lanes — deterministic, and a row's result does not depend on the other pairs. It differs
+//   from the dense library's GEMV only by summation order.
+// moe_combine_cuda: acc[t, ch] = 0 + ys[t·K + j₁, ch] + ys[t·K + j₂, ch] + ... over the token's K
+//   slots in ascending expert id (ties by slot): the per-expert path's scatter-add order.
+// Contract: device pointers; x [*, n_in] f32, y [n_pairs, n_out] f32 (overwritten), experts
+// [n_pairs] int32, ys [n_tokens·K, d], acc [n_tokens, d] (overwritten). n_in % 32 == 0.
+// Tests: tests/gpu/test_engine_batch.cpp (EngineBatch.*DeviceMoeMatchesHostDispatch).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "base/status.h"
+#include "cuda/dense/dense_linear.h"
+#include "cuda/exl3_moe.h"
+#include "engine/device_buffer.h"
+
+namespace spw::engine {
+
+// Steps of at most this many rows take the device dispatch under MoeDispatch::kAuto.
+constexpr int kDeviceDispatchRows = 16;
+
+struct DeviceExpert;
+
+struct ExpertPtrs {
+  const void* w[3] = {};            // [0] w1 (gate), [1] w2 (down), [2] w3 (up)
+  const uint8_t* scale[3] = {};
+};
+
+struct ExpertTable {
+  DeviceBuffer<ExpertPtrs> ptrs;  // [n_experts]
+  DeviceLinear shape[3];          // format, n_out, n_in, weight_block, act_block, f32_product (w, scale unused)
+  bool ready() const { return ptrs.get() != nullptr; }
+};
+
+// Builds the table; leaves it empty (not ready) when the experts are not uniform dense linears.
+Status expert_table_build(const std::vector<DeviceExpert>& experts, ExpertTable& t);
+
+struct Exl3MoeTable {
+  DeviceBuffer<Exl3CudaExpert> experts;  // [n_experts]
+  Exl3CudaMoeLayer layer;
+  bool ready() const { return experts.get() != nullptr; }
+};
+
+// Builds the table; leaves it empty when the experts are not EXL3 of one K and codebook or the fused
+// kernel does not take their shapes (exl3_cuda_moe_supports).
+Status exl3_moe_table_build(const std::vector<DeviceExpert>& experts, float swiglu_limit, Exl3MoeTable& t);
+
+Status grouped_expert_gemv_cuda(const ExpertTable& t, int which, const float* x, int x_div, const int32_t* experts,
+                                int64_t n_pairs, float* y, bool round_out, cudaStream_t stream);
+
+Status moe_combine_cuda(const float* ys, const int32_t* experts, int64_t n_tokens, int top_k, int64_t d, float* acc,
+                        cudaStream_t stream);
+
+}  // namespace spw::engine
