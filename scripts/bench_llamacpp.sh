@@ -2,9 +2,9 @@
 # llama.cpp as issue 7's peer: its DeepSeek-V4 path on the same synthetic V4-Flash model as `spillway bench`,
 # on the H200 machine (no network there). See tools/peers/llamacpp/README.md for what llama.cpp implements.
 #   here:  bash tools/peers/llamacpp/fetch_sdist.sh && bash tools/peers/llamacpp/stage.sh     # -> .llpack/
-#   there: bash scripts/bench_llamacpp.sh [all|prepare|run] [MODEL_DIR]                       # carry: .llpack
+#   there: bash scripts/bench_llamacpp.sh [all|prepare|build|convert|run] [MODEL_DIR]                       # carry: .llpack
 # MODEL_DIR: the synthetic V4 checkpoint (released HF layout) that scripts/bench_engine.sh generates; default
-# $SYNTH_V4 or /tmp/synth_v4. SYNTH_GEN=1: if MODEL_DIR has no config.json, generate it first with
+# $SYNTH_V4 or /tmp/synth_v4_mxfp4 (bench_engine.sh's V4_DIR). SYNTH_GEN=1: if MODEL_DIR has no config.json, generate it first with
 # tools/synth/make_synthetic_model.py --arch v4 --experts mxfp4 --layers $SYNTH_LAYERS (default 4) --seed $SYNTH_SEED (0).
 # Output ($OUT may hold only 8 files): $OUT/llamacpp.log (everything printed, incl. the result tables and the
 # seconds per phase) and $OUT/llamacpp_logs.tar.xz (the full logs: build, convert, simple, bench stderr).
@@ -20,11 +20,14 @@
 #            2048, 3 reps), pp40960 (1 rep, unless SKIP_40K=1), llama-batched-bench aggregate decode at 1, 4,
 #            16, 64 sequences (each a 128-token prompt, then 128 steps).
 #   all      prepare then run.
+#   build    unpack and build (or check the prebuilt binaries) only: can run in the background while
+#            scripts/bench_engine.sh generates and benchmarks (it deletes and regenerates MODEL_DIR, so convert
+#            only after it has finished).
 #   convert  unpack the source and convert only (no build, no GPU: how the conversion was tested here).
 # Random token ids as input (llama-bench and llama-batched-bench draw them); the weights are random too.
 set -u
 PHASE=${1:-all}
-MODEL=${2:-${SYNTH_V4:-/tmp/synth_v4}}
+MODEL=${2:-${SYNTH_V4:-/tmp/synth_v4_mxfp4}}
 OUT=${OUT:-/tmp/llamacpp_out}
 W=${LLAMA_WORK:-/tmp/llamacpp}
 JOBS=${LLAMA_JOBS:-12}
@@ -111,11 +114,10 @@ convert() {
   return $rc
 }
 
-prepare() {
-  echo "## prepare $(date -u)  model=$MODEL work=$W jobs=$JOBS"
-  nproc; free -g | head -2
+# Unpack; use the prebuilt binaries if they run here, else start the build in the background (BUILD_PID).
+start_build() {
+  BUILD_PID=""
   timed unpack_source tar -C "$W" -xJf "$PACK/llama-src.tar.xz" || { echo "no $PACK/llama-src.tar.xz"; return 1; }
-  local build_pid=""
   if [ -f "$PACK/llama.tar.xz" ]; then
     tar -C "$W" -xJf "$PACK/llama.tar.xz"
     echo "$W/llbin" > "$W/bin_dir"
@@ -130,16 +132,27 @@ prepare() {
   if [ ! -f "$W/bin_dir" ]; then
     echo "building llama.cpp from source, -j$JOBS, in the background (log: build.log)"
     (timed build_llamacpp build_from_source && echo "$W/build/bin" > "$W/bin_dir") &
-    build_pid=$!
+    BUILD_PID=$!
   fi
-  timed wait_model wait_model || return 1
-  timed convert_hf_to_gguf convert || { echo "conversion failed: see convert.log"; tail -30 "$L/convert.log"; }
-  if [ -n "$build_pid" ]; then
-    wait "$build_pid"
+  return 0
+}
+
+finish_build() {
+  if [ -n "$BUILD_PID" ]; then
+    wait "$BUILD_PID"
     tail -3 "$L/build.log"
   fi
   [ -f "$W/bin_dir" ] || { echo "llama.cpp did not build: see build.log"; tail -30 "$L/build.log"; return 1; }
   return 0
+}
+
+prepare() {
+  echo "## prepare $(date -u)  model=$MODEL work=$W jobs=$JOBS"
+  nproc; free -g | head -2
+  start_build || return 1
+  timed wait_model wait_model || return 1
+  timed convert_hf_to_gguf convert || { echo "conversion failed: see convert.log"; tail -30 "$L/convert.log"; }
+  finish_build
 }
 
 run() {
@@ -180,8 +193,9 @@ case "$PHASE" in
   prepare) prepare ;;
   run) run ;;
   all) prepare && run ;;
+  build) echo "## build $(date -u) jobs=$JOBS"; start_build && finish_build ;;
   convert) timed unpack_source tar -C "$W" -xJf "$PACK/llama-src.tar.xz" && timed wait_model wait_model && timed convert_hf_to_gguf convert ;;
-  *) echo "usage: $0 [all|prepare|run|convert] [MODEL_DIR]"; exit 2 ;;
+  *) echo "usage: $0 [all|prepare|build|convert|run] [MODEL_DIR]"; exit 2 ;;
 esac
 rc=$?
 echo "## done $(date -u) rc=$rc"; cat "$L/timings.txt" 2>/dev/null
