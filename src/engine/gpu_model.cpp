@@ -49,6 +49,8 @@ GpuModel::~GpuModel() {
 }
 
 size_t GpuModel::weight_nbytes() const { return state_->w->nbytes; }
+size_t GpuModel::step_arena_high_water() const { return state_->arena.high_water(); }
+size_t GpuModel::step_arena_capacity() const { return state_->arena.capacity(); }
 
 namespace {
 

@@ -95,6 +95,9 @@ class GpuModel {
   const ModelConfig& config() const { return config_; }
   const MemoryPlan& plan() const { return plan_; }
   size_t weight_nbytes() const;
+  // The most step-arena bytes any step has used so far, and the arena's size (plan().step_arena_nbytes).
+  size_t step_arena_high_water() const;
+  size_t step_arena_capacity() const;
 
   // A new empty sequence. Errors: every slot of the budget in use, or the pools exhausted.
   Result<GpuSequence> new_sequence();

@@ -57,7 +57,7 @@ size_t step_arena_nbytes(const ModelConfig& c, int64_t n, int64_t T) {
   for (const LayerPlan& p : c.layers)
     if (p.compress_ratio > 0) min_ratio = std::min<int64_t>(min_ratio, p.compress_ratio);
   const int64_t attn = c.q_lora_rank + 3 * H * D           // cq, q, o
-                       + 2 * D + 4 * D + 2 * D + 4        // kv, compressor kv/score (2D wide), entries, ids
+                       + 2 * D + 4 * D + 2 * D + 40       // kv, compressor kv/score (2D wide), entries, their ids
                        + 4 * Di + 2 * Di + Di             // indexer compressor rows, entries, keys
                        + Hi * Di + Hi + 4                 // index queries, weights, score inputs
                        + 2 * T + T / std::max(1, c.candidate_block_size) + 4 + c.candidate_topk_blocks  // scores

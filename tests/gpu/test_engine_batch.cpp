@@ -150,8 +150,9 @@ void batch_vs_alone(const std::string& arch, const std::vector<int>& prompt_lens
         }
     }
   }
-  std::printf("  [batch %s B=%d] %d/%d (sequence, step) logit rows bit-identical to forward() alone\n", arch.c_str(),
-              B, n_identical, B * kDecodeSteps);
+  std::printf("  [batch %s B=%d] %d/%d (sequence, step) logit rows bit-identical to forward() alone; step arena "
+              "high water %zu of %zu B\n", arch.c_str(), B, n_identical, B * kDecodeSteps, gpu->step_arena_high_water(),
+              gpu->step_arena_capacity());
 }
 
 TEST(EngineBatch, V4DecodeB1MatchesForward) { batch_vs_alone("v4", {5}); }
