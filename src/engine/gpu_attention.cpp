@@ -37,50 +37,14 @@ int latest_kv_source(const ModelConfig& c, int layer) {
   return -1;
 }
 
-// Entries of a ratio-r compressor that complete in this step: chunk b's entry ids p_b/r ..
-// (p_b + n_b)/r − 1, stored at rows out_row0[b] .. of the step's entry buffer [count, d_out].
-struct NewEntries {
-  int count = 0, max_per_chunk = 0;
-  std::vector<int32_t> out_row0, per_chunk;  // [n_chunks]
-  std::vector<int32_t> slot;                 // [count] the entry's sequence slot
-  std::vector<int64_t> id;                   // [count] the entry id (pool row)
-};
-NewEntries new_entries(const GpuStep& s, int r) {
-  NewEntries e;
-  for (const StepChunk& ch : s.chunks) {
-    const int64_t first = ch.p / r, count = (ch.p + ch.n) / r - first;
-    e.out_row0.push_back(e.count);
-    e.per_chunk.push_back(int32_t(count));
-    for (int64_t g = first; g < first + count; ++g) e.slot.push_back(ch.seq->slot), e.id.push_back(g);
-    e.count += int(count);
-    e.max_per_chunk = std::max(e.max_per_chunk, int(count));
-  }
-  return e;
-}
-
-// Device arrays for writing `e`'s entries: their slots, ids (pool rows) and RoPE positions g·r.
-struct EntryRows {
-  DeviceSpan<int32_t> slots;
-  DeviceSpan<int64_t> ids, rope_pos;
-};
-Status entry_rows(GpuStep& s, const NewEntries& e, int r, EntryRows& out) {
-  std::vector<int64_t> gp(e.id.size());
-  for (size_t i = 0; i < e.id.size(); ++i) gp[i] = e.id[i] * r;
-  SPW_TRY(s.upload(e.slot, out.slots));
-  SPW_TRY(s.upload(e.id, out.ids));
-  return s.upload(gp, out.rope_pos);
-}
-
-// Streams this step's projected rows through `cb` and returns the pooled entries [e.count, d_out].
+// Streams this step's projected rows through `cb` and returns the pooled entries [rp.count, d_out].
 Status compress_push(GpuStep& s, const CompressorBuffers& cb, const float* kv, const float* score, const float* ape,
-                     const NewEntries& e, Buf& entries) {
-  SPW_TRY(s.alloc(entries, size_t(std::max(e.count, 1)) * cb.shape.d_out()));
-  DeviceSpan<int32_t> out_row0;
-  SPW_TRY(s.upload(e.out_row0, out_row0));
+                     const RatioPlan& rp, Buf& entries) {
+  SPW_TRY(s.alloc(entries, size_t(std::max(rp.count, 1)) * cb.shape.d_out()));
   cuda::CompressorChunks chunks{s.chunk_slot.get(), s.chunk_pos0.get(), s.chunk_n.get(), s.chunk_row0.get(),
-                                out_row0.get()};
+                                rp.out_row0.get()};
   return cuda::compressor_push_cuda(cb.shape, cb.view(), kv, score, ape, chunks, s.n_chunks(),
-                                    std::max(e.max_per_chunk, 1), entries.get(), s.stream);
+                                    std::max(rp.max_per_chunk, 1), entries.get(), s.stream);
 }
 
 // V4: runs the main compressor over the new tokens and appends finished entries to the pool.
@@ -88,8 +52,8 @@ Status v4_compress(GpuStep& s, int layer, const float* x) {
   const ModelConfig& c = s.c;
   const DeviceLayer& lw = s.w.layers[layer];
   const CompressorBuffers& cb = s.st.comp_state[layer];
-  const int r = cb.shape.ratio, D = c.d_head, width = cb.shape.width, n = s.n;
-  const NewEntries e = new_entries(s, r);
+  const int D = c.d_head, width = cb.shape.width, n = s.n;
+  const RatioPlan& e = s.ratio(cb.shape.ratio);
   Buf kv, score, entry;
   SPW_TRY(s.alloc(kv, size_t(n) * width));
   SPW_TRY(s.alloc(score, size_t(n) * width));
@@ -97,16 +61,13 @@ Status v4_compress(GpuStep& s, int layer, const float* x) {
   SPW_TRY(linear(s, lw.comp_wgate, x, n, score.get()));                              // [n, width] f32
   SPW_TRY(compress_push(s, cb, kv.get(), score.get(), lw.comp_ape, e, entry));      // [count, D]
   if (e.count == 0) return {};
-  EntryRows er;
-  SPW_TRY(entry_rows(s, e, r, er));
   SPW_TRY(to_activation(s, entry.get(), int64_t(e.count) * D));
   SPW_TRY(norm(s, entry.get(), lw.comp_norm, e.count, D));
-  SPW_TRY(cuda::rope_apply(entry.get(), e.count, D, c.d_rope, s.st.rope_compress.get(), er.rope_pos.get(), 1, false,
+  SPW_TRY(cuda::rope_apply(entry.get(), e.count, D, c.d_rope, s.st.rope_compress.get(), e.rope_pos.get(), 1, false,
                            s.stream));                                               // at the group's first token
   SPW_TRY(to_activation(s, entry.get(), int64_t(e.count) * D));
   // fp8 on the non-RoPE channels (block 64): the pool's row format.
-  return cuda::kv_write_rows_cuda(s.st.comp.view(layer), entry.get(), er.slots.get(), er.ids.get(), e.count,
-                                  s.stream);
+  return cuda::kv_write_rows_cuda(s.st.comp.view(layer), entry.get(), e.slots.get(), e.ids.get(), e.count, s.stream);
 }
 
 // V4.1 KV source: latents (ratio 2 gated, ratio 1 plain), index keys from the pre-RoPE latent, then
@@ -115,7 +76,7 @@ Status v41_compress(GpuStep& s, int layer, const float* x, std::vector<int32_t>&
   const ModelConfig& c = s.c;
   const DeviceLayer& lw = s.w.layers[layer];
   const int r = c.layers[layer].compress_ratio, D = c.d_head, Di = c.index_head_dim, n = s.n;
-  const NewEntries e = new_entries(s, r);
+  const RatioPlan& e = s.ratio(r);
   Buf kv, score, pooled, key;
   SPW_TRY(s.alloc(kv, size_t(n) * D));
   SPW_TRY(linear(s, lw.comp_wkv, x, n, kv.get()));                                     // [n, D]
@@ -129,24 +90,21 @@ Status v41_compress(GpuStep& s, int layer, const float* x, std::vector<int32_t>&
   }
   produced = e.per_chunk;
   if (e.count == 0) return {};
-  EntryRows er;
-  SPW_TRY(entry_rows(s, e, r, er));
   // [count, D] pre-RoPE latent
   SPW_TRY(norm(s, latent, lw.comp_norm, e.count, D));
   // Index keys [count, Di]: k_norm(wk · latent), RoPE at g·r, fp4 (ue8m0, block 32) in the pool.
   SPW_TRY(s.alloc(key, size_t(e.count) * Di));
   SPW_TRY(linear(s, lw.idx_wk, latent, e.count, key.get()));
   SPW_TRY(norm(s, key.get(), lw.idx_k_norm, e.count, Di));
-  SPW_TRY(cuda::rope_apply(key.get(), e.count, Di, c.d_rope, s.st.rope_compress.get(), er.rope_pos.get(), 1, false,
+  SPW_TRY(cuda::rope_apply(key.get(), e.count, Di, c.d_rope, s.st.rope_compress.get(), e.rope_pos.get(), 1, false,
                            s.stream));
   SPW_TRY(to_activation(s, key.get(), int64_t(e.count) * Di));
-  SPW_TRY(cuda::kv_write_rows_cuda(s.st.keys.view(layer), key.get(), er.slots.get(), er.ids.get(), e.count,
-                                   s.stream));
+  SPW_TRY(cuda::kv_write_rows_cuda(s.st.keys.view(layer), key.get(), e.slots.get(), e.ids.get(), e.count, s.stream));
   // Stored entry [count, D]: RoPE at g·r, fp4 with e4m3 scales per 16 (the pool's row format).
-  SPW_TRY(cuda::rope_apply(latent, e.count, D, c.d_rope, s.st.rope_compress.get(), er.rope_pos.get(), 1, false,
+  SPW_TRY(cuda::rope_apply(latent, e.count, D, c.d_rope, s.st.rope_compress.get(), e.rope_pos.get(), 1, false,
                            s.stream));
   SPW_TRY(to_activation(s, latent, int64_t(e.count) * D));
-  return cuda::kv_write_rows_cuda(s.st.comp.view(layer), latent, er.slots.get(), er.ids.get(), e.count, s.stream);
+  return cuda::kv_write_rows_cuda(s.st.comp.view(layer), latent, e.slots.get(), e.ids.get(), e.count, s.stream);
 }
 
 // Index queries qi [n, Hi, Di] (fp4-quantized) and head weights wts [n, Hi].
@@ -171,25 +129,13 @@ Status index_queries(GpuStep& s, const DeviceLayer& lw, const float* x, const fl
   return to_activation(s, wts.get(), wts.size());
 }
 
-// Per-row scoring arguments: n_entries(i) = the entries its chunk has after this step (0 for rows
-// that score nothing), visible(i) = (pos_i + 1)/r; max_entries their maximum (the score stride).
+// Per-row scoring arguments: n_entries(i) = the entries its chunk scores (0: none), visible(i) =
+// (pos_i + 1)/r; max_entries their maximum (the score stride).
 struct ScoreInputs {
-  std::vector<int64_t> n_entries_h;
-  DeviceSpan<int64_t> n_entries, visible;
+  const int64_t* n_entries = nullptr;
+  const int64_t* visible = nullptr;
   int64_t max_entries = 0;
 };
-// chunk_entries[b]: chunk b's entry count (callers pass (p_b + n_b)/r, or 0 to score nothing).
-Status score_inputs(GpuStep& s, const std::vector<int64_t>& chunk_entries, int r, ScoreInputs& in) {
-  std::vector<int64_t> vis(s.n);
-  in.n_entries_h.resize(s.n);
-  for (int i = 0; i < s.n; ++i) {
-    in.n_entries_h[i] = chunk_entries[s.row_chunk[i]];
-    vis[i] = (s.row_pos[i] + 1) / r;
-    in.max_entries = std::max(in.max_entries, in.n_entries_h[i]);
-  }
-  SPW_TRY(s.upload(in.n_entries_h, in.n_entries));
-  return s.upload(vis, in.visible);
-}
 
 // Scores of rows r0 .. r1 − 1 against the keys of key_layer into scores [n, max_entries].
 Status index_scores(GpuStep& s, const Buf& qi, const Buf& wts, int key_layer, const ScoreInputs& in, int r0, int r1,
@@ -198,8 +144,8 @@ Status index_scores(GpuStep& s, const Buf& qi, const Buf& wts, int key_layer, co
   const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;
   cuda::IndexScoreArgs a;
   a.q = qi.get() + r0 * Hi * Di, a.w = wts.get() + r0 * Hi, a.n_q = r1 - r0, a.n_heads = int(Hi);
-  a.d_index = int(Di), a.q_seq = s.slots.get() + r0, a.n_entries = in.n_entries.get() + r0;
-  a.visible = in.visible.get() + r0, a.max_entries = in.max_entries, a.keys = s.st.keys.view(key_layer);
+  a.d_index = int(Di), a.q_seq = s.slots.get() + r0, a.n_entries = in.n_entries + r0;
+  a.visible = in.visible + r0, a.max_entries = in.max_entries, a.keys = s.st.keys.view(key_layer);
   a.round_bf16 = s.num.bf16_activations, a.scores = scores.get() + r0 * in.max_entries;
   a.score_stride = in.max_entries;
   return cuda::index_scores_cuda(a, s.stream);
@@ -211,8 +157,8 @@ Status v4_indexer_select(GpuStep& s, int layer, const float* x, const float* cq,
   const ModelConfig& c = s.c;
   const DeviceLayer& lw = s.w.layers[layer];
   const CompressorBuffers& cb = s.st.idx_comp_state[layer];
-  const int n = s.n, r = cb.shape.ratio, Di = c.index_head_dim, K = c.index_topk;
-  const NewEntries e = new_entries(s, r);
+  const int n = s.n, Di = c.index_head_dim, K = c.index_topk;
+  const RatioPlan& e = s.ratio(cb.shape.ratio);
   Buf kv, score, entry;
   SPW_TRY(s.alloc(kv, size_t(n) * 2 * Di));
   SPW_TRY(s.alloc(score, size_t(n) * 2 * Di));
@@ -220,24 +166,19 @@ Status v4_indexer_select(GpuStep& s, int layer, const float* x, const float* cq,
   SPW_TRY(linear(s, lw.idx_comp_wgate, x, n, score.get()));                          // [n, 2·Di] f32
   SPW_TRY(compress_push(s, cb, kv.get(), score.get(), lw.idx_comp_ape, e, entry));  // [count, Di]
   if (e.count > 0) {
-    EntryRows er;
-    SPW_TRY(entry_rows(s, e, r, er));
     const int64_t m = int64_t(e.count) * Di;
     SPW_TRY(to_activation(s, entry.get(), m));
     SPW_TRY(norm(s, entry.get(), lw.idx_comp_norm, e.count, Di));
-    SPW_TRY(cuda::rope_apply(entry.get(), e.count, Di, c.d_rope, s.st.rope_compress.get(), er.rope_pos.get(), 1,
+    SPW_TRY(cuda::rope_apply(entry.get(), e.count, Di, c.d_rope, s.st.rope_compress.get(), e.rope_pos.get(), 1,
                              false, s.stream));
     SPW_TRY(to_activation(s, entry.get(), m));
     SPW_TRY(hadamard_rows_cuda(entry.get(), e.count, Di, s.stream));
     SPW_TRY(to_activation(s, entry.get(), m));
-    SPW_TRY(cuda::kv_write_rows_cuda(s.st.keys.view(layer), entry.get(), er.slots.get(), er.ids.get(), e.count,
+    SPW_TRY(cuda::kv_write_rows_cuda(s.st.keys.view(layer), entry.get(), e.slots.get(), e.ids.get(), e.count,
                                      s.stream));  // fp4, ue8m0 per 32
   }
   SPW_TRY(s.alloc(sel, size_t(n) * K));
-  std::vector<int64_t> chunk_entries;
-  for (const StepChunk& ch : s.chunks) chunk_entries.push_back((ch.p + ch.n) / r);
-  ScoreInputs in;
-  SPW_TRY(score_inputs(s, chunk_entries, r, in));
+  const ScoreInputs in{e.n_entries.get(), e.visible.get(), e.max_entries};
   if (in.max_entries == 0) {
     SPW_CUDA_TRY(cudaMemsetAsync(sel.get(), 0xff, sel.nbytes(), s.stream));  // −1: nothing selected
     return {};
@@ -246,7 +187,7 @@ Status v4_indexer_select(GpuStep& s, int layer, const float* x, const float* cq,
   SPW_TRY(index_queries(s, lw, x, cq, /*hadamard=*/true, qi, wts));
   SPW_TRY(s.alloc(scores, size_t(n) * in.max_entries));
   SPW_TRY(index_scores(s, qi, wts, layer, in, 0, n, scores));
-  return cuda::topk_select_cuda(scores.get(), in.max_entries, in.n_entries.get(), n, K, sel.get(), K, s.stream);
+  return cuda::topk_select_cuda(scores.get(), in.max_entries, in.n_entries, n, K, sel.get(), K, s.stream);
 }
 
 // V4.1 index source: scores over the latest published keys (Numerics::stale_index_k), the
@@ -279,8 +220,16 @@ Status v41_indexer_select(GpuStep& s, int layer, const float* x, const float* cq
     if (kl >= 0) SPW_CHECK(end / c.layers[kl].compress_ratio >= compress_len);
   }
   SPW_CUDA_TRY(cudaMemsetAsync(s.topk.get(), 0xff, s.topk.nbytes(), s.stream));  // −1: nothing selected
-  ScoreInputs in;
-  SPW_TRY(score_inputs(s, chunk_entries, r, in));
+  const RatioPlan& rp = s.ratio(r);
+  ScoreInputs in{rp.n_entries.get(), rp.visible.get(), rp.max_entries};
+  if (chunk_entries != rp.chunk_entries) {  // a sequence without published keys scores nothing
+    std::vector<int64_t> ne(n);
+    in.max_entries = 0;
+    for (int i = 0; i < n; ++i) in.max_entries = std::max(in.max_entries, ne[i] = chunk_entries[s.row_chunk[i]]);
+    DeviceSpan<int64_t> ne_d;
+    SPW_TRY(s.upload(ne, ne_d));
+    in.n_entries = ne_d.get();
+  }
   if (in.max_entries == 0) return {};
   const int64_t len = in.max_entries;
 
@@ -302,46 +251,36 @@ Status v41_indexer_select(GpuStep& s, int layer, const float* x, const float* cq
     SPW_TRY(s.alloc(block_scores, size_t(n) * nb));
     SPW_TRY(s.alloc(n_blocks, n));
     SPW_TRY(s.alloc(kept, size_t(n) * kb));
-    SPW_TRY(cuda::candidate_block_scores_cuda(scores.get(), len, in.n_entries.get(), in.visible.get(), n, len, bs,
+    SPW_TRY(cuda::candidate_block_scores_cuda(scores.get(), len, in.n_entries, in.visible, n, len, bs,
                                               block_scores.get(), nb, n_blocks.get(), s.stream));
     SPW_TRY(cuda::topk_select_cuda(block_scores.get(), nb, n_blocks.get(), n, kb, kept.get(), kb, s.stream));
     // The mask is as wide as any layer's entries can be this step (ratio ≥ 1), zero beyond ours.
     SPW_CUDA_TRY(cudaMemsetAsync(s.candidates.get(), 0, s.candidates.nbytes(), s.stream));
-    SPW_TRY(cuda::candidate_mask_cuda(kept.get(), kb, in.n_entries.get(), n, len, bs, s.candidates.get(),
+    SPW_TRY(cuda::candidate_mask_cuda(kept.get(), kb, in.n_entries, n, len, bs, s.candidates.get(),
                                       s.cand_stride, s.stream));
     s.has_candidates = true;
   }
   if (plan.attn == AttnKind::Reindex) {
     SPW_CHECK(s.has_candidates);
-    SPW_TRY(cuda::index_scores_apply_mask_cuda(scores.get(), len, in.n_entries.get(), n, len, s.candidates.get(),
+    SPW_TRY(cuda::index_scores_apply_mask_cuda(scores.get(), len, in.n_entries, n, len, s.candidates.get(),
                                                s.cand_stride, s.stream));
   }
-  return cuda::topk_select_cuda(scores.get(), len, in.n_entries.get(), n, K, s.topk.get(), K, s.stream);
+  return cuda::topk_select_cuda(scores.get(), len, in.n_entries, n, K, s.topk.get(), K, s.stream);
 }
 
-// HCA: every visible entry, sel [n, stride] with stride = max(1, max_end/r).
+// HCA: every visible entry, sel [n, stride] with stride = max(1, max over chunks of (p + n)/r).
 Status hca_select(GpuStep& s, int r, DeviceSpan<int32_t>& sel, int& stride) {
-  stride = int(std::max<int64_t>(1, s.max_end / r));
-  std::vector<int64_t> vis(s.n);
-  for (int i = 0; i < s.n; ++i) vis[i] = (s.row_pos[i] + 1) / r;
-  DeviceSpan<int64_t> vis_d;
-  SPW_TRY(s.upload(vis, vis_d));
+  const RatioPlan& rp = s.ratio(r);
+  stride = int(std::max<int64_t>(1, rp.max_entries));
   SPW_TRY(s.alloc(sel, size_t(s.n) * stride));
-  return iota_select_cuda(vis_d.get(), s.n, stride, sel.get(), s.stream);
+  return iota_select_cuda(rp.visible.get(), s.n, stride, sel.get(), s.stream);
 }
 
 // The ring keeps the last W positions of each sequence (written after attention read the old rows).
 Status ring_write(GpuStep& s, int layer, const float* kv) {
   const int W = s.c.window, D = s.c.d_head;
-  bool all_rows = true;
-  for (const StepChunk& ch : s.chunks) all_rows = all_rows && ch.n <= W;
-  if (all_rows) {  // one launch: each row's own ring row
-    std::vector<int64_t> rows(s.n);
-    for (int i = 0; i < s.n; ++i) rows[i] = s.row_pos[i] % W;
-    DeviceSpan<int64_t> rows_d;
-    SPW_TRY(s.upload(rows, rows_d));
-    return cuda::kv_write_rows_cuda(s.st.ring.view(layer), kv, s.slots.get(), rows_d.get(), s.n, s.stream);
-  }
+  if (s.ring_rows.get())  // every chunk fits the window: one launch, each row's own ring row
+    return cuda::kv_write_rows_cuda(s.st.ring.view(layer), kv, s.slots.get(), s.ring_rows.get(), s.n, s.stream);
   for (const StepChunk& ch : s.chunks) {  // a chunk longer than the window: its last W rows
     const int i0 = std::max(0, ch.n - W);
     std::vector<int64_t> rows(ch.n - i0);
@@ -355,6 +294,46 @@ Status ring_write(GpuStep& s, int layer, const float* kv) {
 }
 
 }  // namespace
+
+Status plan_attention(GpuStep& s) {
+  const ModelConfig& c = s.c;
+  for (const LayerPlan& lp : c.layers) {
+    const int r = lp.compress_ratio;
+    if (r <= 0 || std::any_of(s.ratios.begin(), s.ratios.end(), [&](const RatioPlan& p) { return p.r == r; }))
+      continue;
+    RatioPlan& rp = s.ratios.emplace_back();
+    rp.r = r;
+    std::vector<int32_t> out_row0, slots;
+    std::vector<int64_t> ids, rope_pos, n_entries(s.n), visible(s.n);
+    for (const StepChunk& ch : s.chunks) {
+      const int64_t first = ch.p / r, end = (ch.p + ch.n) / r;
+      out_row0.push_back(rp.count);
+      rp.per_chunk.push_back(int32_t(end - first));
+      rp.chunk_entries.push_back(end);
+      rp.max_entries = std::max(rp.max_entries, end);
+      for (int64_t g = first; g < end; ++g) slots.push_back(ch.seq->slot), ids.push_back(g), rope_pos.push_back(g * r);
+      rp.count += int(end - first);
+      rp.max_per_chunk = std::max(rp.max_per_chunk, int(end - first));
+    }
+    for (int i = 0; i < s.n; ++i) {
+      n_entries[i] = rp.chunk_entries[s.row_chunk[i]];
+      visible[i] = (s.row_pos[i] + 1) / r;
+    }
+    SPW_TRY(s.upload(out_row0, rp.out_row0));
+    SPW_TRY(s.upload(slots, rp.slots));
+    SPW_TRY(s.upload(ids, rp.ids));
+    SPW_TRY(s.upload(rope_pos, rp.rope_pos));
+    SPW_TRY(s.upload(n_entries, rp.n_entries));
+    SPW_TRY(s.upload(visible, rp.visible));
+  }
+  const int W = c.window;
+  if (std::all_of(s.chunks.begin(), s.chunks.end(), [&](const StepChunk& ch) { return ch.n <= W; })) {
+    std::vector<int64_t> rows(s.n);
+    for (int i = 0; i < s.n; ++i) rows[i] = s.row_pos[i] % W;
+    SPW_TRY(s.upload(rows, s.ring_rows));
+  }
+  return {};
+}
 
 Status attention(GpuStep& s, int layer, const float* x, float* out) {
   const ModelConfig& c = s.c;

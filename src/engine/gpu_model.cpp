@@ -213,7 +213,7 @@ Status GpuModel::begin_step(GpuStep& s) {
     s.cand_stride = s.max_end;
     SPW_TRY(s.alloc(s.candidates, size_t(n) * s.cand_stride));
   }
-  return {};
+  return plan_attention(s);
 }
 
 // Embedding, the blocks and the head of the step; logits [n_out, vocab] of rows first .. first +

@@ -71,6 +71,20 @@ struct StepChunk {
   int row0 = 0, n = 0;
 };
 
+// What a step's attention needs per compress ratio r of the model, planned once per step (so that a
+// layer uploads nothing): the entries that complete — chunk b's ids p_b/r .. (p_b + n_b)/r − 1 at
+// rows out_row0[b] .. of the compressor's output — and the indexer's per-row entry counts and
+// visibility. Device arrays live for the whole step.
+struct RatioPlan {
+  int r = 0, count = 0, max_per_chunk = 0;
+  std::vector<int32_t> per_chunk{};      // [n_chunks] entries completing in the step
+  std::vector<int64_t> chunk_entries{};  // [n_chunks] (p_b + n_b)/r
+  int64_t max_entries = 0;               // max of chunk_entries
+  DeviceSpan<int32_t> out_row0{}, slots{};     // [n_chunks]; [count] the entry's sequence slot
+  DeviceSpan<int64_t> ids{}, rope_pos{};       // [count] entry id, RoPE position id·r
+  DeviceSpan<int64_t> n_entries{}, visible{};  // [n] per row: its chunk's entries; (pos + 1)/r
+};
+
 // One step: a chunk of one sequence (forward) or one token of each of several sequences (decode).
 // Every per-token quantity is indexed by the step's row; kernels see per-token slots and positions.
 struct GpuStep {
@@ -98,6 +112,15 @@ struct GpuStep {
   DeviceSpan<uint8_t> candidates{};
   int64_t cand_stride = 0;
   bool has_candidates = false;
+  std::vector<RatioPlan> ratios{};  // one per compress ratio of the model (plan_attention)
+  DeviceSpan<int64_t> ring_rows{};  // [n] pos mod window; empty when a chunk is longer than the window
+
+  const RatioPlan& ratio(int r) const {
+    for (const RatioPlan& rp : ratios)
+      if (rp.r == r) return rp;
+    SPW_CHECK(false);
+    return ratios.front();
+  }
 
   int n_chunks() const { return int(chunks.size()); }
   template <class T>
@@ -123,6 +146,8 @@ Status linear(GpuStep& s, const DeviceLinear& l, const float* x, int n_tokens, f
 // Rounds to bf16 when the numerics keep bf16 activations.
 Status to_activation(GpuStep& s, float* x, int64_t n);
 
+// Plans and uploads s.ratios and s.ring_rows from the chunks (gpu_attention.cpp; step scope).
+Status plan_attention(GpuStep& s);
 // out[n, d] = attention sublayer of `layer` on the normed input x[n, d] (gpu_attention.cpp).
 Status attention(GpuStep& s, int layer, const float* x, float* out);
 // out[n, d] = MoE sublayer (gpu_moe.cpp).
