@@ -23,10 +23,11 @@ set -u
 if [ "${1:-}" = stage ]; then
   mkdir -p .exl3dev/lib .exl3pack
   for b in tests/spw_gpu_tests tests/spw_unit_tests bench/exl3/bench_exl3 bench/exl3/bench_exl3_cpu bench/dense/bench_dense \
-           bench/quantize/bench_quantize; do
+           bench/quantize/bench_quantize bin/spillway; do
     [ -f build/$b ] && cp build/$b .exl3dev/ && strip .exl3dev/$(basename $b)
   done
-  for l in libspdlog.so.1.10 libfmt.so.9 libstdc++.so.6 libicuuc.so.72 libicudata.so.72 libpcre2-8.so.0; do cp -L /usr/lib/x86_64-linux-gnu/$l .exl3dev/lib/; done
+  for l in libspdlog.so.1.10 libfmt.so.9 libstdc++.so.6 libicuuc.so.72 libicudata.so.72 libpcre2-8.so.0 \
+           libcpp-httplib.so.0.11 libssl.so.3 libcrypto.so.3 libz.so.1 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do cp -L /usr/lib/x86_64-linux-gnu/$l .exl3dev/lib/; done
   tar cJf .exl3pack/dev.tar.xz .exl3dev && ls -la .exl3pack
   exit 0
 fi

@@ -12,5 +12,6 @@ std::function<int()> add_inspect_command(CLI::App& app);
 std::function<int()> add_serve_command(CLI::App& app);
 std::function<int()> add_quantize_command(CLI::App& app);
 std::function<int()> add_eval_kl_command(CLI::App& app);
+std::function<int()> add_bench_command(CLI::App& app);
 
 }  // namespace spw::cli

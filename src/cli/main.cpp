@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   auto serve = spw::cli::add_serve_command(app);
   auto quantize = spw::cli::add_quantize_command(app);
   auto eval_kl = spw::cli::add_eval_kl_command(app);
+  auto bench = spw::cli::add_bench_command(app);
   CLI11_PARSE(app, argc, argv);
   spw::log_init(log_level);
   if (app.got_subcommand("run")) return run();
@@ -23,5 +24,6 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("serve")) return serve();
   if (app.got_subcommand("quantize")) return quantize();
   if (app.got_subcommand("eval-kl")) return eval_kl();
+  if (app.got_subcommand("bench")) return bench();
   return 1;
 }

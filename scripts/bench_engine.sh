@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 7's performance benchmark on the H200 machine: synthetic full-width models (tools/synth) and
+# `spillway bench` on each, in one device call.
+#   here:  build spillway with CUDA (build/bin/spillway), then  bash scripts/gpu_test.sh stage
+#   there: bash scripts/bench_engine.sh                 # carry: .exl3pack ; results in $OUT
+# Models (generated in parallel into /tmp; ~37 GB of disk for the defaults):
+#   V4.1-Flash width, EXL3 K=3 routed experts, V41_LAYERS layers (default 4: real layers 0..3 = window,
+#     window + Engram, KV/index source ratio 2, reuse ratio 2; V41_REAL_LAYERS=2,3,20,24 picks others);
+#   V4-Flash width, MXFP4 routed experts as released, V4_LAYERS layers (default 4: window, window, CSA,
+#     HCA; layers 0..2 hash-routed) — the same model helper C's llama.cpp comparison converts.
+# Expected time on the H200: generation ~1-2 min (both models at once), each bench ~1-3 min (load,
+# device rates, decode, batches 1/4/16/64, prefill 4K and 40K); each bench is capped by BENCH_TIMEOUT.
+# Switches: SKIP_V41=1, SKIP_V4=1, KEEP_MODELS=1 (reuse /tmp/synth_* if present), BENCH_ARGS (extra flags).
+set -u
+cd "$(dirname "$0")/.."
+[ -f .exl3pack/dev.tar.xz ] && [ ! -x .exl3dev/spillway ] && tar xJf .exl3pack/dev.tar.xz
+SPW=${SPILLWAY_BIN:-.exl3dev/spillway}
+OUT=${OUT:-/tmp/bench_out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+V41_DIR=/tmp/synth_v41_exl3 V4_DIR=/tmp/synth_v4_mxfp4
+V41_SEL=${V41_REAL_LAYERS:+--real-layers $V41_REAL_LAYERS}
+V41_SEL=${V41_SEL:---layers ${V41_LAYERS:-4}}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-300}
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  nproc; free -g | head -2; df -h /tmp | tail -1
+  "$SPW" bench --help > /dev/null || echo "spillway binary not runnable: $SPW"
+} 2>&1 | tee "$OUT/bench_main.log"
+
+gen() {  # dir, args...
+  local dir=$1; shift
+  if [ -n "${KEEP_MODELS:-}" ] && [ -f "$dir/config.json" ]; then echo "reusing $dir"; return 0; fi
+  rm -rf "$dir"
+  /usr/bin/time -f "generation %e s, %M KB" python3 tools/synth/make_synthetic_model.py "$dir" "$@" --tokenizer none
+}
+[ -z "${SKIP_V41:-}" ] && (gen $V41_DIR --arch v41 --experts exl3 --bits 3 $V41_SEL > "$OUT/synth_v41.log" 2>&1) &
+[ -z "${SKIP_V4:-}" ] && (gen $V4_DIR --arch v4 --experts mxfp4 --layers ${V4_LAYERS:-4} > "$OUT/synth_v4.log" 2>&1) &
+wait
+cat "$OUT"/synth_*.log | tee -a "$OUT/bench_main.log"
+
+run_bench() {  # name, dir
+  echo "== spillway bench $1 ($2)" | tee -a "$OUT/bench_main.log"
+  "$SPW" inspect "$2" > "$OUT/inspect_$1.txt" 2>&1
+  /usr/bin/time -f "bench %e s, host peak %M KB" timeout "$BENCH_TIMEOUT" "$SPW" bench --model "$2" \
+    --json "$OUT/bench_$1.json" --batch-prompt 512 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_$1.md"
+  echo "rc ${PIPESTATUS[0]}" | tee -a "$OUT/bench_main.log"
+}
+[ -z "${SKIP_V41:-}" ] && run_bench v41_exl3 $V41_DIR
+[ -z "${SKIP_V4:-}" ] && run_bench v4_mxfp4 $V4_DIR
+exit 0

@@ -1,0 +1,45 @@
+// `spillway bench`: the GPU engine's performance on one checkpoint, in one process (issue 7,
+// Performance): the H200's copy bandwidth and bf16 tensor-core rate (device_rates.h); the memory plan
+// (printed before loading); batch-1 decode ms/token against the bytes a token must read ÷ bandwidth
+// (model_costs.h); aggregate decode tokens/s at several batch sizes with sequences of different
+// lengths; prefill tokens/s against the FLOPs per token ÷ tensor-core rate; device memory per
+// component (plan and cudaMemGetInfo); the projection to the full model's layer count with its
+// arithmetic. Inputs are random token ids (the synthetic checkpoints of tools/synth have random
+// weights; what is timed does not depend on the ids beyond routing).
+//
+// Batched decode uses GpuModel::decode when the engine has it, else forward() per sequence (said in
+// the output). Every phase checks that the logits it sees are finite (a NaN forward would make the
+// timing meaningless) and reports it. Errors (no GPU, model does not fit, CUDA failures) return a
+// non-zero exit code with the message; phases that do not fit the budget are skipped with a reason.
+// Tests: tests/python/test_synth_model.py runs `--plan-only` (no GPU needed); the GPU phases run in
+// scripts/bench_engine.sh on the H200.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spw::bench {
+
+struct EngineBenchOptions {
+  std::string model_dir;
+  std::vector<int> batches{1, 4, 16, 64};
+  std::vector<int64_t> prefill{4096, 40960};
+  int decode_steps = 32;            // timed batch-1 decode steps
+  int64_t decode_context = 1024;    // prompt before the batch-1 decode
+  int batch_steps = 16;             // timed steps per batch size
+  int64_t batch_prompt_max = 1024;  // batch prompts spread over [max/4, max]
+  int chunk = 4096;                 // prefill chunk = the budget's max_step_tokens
+  int max_seqs = 0;                 // 0: the largest batch
+  int64_t max_context = 0;          // 0: what the runs need
+  int project_layers = 0;           // 0: 40 (V4.1) or 43 (V4)
+  int copy_mib = 2048;              // bytes copied per bandwidth sample
+  uint64_t seed = 1;
+  bool plan_only = false;           // print the plan and the per-token costs; no GPU needed
+  std::string json_path;
+};
+
+// Runs the benchmark, printing to stdout; returns the process exit code.
+int run_engine_bench(const EngineBenchOptions& options);
+
+}  // namespace spw::bench

@@ -1,0 +1,82 @@
+// `spillway bench --model DIR`: the GPU engine's decode, batched decode and prefill speed against the
+// GPU's own measured bandwidth and tensor-core rate, memory per component, and the projection to the
+// full model (src/bench_engine/bench_engine.h). CUDA builds only; elsewhere it says so.
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#if defined(SPW_HAVE_BENCH_ENGINE)
+#include "bench_engine/bench_engine.h"
+#endif
+
+namespace spw::cli {
+namespace {
+
+struct BenchFlags {
+  std::string model_dir, json_path;
+  std::vector<int> batches{1, 4, 16, 64};
+  std::vector<int64_t> prefill{4096, 40960};
+  int decode_steps = 32, batch_steps = 16, chunk = 4096, max_seqs = 0, project_layers = 0, copy_mib = 2048;
+  int64_t decode_context = 1024, batch_prompt_max = 1024, max_context = 0;
+  uint64_t seed = 1;
+  bool plan_only = false;
+};
+
+int run_bench(const BenchFlags& f) {
+#if defined(SPW_HAVE_BENCH_ENGINE)
+  bench::EngineBenchOptions o;
+  o.model_dir = f.model_dir;
+  o.json_path = f.json_path;
+  o.batches = f.batches;
+  o.prefill = f.prefill;
+  o.decode_steps = f.decode_steps;
+  o.batch_steps = f.batch_steps;
+  o.chunk = f.chunk;
+  o.max_seqs = f.max_seqs;
+  o.project_layers = f.project_layers;
+  o.copy_mib = f.copy_mib;
+  o.decode_context = f.decode_context;
+  o.batch_prompt_max = f.batch_prompt_max;
+  o.max_context = f.max_context;
+  o.seed = f.seed;
+  o.plan_only = f.plan_only;
+  return bench::run_engine_bench(o);
+#else
+  std::fprintf(stderr, "spillway bench: this build has no GPU engine (CUDA was not found at configure time); "
+                       "build with nvcc available (-DSPILLWAY_CUDA=ON)\n");
+  return 2;
+#endif
+}
+
+}  // namespace
+
+std::function<int()> add_bench_command(CLI::App& app) {
+  auto f = std::make_shared<BenchFlags>();
+  CLI::App* cmd = app.add_subcommand("bench", "GPU engine benchmark: decode vs HBM roofline, batched decode, prefill vs "
+                                              "tensor-core rate, memory, projection to the full model");
+  cmd->add_option("--model,-m", f->model_dir, "model directory (e.g. from tools/synth/make_synthetic_model.py)")
+      ->required();
+  cmd->add_option("--json", f->json_path, "also write the results as JSON to this file");
+  cmd->add_option("--batches", f->batches, "batch sizes for aggregate decode")->delimiter(',')->capture_default_str();
+  cmd->add_option("--prefill", f->prefill, "prompt lengths for prefill")->delimiter(',')->capture_default_str();
+  cmd->add_option("--decode-steps", f->decode_steps, "timed batch-1 decode steps")->capture_default_str();
+  cmd->add_option("--decode-context", f->decode_context, "prompt tokens before the batch-1 decode")
+      ->capture_default_str();
+  cmd->add_option("--batch-steps", f->batch_steps, "timed decode steps per batch size")->capture_default_str();
+  cmd->add_option("--batch-prompt", f->batch_prompt_max, "batch prompts have max/4..max tokens")
+      ->capture_default_str();
+  cmd->add_option("--chunk", f->chunk, "prefill chunk (the budget's max_step_tokens)")->capture_default_str();
+  cmd->add_option("--max-seqs", f->max_seqs, "KV budget sequences (0: the largest batch)")->capture_default_str();
+  cmd->add_option("--max-context", f->max_context, "KV budget context (0: what the runs need)")
+      ->capture_default_str();
+  cmd->add_option("--project-layers", f->project_layers, "layers of the full model (0: 40 for V4.1, 43 for V4)")
+      ->capture_default_str();
+  cmd->add_option("--copy-mib", f->copy_mib, "MiB per bandwidth copy (>= 1024)")
+      ->check(CLI::Range(1024, 1 << 16))
+      ->capture_default_str();
+  cmd->add_option("--seed", f->seed, "random token ids")->capture_default_str();
+  cmd->add_flag("--plan-only", f->plan_only, "print the memory plan and per-token costs; no GPU needed");
+  return [f] { return run_bench(*f); };
+}
+
+}  // namespace spw::cli
