@@ -177,7 +177,8 @@ void load_attention(TensorSource& src, const ModelConfig& c, const LayerPlan& pl
   }
 }
 
-void load_moe(TensorSource& src, const ModelConfig& c, const LayerPlan& plan, const std::string& p, LayerWeights& lw) {
+void load_moe(TensorSource& src, const ModelConfig& c, const LayerPlan& plan, const std::string& p, LayerWeights& lw,
+              bool expert_values) {
   const int d = c.d_model, E = c.n_experts, F = c.d_expert;
   lw.gate = src.plain(p + "ffn.gate.weight", E, d, LinearKind::F32);
   if (plan.hash_routed) {
@@ -201,9 +202,19 @@ void load_moe(TensorSource& src, const ModelConfig& c, const LayerPlan& plan, co
   }
   lw.experts.resize(E);
   // Experts are MXFP4 as released, or EXL3 after `spillway quantize` (model/exl3_experts.h).
-  auto expert = [&src](const std::string& stem, int n_out, int n_in) {
+  auto expert = [&src, expert_values](const std::string& stem, int n_out, int n_in) {
     const Exl3Lookup lookup = [&src](const std::string& n) { return src.find(n); };
-    if (!exl3_is_stored(lookup, stem)) return src.fp4(stem, n_out, n_in);
+    if (!exl3_is_stored(lookup, stem)) {
+      if (expert_values) return src.fp4(stem, n_out, n_in);
+      src.require(stem + ".weight", {DType::I8}, {n_out, n_in / 2});
+      src.require(stem + ".scale", {DType::F8_E8M0}, {n_out, n_in / 32});
+      return Linear{{}, n_out, n_in, LinearKind::Fp4};
+    }
+    if (!expert_values) {
+      auto t = exl3_load(lookup, stem);  // validates; copies only suh/svh
+      if (!t.ok()) src.fail(t.error());
+      return Linear{{}, n_out, n_in, LinearKind::Bf16};
+    }
     auto l = load_exl3_expert_linear(lookup, stem, n_out, n_in);
     if (!l.ok()) src.fail(l.error());
     return l.ok() ? std::move(l.value()) : Linear{};
@@ -283,7 +294,7 @@ Result<std::unique_ptr<ModelWeights>> load_weights(const std::string& model_dir,
     lw.hc_attn = src.hc(p + "hc_attn", c.hc_mult, d);
     lw.hc_ffn = src.hc(p + "hc_ffn", c.hc_mult, d);
     load_attention(src, c, plan, p, lw);
-    load_moe(src, c, plan, p, lw);
+    load_moe(src, c, plan, p, lw, options.routed_expert_values);
     if (plan.engram) load_engram(src, c, engram_slot++, p, lw);
     if (src.error()) return *src.error();
     if (options.on_progress) options.on_progress(l + 1, c.n_layers);

@@ -78,6 +78,10 @@ struct ModelWeights {
 struct LoadOptions {
   // Called after each layer with (layers done, layers total); for progress display.
   std::function<void(int, int)> on_progress;
+  // false: routed experts are checked (names, dtypes, shapes) but not dequantized; each expert Linear
+  // keeps n_out, n_in and kind with w empty. For the GPU engine, which uploads the stored bytes: a
+  // full-width V4.1 layer's experts are 54 GB as f32, and decoding EXL3 on the CPU takes minutes.
+  bool routed_expert_values = true;
 };
 
 // Loads and validates every tensor the forward needs: names with or without the "model."
