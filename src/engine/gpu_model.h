@@ -27,9 +27,11 @@
 //    per-expert token lists (GEMMs that read each expert once); decode() waits for its next tokens;
 //    test hooks (before_layer / on_layer) copy the streams;
 //  - host work per step: the compressors' emission counts, the entry ids, the indexer's entry
-//    counts and the V4.1 key layers are planned on the host from the positions and uploaded (small,
-//    async copies), and the launch sizes depend on them — which is also why there are no CUDA graphs
-//    yet (a graph needs the emission and entry counts predicated on device-side positions);
+//    counts and the ring rows are planned on the host from the positions once per step (a few
+//    small async copies, gpu_step.h RatioPlan), the V4.1 key layer per sequence per index layer, and
+//    the Engram hashes; the launch sizes depend on the counts — which is why there are no CUDA graphs
+//    yet (a graph needs the emission and entry counts predicated on device-side positions, and the
+//    indexer's key-layer choice per row inside the scoring kernel);
 //  - the device MoE dispatch is a plain warp-per-output GEMV over (token, slot) pairs: a token's
 //    experts are read once per pair, not once per step for all tokens that chose them;
 //  - Engram hashing stays on the host (a few integer ops per token).

@@ -19,9 +19,10 @@
 // The fused EXL3 decode kernel in reference_rounding mode (what the engine runs for EXL3 experts at
 // decode, cuda/exl3_moe.h) against the engine's per-expert EXL3 path (exl3_gemm_cuda per linear, bf16
 // after each, cuda::swiglu with the route weight, sums in ascending expert order) on random experts:
-// the kernel's projections meet by fp32 atomics, so a bf16 rounding may flip; asserted: ≥ 99% of the
-// outputs within 2 bf16 ulps and RMS error ≤ 1e-2·RMS (the unrounded mode, also printed, is ~2^-9
-// relative off in most values).
+// the kernel's projections meet by fp32 atomics, so a slot output's bf16 rounding may flip; asserted:
+// ≥ 99% of the outputs within 2 bf16 ulps of the larger of the two sums or of the largest slot output
+// (a flip moves the sum by one ulp of its term), and RMS error ≤ 1e-2·RMS (the unrounded mode's
+// numbers are printed beside them).
 // Plus decode()'s argument errors. Failures print arch, B, sequence, step and the first mismatch.
 #if defined(SPW_HAVE_CUDA)
 #include <gtest/gtest.h>
@@ -162,6 +163,14 @@ TEST(EngineBatch, V41DecodeB3MatchesAlone) { batch_vs_alone("v41", {2, 17, 63});
 TEST(EngineBatch, V4DecodeB8MatchesAlone) { batch_vs_alone("v4", {1, 3, 7, 16, 31, 64, 127, 130}); }
 TEST(EngineBatch, V41DecodeB8MatchesAlone) { batch_vs_alone("v41", {1, 3, 7, 16, 31, 64, 127, 130}); }
 
+// One bf16 ulp at magnitude m > 0.
+float bf16_ulp(float m) {
+  if (m == 0.f) return 0.f;
+  int e = 0;
+  std::frexp(m, &e);
+  return std::ldexp(1.0f, e - 8);
+}
+
 // Whether a and b are within two bf16 ulps of the larger magnitude.
 bool within_2_bf16_ulps(float a, float b) {
   const float m = std::max(std::fabs(a), std::fabs(b));
@@ -267,7 +276,7 @@ void exl3_fused_vs_per_expert(int T) {
   ASSERT_TRUE(exl3_cuda_workspace_alloc(ws, std::max(d, f), std::max(d, f)).ok());
 
   // Per-expert path, the engine's run_expert for one row, summed in ascending expert id.
-  std::vector<float> ref(T * d, 0.f), y1(d);
+  std::vector<float> ref(T * d, 0.f), y1(d), max_term(T * d, 0.f);
   for (int t = 0; t < T; ++t) {
     std::vector<int> order(topk);
     for (int j = 0; j < topk; ++j) order[j] = j;
@@ -282,7 +291,10 @@ void exl3_fused_vs_per_expert(int T) {
       ASSERT_TRUE(exl3_gemm_cuda(dev[e * 3 + 2], h, 1, yo, ws).ok());
       ASSERT_TRUE(cuda::round_bf16(yo, d, nullptr).ok());
       ASSERT_EQ(cudaMemcpy(y1.data(), yo, d * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      for (int i = 0; i < d; ++i) ref[t * d + i] += y1[i];
+      for (int i = 0; i < d; ++i) {
+        ref[t * d + i] += y1[i];
+        max_term[t * d + i] = std::max(max_term[t * d + i], std::fabs(y1[i]));
+      }
     }
   }
 
@@ -302,7 +314,8 @@ void exl3_fused_vs_per_expert(int T) {
     double rms = 0, e2 = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_TRUE(std::isfinite(got[i])) << "T=" << T << " rounding=" << rounding << " output " << i;
-      if (within_2_bf16_ulps(got[i], ref[i])) ++close;
+      // A slot output that flips its bf16 rounding moves the sum by one ulp of that term.
+      if (within_2_bf16_ulps(got[i], ref[i]) || std::fabs(got[i] - ref[i]) <= bf16_ulp(max_term[i]) * 2) ++close;
       else if (first_far == SIZE_MAX) first_far = i;
       rms += double(ref[i]) * ref[i], e2 += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
     }
