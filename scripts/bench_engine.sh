@@ -21,7 +21,7 @@ export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH
 V41_DIR=/tmp/synth_v41_exl3 V4_DIR=/tmp/synth_v4_mxfp4
 V41_SEL=${V41_REAL_LAYERS:+--real-layers $V41_REAL_LAYERS}
 V41_SEL=${V41_SEL:---layers ${V41_LAYERS:-4}}
-BENCH_TIMEOUT=${BENCH_TIMEOUT:-300}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-240}
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   nproc; free -g | head -2; df -h /tmp | tail -1

@@ -152,6 +152,8 @@ void print_decode_bytes(const DecodeBytes& db, const std::vector<int64_t>& kv, i
 }  // namespace
 
 int run_engine_bench(const EngineBenchOptions& o) {
+  // Line-buffered even into a pipe: a run cut short by a timeout keeps what it printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   json report;
   auto config = read_model_config(o.model_dir);
   if (!config.ok()) {
@@ -252,6 +254,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
     write_json();
     return 1;
   }
+  std::printf("loading %s ...\n", o.model_dir.c_str());
   const auto t_load = Clock::now();
   auto loaded = engine::load_gpu_model(o.model_dir, Numerics::reference(), gopt);
   if (!loaded.ok()) {
