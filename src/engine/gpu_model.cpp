@@ -10,7 +10,6 @@
 #include "cuda/ops/norm.h"
 #include "cuda/ops/sampling.h"
 #include "engine/gpu_step.h"
-#include "ops/ref/linalg.h"
 #include "ops/ref/rope.h"
 
 namespace spw::engine {

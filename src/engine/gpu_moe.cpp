@@ -9,16 +9,11 @@
 //    (cuda/exl3_gemm.h) — which read each expert's weights once per chunk.
 // Both add a token's experts in ascending expert order. Engram: host hashing, device gather from the
 // mapped host tables and device gate (engram_kernels.h).
-#include <cmath>
-#include <cstring>
-
 #include "cuda/ops/act_quant.h"
 #include "cuda/ops/moe.h"
 #include "engine/engine_kernels.h"
 #include "engine/engram_kernels.h"
 #include "engine/gpu_step.h"
-#include "formats/quant.h"
-#include "ops/ref/linalg.h"
 
 namespace spw::engine {
 namespace {
