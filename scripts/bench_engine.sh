@@ -10,7 +10,13 @@
 #     HCA; layers 0..2 hash-routed) — the same model helper C's llama.cpp comparison converts.
 # Expected time on the H200: generation ~1-2 min (both models at once), each bench ~1-3 min (load,
 # device rates, decode, batches 1/4/16/64, prefill 4K and 40K); each bench is capped by BENCH_TIMEOUT.
-# Switches: SKIP_V41=1, SKIP_V4=1, KEEP_MODELS=1 (reuse /tmp/synth_* if present), BENCH_ARGS (extra flags).
+# Needs the GPU engine to load routed experts without their f32 host copy (model/weights.h
+# LoadOptions::routed_expert_values = false in load_gpu_model, and upload_weights' linear() taking
+# n_out == 0, not w.empty(), as "absent"). Without it the V4.1 EXL3 load decodes every expert on the
+# CPU (~170 ns/weight: ~37 min per layer; the bench hits BENCH_TIMEOUT) and 4 V4 layers need ~105 GB
+# of host RAM as f32.
+# Switches: SKIP_V41=1, SKIP_V4=1, KEEP_MODELS=1 (reuse /tmp/synth_* if present), BENCH_ARGS (extra bench
+# flags), SYNTH_ARGS (extra generator flags, e.g. "--width-divisor 16 --engram-vocab 1000" for a smoke run).
 set -u
 cd "$(dirname "$0")/.."
 [ -f .exl3pack/dev.tar.xz ] && [ ! -x .exl3dev/spillway ] && tar xJf .exl3pack/dev.tar.xz
@@ -32,7 +38,7 @@ gen() {  # dir, args...
   local dir=$1; shift
   if [ -n "${KEEP_MODELS:-}" ] && [ -f "$dir/config.json" ]; then echo "reusing $dir"; return 0; fi
   rm -rf "$dir"
-  /usr/bin/time -f "generation %e s, %M KB" python3 tools/synth/make_synthetic_model.py "$dir" "$@" --tokenizer none
+  /usr/bin/time -f "generation %e s, %M KB" python3 tools/synth/make_synthetic_model.py "$dir" "$@" --tokenizer none ${SYNTH_ARGS:-}
 }
 [ -z "${SKIP_V41:-}" ] && (gen $V41_DIR --arch v41 --experts exl3 --bits 3 $V41_SEL > "$OUT/synth_v41.log" 2>&1) &
 [ -z "${SKIP_V4:-}" ] && (gen $V4_DIR --arch v4 --experts mxfp4 --layers ${V4_LAYERS:-4} > "$OUT/synth_v4.log" 2>&1) &
