@@ -6,19 +6,30 @@
 // `--single-candidate` writes and "best" is what the default writes (lowest proxy error
 // tr(ΔWᵀHΔW)/tr(WᵀHW) on the undamped H, ties to the earlier). Reference errors for the same
 // W/H (e.g. exllamav3's, bench/results/exl3_h200.md) can be given as "stem=value" arguments.
-// Usage: quantize_candidates --bits K [--threads T] FILE.safetensors... [stem=err...]
+// --cands σ:signs:mult,... replaces the default candidate list (experiments; the first is #0, its signs
+// offset is taken as 0).
+// --device cuda (CUDA builds): the CUDA quantizer, one Exl3CudaQuantizer per thread (its LDL is cuSOLVER's,
+// so its errors match the CPU's to ~1e-3 relative, not bit for bit; tests/gpu/test_quantize_cuda.cpp).
+// --scale-tiles N sets QuantizeParams::scale_sample_tiles.
+// --json FILE writes {stem: {"err": [per candidate], "best": value}} for tools/quantize/compare_wide.py.
+// Usage: quantize_candidates --bits K [--threads T] [--device cpu|cuda] [--cands ...] [--scale-tiles N] [--json FILE]
+//        FILE.safetensors... [stem=err...]
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "formats/safetensors.h"
 #include "quantize/exl3_quantize.h"
+#if defined(SPW_HAVE_QUANTIZE_CUDA)
+#include "quantize/cuda/exl3_quantize_cuda.h"
+#endif
 
 namespace {
 
@@ -61,13 +72,41 @@ int main(int argc, char** argv) {
   int bits = 3, threads = 2;
   std::vector<std::string> files;
   std::map<std::string, double> ref;
+  std::vector<spw::quant::QuantizeCandidate> custom;
+  std::string json_path;
+  int scale_tiles = 0;  // 0: QuantizeParams' default
+  std::string device = "cpu";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--bits" && i + 1 < argc) bits = std::atoi(argv[++i]);
+    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    else if (a == "--scale-tiles" && i + 1 < argc) scale_tiles = std::atoi(argv[++i]);
+    else if (a == "--device" && i + 1 < argc) device = argv[++i];
+    else if (a == "--cands" && i + 1 < argc) {
+      const std::string list = argv[++i];
+      for (size_t p = 0; p < list.size();) {
+        size_t e = list.find(',', p);
+        if (e == std::string::npos) e = list.size();
+        double sg = 0, mult = 1;
+        unsigned long long so = 0;
+        if (std::sscanf(list.substr(p, e - p).c_str(), "%lf:%llu:%lf", &sg, &so, &mult) < 2) {
+          std::fprintf(stderr, "quantize_candidates: --cands wants σ:signs[:mult],...\n");
+          return 2;
+        }
+        custom.push_back({sg, so, mult});
+        p = e + 1;
+      }
+    }
     else if (a == "--threads" && i + 1 < argc) threads = std::max(1, std::atoi(argv[++i]));
     else if (a.find('=') != std::string::npos) ref[a.substr(0, a.find('='))] = std::atof(a.substr(a.find('=') + 1).c_str());
     else files.push_back(a);
   }
+#if !defined(SPW_HAVE_QUANTIZE_CUDA)
+  if (device != "cpu") {
+    std::fprintf(stderr, "quantize_candidates: --device %s: this build has no CUDA quantizer\n", device.c_str());
+    return 2;
+  }
+#endif
   if (files.empty()) {
     std::fprintf(stderr, "usage: quantize_candidates --bits K [--threads T] FILE... [stem=err...]\n");
     return 2;
@@ -83,6 +122,12 @@ int main(int argc, char** argv) {
   }
   spw::quant::QuantizeParams base;
   base.bits = bits;
+  if (scale_tiles > 0) base.scale_sample_tiles = scale_tiles;
+  if (!custom.empty()) {
+    base.sigma_reg = custom[0].sigma_reg;
+    base.scale_mult = custom[0].scale_mult;
+    base.alternatives.assign(custom.begin() + 1, custom.end());
+  }
   const std::vector<spw::quant::QuantizeCandidate> cands = spw::quant::quantize_candidates(base, true);
   const size_t nc = cands.size();
   // err[t][c]: dump t quantized as candidate c alone.
@@ -92,11 +137,27 @@ int main(int argc, char** argv) {
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t)
     pool.emplace_back([&] {
+#if defined(SPW_HAVE_QUANTIZE_CUDA)
+      auto gpu = device == "cuda" ? spw::quant::Exl3CudaQuantizer::create()
+                                  : spw::Result<std::unique_ptr<spw::quant::Exl3CudaQuantizer>>(
+                                        std::unique_ptr<spw::quant::Exl3CudaQuantizer>{});
+      if (!gpu.ok()) {
+        std::fprintf(stderr, "quantize_candidates: %s\n", gpu.error().message.c_str());
+        failed = true;
+        return;
+      }
+#endif
       for (size_t job; (job = next++) < dumps.size() * nc;) {
         const Dump& d = dumps[job / nc];
         spw::quant::QuantizeParams p = base;
         p.seed = d.seed;
-        auto q = spw::quant::exl3_quantize_tensor(d.w.data(), d.k, d.n, d.h, spw::quant::candidate_params(p, cands[job % nc]));
+        const spw::quant::QuantizeParams cp = spw::quant::candidate_params(p, cands[job % nc]);
+#if defined(SPW_HAVE_QUANTIZE_CUDA)
+        auto q = *gpu ? (*gpu)->quantize(d.w.data(), d.k, d.n, d.h, cp)
+                      : spw::quant::exl3_quantize_tensor(d.w.data(), d.k, d.n, d.h, cp);
+#else
+        auto q = spw::quant::exl3_quantize_tensor(d.w.data(), d.k, d.n, d.h, cp);
+#endif
         if (!q.ok()) {
           std::fprintf(stderr, "quantize_candidates: %s: %s\n", d.stem.c_str(), q.error().message.c_str());
           failed = true;
@@ -108,7 +169,7 @@ int main(int argc, char** argv) {
   for (auto& th : pool) th.join();
   if (failed) return 1;
   std::printf("| tensor | K |");
-  for (size_t c = 0; c < nc; ++c) std::printf(" #%zu σ=%g signs+%llu |", c, cands[c].sigma_reg, (unsigned long long)cands[c].seed_offset);
+  for (size_t c = 0; c < nc; ++c) std::printf(" #%zu σ=%g signs+%llu ×%g |", c, cands[c].sigma_reg, (unsigned long long)cands[c].seed_offset, cands[c].scale_mult);
   std::printf(" best | kept | best/#0 |%s\n|---|---|", ref.empty() ? "" : " reference | best/reference |");
   for (size_t c = 0; c < nc + 3 + (ref.empty() ? 0 : 2); ++c) std::printf("---|");
   std::printf("\n");
@@ -132,6 +193,21 @@ int main(int argc, char** argv) {
       wins_ref_first += err[t][0] <= it->second;
     }
     std::printf("\n");
+  }
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (!f) {
+      std::fprintf(stderr, "quantize_candidates: cannot write %s\n", json_path.c_str());
+      return 1;
+    }
+    std::fprintf(f, "{\"bits\": %d, \"device\": \"%s\", \"tensors\": {", bits, device.c_str());
+    for (size_t t = 0; t < dumps.size(); ++t) {
+      std::fprintf(f, "%s\n \"%s\": {\"err\": [", t ? "," : "", dumps[t].stem.c_str());
+      for (size_t c = 0; c < nc; ++c) std::fprintf(f, "%s%.9g", c ? ", " : "", err[t][c]);
+      std::fprintf(f, "], \"best\": %.9g}", *std::min_element(err[t].begin(), err[t].end()));
+    }
+    std::fprintf(f, "}}\n");
+    std::fclose(f);
   }
   const double nd = double(dumps.size());
   std::printf("\nK=%d mean proxy error: one candidate (#0) %.6f, best of %zu %.6f (%.2f%% lower); kept:", bits,

@@ -1,5 +1,5 @@
 // `spillway quantize`: calibrated EXL3 quantization of the routed experts (docs/quantize.md), and
-// `spillway eval-kl`: KL / top-1 agreement of a quantized pack against its source model.
+// `spillway eval-kl`: KL / top-1 agreement of quantized packs against their source model.
 #include <cstdio>
 #include <memory>
 
@@ -56,30 +56,68 @@ std::function<int()> add_quantize_command(CLI::App& app) {
 
 std::function<int()> add_eval_kl_command(CLI::App& app) {
   struct Opts {
-    std::string p, q, text;
+    std::string p, text, per_position;
+    std::vector<std::string> q;
     int64_t tokens = 4096;
     int row = 256;
     int threads = 0;
+    int batch = 8;
+    std::string shard = "0/1";
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* cmd = app.add_subcommand("eval-kl", "KL(P‖Q) and top-1 agreement of two models on the same text");
+  CLI::App* cmd = app.add_subcommand("eval-kl", "KL(P‖Q) and top-1 agreement of models against a reference on the same text");
   cmd->add_option("--model", o->p, "reference model P (e.g. the source)")->required();
-  cmd->add_option("--quantized", o->q, "model Q (e.g. a quantized pack)")->required();
+  cmd->add_option("--quantized", o->q, "model(s) Q (e.g. quantized packs; P runs once for all)")->required();
   cmd->add_option("--text", o->text, "held-out text (.txt) or .jsonl")->required();
   cmd->add_option("--tokens", o->tokens, "tokens in all")->capture_default_str();
   cmd->add_option("--row", o->row, "tokens per row")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "rows per forward_batch")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)");
+  cmd->add_option("--shard", o->shard, "I/N: only rows I, I+N, ... (N processes side by side)")->capture_default_str();
+  cmd->add_option("--per-position", o->per_position,
+                  "write row, position, then KL and top-1 agreement per model, one predicted position a line (TSV)");
   return [o] {
     if (o->threads > 0) set_global_pool_threads(size_t(o->threads));
-    auto r = quant::eval_kl(o->p, o->q, o->text, o->tokens, o->row);
+    int shard = 0, n_shards = 1;
+    if (std::sscanf(o->shard.c_str(), "%d/%d", &shard, &n_shards) != 2) {
+      std::fprintf(stderr, "error: --shard wants I/N, got %s\n", o->shard.c_str());
+      return 1;
+    }
+    auto r = quant::eval_kl(o->p, o->q, o->text, o->tokens, o->row, o->batch, shard, n_shards);
     if (!r.ok()) {
       std::fprintf(stderr, "error: %s\n", r.error().message.c_str());
       return 1;
     }
-    std::printf("positions %lld  mean_kl %.6f  top1_agreement %.4f  ppl_p %.3f  ppl_q %.3f  kl_stderr %.6f  row_kl",
-                (long long)r->positions, r->mean_kl, r->top1_agreement, r->ppl_p, r->ppl_q, r->mean_kl_stderr);
-    for (double k : r->row_kl) std::printf(" %.6f", k);
-    std::printf("\n");
+    for (size_t qi = 0; qi < r->size(); ++qi) {
+      const quant::KlResult& k = (*r)[qi];
+      if (r->size() > 1) std::printf("%s: ", o->q[qi].c_str());
+      std::printf("positions %lld  mean_kl %.6f  top1_agreement %.4f  ppl_p %.3f  ppl_q %.3f  kl_stderr %.6f  row_kl",
+                  (long long)k.positions, k.mean_kl, k.top1_agreement, k.ppl_p, k.ppl_q, k.mean_kl_stderr);
+      for (double x : k.row_kl) std::printf(" %.6f", x);
+      std::printf("\n");
+    }
+    if (!o->per_position.empty()) {
+      FILE* f = std::fopen(o->per_position.c_str(), "w");
+      if (!f) {
+        std::fprintf(stderr, "error: cannot write %s\n", o->per_position.c_str());
+        return 1;
+      }
+      std::fprintf(f, "row\tpos");
+      for (const auto& q : o->q) std::fprintf(f, "\tkl:%s\tagree:%s", q.c_str(), q.c_str());
+      std::fprintf(f, "\n");
+      // Every Q has the same positions in the same order.
+      const quant::KlResult& k0 = r->front();
+      for (size_t at = 0, pos = 0; at < k0.position_kl.size(); ++at) {
+        pos = at > 0 && k0.position_row[at] == k0.position_row[at - 1] ? pos + 1 : 0;
+        std::fprintf(f, "%d\t%zu", k0.position_row[at], pos);
+        for (const auto& k : *r) std::fprintf(f, "\t%.9g\t%d", k.position_kl[at], int(k.position_agree[at]));
+        std::fprintf(f, "\n");
+      }
+      if (std::fclose(f) != 0) {
+        std::fprintf(stderr, "error: writing %s failed\n", o->per_position.c_str());
+        return 1;
+      }
+    }
     return 0;
   };
 }

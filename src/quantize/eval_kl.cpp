@@ -1,5 +1,7 @@
-// `spillway eval-kl`: how far a quantized pack's next-token distributions are from the source
-// model's on the same tokens (mean KL(P‖Q), top-1 agreement, both perplexities).
+// `spillway eval-kl`: how far quantized packs' next-token distributions are from the source
+// model's on the same tokens (mean KL(P‖Q), top-1 agreement, both perplexities), per pack and per
+// position. P's forward runs once; every Q sees the same rows.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -20,65 +22,115 @@ void log_softmax(const float* x, size_t n, std::vector<double>& out) {
   for (size_t i = 0; i < n; ++i) out[i] = double(x[i]) - lse;
 }
 
-}  // namespace
-
-Result<KlResult> eval_kl(const std::string& model_p, const std::string& model_q, const std::string& text_path,
-                         int64_t max_tokens, int row_tokens) {
-  auto rows = load_calibration_rows(model_p, text_path, max_tokens, row_tokens);
-  if (!rows.ok()) return rows.error();
-  auto mp = load_model(model_p, Numerics::reference());
-  if (!mp.ok()) return mp.error();
-  auto mq = load_model(model_q, Numerics::reference());
-  if (!mq.ok()) return mq.error();
-  const size_t vocab = size_t((*mp)->config().vocab_size);
-  if (size_t((*mq)->config().vocab_size) != vocab) return make_error("eval-kl: the two models have different vocabularies");
-  KlResult r;
-  double kl = 0, nll_p = 0, nll_q = 0;
-  int64_t agree = 0;
-  std::vector<double> lp, lq;
+// All-position logits of `rows` [first, last) in one forward_batch.
+Result<std::vector<std::vector<float>>> batch_logits(const Model& m, const std::vector<std::vector<int32_t>>& rows,
+                                                     size_t first, size_t last) {
+  std::vector<SequenceState> states;
+  for (size_t r = first; r < last; ++r) states.push_back(m.new_sequence());
+  std::vector<SequenceState*> seqs;
+  std::vector<std::span<const int32_t>> toks;
+  for (size_t r = first; r < last; ++r) {
+    seqs.push_back(&states[r - first]);
+    toks.emplace_back(rows[r]);
+  }
   ForwardOptions fo;
   fo.all_logits = true;
-  for (const auto& row : rows->rows) {
-    const double kl_before = kl;
-    const int64_t positions_before = r.positions;
-    SequenceState sp = (*mp)->new_sequence(), sq = (*mq)->new_sequence();
-    auto yp = (*mp)->forward(sp, row, fo);
+  return m.forward_batch(seqs, toks, fo);
+}
+
+}  // namespace
+
+Result<std::vector<KlResult>> eval_kl(const std::string& model_p, const std::vector<std::string>& models_q,
+                                      const std::string& text_path, int64_t max_tokens, int row_tokens, int batch,
+                                      int shard, int n_shards) {
+  if (models_q.empty()) return make_error("eval-kl: no model to compare");
+  if (n_shards < 1 || shard < 0 || shard >= n_shards) return make_error("eval-kl: shard ", shard, " of ", n_shards);
+  auto all_rows = load_calibration_rows(model_p, text_path, max_tokens, row_tokens);
+  if (!all_rows.ok()) return all_rows.error();
+  std::vector<std::vector<int32_t>> rs;
+  std::vector<int32_t> row_id;
+  for (size_t r = size_t(shard); r < all_rows->rows.size(); r += size_t(n_shards)) {
+    rs.push_back(all_rows->rows[r]);
+    row_id.push_back(int32_t(r));
+  }
+  auto mp = load_model(model_p, Numerics::reference());
+  if (!mp.ok()) return mp.error();
+  std::vector<std::unique_ptr<Model>> mq;
+  for (const auto& q : models_q) {
+    auto m = load_model(q, Numerics::reference());
+    if (!m.ok()) return m.error();
+    if ((*m)->config().vocab_size != (*mp)->config().vocab_size)
+      return make_error("eval-kl: ", q, " has a different vocabulary than ", model_p);
+    mq.push_back(std::move(m.value()));
+  }
+  const size_t vocab = size_t((*mp)->config().vocab_size);
+  const size_t nq = mq.size();
+  std::vector<KlResult> res(nq);
+  std::vector<double> nll_q(nq, 0.0);
+  double nll_p = 0;
+  int64_t positions = 0;
+  std::vector<double> lp, lq;
+  std::vector<size_t> argmax_p;
+  const size_t step = size_t(std::max(1, batch));
+  for (size_t first = 0; first < rs.size(); first += step) {
+    const size_t last = std::min(rs.size(), first + step);
+    auto yp = batch_logits(**mp, rs, first, last);
     if (!yp.ok()) return yp.error();
-    auto yq = (*mq)->forward(sq, row, fo);
-    if (!yq.ok()) return yq.error();
-    for (size_t i = 0; i + 1 < row.size(); ++i) {
-      log_softmax(yp->data() + i * vocab, vocab, lp);
-      log_softmax(yq->data() + i * vocab, vocab, lq);
-      double k = 0;
-      size_t ap = 0, aq = 0;
-      for (size_t v = 0; v < vocab; ++v) {
-        k += std::exp(lp[v]) * (lp[v] - lq[v]);
-        if (lp[v] > lp[ap]) ap = v;
-        if (lq[v] > lq[aq]) aq = v;
+    // P's log-probabilities are recomputed per Q (cheap next to the forwards, saves a copy).
+    for (size_t qi = 0; qi < nq; ++qi) {
+      auto yq = batch_logits(*mq[qi], rs, first, last);
+      if (!yq.ok()) return yq.error();
+      KlResult& r = res[qi];
+      for (size_t b = 0; b < last - first; ++b) {
+        const auto& row = rs[first + b];
+        double row_kl = 0;
+        for (size_t i = 0; i + 1 < row.size(); ++i) {
+          log_softmax((*yp)[b].data() + i * vocab, vocab, lp);
+          log_softmax((*yq)[b].data() + i * vocab, vocab, lq);
+          double k = 0;
+          size_t ap = 0, aq = 0;
+          for (size_t v = 0; v < vocab; ++v) {
+            k += std::exp(lp[v]) * (lp[v] - lq[v]);
+            if (lp[v] > lp[ap]) ap = v;
+            if (lq[v] > lq[aq]) aq = v;
+          }
+          row_kl += k;
+          r.position_kl.push_back(k);
+          r.position_agree.push_back(ap == aq);
+          r.position_row.push_back(row_id[first + b]);
+          if (qi == 0) {
+            nll_p -= lp[size_t(row[i + 1])];
+            ++positions;
+          }
+          nll_q[qi] -= lq[size_t(row[i + 1])];
+        }
+        if (row.size() > 1) r.row_kl.push_back(row_kl / double(row.size() - 1));
       }
-      kl += k;
-      agree += ap == aq;
-      nll_p -= lp[size_t(row[i + 1])];
-      nll_q -= lq[size_t(row[i + 1])];
-      ++r.positions;
     }
-    if (r.positions > positions_before) r.row_kl.push_back((kl - kl_before) / double(r.positions - positions_before));
-    std::fprintf(stderr, "\reval-kl: %lld positions", (long long)r.positions);
+    std::fprintf(stderr, "\reval-kl: %lld positions", (long long)positions);
   }
   std::fprintf(stderr, "\n");
-  if (r.positions == 0) return make_error("eval-kl: no positions");
-  r.mean_kl = kl / double(r.positions);
-  if (r.row_kl.size() > 1) {
-    double m = 0, v = 0;
-    for (double x : r.row_kl) m += x;
-    m /= double(r.row_kl.size());
-    for (double x : r.row_kl) v += (x - m) * (x - m);
-    r.mean_kl_stderr = std::sqrt(v / double(r.row_kl.size() - 1) / double(r.row_kl.size()));
+  if (positions == 0) return make_error("eval-kl: no positions");
+  for (size_t qi = 0; qi < nq; ++qi) {
+    KlResult& r = res[qi];
+    r.positions = positions;
+    double kl = 0;
+    int64_t agree = 0;
+    for (double k : r.position_kl) kl += k;
+    for (uint8_t a : r.position_agree) agree += a;
+    r.mean_kl = kl / double(positions);
+    if (r.row_kl.size() > 1) {
+      double m = 0, v = 0;
+      for (double x : r.row_kl) m += x;
+      m /= double(r.row_kl.size());
+      for (double x : r.row_kl) v += (x - m) * (x - m);
+      r.mean_kl_stderr = std::sqrt(v / double(r.row_kl.size() - 1) / double(r.row_kl.size()));
+    }
+    r.top1_agreement = double(agree) / double(positions);
+    r.ppl_p = std::exp(nll_p / double(positions));
+    r.ppl_q = std::exp(nll_q[qi] / double(positions));
   }
-  r.top1_agreement = double(agree) / double(r.positions);
-  r.ppl_p = std::exp(nll_p / double(r.positions));
-  r.ppl_q = std::exp(nll_q / double(r.positions));
-  return r;
+  return res;
 }
 
 }  // namespace spw::quant

@@ -193,7 +193,7 @@ Exl3Tensor QuantizedTensor::view(const std::string& name) const {
 }
 
 std::vector<QuantizeCandidate> quantize_candidates(const QuantizeParams& prm, bool h_usable) {
-  std::vector<QuantizeCandidate> c{{prm.sigma_reg, 0}};
+  std::vector<QuantizeCandidate> c{{prm.sigma_reg, 0, prm.scale_mult}};
   if (h_usable) c.insert(c.end(), prm.alternatives.begin(), prm.alternatives.end());
   return c;
 }
@@ -209,6 +209,7 @@ QuantizeParams candidate_params(const QuantizeParams& prm, const QuantizeCandida
   QuantizeParams p = prm;
   p.sigma_reg = c.sigma_reg;
   p.seed = prm.seed + c.seed_offset;
+  p.scale_mult = c.scale_mult;
   p.alternatives.clear();
   return p;
 }
@@ -326,6 +327,7 @@ Result<QuantizedTensor> quantize_one(const float* w, int64_t k, int64_t n, const
       const double den = e0 - 2 * e1 + e2;
       if (den > 0) g += 0.5 * 0.1 * (e0 - e2) / den;
     }
+    g *= prm.scale_mult;
     out.global_scale = g;
     for (auto& v : t) v *= g;
     for (auto& v : su) v /= g;
@@ -467,6 +469,7 @@ Result<QuantizedTensor> quantize_one(const float* w, int64_t k, int64_t n, const
   }
   out.sigma_reg = hd.empty() ? 0.0 : prm.sigma_reg;
   out.seed = prm.seed;
+  out.scale_mult = prm.scale_mult;
   return out;
 }
 

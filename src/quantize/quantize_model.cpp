@@ -167,6 +167,7 @@ struct TensorReport {
   bool refit_kept, identity_fallback;
   double sigma_reg;
   int candidate, candidates;
+  double scale_mult;
 };
 
 ojson report_json(const TensorReport& r) {
@@ -185,6 +186,7 @@ ojson report_json(const TensorReport& r) {
                {"candidate", r.candidate},
                {"candidates", r.candidates},
                {"sigma_reg", r.sigma_reg},
+               {"scale_mult", r.scale_mult},
                {"seconds", r.seconds}};
 }
 
@@ -510,9 +512,9 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
           const QuantizedTensor& q = *results[size_t(task)];
           reports[size_t(task)] = TensorReport{stem, l, e, w, k, n, tokens, q.proxy_err, q.proxy_err_before_refit,
                                                q.global_scale, q.seconds, q.refit_kept, q.fell_back_to_identity,
-                                               q.sigma_reg, q.candidate, q.candidates};
+                                               q.sigma_reg, q.candidate, q.candidates, q.scale_mult};
           std::lock_guard<std::mutex> lock(dump_mu);
-          if (dumps_left > 0 && (w == 1 || w == 2)) {
+          if (dumps_left > 0) {
             --dumps_left;
             SafetensorsWriter dw;
             dw.add_raw("W", DType::F32, {k, n}, wt->data(), wt->size() * 4);

@@ -71,8 +71,17 @@ struct KlResult {
   double top1_agreement = 0;
   int64_t positions = 0;
   double ppl_p = 0, ppl_q = 0;  // perplexity of each model on the same positions
+  // Per predicted position, rows in order: KL(P‖Q) and whether the argmaxes agree (paired
+  // comparisons across packs: tools/quantize/paired_kl.py).
+  std::vector<double> position_kl;
+  std::vector<uint8_t> position_agree;
+  std::vector<int32_t> position_row;  // the row each position belongs to
 };
-Result<KlResult> eval_kl(const std::string& model_p, const std::string& model_q, const std::string& text_path,
-                         int64_t max_tokens, int row_tokens);
+// One pass of P over the text, compared with each of `models_q` on the same positions (P's
+// forward runs once). `batch` rows go through forward_batch together. Shard i of n takes rows
+// i, i + n, ... only (run n processes side by side; position_row keeps the global row number).
+Result<std::vector<KlResult>> eval_kl(const std::string& model_p, const std::vector<std::string>& models_q,
+                                      const std::string& text_path, int64_t max_tokens, int row_tokens, int batch = 8,
+                                      int shard = 0, int n_shards = 1);
 
 }  // namespace spw::quant

@@ -13,7 +13,8 @@
 //   * always: the CUDA result decoded on the CPU (exl3_weight_ref + exl3_proxy_error) reproduces the
 //     CUDA-reported proxy error to 1e-6 relative, i.e. the packed trellis and fp16 scales are what
 //     the quantizer measured.
-//   * the candidate search (regularisation strengths and signs, the lowest proxy error kept)
+//   * a global-scale multiplier (ScaleMultBitExactWithCpu) keeps the plain path bit-exact;
+//   * the candidate search (regularisation strengths, signs and global-scale multipliers; the lowest proxy error kept)
 //     keeps the same candidate as the CPU (CandidateSearchSameChoiceAsCpu).
 // DISABLED_SlowCpu_V41ExpertShape does the same at 2304×5120, K=3 (one tensor; the CPU side takes
 // ~15 min single-threaded): run it with --gtest_also_run_disabled_tests --gtest_filter='*V41Expert*'.
@@ -142,12 +143,11 @@ TEST(QuantizeCuda, OddShapesAndK) {
   compare(p, 8, Exl3Codebook::kMul1, false, false, 1e-9);
 }
 
-// The candidate search (default on: regularisation strengths and signs): the GPU tries the CPU's
+// The candidate search (default on: global-scale multipliers and signs): the GPU tries the CPU's
 // candidates in the CPU's order and keeps the same one. The candidates' proxy errors differ by
 // ~0.5-2 % while the GPU reproduced the CPU's single-candidate errors exactly in the 18:08 H200 run
 // (identical trellis words), so the choice must agree; the printed errors show how close a
-// disagreement was. Without LDLQ and refit the strengths do not matter (H is used only by those
-// two steps) but the signs do.
+// disagreement was.
 TEST(QuantizeCuda, CandidateSearchSameChoiceAsCpu) {
   ASSERT_TRUE(have_gpu()) << "no CUDA device";
   const Problem p = make_problem(256, 512, 6);
@@ -162,15 +162,16 @@ TEST(QuantizeCuda, CandidateSearchSameChoiceAsCpu) {
     ASSERT_TRUE(cpu.ok()) << cpu.error().message;
     auto gpu = exl3_quantize_tensor_cuda(p.w.data(), p.k, p.n, p.h, qp);
     ASSERT_TRUE(gpu.ok()) << gpu.error().message;
-    std::printf("    %d candidates: kept cpu #%d (sigma_reg %g, seed %llu) cuda #%d (sigma_reg %g, seed %llu); proxy err "
-                "cpu %.8g cuda %.8g\n", cpu->candidates, cpu->candidate, cpu->sigma_reg, (unsigned long long)cpu->seed,
-                gpu->candidate, gpu->sigma_reg, (unsigned long long)gpu->seed, cpu->proxy_err, gpu->proxy_err);
+    std::printf("    %d candidates: kept cpu #%d (sigma_reg %g, seed %llu, scale ×%g) cuda #%d (sigma_reg %g, seed %llu, "
+                "scale ×%g); proxy err cpu %.8g cuda %.8g\n", cpu->candidates, cpu->candidate, cpu->sigma_reg,
+                (unsigned long long)cpu->seed, cpu->scale_mult, gpu->candidate, gpu->sigma_reg,
+                (unsigned long long)gpu->seed, gpu->scale_mult, cpu->proxy_err, gpu->proxy_err);
     EXPECT_EQ(cpu->candidates, 4);
     EXPECT_EQ(gpu->candidates, 4);
     EXPECT_EQ(gpu->candidate, cpu->candidate) << "kept candidate";
     EXPECT_EQ(gpu->seed, cpu->seed);
     EXPECT_EQ(gpu->sigma_reg, cpu->sigma_reg);
-    if (!ldlq_refit) EXPECT_TRUE(cpu->candidate == 0 || cpu->candidate == 3) << "strengths tie: first of each sign draw";
+    EXPECT_EQ(gpu->scale_mult, cpu->scale_mult);
     EXPECT_NEAR(gpu->proxy_err, cpu->proxy_err, (ldlq_refit ? 0.05 : 1e-9) * cpu->proxy_err);
     expect_self_consistent(p, *gpu, false);
   }
@@ -178,6 +179,40 @@ TEST(QuantizeCuda, CandidateSearchSameChoiceAsCpu) {
   ASSERT_TRUE(id.ok()) << id.error().message;
   EXPECT_EQ(id->candidates, 1) << "identity H: one candidate";
   EXPECT_EQ(id->sigma_reg, 0.0);
+}
+
+// A global-scale multiplier (QuantizeCandidate::scale_mult): the GPU scales the tile-search result
+// exactly like the CPU, so without LDLQ/refit the trellis and scales stay bit-identical.
+TEST(QuantizeCuda, ScaleMultBitExactWithCpu) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device";
+  const Problem p = make_problem(256, 256, 8);
+  QuantizeParams qp;
+  qp.bits = 2;
+  qp.seed = 42;
+  qp.ldlq = false;
+  qp.refit = false;
+  qp.alternatives.clear();
+  auto base = exl3_quantize_tensor(p.w.data(), p.k, p.n, p.h, qp);
+  ASSERT_TRUE(base.ok()) << base.error().message;
+  for (double mult : {0.97, 1.03}) {
+    SCOPED_TRACE(testing::Message() << "scale_mult " << mult);
+    qp.scale_mult = mult;
+    auto cpu = exl3_quantize_tensor(p.w.data(), p.k, p.n, p.h, qp);
+    ASSERT_TRUE(cpu.ok()) << cpu.error().message;
+    auto gpu = exl3_quantize_tensor_cuda(p.w.data(), p.k, p.n, p.h, qp);
+    ASSERT_TRUE(gpu.ok()) << gpu.error().message;
+    std::printf("    scale_mult %.2f: global scale base %.6f cpu %.6f cuda %.6f; proxy err cpu %.8g cuda %.8g\n", mult,
+                base->global_scale, cpu->global_scale, gpu->global_scale, cpu->proxy_err, gpu->proxy_err);
+    EXPECT_EQ(cpu->global_scale, base->global_scale * mult);
+    EXPECT_EQ(gpu->global_scale, cpu->global_scale);
+    EXPECT_EQ(gpu->scale_mult, mult);
+    ASSERT_EQ(gpu->trellis.size(), cpu->trellis.size());
+    for (size_t i = 0; i < cpu->trellis.size(); ++i)
+      ASSERT_EQ(gpu->trellis[i], cpu->trellis[i]) << "trellis word " << i << " (tile " << i / size_t(16 * qp.bits) << ")";
+    EXPECT_EQ(gpu->suh, cpu->suh);
+    EXPECT_EQ(gpu->svh, cpu->svh);
+    EXPECT_NEAR(gpu->proxy_err, cpu->proxy_err, 1e-9 * cpu->proxy_err);
+  }
 }
 
 TEST(QuantizeCuda, BadInputSameErrorsAsCpu) {

@@ -140,8 +140,8 @@ TEST(Exl3Quantize, CandidateSearchKeepsTheLowestProxyError) {
   auto best = exl3_quantize_tensor(p.w.data(), p.k, p.n, p.h, qp);
   ASSERT_TRUE(best.ok()) << best.error().message;
   const std::vector<QuantizeCandidate> cands = quantize_candidates(qp, true);
-  ASSERT_EQ(cands.size(), 4u);
-  EXPECT_EQ(best->candidates, 4);
+  ASSERT_EQ(cands.size(), 1 + qp.alternatives.size());
+  EXPECT_EQ(best->candidates, int(cands.size()));
   double lowest = INFINITY;
   int lowest_i = -1;
   std::vector<uint16_t> lowest_trellis, lowest_suh;
@@ -151,6 +151,7 @@ TEST(Exl3Quantize, CandidateSearchKeepsTheLowestProxyError) {
     EXPECT_EQ(r->candidates, 1);
     EXPECT_EQ(r->sigma_reg, cands[i].sigma_reg);
     EXPECT_EQ(r->seed, qp.seed + cands[i].seed_offset);
+    EXPECT_EQ(r->scale_mult, cands[i].scale_mult);
     if (r->proxy_err < lowest) {
       lowest = r->proxy_err;
       lowest_i = int(i);
@@ -161,6 +162,7 @@ TEST(Exl3Quantize, CandidateSearchKeepsTheLowestProxyError) {
   EXPECT_EQ(best->proxy_err, lowest);
   EXPECT_EQ(best->candidate, lowest_i);
   EXPECT_EQ(best->sigma_reg, cands[size_t(lowest_i)].sigma_reg);
+  EXPECT_EQ(best->scale_mult, cands[size_t(lowest_i)].scale_mult);
   EXPECT_EQ(best->trellis, lowest_trellis);
   EXPECT_EQ(best->suh, lowest_suh);
   // The identity Hessian: one candidate (the uncalibrated baseline), sigma_reg reported as 0.
@@ -169,6 +171,27 @@ TEST(Exl3Quantize, CandidateSearchKeepsTheLowestProxyError) {
   EXPECT_EQ(id->candidates, 1);
   EXPECT_EQ(id->sigma_reg, 0.0);
   EXPECT_EQ(id->seed, qp.seed);
+}
+
+// scale_mult multiplies the global scale the tile search finds, nothing else: the search result
+// itself does not depend on it.
+TEST(Exl3Quantize, ScaleMultScalesTheGlobalScale) {
+  const Problem p = make_problem(128, 128, 9);
+  QuantizeParams qp;
+  qp.bits = 2;
+  qp.seed = 5;
+  qp.alternatives.clear();
+  auto base = exl3_quantize_tensor(p.w.data(), p.k, p.n, p.h, qp);
+  ASSERT_TRUE(base.ok()) << base.error().message;
+  EXPECT_EQ(base->scale_mult, 1.0);
+  qp.scale_mult = 0.97;
+  auto scaled = exl3_quantize_tensor(p.w.data(), p.k, p.n, p.h, qp);
+  ASSERT_TRUE(scaled.ok()) << scaled.error().message;
+  EXPECT_EQ(scaled->global_scale, base->global_scale * 0.97);
+  EXPECT_EQ(scaled->scale_mult, 0.97);
+  EXPECT_NE(scaled->trellis, base->trellis);
+  // Both are valid quantizations of the same tensor: the errors are of one size (K=2: ~3-7 %).
+  EXPECT_LT(std::abs(scaled->proxy_err / base->proxy_err - 1), 0.2);
 }
 
 TEST(Exl3Quantize, BlockLdlFactorsTheHessian) {

@@ -339,6 +339,7 @@ Result<QuantizedTensor> Exl3CudaQuantizer::quantize_one(const float* w, int64_t 
       const double den = e0 - 2 * e1 + e2;
       if (den > 0) g += 0.5 * 0.1 * (e0 - e2) / den;
     }
+    g *= prm.scale_mult;
     out.global_scale = g;
     scale_kernel<<<blocks_for(kn), kThreads, 0, s>>>(d_t.p, kn, g);
     for (auto& v : su) v /= g;
@@ -528,6 +529,7 @@ Result<QuantizedTensor> Exl3CudaQuantizer::quantize_one(const float* w, int64_t 
   QCUDA_TRY(cudaStreamSynchronize(s));
   out.sigma_reg = use_h ? prm.sigma_reg : 0.0;
   out.seed = prm.seed;
+  out.scale_mult = prm.scale_mult;
   return out;
 }
 

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Issue 6 end to end on the demo model: calibrated vs identity-Hessian EXL3 packs of ALL layers' routed experts,
+# K = 3 and K = 2, against the unquantized model on held-out text, with per-position paired differences, and the
+# KL floor that is not quantization (a K = 8 identity pack: its experts are practically exact).
+#   here:  python3 tools/quantize/make_calibration.py .exl3dev/calibration.jsonl   (the default mixture)
+#          bash scripts/gpu_test.sh stage     # spillway + libs (and the calibration file) → .exl3pack/dev.tar.xz
+#   there: bash tools/quantize/calib_vs_identity.sh          # carry: .exl3pack .bigxz
+# Writes $OUT/calib_vs_identity.md (the tables), $OUT/eval.log, $OUT/quantize.log, $OUT/reports.tsv.
+# Knobs (environment): DEVICE (cuda), LAYERS and EXPERTS (all; e.g. 5 and 0,1 for a small CPU trial), CAL_TOKENS (8192),
+# EVAL_TOKENS (16384), ROW (256), SHARDS (eval processes side by side: nproc), SPILLWAY, MODEL_XZ, CALIB, WORK.
+# Same seed and settings in every pack; only --identity-hessian (and K) differ. Held-out text:
+# tools/demo_model/data/heldout.txt (never used for calibration or for choosing any setting).
+set -u
+OUT=${OUT:-/tmp/calib_vs_identity_out}
+WORK=${WORK:-/tmp/cvi}
+DEVICE=${DEVICE:-cuda}
+CAL_TOKENS=${CAL_TOKENS:-8192}
+EVAL_TOKENS=${EVAL_TOKENS:-16384}
+ROW=${ROW:-256}
+SHARDS=${SHARDS:-$(nproc)}
+CALIB=${CALIB:-.exl3dev/calibration.jsonl}
+MODEL_XZ=${MODEL_XZ:-.bigxz/model.safetensors.xz}
+mkdir -p "$OUT" "$WORK"
+[ -f .exl3pack/dev.tar.xz ] && [ ! -x .exl3dev/spillway ] && tar xJf .exl3pack/dev.tar.xz
+SPW=${SPILLWAY:-.exl3dev/spillway}
+export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/quantize.log"; }
+die() { log "calib_vs_identity: $*"; exit 1; }
+[ -x "$SPW" ] || die "no spillway binary at $SPW"
+[ -f "$CALIB" ] || die "no calibration file at $CALIB (make it with tools/quantize/make_calibration.py)"
+
+# The demo model: models/demo, with model.safetensors from the xz copy when the tree's is absent or different.
+M=$WORK/demo
+mkdir -p "$M"
+for f in models/demo/*; do [ "$(basename "$f")" = model.safetensors ] || cp "$f" "$M/"; done
+if [ -f "$MODEL_XZ" ]; then xz -dc "$MODEL_XZ" > "$M/model.safetensors" || die "cannot unpack $MODEL_XZ"
+else cp models/demo/model.safetensors "$M/" || die "no demo model weights"; fi
+log "model $(sha256sum "$M/model.safetensors" | cut -c1-16)…, $(stat -c %s "$M/model.safetensors") bytes; spillway $SPW; device $DEVICE"
+
+LAYER_ARGS=()
+[ -n "${LAYERS:-}" ] && LAYER_ARGS=(--layers "$LAYERS")
+[ -n "${EXPERTS:-}" ] && LAYER_ARGS+=(--experts "$EXPERTS")
+Q() {  # Q NAME BITS [extra args]: one pack, settings identical apart from the extra args
+  local name=$1 bits=$2; shift 2
+  local t=$SECONDS
+  "$SPW" quantize --model "$M" --out "$WORK/$name" --bits "$bits" --device "$DEVICE" \
+    --seed 0 --calibration "$CALIB" --calibration-tokens "$CAL_TOKENS" "${LAYER_ARGS[@]}" --threads 3 --no-progress "$@" \
+    > "$WORK/$name.log" 2>&1
+  local rc=$?
+  echo "$name $*: $((SECONDS - t)) s wall, rc $rc" >> "$WORK/$name.log"
+  tail -2 "$WORK/$name.log" >> "$OUT/quantize.log"
+  return $rc
+}
+T0=$(date +%s)
+# Identity packs need no calibration: they run while the calibration forward does.
+Q k3_identity 3 --identity-hessian & P1=$!
+Q k2_identity 2 --identity-hessian & P2=$!
+Q k8_identity 8 --identity-hessian & P3=$!
+# Calibration once (--max-layers 0: Hessians only), then every calibrated pack starts from the same Hessians.
+Q k3_cal 3 --keep-hessians --max-layers 0
+[ -d "$WORK/k3_cal/.quantize-work/hessians" ] || die "calibration wrote no Hessians (see $WORK/k3_cal.log)"
+log "calibration done after $(( $(date +%s) - T0 )) s"
+mkdir -p "$WORK/k2_cal/.quantize-work" && cp -r "$WORK/k3_cal/.quantize-work/hessians" "$WORK/k2_cal/.quantize-work/"
+Q k3_cal 3 --keep-hessians & P4=$!
+Q k2_cal 2 --keep-hessians & P5=$!
+FAIL=0
+for p in $P1 $P2 $P3 $P4 $P5; do wait $p || FAIL=1; done
+[ $FAIL = 0 ] || die "a quantize run failed (logs in $WORK/*.log, tails in $OUT/quantize.log)"
+log "all packs done after $(( $(date +%s) - T0 )) s"
+# Per-tensor proxy errors of every pack (quantize_report.json), for the table.
+python3 - "$WORK" > "$OUT/reports.tsv" <<'EOF'
+import json, os, sys
+w = sys.argv[1]
+print("pack\ttensor\tproxy_err\tcandidate\tsigma_reg")
+for p in ("k3_cal", "k3_identity", "k2_cal", "k2_identity", "k8_identity"):
+    r = json.load(open(os.path.join(w, p, "quantize_report.json")))
+    for t in r.get("tensors", r if isinstance(r, list) else []):
+        print(f"{p}\t{t.get('name')}\t{t.get('proxy_err')}\t{t.get('candidate')}\t{t.get('sigma_reg')}")
+EOF
+
+# Held-out evaluation: SHARDS processes side by side, each on rows i, i+SHARDS, ...; P runs once per process.
+PACKS=("$WORK/k3_cal" "$WORK/k3_identity" "$WORK/k2_cal" "$WORK/k2_identity" "$WORK/k8_identity")
+PIDS=()
+for ((i = 0; i < SHARDS; ++i)); do
+  "$SPW" eval-kl --model "$M" --quantized "${PACKS[@]}" --text tools/demo_model/data/heldout.txt --tokens "$EVAL_TOKENS" \
+    --row "$ROW" --threads 1 --shard "$i/$SHARDS" --per-position "$WORK/pp_$i.tsv" > "$WORK/eval_$i.log" 2>&1 & PIDS+=($!)
+done
+for p in "${PIDS[@]}"; do wait $p || FAIL=1; done
+cat "$WORK"/eval_*.log > "$OUT/eval.log"
+[ $FAIL = 0 ] || die "an eval-kl shard failed (see $OUT/eval.log)"
+log "eval done after $(( $(date +%s) - T0 )) s"
+{
+  echo "# calibrated vs identity Hessian, demo model, routed experts ${EXPERTS:-all} of layers ${LAYERS:-all}, device $DEVICE"
+  echo
+  echo "Calibration: $CALIB, $CAL_TOKENS tokens. Held-out: tools/demo_model/data/heldout.txt, $EVAL_TOKENS tokens in rows of $ROW."
+  echo "Floor: k8_identity (K = 8, experts practically exact); 'above the floor' = KL(pack) − KL(k8_identity) per position."
+  echo
+  python3 tools/quantize/paired_kl.py "$WORK"/pp_*.tsv --floor k8_identity \
+    --pair k3_cal,k3_identity --pair k2_cal,k2_identity --pair k3_cal,k2_cal
+  echo
+  python3 - "$OUT/reports.tsv" <<'EOF'
+import collections, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])][1:]
+by = collections.defaultdict(list)
+for p, name, e, *_ in rows:
+    if e not in ("None", ""):
+        by[(p, name.rsplit(".", 1)[-1])].append(float(e))
+print("| pack | proxy error w1 | w2 | w3 | tensors |\n|---|---|---|---|---|")
+for p in ("k3_cal", "k3_identity", "k2_cal", "k2_identity", "k8_identity"):
+    m = [sum(by[(p, w)]) / len(by[(p, w)]) if by[(p, w)] else float("nan") for w in ("w1", "w2", "w3")]
+    print(f"| {p} | {m[0]:.5f} | {m[1]:.5f} | {m[2]:.5f} | {sum(len(by[(p, w)]) for w in ('w1', 'w2', 'w3'))} |")
+print("\n(proxy error of each pack under its own Hessian: the calibrated H for *_cal, the identity for *_identity)")
+EOF
+  echo
+  grep -h " s wall" "$OUT/quantize.log"
+  echo "total $(( $(date +%s) - T0 )) s"
+} 2>&1 | tee "$OUT/calib_vs_identity.md"

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Issue 6 quality bar on a wide sample: Spillway vs exllamav3's quantize_exl3 on the same W/H at K = 2, 3, 4, one command.
+#   here:  bash tools/quantize/compare_wide.sh stage [BUILD_DIR]
+#            W/H dumps of the demo model, layers 3 and 7, experts 0-7, w1/w2/w3 (48 tensors; `spillway quantize
+#            --dump-wh`, calibration as in bench/results/quantize_demo.md) → .exl3wide/wh (W and H only),
+#            plus BUILD_DIR's quantize_candidates (a CUDA build; stripped) and its C++ runtime libs.
+#   there: bash tools/quantize/compare_wide.sh run        # carry: .exl3wide .deps
+# Spillway's side is computed there with the CUDA quantizer (quantize_candidates --device cuda, the default candidate
+# list = what `spillway quantize --device cuda` keeps) while exllamav3's extension JIT-builds; with
+# bench/results/raw/quantize_wide_spillway_k$K.json present (the CPU quantizer here) the two are compared too.
+# Writes $OUT/compare_wide.md (per tensor and per K), $OUT/compare_wide.json, $OUT/compare_wide.log, $OUT/spillway_k*.txt.
+# Time: exllamav3's JIT build (~315 s unless cached by an earlier script of the same call) + ~0.5-1 s per tensor and K.
+set -u
+if [ "${1:-}" = stage ]; then
+  B=${2:-build-quant-d}
+  mkdir -p .exl3wide/lib
+  [ -d .exl3wide/wh ] || { echo "compare_wide stage: make .exl3wide/wh first (bench/results/quantize_demo.md)"; exit 1; }
+  cp "$B/bench/quantize/quantize_candidates" .exl3wide/ && strip .exl3wide/quantize_candidates
+  for l in libspdlog.so.1.10 libfmt.so.9 libstdc++.so.6; do cp -L /usr/lib/x86_64-linux-gnu/$l .exl3wide/lib/; done
+  du -sh .exl3wide
+  exit 0
+fi
+OUT=${OUT:-/tmp/compare_wide_out}
+mkdir -p "$OUT"
+[ -d .exl3wide/wh ] || { echo "compare_wide: no .exl3wide/wh (carry .exl3wide)" | tee "$OUT/compare_wide.log"; exit 1; }
+export LD_LIBRARY_PATH=$PWD/.exl3wide/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=14   # the arch list as in scripts/gpu_test.sh (JIT cache key)
+python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/site .deps/exllamav3-*.whl 2>&1 | tail -2
+export PYTHONPATH=/tmp/site
+SP=""
+for K in 2 3 4; do SP="$SP $K=$OUT/spillway_k$K.json"; done
+{
+  echo "$(ls .exl3wide/wh | wc -l) W/H dumps in .exl3wide/wh; $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+  (for K in 2 3 4; do
+     t=$SECONDS
+     .exl3wide/quantize_candidates --device cuda --threads 2 --bits $K --json "$OUT/spillway_k$K.json" \
+       .exl3wide/wh/*.safetensors > "$OUT/spillway_k$K.txt" 2>&1 || echo "quantize_candidates K=$K failed"
+     tail -3 "$OUT/spillway_k$K.txt"
+     echo "quantize_candidates K=$K (CUDA, 2 threads): $((SECONDS - t)) s"
+   done) &
+  python3 -c "
+import sys, types, time
+stub = types.ModuleType('pydantic'); stub.PydanticUserError = type('E', (Exception,), {}); sys.modules['pydantic'] = stub
+t = time.time()
+from exllamav3.ext import exllamav3_ext
+print('exllamav3 extension ready in %.0f s' % (time.time() - t))"
+  wait
+  for K in 2 3 4; do
+    [ -f bench/results/raw/quantize_wide_spillway_k$K.json ] && python3 -c "
+import json
+a = json.load(open('$OUT/spillway_k$K.json'))['tensors']; b = json.load(open('bench/results/raw/quantize_wide_spillway_k$K.json'))['tensors']
+common = [s for s in a if s in b]
+same = sum(a[s]['best'] == b[s]['best'] for s in common)
+worst = max(abs(a[s]['best'] / b[s]['best'] - 1) for s in common)
+print(f'K=$K: CUDA vs CPU quantizer (committed JSON): identical proxy error on {same}/{len(common)} tensors, max relative difference {worst:.2e}')"
+  done
+} 2>&1 | tee "$OUT/compare_wide.log"
+python3 tools/quantize/compare_wide.py --wh .exl3wide/wh --spillway $SP --json "$OUT/compare_wide.json" 2>&1 \
+  | tee "$OUT/compare_wide.md"
