@@ -137,7 +137,7 @@ class GpuModel {
   Numerics numerics_;
   GpuModelOptions options_;
   MemoryPlan plan_;
-  std::unique_ptr<ModelWeights> host_weights_;  // Engram tables, token map, V4 head mHC (host steps)
+  std::unique_ptr<ModelWeights> host_weights_;  // the Engram token map (host hashing)
   std::unique_ptr<GpuState> state_;
 };
 
