@@ -8,7 +8,7 @@
 #     window + Engram, KV/index source ratio 2, reuse ratio 2; V41_REAL_LAYERS=2,3,20,24 picks others);
 #   V4-Flash width, MXFP4 routed experts as released, V4_LAYERS layers (default 4: window, window, CSA,
 #     HCA; layers 0..2 hash-routed) — the same model helper C's llama.cpp comparison converts.
-# Expected time on the H200: generation ~1-2 min (both models at once), each bench ~1-3 min (load,
+# Expected time on the H200: generation ~1-2 min (both models at once), each bench ~1-2.5 min (load,
 # device rates, decode, batches 1/4/16/64, prefill 4K and 40K); each bench is capped by BENCH_TIMEOUT.
 # Needs the GPU engine to load routed experts without their f32 host copy (model/weights.h
 # LoadOptions::routed_expert_values = false in load_gpu_model, and upload_weights' linear() taking
@@ -27,7 +27,7 @@ export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH
 V41_DIR=/tmp/synth_v41_exl3 V4_DIR=/tmp/synth_v4_mxfp4
 V41_SEL=${V41_REAL_LAYERS:+--real-layers $V41_REAL_LAYERS}
 V41_SEL=${V41_SEL:---layers ${V41_LAYERS:-4}}
-BENCH_TIMEOUT=${BENCH_TIMEOUT:-240}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-150}
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   nproc; free -g | head -2; df -h /tmp | tail -1
