@@ -5,14 +5,16 @@
 #   here:  python3 tools/quantize/make_calibration.py .exl3dev/calibration.jsonl   (the default mixture)
 #          bash scripts/gpu_test.sh stage     # spillway + libs (and the calibration file) → .exl3pack/dev.tar.xz
 #   there: bash tools/quantize/calib_vs_identity.sh          # carry: .exl3pack .bigxz
-# Writes $OUT/calib_vs_identity.md (the tables), $OUT/eval.log, $OUT/quantize.log, $OUT/reports.tsv.
+# Writes two files ($OUT returns at most 8): $OUT/calib_vs_identity.md (the tables) and $OUT/calib_vs_identity.tar.gz
+# (quantize.log, eval.log, reports.tsv: per-tensor proxy errors, pp.tsv.gz: per-position KL of every pack).
 # Knobs (environment): DEVICE (cuda), LAYERS and EXPERTS (all; e.g. 5 and 0,1 for a small CPU trial), CAL_TOKENS (8192),
 # EVAL_TOKENS (16384), ROW (256), SHARDS (eval processes side by side: nproc), SPILLWAY, MODEL_XZ, CALIB, WORK.
 # Same seed and settings in every pack; only --identity-hessian (and K) differ. Held-out text:
 # tools/demo_model/data/heldout.txt (never used for calibration or for choosing any setting).
 set -u
-OUT=${OUT:-/tmp/calib_vs_identity_out}
+FINAL=${OUT:-/tmp/calib_vs_identity_out}
 WORK=${WORK:-/tmp/cvi}
+OUT=$WORK/out
 DEVICE=${DEVICE:-cuda}
 CAL_TOKENS=${CAL_TOKENS:-8192}
 EVAL_TOKENS=${EVAL_TOKENS:-16384}
@@ -20,12 +22,12 @@ ROW=${ROW:-256}
 SHARDS=${SHARDS:-$(nproc)}
 CALIB=${CALIB:-.exl3dev/calibration.jsonl}
 MODEL_XZ=${MODEL_XZ:-.bigxz/model.safetensors.xz}
-mkdir -p "$OUT" "$WORK"
+mkdir -p "$FINAL" "$OUT"
 [ -f .exl3pack/dev.tar.xz ] && [ ! -x .exl3dev/spillway ] && tar xJf .exl3pack/dev.tar.xz
 SPW=${SPILLWAY:-.exl3dev/spillway}
 export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/quantize.log"; }
-die() { log "calib_vs_identity: $*"; exit 1; }
+die() { log "calib_vs_identity: $*"; cp "$OUT/quantize.log" "$FINAL/calib_vs_identity.md"; tail -5 "$WORK"/*.log >> "$FINAL/calib_vs_identity.md"; exit 1; }
 [ -x "$SPW" ] || die "no spillway binary at $SPW"
 [ -f "$CALIB" ] || die "no calibration file at $CALIB (make it with tools/quantize/make_calibration.py)"
 
@@ -115,3 +117,6 @@ EOF
   grep -h " s wall" "$OUT/quantize.log"
   echo "total $(( $(date +%s) - T0 )) s"
 } 2>&1 | tee "$OUT/calib_vs_identity.md"
+cp "$OUT/calib_vs_identity.md" "$FINAL/"
+{ head -1 "$WORK/pp_0.tsv"; tail -q -n +2 "$WORK"/pp_*.tsv; } | gzip > "$OUT/pp.tsv.gz"   # one header
+tar czf "$FINAL/calib_vs_identity.tar.gz" -C "$OUT" quantize.log eval.log reports.tsv pp.tsv.gz

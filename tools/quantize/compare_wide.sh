@@ -8,7 +8,8 @@
 # Spillway's side is computed there with the CUDA quantizer (quantize_candidates --device cuda, the default candidate
 # list = what `spillway quantize --device cuda` keeps) while exllamav3's extension JIT-builds; with
 # bench/results/raw/quantize_wide_spillway_k$K.json present (the CPU quantizer here) the two are compared too.
-# Writes $OUT/compare_wide.md (per tensor and per K), $OUT/compare_wide.json, $OUT/compare_wide.log, $OUT/spillway_k*.txt.
+# Writes two files ($OUT returns at most 8): $OUT/compare_wide.md (per tensor and per K) and $OUT/compare_wide.tar.gz
+# (compare_wide.json, compare_wide.log, Spillway's spillway_k{2,3,4}.{json,txt}).
 # Time: exllamav3's JIT build (~315 s unless cached by an earlier script of the same call) + ~0.5-1 s per tensor and K.
 set -u
 if [ "${1:-}" = stage ]; then
@@ -20,9 +21,10 @@ if [ "${1:-}" = stage ]; then
   du -sh .exl3wide
   exit 0
 fi
-OUT=${OUT:-/tmp/compare_wide_out}
-mkdir -p "$OUT"
-[ -d .exl3wide/wh ] || { echo "compare_wide: no .exl3wide/wh (carry .exl3wide)" | tee "$OUT/compare_wide.log"; exit 1; }
+FINAL=${OUT:-/tmp/compare_wide_out}
+OUT=/tmp/compare_wide_work
+mkdir -p "$FINAL" "$OUT"
+[ -d .exl3wide/wh ] || { echo "compare_wide: no .exl3wide/wh (carry .exl3wide)" | tee "$FINAL/compare_wide.md"; exit 1; }
 export LD_LIBRARY_PATH=$PWD/.exl3wide/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=14   # the arch list as in scripts/gpu_test.sh (JIT cache key)
 python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/site .deps/exllamav3-*.whl 2>&1 | tail -2
@@ -57,3 +59,5 @@ print(f'K=$K: CUDA vs CPU quantizer (committed JSON): identical proxy error on {
 } 2>&1 | tee "$OUT/compare_wide.log"
 python3 tools/quantize/compare_wide.py --wh .exl3wide/wh --spillway $SP --json "$OUT/compare_wide.json" 2>&1 \
   | tee "$OUT/compare_wide.md"
+cp "$OUT/compare_wide.md" "$FINAL/compare_wide.md"
+tar czf "$FINAL/compare_wide.tar.gz" -C "$OUT" .
