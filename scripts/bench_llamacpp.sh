@@ -24,6 +24,8 @@
 #            scripts/bench_engine.sh generates and benchmarks (it deletes and regenerates MODEL_DIR, so convert
 #            only after it has finished).
 #   convert  unpack the source and convert only (no build, no GPU: how the conversion was tested here).
+# Sizes: LLAMA_PP (4096), LLAMA_PP_LONG (40960), LLAMA_TG (128), LLAMA_DEPTHS (0,4096), LLAMA_NPL (1,4,16,64),
+# LLAMA_REPS (3). LLAMA_PACK: where the .llpack tarballs are (default ./.llpack).
 # Random token ids as input (llama-bench and llama-batched-bench draw them); the weights are random too.
 set -u
 PHASE=${1:-all}
@@ -31,7 +33,9 @@ MODEL=${2:-${SYNTH_V4:-/tmp/synth_v4_mxfp4}}
 OUT=${OUT:-/tmp/llamacpp_out}
 W=${LLAMA_WORK:-/tmp/llamacpp}
 JOBS=${LLAMA_JOBS:-12}
-PACK=$PWD/.llpack
+PACK=${LLAMA_PACK:-$PWD/.llpack}
+PP=${LLAMA_PP:-4096} PP_LONG=${LLAMA_PP_LONG:-40960} TG=${LLAMA_TG:-128} DEPTHS=${LLAMA_DEPTHS:-0,4096}
+NPL=${LLAMA_NPL:-1,4,16,64} REPS=${LLAMA_REPS:-3}
 GGUF=$W/synth_v4.gguf
 L=$W/logs
 mkdir -p "$OUT" "$W" "$L"
@@ -122,7 +126,7 @@ start_build() {
     tar -C "$W" -xJf "$PACK/llama.tar.xz"
     echo "$W/llbin" > "$W/bin_dir"
     bin_env
-    if "$BIN/llama-bench" --list-devices > "$L/prebuilt_check.log" 2>&1; then
+    if "$BIN/llama-bench" --list-devices > "$L/prebuilt_check.log" 2>&1 && grep -q CUDA0 "$L/prebuilt_check.log"; then
       echo "prebuilt binaries run here:"; cat "$L/prebuilt_check.log"
     else
       echo "prebuilt binaries do not run here (building from source):"; tail -5 "$L/prebuilt_check.log"
@@ -164,28 +168,30 @@ run() {
   # 1. sanity: a short generation; graph splits and the backend of each split (CPU fallbacks show here).
   GGML_SCHED_DEBUG=1 timed llama_simple timeout 180 "$BIN/llama-simple" -m "$GGUF" -ngl 99 -n 16 "The capital of France is" \
     > "$L/simple.log" 2>&1
-  grep -E "graph splits|model buffer size|KV buffer size|compute buffer size|error|failed|abort" "$L/simple.log" \
+  grep -aE "splits =|model buffer size|KV buffer size|compute buffer size|error|failed|abort" "$L/simple.log" \
     | sort | uniq -c | sort -rn | head -30
   echo "graph splits by backend (all graphs llama-simple built; a CPU split = work not on the GPU):"
-  grep -o "## SPLIT #[0-9]*: [A-Za-z0-9_]*" "$L/simple.log" | awk '{print $4}' | sort | uniq -c
-  grep "## SPLIT #[0-9]*: CPU" "$L/simple.log" | sort | uniq -c | sort -rn | cut -c1-300 | head -8
-  grep -v "^\[\|## SPLIT\|^$" "$L/simple.log" | tail -4
+  grep -ao "## SPLIT #[0-9]*: [A-Za-z0-9_]*" "$L/simple.log" | awk '{print $4}' | sort | uniq -c
+  grep -a "## SPLIT #[0-9]*: CPU" "$L/simple.log" | sort | uniq -c | sort -rn | cut -c1-300 | head -8
+  grep -av "^\[\|## SPLIT\|^$" "$L/simple.log" | tail -4
   # 2. prefill 4096 and decode 128 at batch 1, at context depth 0 and 4096, micro-batch 512 (default) and 2048.
-  timed llama_bench_pp4096_tg128 timeout 300 "$BIN/llama-bench" -m "$GGUF" -ngl 99 -fa 1 -p 4096 -n 128 -d 0,4096 \
-    -b 2048 -ub 512,2048 -r 3 \
+  timed llama_bench_pp${PP}_tg${TG} timeout 300 "$BIN/llama-bench" -m "$GGUF" -ngl 99 -fa 1 -p "$PP" -n "$TG" -d "$DEPTHS" \
+    -b 2048 -ub 512,2048 -r "$REPS" \
     -o md -oe json > "$L/llama_bench.md" 2> "$L/llama_bench.err"
   cat "$L/llama_bench.md"; grep -iE "error|abort|fail|out of memory" "$L/llama_bench.err" | head -5
   # 3. prefill 40960 (one rep).
   if [ -z "${SKIP_40K:-}" ]; then
-    timed llama_bench_pp40960 timeout 300 "$BIN/llama-bench" -m "$GGUF" -ngl 99 -fa 1 -p 40960 -n 0 -b 2048 -ub 512,2048 -r 1 \
+    timed llama_bench_pp${PP_LONG} timeout 300 "$BIN/llama-bench" -m "$GGUF" -ngl 99 -fa 1 -p "$PP_LONG" -n 0 -b 2048 -ub 512,2048 -r 1 \
       -o md -oe json > "$L/llama_bench_40k.md" 2> "$L/llama_bench_40k.err"
     cat "$L/llama_bench_40k.md"; grep -iE "error|abort|fail|out of memory" "$L/llama_bench_40k.err" | head -5
   fi
   # 4. aggregate decode: 1, 4, 16, 64 sequences, each a 128-token prompt then 128 decode steps.
-  timed llama_batched_bench timeout 300 "$BIN/llama-batched-bench" -m "$GGUF" -ngl 99 -fa on -c 17408 -b 2048 -ub 512 \
-    -npp 128 -ntg 128 -npl 1,4,16,64 > "$L/batched_bench.md" 2> "$L/batched_bench.err"
+  local maxpl; maxpl=$(echo "$NPL" | tr ',' '\n' | sort -n | tail -1)
+  timed llama_batched_bench timeout 300 "$BIN/llama-batched-bench" -m "$GGUF" -ngl 99 -fa on \
+    -c $((maxpl * (128 + TG) + 1024)) -b 2048 -ub 512 \
+    -npp 128 -ntg "$TG" -npl "$NPL" > "$L/batched_bench.md" 2> "$L/batched_bench.err"
   # the table (S_TG t/s = aggregate decode tokens/s) is printed with the log; keep its lines
-  grep -hE "^\||^main: n_kv_max|graph splits|error|abort|fail|out of memory" "$L/batched_bench.md" "$L/batched_bench.err" | head -40
+  grep -ahE "^\||^main: n_kv_max|splits =|error|abort|fail|out of memory" "$L/batched_bench.md" "$L/batched_bench.err" | head -40
   return 0
 }
 
