@@ -29,7 +29,12 @@ export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/quantize.log"; }
 die() { log "calib_vs_identity: $*"; cp "$OUT/quantize.log" "$FINAL/calib_vs_identity.md"; tail -5 "$WORK"/*.log >> "$FINAL/calib_vs_identity.md"; exit 1; }
 [ -x "$SPW" ] || die "no spillway binary at $SPW"
-[ -f "$CALIB" ] || die "no calibration file at $CALIB (make it with tools/quantize/make_calibration.py)"
+if [ ! -f "$CALIB" ]; then  # made here from this machine's packages: may differ from the one made on the dev box
+  log "WARNING: no $CALIB; making one with tools/quantize/make_calibration.py on this machine"
+  CALIB=$WORK/calibration.jsonl
+  python3 tools/quantize/make_calibration.py "$CALIB" >> "$OUT/quantize.log" 2>&1 || die "no calibration file"
+fi
+log "calibration file $CALIB: $(sha256sum "$CALIB" | cut -c1-16)…"
 
 # The demo model: models/demo, with model.safetensors from the xz copy when the tree's is absent or different.
 M=$WORK/demo
