@@ -30,8 +30,6 @@ export LD_LIBRARY_PATH=$W/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=14   # the arch list as in scripts/gpu_test.sh (JIT cache key)
 python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/site .deps/exllamav3-*.whl 2>&1 | tail -2
 export PYTHONPATH=/tmp/site
-SP=""
-for K in 2 3 4; do SP="$SP $K=$OUT/spillway_k$K.json"; done
 {
   echo "$(ls $W/wh | wc -l) W/H dumps; $(nvidia-smi --query-gpu=name --format=csv,noheader)"
   (for K in 2 3 4; do
@@ -58,6 +56,12 @@ worst = max(abs(a[s]['best'] / b[s]['best'] - 1) for s in common)
 print(f'K=$K: CUDA vs CPU quantizer (committed JSON): identical proxy error on {same}/{len(common)} tensors, max relative difference {worst:.2e}')"
   done
 } 2>&1 | tee "$OUT/compare_wide.log"
+SP=""  # the CUDA run's numbers; the committed CPU ones if it failed
+for K in 2 3 4; do
+  if [ -s "$OUT/spillway_k$K.json" ]; then SP="$SP $K=$OUT/spillway_k$K.json"
+  else echo "K=$K: no CUDA result, using the committed CPU one" | tee -a "$OUT/compare_wide.log"
+       SP="$SP $K=bench/results/raw/quantize_wide_spillway_k$K.json"; fi
+done
 python3 tools/quantize/compare_wide.py --wh $W/wh --spillway $SP --json "$OUT/compare_wide.json" 2>&1 \
   | tee "$OUT/compare_wide.md"
 cp "$OUT/compare_wide.md" "$FINAL/compare_wide.md"
