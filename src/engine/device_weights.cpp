@@ -41,7 +41,7 @@ class Uploader {
   // The linear stored under "<stem>.weight" (+ "<stem>.scale"), in the checkpoint's own bytes.
   DeviceLinear linear(const std::string& stem, const Linear& l) {
     DeviceLinear d;
-    if (l.empty() || !status_.ok()) return d;
+    if (l.n_out == 0 || !status_.ok()) return d;
     d.n_out = l.n_out;
     d.n_in = l.n_in;
     const bool quantized = l.kind == LinearKind::Fp8 || l.kind == LinearKind::Fp4;
@@ -66,7 +66,11 @@ class Uploader {
       d.format = DenseFormat::kF32;
       d.w = bytes(t->data, t->nbytes);
     } else {
-      // Not stored in a dense format (EXL3 experts): the exact f32 copy.
+      if (l.w.empty()) {  // a routed expert loaded without values (LoadOptions::routed_expert_values)
+        status_ = make_error("upload_weights: ", stem, ": no dense or EXL3 form the GPU takes");
+        return d;
+      }
+      // Not stored in a dense format: the exact f32 copy.
       d.format = DenseFormat::kF32;
       d.w = bytes(l.w.data(), n * sizeof(float));
     }

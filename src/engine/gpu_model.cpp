@@ -406,7 +406,11 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
                       options.budget.max_step_tokens);
   auto config = read_model_config(model_dir);
   if (!config.ok()) return config.error();
-  auto weights = load_weights(model_dir, *config, {});
+  // The GPU uploads the routed experts' stored bytes (MXFP4 or EXL3 trellis): no f32 host copy of
+  // them, which at full width would be ~54 GB per layer (and an EXL3 decode of ~37 min per layer).
+  LoadOptions load;
+  load.routed_expert_values = false;
+  auto weights = load_weights(model_dir, *config, load);
   if (!weights.ok()) return weights.error();
 
   std::unique_ptr<GpuModel> m(new GpuModel());
