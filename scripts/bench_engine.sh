@@ -23,7 +23,10 @@ cd "$(dirname "$0")/.."
 SPW=${SPILLWAY_BIN:-.exl3dev/spillway}
 OUT=${OUT:-/tmp/bench_out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# The staged libs only for spillway: coreutils on the GPU machine die with SIGBUS when they load the dev
+# box's libpcre2 through libselinux.
+SPW_LIBS=$PWD/.exl3dev/lib:/usr/local/cuda/lib64
+spw() { LD_LIBRARY_PATH=$SPW_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$SPW" "$@"; }
 V41_DIR=/tmp/synth_v41_exl3 V4_DIR=/tmp/synth_v4_mxfp4
 V41_SEL=${V41_REAL_LAYERS:+--real-layers $V41_REAL_LAYERS}
 V41_SEL=${V41_SEL:---layers ${V41_LAYERS:-4}}
@@ -31,7 +34,7 @@ BENCH_TIMEOUT=${BENCH_TIMEOUT:-150}
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   nproc; free -g | head -2; df -h /tmp | tail -1
-  "$SPW" bench --help > /dev/null || echo "spillway binary not runnable: $SPW"
+  spw bench --help > /dev/null || echo "spillway binary not runnable: $SPW"
 } 2>&1 | tee "$OUT/bench_main.log"
 
 gen() {  # dir, args...
@@ -47,8 +50,8 @@ cat "$OUT"/synth_*.log | tee -a "$OUT/bench_main.log"
 
 run_bench() {  # name, dir
   echo "== spillway bench $1 ($2)" | tee -a "$OUT/bench_main.log"
-  "$SPW" inspect "$2" > "$OUT/inspect_$1.txt" 2>&1
-  /usr/bin/time -f "bench %e s, host peak %M KB" timeout "$BENCH_TIMEOUT" "$SPW" bench --model "$2" \
+  spw inspect "$2" > "$OUT/inspect_$1.txt" 2>&1
+  /usr/bin/time -f "bench %e s, host peak %M KB" timeout "$BENCH_TIMEOUT" env LD_LIBRARY_PATH=$SPW_LIBS "$SPW" bench --model "$2" \
     --json "$OUT/bench_$1.json" --batch-prompt 512 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_$1.md"
   echo "rc ${PIPESTATUS[0]}" | tee -a "$OUT/bench_main.log"
 }

@@ -29,7 +29,10 @@ mkdir -p "$FINAL" "$OUT"
 : > "$OUT/quantize.log"
 [ -f .exl3pack/dev.tar.xz ] && [ ! -x .exl3dev/spillway ] && tar xJf .exl3pack/dev.tar.xz
 SPW=${SPILLWAY:-.exl3dev/spillway}
-export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# The staged libs only for spillway: coreutils (mkdir, cp) on the GPU machine die with SIGBUS when they load
+# the dev box's libpcre2 through libselinux.
+SPW_LIBS=$PWD/.exl3dev/lib:/usr/local/cuda/lib64
+spw() { LD_LIBRARY_PATH=$SPW_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$SPW" "$@"; }
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/quantize.log"; }
 die() { log "calib_vs_identity: $*"; cp "$OUT/quantize.log" "$FINAL/calib_vs_identity.md"; for f in "$WORK"/*.log; do echo "== $f"; tail -n 5 "$f"; done >> "$FINAL/calib_vs_identity.md"; exit 1; }
 [ -x "$SPW" ] || die "no spillway binary at $SPW"
@@ -54,7 +57,7 @@ LAYER_ARGS=()
 Q() {  # Q NAME BITS [extra args]: one pack, settings identical apart from the extra args
   local name=$1 bits=$2; shift 2
   local t=$SECONDS
-  "$SPW" quantize --model "$M" --out "$WORK/$name" --bits "$bits" --device "$DEVICE" \
+  spw quantize --model "$M" --out "$WORK/$name" --bits "$bits" --device "$DEVICE" \
     --seed 0 --calibration "${CAL_FILE:-$CALIB}" --calibration-tokens "$CAL_TOKENS" "${LAYER_ARGS[@]}" --threads 3 --no-progress "$@" \
     > "$WORK/$name.log" 2>&1
   local rc=$?
@@ -97,7 +100,7 @@ shards() {
   local tag=$1 prefix=$2; shift 2
   local -a pids=()
   for ((i = 0; i < SHARDS; ++i)); do
-    "$SPW" eval-kl --model "$M" --quantized "$@" --text tools/demo_model/data/heldout.txt --tokens "$EVAL_TOKENS" \
+    spw eval-kl --model "$M" --quantized "$@" --text tools/demo_model/data/heldout.txt --tokens "$EVAL_TOKENS" \
       --row "$ROW" --threads 1 --shard "$i/$SHARDS" --per-position "$WORK/${prefix}_$i.tsv" > "$WORK/${tag}_$i.log" 2>&1 &
     pids+=($!)
   done
@@ -105,7 +108,7 @@ shards() {
   for ((i = 0; i < SHARDS; ++i)); do wait ${pids[$i]} || bad+=($i); done
   for i in ${bad[@]+"${bad[@]}"}; do
     log "eval-kl shard $i/$SHARDS ($tag) failed ($(tail -c 200 "$WORK/${tag}_$i.log" | tr '\n' ' ')); running it again"
-    "$SPW" eval-kl --model "$M" --quantized "$@" --text tools/demo_model/data/heldout.txt --tokens "$EVAL_TOKENS" \
+    spw eval-kl --model "$M" --quantized "$@" --text tools/demo_model/data/heldout.txt --tokens "$EVAL_TOKENS" \
       --row "$ROW" --threads 1 --shard "$i/$SHARDS" --per-position "$WORK/${prefix}_$i.tsv" > "$WORK/${tag}_$i.log" 2>&1 || return 1
   done
 }
