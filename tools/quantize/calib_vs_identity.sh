@@ -4,7 +4,8 @@
 # KL floor that is not quantization (a K = 8 identity pack: its experts are practically exact).
 #   here:  python3 tools/quantize/make_calibration.py .exl3dev/calibration.jsonl   (the default mixture)
 #          bash scripts/gpu_test.sh stage     # spillway + libs (and the calibration file) → .exl3pack/dev.tar.xz
-#   there: bash tools/quantize/calib_vs_identity.sh          # carry: .exl3pack .bigxz
+#   there: bash tools/quantize/calib_vs_identity.sh          # carry: .exl3pack .bigxz tools/demo_model/data/heldout.txt
+#          (heldout.txt is git-ignored, so it travels only when carried)
 # Writes two files ($OUT returns at most 8): $OUT/calib_vs_identity.md (the tables) and $OUT/calib_vs_identity.tar.gz
 # (quantize.log, eval.log, reports.tsv: per-tensor proxy errors, pp.tsv.gz: per-position KL of every pack).
 # Then, when under DIAG_BEFORE_S (300) seconds have passed, a diagnostic that is appended to the tables: a K = 3 pack
@@ -36,6 +37,7 @@ spw() { LD_LIBRARY_PATH=$SPW_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$SPW" "$
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/quantize.log"; }
 die() { log "calib_vs_identity: $*"; cp "$OUT/quantize.log" "$FINAL/calib_vs_identity.md"; for f in "$WORK"/*.log; do echo "== $f"; tail -n 5 "$f"; done >> "$FINAL/calib_vs_identity.md"; exit 1; }
 [ -x "$SPW" ] || die "no spillway binary at $SPW"
+[ -f tools/demo_model/data/heldout.txt ] || die "no tools/demo_model/data/heldout.txt (git-ignored: carry it, or run tools/demo_model to make it)"
 if [ ! -f "$CALIB" ]; then  # made here from this machine's packages: may differ from the one made on the dev box
   log "WARNING: no $CALIB; making one with tools/quantize/make_calibration.py on this machine"
   CALIB=$WORK/calibration.jsonl
