@@ -15,6 +15,9 @@
 # n_out == 0, not w.empty(), as "absent"). Without it the V4.1 EXL3 load decodes every expert on the
 # CPU (~170 ns/weight: ~37 min per layer; the bench hits BENCH_TIMEOUT) and 4 V4 layers need ~105 GB
 # of host RAM as f32.
+# PROFILE=1 runs each bench under the CUPTI kernel tracer (tools/profile/kernel_trace.cpp, staged by
+# scripts/gpu_test.sh stage): $OUT/trace_<name>.md has one summary per timed phase (its window labels are
+# in bench_<name>.md). The tracer adds a little time per kernel; profile runs are not the benchmark.
 # Switches: SKIP_V41=1, SKIP_V4=1, KEEP_MODELS=1 (reuse /tmp/synth_* if present), BENCH_ARGS (extra bench
 # flags), SYNTH_ARGS (extra generator flags, e.g. "--width-divisor 16 --engram-vocab 1000" for a smoke run).
 set -u
@@ -51,7 +54,9 @@ cat "$OUT"/synth_*.log | tee -a "$OUT/bench_main.log"
 run_bench() {  # name, dir
   echo "== spillway bench $1 ($2)" | tee -a "$OUT/bench_main.log"
   spw inspect "$2" > "$OUT/inspect_$1.txt" 2>&1
-  /usr/bin/time -f "bench %e s, host peak %M KB" timeout "$BENCH_TIMEOUT" env LD_LIBRARY_PATH=$SPW_LIBS "$SPW" bench --model "$2" \
+  local trace=()
+  [ -n "${PROFILE:-}" ] && trace=(CUDA_INJECTION64_PATH=$PWD/.exl3dev/lib/libspw_kernel_trace.so SPW_TRACE_OUT=$OUT/trace_$1.md)
+  /usr/bin/time -f "bench %e s, host peak %M KB" timeout "$BENCH_TIMEOUT" env LD_LIBRARY_PATH=$SPW_LIBS "${trace[@]}" "$SPW" bench --model "$2" \
     --json "$OUT/bench_$1.json" --batch-prompt 512 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_$1.md"
   echo "rc ${PIPESTATUS[0]}" | tee -a "$OUT/bench_main.log"
 }

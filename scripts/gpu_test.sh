@@ -26,6 +26,9 @@ if [ "${1:-}" = stage ]; then
            bench/quantize/bench_quantize bin/spillway; do
     [ -f build/$b ] && cp build/$b .exl3dev/ && strip .exl3dev/$(basename $b)
   done
+  # The CUPTI kernel tracer (tools/profile) and the CUPTI it was built against.
+  [ -f build/tools/profile/libspw_kernel_trace.so ] && cp build/tools/profile/libspw_kernel_trace.so .exl3dev/lib/ &&
+    cp -L /usr/local/cuda/lib64/libcupti.so.13 .exl3dev/lib/
   for l in libspdlog.so.1.10 libfmt.so.9 libstdc++.so.6 libicuuc.so.72 libicudata.so.72 libpcre2-8.so.0 \
            libcpp-httplib.so.0.11 libssl.so.3 libcrypto.so.3 libz.so.1 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do cp -L /usr/lib/x86_64-linux-gnu/$l .exl3dev/lib/; done
   tar cJf .exl3pack/dev.tar.xz .exl3dev && ls -la .exl3pack

@@ -1,5 +1,6 @@
 #include "bench_engine/bench_engine.h"
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -8,6 +9,8 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <string>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <span>
@@ -37,6 +40,27 @@ concept HasBatchedDecode = requires(M& m, std::span<GpuSequence* const> s, std::
   { m.decode(s, t, n, l) };
 };
 constexpr bool kBatchedDecode = HasBatchedDecode<GpuModel>;
+
+// A profiling window around a timed phase: cudaProfilerStart/Stop, which CUPTI tools see
+// (tools/profile/kernel_trace.cpp summarises each window; scripts/bench_engine.sh PROFILE=1). The
+// label is printed so a trace's window numbers can be matched to the phases.
+class ProfileWindow {
+ public:
+  explicit ProfileWindow(const std::string& label) {
+    std::printf("(profile window %d: %s)\n", next_++, label.c_str());
+    cudaDeviceSynchronize();
+    cudaProfilerStart();
+  }
+  ~ProfileWindow() {
+    cudaDeviceSynchronize();
+    cudaProfilerStop();
+  }
+  ProfileWindow(const ProfileWindow&) = delete;
+  ProfileWindow& operator=(const ProfileWindow&) = delete;
+
+ private:
+  static inline int next_ = 0;
+};
 
 int32_t argmax(std::span<const float> v) {
   return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
@@ -300,7 +324,9 @@ int run_engine_bench(const EngineBenchOptions& o) {
     int32_t tok[1] = {argmax(*last)}, next[1] = {0};
     std::vector<float> logits;
     std::vector<double> step_ms;
+    std::optional<ProfileWindow> window;
     for (int s = 0; s < 4 + o.decode_steps; ++s) {
+      if (s == 4) window.emplace("batch-1 decode, timed steps");
       const bool timed = s >= 4;
       const bool want_logits = s == 4 || s == 3 + o.decode_steps;
       cudaDeviceSynchronize();
@@ -315,6 +341,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
       if (want_logits) check("batch-1 decode", logits);
       tok[0] = next[0];
     }
+    window.reset();
     mem.sample();
     std::vector<double> sorted = step_ms;
     std::sort(sorted.begin(), sorted.end());
@@ -361,7 +388,9 @@ int run_engine_bench(const EngineBenchOptions& o) {
     for (auto& s : owned) seqs.push_back(&s);
     double t = 0;
     std::vector<float> logits;
+    std::optional<ProfileWindow> window;
     for (int s = 0; s < 2 + o.batch_steps && st.ok(); ++s) {
+      if (s == 2) window.emplace("decode batch " + std::to_string(B) + ", timed steps");
       cudaDeviceSynchronize();
       const auto t0 = Clock::now();
       st = decode_step(m, std::span<GpuSequence* const>(seqs), tok, next, s == 2 ? &logits : nullptr);
@@ -370,6 +399,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
       if (s == 2 && st.ok()) check("aggregate decode", logits);
       tok.assign(next.begin(), next.end());
     }
+    window.reset();
     mem.sample();
     if (!st.ok()) {
       std::printf("| %d | failed: %s | | |\n", B, st.error().message.c_str());
@@ -399,11 +429,12 @@ int run_engine_bench(const EngineBenchOptions& o) {
     }
     std::vector<double> chunks;
     const auto tokens = rng.tokens(P);
-    cudaDeviceSynchronize();
+    std::optional<ProfileWindow> window(std::in_place, "prefill " + std::to_string(P));
     const auto t0 = Clock::now();
     auto last = prefill(m, *seq, tokens, o.chunk, &chunks);
     cudaDeviceSynchronize();
     const double t = seconds_since(t0);
+    window.reset();
     mem.sample();
     if (!last.ok()) {
       std::printf("| %lld | failed: %s |\n", (long long)P, last.error().message.c_str());
