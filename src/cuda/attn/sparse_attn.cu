@@ -1,10 +1,20 @@
 // Sparse attention with sinks over compact paged KV (contract in sparse_attn.h).
 //
-// One block of 128 threads per (head, query). Pass 1: each warp takes rows j = warp, warp + 4, ...,
-// its lanes stride over the channels (q in shared memory) and reduce the dot product with shuffles;
-// the logits stay in shared memory. The exact max over them is a block reduction. Pass 2: p_j is
-// computed once into shared memory; then every thread owns channels tid, tid + 128, ... and walks
-// the rows in order, accumulating p̃_j·c_j and Σ p_j exactly in the reference's order.
+// One block of 512 threads (16 warps) per (head, query). The work of a block is a few hundred rows
+// whose addresses come from a dependent chain (selection → page table → row), so the kernel is
+// latency-bound unless many rows are in flight:
+//   phase 0: every thread resolves rows tid, tid + 512, ... into a row table in shared memory (the
+//            address and whether the row is f32, a stored row, or skipped), once per block;
+//   pass 1:  warps take rows j = warp, warp + 16, ...; lanes stride over the channels (q in shared
+//            memory) and reduce the dot product with shuffles; the logits stay in shared memory; the
+//            exact max over them is a block reduction; then p_j = exp(ℓ_j − m) once per row;
+//   pass 2:  warp w owns the contiguous rows [w·c, (w+1)·c) (c = ⌈rows/16⌉) and each lane the channels
+//            lane, lane + 32, ...; it accumulates p̃_j·c_j and Σ p_j in row order; the 16 partial sums
+//            are then added in warp order (shared memory) and divided by Σ p + exp(sink − m).
+// The summation order is fixed (it depends on the row count only), so a query's result does not
+// depend on the other queries of the call; it differs from the reference's single running sum by
+// f32 rounding only. The first version (one 128-thread block walking every row serially in pass 2)
+// took 1.4 ms per decode call at 1 K context on the H200 (bench/results/engine_h200.md, session 5).
 // Rows are dequantized on the fly in both passes (read twice; the second read mostly hits L2).
 // Tests: tests/gpu/test_cuda_attn_sparse.cpp.
 #include "cuda/attn/sparse_attn.h"
@@ -17,20 +27,14 @@ namespace spw::cuda {
 
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxChannelsPerThread = 1024 / kThreads;
+constexpr int kMaxChannelsPerLane = 1024 / 32;
 
 Error cuda_error(const char* what, cudaError_t e) { return make_error("CUDA ", what, ": ", cudaGetErrorString(e)); }
 
-// Where row j of query i lives: an f32 row of chunk_kv, a stored row of `fmt`, or nothing (sel −1).
-struct RowRef {
-  const float* f32 = nullptr;
-  const uint8_t* packed = nullptr;
-  KvRowFormat fmt;
-  __device__ bool valid() const { return f32 != nullptr || packed != nullptr; }
-  __device__ float channel(int c) const { return f32 ? f32[c] : kvdev::load_channel(fmt, packed, c); }
-};
+// Kinds of a row-table entry.
+enum RowKind : uint8_t { kSkipped = 0, kF32 = 1, kRing = 2, kComp = 3 };
 
 struct QueryRows {
   int32_t seq;
@@ -40,33 +44,51 @@ struct QueryRows {
   size_t ring_nbytes, comp_nbytes;
 };
 
-__device__ RowRef row_ref(const SparseAttnArgs& a, const QueryRows& qr, int64_t j) {
-  RowRef r;
+// Where row j of the query lives (kind and address).
+__device__ RowKind resolve_row(const SparseAttnArgs& a, const QueryRows& qr, int64_t j, const void*& ptr) {
   if (j < qr.n_win) {
     const int64_t pos = qr.lo + j;
     if (pos >= qr.chunk_pos0) {
-      r.f32 = a.chunk_kv + (int64_t(qr.chunk_row0) + (pos - qr.chunk_pos0)) * a.d_head;
-    } else {
-      r.packed = kvdev::row_ptr(a.ring, qr.ring_nbytes, qr.seq, pos % a.window);
-      r.fmt = a.ring.fmt;
+      ptr = a.chunk_kv + (int64_t(qr.chunk_row0) + (pos - qr.chunk_pos0)) * a.d_head;
+      return kF32;
     }
-    return r;
+    ptr = kvdev::row_ptr(a.ring, qr.ring_nbytes, qr.seq, pos % a.window);
+    return kRing;
   }
   const int32_t g = qr.sel[j - qr.n_win];
-  if (g >= 0) {
-    r.packed = kvdev::row_ptr(a.comp, qr.comp_nbytes, qr.seq, g);
-    r.fmt = a.comp.fmt;
+  if (g < 0) {
+    ptr = nullptr;
+    return kSkipped;
   }
-  return r;
+  ptr = kvdev::row_ptr(a.comp, qr.comp_nbytes, qr.seq, g);
+  return kComp;
 }
 
-__global__ void __launch_bounds__(kThreads) sparse_attn_kernel(SparseAttnArgs a, size_t ring_nbytes, size_t comp_nbytes) {
-  extern __shared__ float smem[];
+__device__ __forceinline__ float row_channel(const SparseAttnArgs& a, RowKind kind, const void* ptr, int c) {
+  if (kind == kF32) return static_cast<const float*>(ptr)[c];
+  return kvdev::load_channel(kind == kRing ? a.ring.fmt : a.comp.fmt, static_cast<const uint8_t*>(ptr), c);
+}
+
+// Shared memory of one block: q [d], reduction scratch, partial sums [kWarps, d] and denominators
+// [kWarps], logits [n_rows], row addresses [n_rows] and kinds [n_rows]; see smem_bytes().
+__host__ __device__ inline size_t smem_bytes(int d, int64_t max_rows) {
+  return sizeof(float) * (size_t(d) + kWarps + size_t(kWarps) * d + kWarps + size_t(max_rows)) +
+         sizeof(const void*) * size_t(max_rows) + size_t(max_rows);
+}
+
+__global__ void __launch_bounds__(kThreads) sparse_attn_kernel(SparseAttnArgs a, size_t ring_nbytes, size_t comp_nbytes,
+                                                               int64_t max_rows) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int d = a.d_head;
-  float* q_s = smem;                // [d]
-  float* red = smem + d;            // [kWarps]
-  float* logits = red + kWarps;     // [n_rows]
+  // Pointers first (8-byte alignment), then floats, then the kind bytes.
+  const void** row_ptrs = reinterpret_cast<const void**>(smem_raw);                 // [max_rows]
+  float* q_s = reinterpret_cast<float*>(row_ptrs + max_rows);                        // [d]
+  float* red = q_s + d;                                                              // [kWarps]
+  float* part = red + kWarps;                                                        // [kWarps, d]
+  float* part_den = part + size_t(kWarps) * d;                                       // [kWarps]
+  float* logits = part_den + kWarps;                                                 // [max_rows]
+  uint8_t* kinds = reinterpret_cast<uint8_t*>(logits + max_rows);                    // [max_rows]
 
   QueryRows qr;
   qr.seq = a.q_seq[i];
@@ -80,19 +102,26 @@ __global__ void __launch_bounds__(kThreads) sparse_attn_kernel(SparseAttnArgs a,
   qr.comp_nbytes = comp_nbytes;
   const int64_t n_rows = qr.n_win + (a.sel ? a.sel_stride : 0);
 
+  // Phase 0: q and the row table.
   const float* qh = a.q + (int64_t(i) * a.n_heads + h) * d;
   for (int c = tid; c < d; c += kThreads) q_s[c] = qh[c];
+  for (int64_t j = tid; j < n_rows; j += kThreads) {
+    const void* ptr = nullptr;
+    kinds[j] = resolve_row(a, qr, j, ptr);
+    row_ptrs[j] = ptr;
+  }
   __syncthreads();
 
   // Pass 1: logits (−∞ for skipped rows) and their max.
   float m = -INFINITY;
   for (int64_t j = warp; j < n_rows; j += kWarps) {
-    const RowRef r = row_ref(a, qr, j);
+    const RowKind kind = RowKind(kinds[j]);
+    const void* ptr = row_ptrs[j];
     float acc = 0.f;
-    if (r.valid())
-      for (int c = lane; c < d; c += 32) acc += q_s[c] * r.channel(c);
+    if (kind != kSkipped)
+      for (int c = lane; c < d; c += 32) acc += q_s[c] * row_channel(a, kind, ptr, c);
     for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    const float l = r.valid() ? acc * a.scale : -INFINITY;
+    const float l = kind != kSkipped ? acc * a.scale : -INFINITY;
     if (lane == 0) logits[j] = l;
     m = fmaxf(m, l);
   }
@@ -109,25 +138,42 @@ __global__ void __launch_bounds__(kThreads) sparse_attn_kernel(SparseAttnArgs a,
   for (int64_t j = tid; j < n_rows; j += kThreads) logits[j] = expf(logits[j] - m);  // p_j (0 when skipped)
   __syncthreads();
 
-  // Pass 2: o = Σ p̃_j·c_j / (Σ p_j + exp(sink − m)), in row order.
-  float acc[kMaxChannelsPerThread];
-  for (int k = 0; k < kMaxChannelsPerThread; ++k) acc[k] = 0.f;
+  // Pass 2: warp w sums its contiguous rows in order; lanes own channels lane + 32·k.
+  float acc[kMaxChannelsPerLane];
+#pragma unroll
+  for (int k = 0; k < kMaxChannelsPerLane; ++k) acc[k] = 0.f;
   float denom = 0.f;
-  for (int64_t j = 0; j < n_rows; ++j) {
-    const RowRef r = row_ref(a, qr, j);
-    if (!r.valid()) continue;
+  const int64_t per_warp = (n_rows + kWarps - 1) / kWarps;
+  const int64_t j0 = int64_t(warp) * per_warp, j1 = j0 + per_warp < n_rows ? j0 + per_warp : n_rows;
+  for (int64_t j = j0; j < j1; ++j) {
+    const RowKind kind = RowKind(kinds[j]);
+    if (kind == kSkipped) continue;
+    const void* ptr = row_ptrs[j];
     const float p = logits[j];
     denom += p;
     const float pv = a.round_p_bf16 ? kvdev::bf16_round(p) : p;
-    for (int k = 0; k < kMaxChannelsPerThread; ++k) {
-      const int c = tid + k * kThreads;
-      if (c < d) acc[k] += pv * r.channel(c);
+#pragma unroll
+    for (int k = 0; k < kMaxChannelsPerLane; ++k) {
+      const int c = lane + k * 32;
+      if (c < d) acc[k] += pv * row_channel(a, kind, ptr, c);
     }
   }
-  denom += expf(a.sink[h] - m);
-  for (int k = 0; k < kMaxChannelsPerThread; ++k) {
-    const int c = tid + k * kThreads;
-    if (c < d) out[c] = acc[k] / denom;
+#pragma unroll
+  for (int k = 0; k < kMaxChannelsPerLane; ++k) {
+    const int c = lane + k * 32;
+    if (c < d) part[size_t(warp) * d + c] = acc[k];
+  }
+  if (lane == 0) part_den[warp] = denom;
+  __syncthreads();
+
+  // o = Σ_w part_w / (Σ_w den_w + exp(sink − m)), warps in order.
+  float den = 0.f;
+  for (int w = 0; w < kWarps; ++w) den += part_den[w];
+  den += expf(a.sink[h] - m);
+  for (int c = tid; c < d; c += kThreads) {
+    float o = 0.f;
+    for (int w = 0; w < kWarps; ++w) o += part[size_t(w) * d + c];
+    out[c] = o / den;
   }
 }
 
@@ -135,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attn_kernel(SparseAttnArgs a,
 
 Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   if (a.n_q <= 0) return {};
-  if (a.d_head <= 0 || a.d_head > kThreads * kMaxChannelsPerThread || a.n_heads <= 0 || a.window <= 0)
+  if (a.d_head <= 0 || a.d_head > 32 * kMaxChannelsPerLane || a.n_heads <= 0 || a.window <= 0)
     return make_error("sparse_attn_cuda: unsupported shape d_head=", a.d_head, " n_heads=", a.n_heads,
                       " window=", a.window);
   if (kv_row_channels(a.ring.fmt) != a.d_head || !kv_format_supported(a.ring.fmt))
@@ -145,10 +191,17 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   const int64_t max_rows = int64_t(a.window) + (a.sel ? a.sel_stride : 0);
   if (max_rows > kSparseAttnMaxRows)
     return make_error("sparse_attn_cuda: window + sel_stride = ", max_rows, " rows, limit ", kSparseAttnMaxRows);
-  const size_t smem = sizeof(float) * (size_t(a.d_head) + kWarps + size_t(max_rows));
+  const size_t smem = smem_bytes(a.d_head, max_rows);
+  if (smem > 48 * 1024) {  // above the default dynamic limit: opt in (H100/H200 allow 227 KiB per block)
+    if (cudaError_t e = cudaFuncSetAttribute(sparse_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             int(smem));
+        e != cudaSuccess)
+      return cuda_error("sparse_attn_kernel shared memory", e);
+  }
+  if (a.n_q > 65535) return make_error("sparse_attn_cuda: ", a.n_q, " queries exceed one grid dimension (65535)");
   const dim3 grid(unsigned(a.n_heads), unsigned(a.n_q));
   sparse_attn_kernel<<<grid, kThreads, smem, stream>>>(a, kv_row_nbytes(a.ring.fmt),
-                                                       a.sel ? kv_row_nbytes(a.comp.fmt) : 0);
+                                                       a.sel ? kv_row_nbytes(a.comp.fmt) : 0, max_rows);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch sparse_attn_kernel", e);
   return {};
 }

@@ -15,13 +15,13 @@
 //                      [n_tokens, hc, d]; round_out rounds the new streams to bf16 (model.cpp expand()).
 // Accuracy:
 //   hc_collapse, hc_expand: bit-exact (the reference's f32 operation order, no FMA).
-//   hc_split_sinkhorn, hc_head_pre: the reference's order per token (one thread each); bit-exact
+//   hc_split_sinkhorn, hc_head_pre: the reference's operations in its order per token; bit-exact
 //     except where glibc's expf is off by an ulp (exp here is the f64 value rounded once); tests
 //     allow 2e-6 relative.
 //   hc_mixes: mean(X²) in f64 as the reference (bit-exact inverse norm except rare f64 ties); the dot
 //     products sum in a tree order in f32 where the reference sums sequentially, so the difference is
 //     the reference's own rounding error: tests allow 4e-6 · rsqrt(·) · Σ|fn·X|.
-// Limits: hc ≤ 8 (V4 and V4.1 use 4); n_tokens < 2^31, n_out ≤ 524280.
+// Limits: hc ≤ 8 (V4 and V4.1 use 4); n_tokens < 2^31, n_out ≤ 131070.
 // Speed: hc_mixes is a per-token GEMV (fn re-read from L2 for every token); for long prefill chunks
 // a GEMM over tokens would read fn once. The other three are memory-bound element-wise passes.
 // Tests: tests/gpu/test_cuda_ops_hc.cpp.

@@ -21,7 +21,20 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
   const float* l = logits + int64_t(blockIdx.x) * vocab;
   float bv = -INFINITY;
   int bi = INT32_MAX;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+  // Eight independent loads in flight per thread (a plain strided loop is latency-bound: 47 µs for
+  // a 129K vocabulary on the H200); better() is a total order, so the visiting order does not matter.
+  constexpr int kUnroll = 8;
+  const int step = int(blockDim.x);
+  int i = threadIdx.x;
+  for (; i + (kUnroll - 1) * step < vocab; i += kUnroll * step) {
+    float v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = l[i + u * step];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (dev::better(v[u], i + u * step, bv, bi)) bv = v[u], bi = i + u * step;
+  }
+  for (; i < vocab; i += step)
     if (dev::better(l[i], i, bv, bi)) bv = l[i], bi = i;
   dev::block_argmax(bv, bi, scratch_v, scratch_i);
   if (threadIdx.x == 0) out[blockIdx.x] = bi;
