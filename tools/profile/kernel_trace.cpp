@@ -11,6 +11,7 @@
 // the summed kernel time, the gaps, and a table per kernel name (count, total, mean, share). Busy time
 // well below the wall time means the GPU waits on the host (launch overhead, synchronisation).
 #include <cupti.h>
+#include <cxxabi.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -106,10 +107,28 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, co
   }
 }
 
-// Kernel names are mangled C++; keep them short enough for a table (templates elided).
-std::string short_name(const std::string& n) {
-  std::string s = n;
-  if (s.size() > 90) s = s.substr(0, 87) + "...";
+// Kernel names are mangled C++: demangle, drop the parameter list and the namespaces that every
+// name shares, keep the template arguments (they tell the instantiations apart).
+std::string short_name(const std::string& mangled) {
+  int status = 0;
+  char* dem = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+  std::string s = status == 0 && dem ? dem : mangled;
+  std::free(dem);
+  // The parameter list starts at the first '(' outside template brackets.
+  int depth = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '<') ++depth;
+    else if (s[i] == '>') --depth;
+    else if (s[i] == '(' && depth == 0 && i > 0 && s.compare(i, 21, "(anonymous namespace)") != 0) {
+      s.resize(i);
+      break;
+    }
+  }
+  for (const char* drop : {"(anonymous namespace)::", "spw::"}) {
+    for (size_t at; (at = s.find(drop)) != std::string::npos;) s.erase(at, std::strlen(drop));
+  }
+  if (s.rfind("void ", 0) == 0) s.erase(0, 5);  // a template's demangled return type
+  if (s.size() > 140) s = s.substr(0, 137) + "...";
   for (char& c : s)
     if (c == '|') c = '/';
   return s;
@@ -142,14 +161,14 @@ void summarize(FILE* out, const Window& w, int index, const std::vector<Interval
   };
   std::map<std::string, Agg> by_name;
   for (const Interval* r : in) {
-    Agg& a = by_name[r->name];
+    Agg& a = by_name[short_name(r->name)];
     a.total += r->end - r->start, ++a.count;
   }
   std::vector<std::pair<std::string, Agg>> rows(by_name.begin(), by_name.end());
   std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.total > b.second.total; });
   std::fprintf(out, "| kernel / copy | count | total ms | mean us | %% of busy |\n|---|---|---|---|---|\n");
   for (auto& [name, a] : rows)
-    std::fprintf(out, "| %s | %zu | %.3f | %.2f | %.1f |\n", short_name(name).c_str(), a.count, a.total * 1e-6,
+    std::fprintf(out, "| %s | %zu | %.3f | %.2f | %.1f |\n", name.c_str(), a.count, a.total * 1e-6,
                  a.total * 1e-3 / double(a.count), busy ? 100.0 * a.total / busy : 0.0);
 }
 
