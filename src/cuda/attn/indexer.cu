@@ -1,7 +1,11 @@
 // Indexer scores, top-k selection and V4.1's candidate blocks on the GPU (contract in indexer.h).
 //
-// index_scores: one thread per (query, entry); the query's q and w sit in shared memory, the key is
-// dequantized into registers once, then the head loop runs in the reference's order.
+// index_scores: one warp per (query, entry); the query's q (rows padded by one float, so the lanes'
+// different heads fall on different banks) and w sit in shared memory, the warp dequantizes the key
+// into shared memory once, lane l computes the terms of heads l, l + 32 (each dot product in the
+// reference's channel order), and lane 0 adds the terms in head order: the reference's operations in
+// its order, bit for bit. The first version (one thread per entry looping over all heads) took
+// 129 µs per V4.1 decode call on the H200 (512 entries: 4 blocks).
 // topk_select: one block per row. A radix select over order-preserving 32-bit keys (4 passes of 8
 // bits, shared-memory histograms) finds the k-th largest key T and how many elements equal to T
 // are taken (the lowest-index ones); one ordered pass with block scans then writes the picks
@@ -35,37 +39,43 @@ unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads);
 
 __device__ __forceinline__ float maybe_bf16(float v, bool round) { return round ? kvdev::bf16_round(v) : v; }
 
+constexpr int kScoreWarps = kThreads / 32;  // entries per block
+constexpr int kQPad = kMaxDIndex + 1;
+
 __global__ void __launch_bounds__(kThreads) index_scores_kernel(IndexScoreArgs a, size_t key_nbytes) {
-  __shared__ float q_s[kMaxIndexHeads * kMaxDIndex];
+  __shared__ float q_s[kMaxIndexHeads * kQPad];
   __shared__ float w_s[kMaxIndexHeads];
-  const int i = blockIdx.y;
-  const int hd = a.n_heads * a.d_index;
-  for (int c = threadIdx.x; c < hd; c += kThreads) q_s[c] = a.q[int64_t(i) * hd + c];
-  for (int h = threadIdx.x; h < a.n_heads; h += kThreads) w_s[h] = a.w[int64_t(i) * a.n_heads + h];
+  __shared__ float k_s[kScoreWarps][kMaxDIndex];
+  __shared__ float terms[kScoreWarps][kMaxIndexHeads];
+  const int i = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int D = a.d_index, H = a.n_heads;
+  for (int c = threadIdx.x; c < H * D; c += kThreads) q_s[(c / D) * kQPad + c % D] = a.q[int64_t(i) * H * D + c];
+  for (int h = threadIdx.x; h < H; h += kThreads) w_s[h] = a.w[int64_t(i) * H + h];
   __syncthreads();
-  const int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (g >= a.n_entries[i]) return;
+  const int64_t g = int64_t(blockIdx.x) * kScoreWarps + warp;
+  if (g >= a.n_entries[i]) return;  // the whole warp; only __syncwarp below
   float* out = a.scores + int64_t(i) * a.score_stride + g;
   if (g >= a.visible[i]) {
-    *out = -INFINITY;
+    if (lane == 0) *out = -INFINITY;
     return;
   }
   const uint8_t* row = kvdev::row_ptr(a.keys, key_nbytes, a.q_seq[i], g);
-  float k[kMaxDIndex];
-#pragma unroll
-  for (int c = 0; c < kMaxDIndex; ++c) k[c] = c < a.d_index ? kvdev::load_channel(a.keys.fmt, row, c) : 0.f;
-  float acc = 0.f;
-  for (int h = 0; h < a.n_heads; ++h) {
-    const float* qh = q_s + h * a.d_index;
+  for (int c = lane; c < D; c += 32) k_s[warp][c] = kvdev::load_channel(a.keys.fmt, row, c);
+  __syncwarp();
+  for (int h = lane; h < H; h += 32) {
+    const float* qh = q_s + h * kQPad;
     float dot = 0.f;
-#pragma unroll
-    for (int c = 0; c < kMaxDIndex; ++c)
-      if (c < a.d_index) dot = __fadd_rn(dot, __fmul_rn(qh[c], k[c]));
+    for (int c = 0; c < D; ++c) dot = __fadd_rn(dot, __fmul_rn(qh[c], k_s[warp][c]));
     const float rd = maybe_bf16(dot, a.round_bf16);
     const float relu = rd < 0.f ? 0.f : rd;  // std::max(rd, 0.f)
-    acc = __fadd_rn(acc, maybe_bf16(__fmul_rn(relu, w_s[h]), a.round_bf16));
+    terms[warp][h] = maybe_bf16(__fmul_rn(relu, w_s[h]), a.round_bf16);
   }
-  *out = maybe_bf16(acc, a.round_bf16);
+  __syncwarp();
+  if (lane == 0) {
+    float acc = 0.f;
+    for (int h = 0; h < H; ++h) acc = __fadd_rn(acc, terms[warp][h]);
+    *out = maybe_bf16(acc, a.round_bf16);
+  }
 }
 
 // Larger float ⇔ larger key; −0 and +0 share a key (they compare equal).
@@ -194,7 +204,7 @@ Status index_scores_cuda(const IndexScoreArgs& a, cudaStream_t stream) {
     return make_error("index_scores_cuda: unsupported shape n_heads=", a.n_heads, " d_index=", a.d_index);
   if (kv_row_channels(a.keys.fmt) != a.d_index || !kv_format_supported(a.keys.fmt))
     return make_error("index_scores_cuda: key row format does not match d_index=", a.d_index);
-  const dim3 grid(blocks_for(a.max_entries), unsigned(a.n_q));
+  const dim3 grid(unsigned((a.max_entries + kScoreWarps - 1) / kScoreWarps), unsigned(a.n_q));
   index_scores_kernel<<<grid, kThreads, 0, stream>>>(a, kv_row_nbytes(a.keys.fmt));
   return launched("launch index_scores_kernel");
 }
