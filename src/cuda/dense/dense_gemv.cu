@@ -19,9 +19,19 @@ namespace {
 
 constexpr int kThreads = 256, kWarps = kThreads / 32, kTileK = 512, kTilePad = kTileK / 16 * 20;
 
+// Tiles staged per round: more weight loads in flight per lane on small-T launches (U·R chunks of
+// raw bytes in registers), bounded by registers (U·R ≤ 8) and the x staging (T·U ≤ 16 tiles: 40 KiB).
+template <int T, int R>
+__host__ __device__ constexpr int tiles_per_round() {
+  constexpr int by_tokens = T <= 2 ? 8 : T <= 4 ? 4 : T <= 8 ? 2 : 1;
+  constexpr int by_rows = 8 / R;
+  return by_tokens < by_rows ? by_tokens : by_rows;
+}
+
 template <DenseFormat F, int T, int R>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
-  __shared__ __align__(16) float xs[T][kTilePad];
+  constexpr int U = tiles_per_round<T, R>();
+  __shared__ __align__(16) float xs[T][U * kTilePad];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = blockIdx.y;
   const void* w = static_cast<const uint8_t*>(a.w) + g * a.w_group_nbytes;
@@ -35,38 +45,49 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
 
-  for (int k0 = 0; k0 < a.n_in; k0 += kTileK) {
-    __syncthreads();  // the previous tile is consumed
-    for (int i = threadIdx.x; i < T * (kTileK / 4); i += kThreads) {
-      const int t = i / (kTileK / 4), c = (i % (kTileK / 4)) * 4;
+  // A round covers U tiles of 512: stage x for all of them, issue every weight load of the round,
+  // then accumulate tile by tile — the same per-lane order as one tile per round.
+  for (int k0 = 0; k0 < a.n_in; k0 += U * kTileK) {
+    __syncthreads();  // the previous round's x is consumed
+    for (int i = threadIdx.x; i < T * U * (kTileK / 4); i += kThreads) {
+      const int t = i / (U * kTileK / 4), c = (i % (U * kTileK / 4)) * 4;
       float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
       if (t < a.n_tokens && k0 + c < a.n_in) v = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * a.ldx + k0 + c);
       *reinterpret_cast<float4*>(&xs[t][c + (c / 16) * 4]) = v;
     }
     __syncthreads();
-    const int k = k0 + 16 * lane;
-    if (k >= a.n_in) continue;  // no barrier until the next tile's first one
 
-    float wv[R][16];
+    Chunk<F> chunks[U][R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      Chunk<F> c{};
-      if (row0 + r < a.n_out) c = load_chunk<F>(w, a.scale, row0 + r, k, a.n_in, a.weight_block);
-      dequant_chunk<F>(c, wv[r]);
+    for (int u = 0; u < U; ++u) {
+      const int k = k0 + u * kTileK + 16 * lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        chunks[u][r] = Chunk<F>{};
+        if (k < a.n_in && row0 + r < a.n_out) chunks[u][r] = load_chunk<F>(w, a.scale, row0 + r, k, a.n_in, a.weight_block);
+      }
     }
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float xv[16];
-      const float4* xp = reinterpret_cast<const float4*>(&xs[t][20 * lane]);
+    for (int u = 0; u < U; ++u) {
+      const int k = k0 + u * kTileK + 16 * lane;
+      if (k >= a.n_in) break;  // later tiles of the round are past the end too
+      float wv[R][16];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float4 v = xp[q];
-        xv[4 * q] = v.x, xv[4 * q + 1] = v.y, xv[4 * q + 2] = v.z, xv[4 * q + 3] = v.w;
+      for (int r = 0; r < R; ++r) dequant_chunk<F>(chunks[u][r], wv[r]);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        float xv[16];
+        const float4* xp = reinterpret_cast<const float4*>(&xs[t][u * kTilePad + 20 * lane]);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float4 v = xp[q];
+          xv[4 * q] = v.x, xv[4 * q + 1] = v.y, xv[4 * q + 2] = v.z, xv[4 * q + 3] = v.w;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int j = 0; j < 16; ++j) acc[r][t] = fmaf(wv[r][j], xv[j], acc[r][t]);
       }
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int j = 0; j < 16; ++j) acc[r][t] = fmaf(wv[r][j], xv[j], acc[r][t]);
     }
   }
 
