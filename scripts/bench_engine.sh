@@ -18,6 +18,8 @@
 # PROFILE=1 runs each bench under the CUPTI kernel tracer (tools/profile/kernel_trace.cpp, staged by
 # scripts/gpu_test.sh stage): $OUT/trace_<name>.md has one summary per timed phase (its window labels are
 # in bench_<name>.md). The tracer adds a little time per kernel; profile runs are not the benchmark.
+# GPU_TEST_FILTER='...' also runs those GPU tests (.exl3dev/spw_gpu_tests, staged) while the models are generated
+# (the generator is CPU work): $OUT/gpu_tests.log. The golden fixtures must be in the tree (tests/golden/fixtures).
 # Switches: SKIP_V41=1, SKIP_V4=1, KEEP_MODELS=1 (reuse /tmp/synth_* if present), BENCH_ARGS (extra bench
 # flags), SYNTH_ARGS (extra generator flags, e.g. "--width-divisor 16 --engram-vocab 1000" for a smoke run).
 set -u
@@ -48,6 +50,12 @@ gen() {  # dir, args...
 }
 [ -z "${SKIP_V41:-}" ] && (gen $V41_DIR --arch v41 --experts exl3 --bits 3 $V41_SEL > "$OUT/synth_v41.log" 2>&1) &
 [ -z "${SKIP_V4:-}" ] && (gen $V4_DIR --arch v4 --experts mxfp4 --layers ${V4_LAYERS:-4} > "$OUT/synth_v4.log" 2>&1) &
+if [ -n "${GPU_TEST_FILTER:-}" ]; then
+  [ -x .exl3dev/spw_gpu_tests ] || echo "GPU_TEST_FILTER: no .exl3dev/spw_gpu_tests (stage it)" | tee -a "$OUT/bench_main.log"
+  [ -x .exl3dev/spw_gpu_tests ] && timeout 400 env LD_LIBRARY_PATH=$SPW_LIBS .exl3dev/spw_gpu_tests --gtest_brief=1 \
+    --gtest_filter="$GPU_TEST_FILTER" > "$OUT/gpu_tests.log" 2>&1
+  tail -25 "$OUT/gpu_tests.log" | tee -a "$OUT/bench_main.log"
+fi
 wait
 cat "$OUT"/synth_*.log | tee -a "$OUT/bench_main.log"
 
