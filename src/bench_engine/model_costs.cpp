@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "cuda/attn/kv_pages.h"
+#include "engine/memory_plan.h"
 #include "model/inventory.h"
 
 namespace spw::bench {
@@ -110,11 +111,10 @@ DecodeBytes decode_bytes(const Checkpoint& ckpt, const ModelConfig& c) {
 }
 
 std::vector<int64_t> kv_read_nbytes(const ModelConfig& c, int64_t n_ctx) {
-  const int64_t window_row = int64_t(cuda::kv_row_nbytes(
-      c.is_v41() ? cuda::kv_format_window_v41(c.d_head) : cuda::kv_format_window_v4(c.d_head, c.d_rope)));
-  const int64_t entry_row = int64_t(cuda::kv_row_nbytes(
-      c.is_v41() ? cuda::kv_format_compressed_v41(c.d_head) : cuda::kv_format_compressed_v4(c.d_head, c.d_rope)));
-  const int64_t key_row = int64_t(cuda::kv_row_nbytes(cuda::kv_format_index_key(c.index_head_dim)));
+  const engine::KvFormats f = engine::kv_formats(c, /*quantized_kv=*/true);  // the bench runs reference numerics
+  const int64_t window_row = int64_t(cuda::kv_row_nbytes(f.ring));
+  const int64_t entry_row = int64_t(cuda::kv_row_nbytes(f.compressed));
+  const int64_t key_row = int64_t(cuda::kv_row_nbytes(f.index_key));
   std::vector<int64_t> out(c.n_layers, 0);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerPlan& p = c.layers[l];

@@ -46,7 +46,8 @@ class Uploader {
     d.n_in = l.n_in;
     const bool quantized = l.kind == LinearKind::Fp8 || l.kind == LinearKind::Fp4;
     d.act_block = quantized && num_.fake_quant ? c_.act_block : 0;
-    d.f32_product = l.kind == LinearKind::F32;
+    // Without bf16 activations (Numerics::exact()) x is not bf16-representable: every product in f32.
+    d.f32_product = l.kind == LinearKind::F32 || !num_.bf16_activations;
     const TensorInfo* t = find(stem + ".weight");
     const TensorInfo* s = find(stem + ".scale");
     const size_t n = size_t(l.n_out) * l.n_in;

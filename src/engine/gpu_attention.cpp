@@ -122,7 +122,7 @@ Status index_queries(GpuStep& s, const DeviceLayer& lw, const float* x, const fl
     SPW_TRY(hadamard_rows_cuda(qi.get(), int64_t(n) * Hi, Di, s.stream));
     SPW_TRY(to_activation(s, qi.get(), qi.size()));
   }
-  SPW_TRY(cuda::fake_quant_fp4_ue8m0(qi.get(), int64_t(n) * Hi, Di, Di, 32, s.stream));
+  if (s.num.fake_quant) SPW_TRY(cuda::fake_quant_fp4_ue8m0(qi.get(), int64_t(n) * Hi, Di, Di, 32, s.stream));
   SPW_TRY(linear(s, lw.idx_weights_proj, x, n, wts.get()));                          // [n, Hi]
   const float w_scale = 1.0f / std::sqrt(float(Di)) / std::sqrt(float(Hi));
   SPW_TRY(scale_cuda(wts.get(), int64_t(n) * Hi, w_scale, s.stream));
@@ -360,8 +360,10 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   SPW_TRY(norm(s, kv.get(), lw.kv_norm, n, D));
   SPW_TRY(cuda::rope_apply(kv.get(), n, D, c.d_rope, rope, s.pos.get(), 1, false, s.stream));
   SPW_TRY(to_activation(s, kv.get(), kv.size()));
-  if (c.is_v41()) SPW_TRY(cuda::fake_quant_fp8(kv.get(), n, D, D, 32, s.stream));
-  else SPW_TRY(cuda::fake_quant_fp8(kv.get(), n, D - c.d_rope, D, 64, s.stream));
+  if (s.num.fake_quant) {
+    if (c.is_v41()) SPW_TRY(cuda::fake_quant_fp8(kv.get(), n, D, D, 32, s.stream));
+    else SPW_TRY(cuda::fake_quant_fp8(kv.get(), n, D - c.d_rope, D, 64, s.stream));
+  }
 
   // Compressed entries and the selection [n, sel_stride] (−1 padded) of each new token.
   DeviceSpan<int32_t> own_sel;
@@ -407,8 +409,13 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   const int G = c.o_groups, R = c.o_lora_rank;
   Buf z;
   SPW_TRY(s.alloc(z, size_t(n) * G * R));
-  SPW_TRY(grouped_proj_cuda(lw.wo_a, o.get(), n, G, R, H * D / G, z.get(), s.num.bf16_activations, s.st.ws, s.stream,
-                            s.path));
+  if (s.num.bf16_activations) {
+    SPW_TRY(grouped_proj_cuda(lw.wo_a, o.get(), n, G, R, H * D / G, z.get(), true, s.st.ws, s.stream, s.path));
+  } else {  // f32 o: the GEMV reads it unrounded (the GEMM path feeds cuBLAS bf16), 16 rows at a time
+    for (int r0 = 0; r0 < n; r0 += 16)
+      SPW_TRY(grouped_proj_cuda(lw.wo_a, o.get() + size_t(r0) * H * D, std::min(16, n - r0), G, R, H * D / G,
+                                z.get() + size_t(r0) * G * R, false, s.st.ws, s.stream, LinearPath::kGemv));
+  }
   return linear(s, lw.wo_b, z.get(), n, out);  // [n, d]
 }
 

@@ -398,9 +398,6 @@ Status alloc_compressor(CompressorBuffers& cb, const cuda::CompressorShape& shap
 
 Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, const Numerics& numerics,
                                                  const GpuModelOptions& options) {
-  if (!numerics.bf16_activations || !numerics.fake_quant)
-    return make_error("load_gpu_model: the GPU forward keeps KV in the reference's compact precisions and needs "
-                      "bf16 activations and fake quant on (Numerics::reference())");
   if (options.linear_path == LinearPath::kGemv && options.budget.max_step_tokens > 16)
     return make_error("load_gpu_model: the forced GEMV path takes at most 16 tokens per call, the budget allows ",
                       options.budget.max_step_tokens);
@@ -419,7 +416,7 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
   m->options_ = options;
   m->host_weights_ = std::move(weights.value());
   const ModelConfig& c = m->config_;
-  m->plan_ = plan_memory(c, options.budget);
+  m->plan_ = plan_memory(c, options.budget, numerics.fake_quant);
   m->state_ = std::make_unique<GpuState>();
   GpuState& st = *m->state_;
 
@@ -429,13 +426,10 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
 
   const int S = options.budget.max_seqs;
   const KvPlan& kv = m->plan_.kv;
-  SPW_TRY(alloc_pool(st.ring, c.is_v41() ? cuda::kv_format_window_v41(c.d_head)
-                                         : cuda::kv_format_window_v4(c.d_head, c.d_rope),
-                     kv.ring_pages, c, m->plan_, S));
-  SPW_TRY(alloc_pool(st.comp, c.is_v41() ? cuda::kv_format_compressed_v41(c.d_head)
-                                         : cuda::kv_format_compressed_v4(c.d_head, c.d_rope),
-                     kv.compressed_pages, c, m->plan_, S));
-  SPW_TRY(alloc_pool(st.keys, cuda::kv_format_index_key(c.index_head_dim), kv.index_key_pages, c, m->plan_, S));
+  const KvFormats formats = kv_formats(c, numerics.fake_quant);
+  SPW_TRY(alloc_pool(st.ring, formats.ring, kv.ring_pages, c, m->plan_, S));
+  SPW_TRY(alloc_pool(st.comp, formats.compressed, kv.compressed_pages, c, m->plan_, S));
+  SPW_TRY(alloc_pool(st.keys, formats.index_key, kv.index_key_pages, c, m->plan_, S));
 
   st.comp_state.resize(c.n_layers);
   st.idx_comp_state.resize(c.n_layers);
@@ -476,6 +470,10 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
   st.expert_tables.resize(c.n_layers);
   st.exl3_moe.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
+    // EXL3 experts compute x·Ŵ from fp16 operands (cuda/exl3_gemm.h): not an f32 product.
+    if (!numerics.bf16_activations && !st.w->layers[l].experts.empty() && st.w->layers[l].experts[0].is_exl3())
+      return make_error("load_gpu_model: numerics without bf16 activations (Numerics::exact()) need dense routed "
+                        "experts; layer ", l, " has EXL3 experts, which the GPU multiplies in fp16");
     SPW_TRY(expert_table_build(st.w->layers[l].experts, st.expert_tables[l]));
     SPW_TRY(exl3_moe_table_build(st.w->layers[l].experts, c.swiglu_limit, st.exl3_moe[l]));
     if (st.exl3_moe[l].ready() && !st.exl3_moe_ws.buf)

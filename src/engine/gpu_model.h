@@ -5,9 +5,10 @@
 // planner (memory_plan.h). Prefill of any chunk length and decode share one code path, as on the CPU;
 // the layer code (gpu_model.cpp, gpu_attention.cpp, gpu_moe.cpp) reads like src/model/*.cpp.
 //
-// Numerics: the reference's (Numerics::reference(); stale_index_k may be switched off). The compact
-// KV pools store exactly the reference's fake-quantized rows, so a mode without fake quant or bf16
-// activations cannot be represented and is rejected at load. Results differ from the CPU only by
+// Numerics: any Numerics the CPU model takes. With fake quant the compact KV pools store exactly the
+// reference's fake-quantized rows; without it (Numerics::exact(), what Transformers computes in
+// float32) the pools hold f32 rows and, without bf16 activations, every linear is an f32 product
+// (routed EXL3 experts, multiplied in fp16, are then rejected at load). Results differ from the CPU only by
 // f32 summation order in the linears, the attention dots and the mHC mixes, and expf vs exp; with bf16
 // activations such an ulp can flip a bf16 rounding and grow through the layers (tests/golden says
 // how far on these random-weight models), which is what tests/gpu/test_engine_golden.cpp bounds.

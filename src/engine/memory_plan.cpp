@@ -16,14 +16,17 @@ size_t fp4_nbytes(int64_t n_out, int64_t n_in) { return size_t(n_out * n_in / 2 
 size_t bf16_nbytes(int64_t n) { return size_t(2 * n); }
 size_t f32_nbytes(int64_t n) { return size_t(4 * n); }
 
-cuda::KvRowFormat window_format(const ModelConfig& c) {
-  return c.is_v41() ? cuda::kv_format_window_v41(c.d_head) : cuda::kv_format_window_v4(c.d_head, c.d_rope);
-}
-cuda::KvRowFormat compressed_format(const ModelConfig& c) {
-  return c.is_v41() ? cuda::kv_format_compressed_v41(c.d_head) : cuda::kv_format_compressed_v4(c.d_head, c.d_rope);
-}
-
 }  // namespace
+
+KvFormats kv_formats(const ModelConfig& c, bool quantized_kv) {
+  if (!quantized_kv)
+    return {cuda::kv_format_exact(c.d_head), cuda::kv_format_exact(c.d_head), cuda::kv_format_exact(c.index_head_dim)};
+  if (c.is_v41())
+    return {cuda::kv_format_window_v41(c.d_head), cuda::kv_format_compressed_v41(c.d_head),
+            cuda::kv_format_index_key(c.index_head_dim)};
+  return {cuda::kv_format_window_v4(c.d_head, c.d_rope), cuda::kv_format_compressed_v4(c.d_head, c.d_rope),
+          cuda::kv_format_index_key(c.index_head_dim)};
+}
 
 bool layer_has_compressed(const ModelConfig& c, int layer) {
   const LayerPlan& p = c.layers[layer];
@@ -74,7 +77,7 @@ size_t step_arena_nbytes(const ModelConfig& c, int64_t n, int64_t T) {
   return f32_nbytes(n * per_row) + (size_t(1) << 20);
 }
 
-MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget) {
+MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quantized_kv) {
   MemoryPlan plan;
   WeightBytes& w = plan.weights;
   const int64_t d = c.d_model, H = c.n_heads, D = c.d_head, B = c.weight_block, hc = c.hc_mult;
@@ -119,8 +122,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget) {
   const int64_t T = budget.max_context, S = budget.max_seqs;
   // A page-table row holds a sequence's ring (window rows, however short the context) or its entries.
   plan.max_pages_per_seq = int(std::max(ceil_div(T, cuda::kKvPageRows), ceil_div(c.window, cuda::kKvPageRows)));
-  const size_t ring_row = cuda::kv_row_nbytes(window_format(c)), comp_row = cuda::kv_row_nbytes(compressed_format(c));
-  const size_t key_row = cuda::kv_row_nbytes(cuda::kv_format_index_key(c.index_head_dim));
+  const KvFormats formats = kv_formats(c, quantized_kv);
+  const size_t ring_row = cuda::kv_row_nbytes(formats.ring), comp_row = cuda::kv_row_nbytes(formats.compressed);
+  const size_t key_row = cuda::kv_row_nbytes(formats.index_key);
   kv.ring_page_nbytes = ring_row * cuda::kKvPageRows;
   kv.compressed_page_nbytes = comp_row * cuda::kKvPageRows;
   kv.index_key_page_nbytes = key_row * cuda::kKvPageRows;

@@ -7,13 +7,15 @@
 // V4 compressors) and for small vectors (norms, mHC, sinks, biases) and the embedding table.
 // A checkpoint that stores an FP32-product weight in BF16 uploads it as BF16, so those entries are
 // upper bounds. Engram tables stay in host memory (engram_tables_host_nbytes).
-// KV rows use the compact formats of cuda/attn/kv_pages.h; pools are whole pages of kKvPageRows rows.
+// KV rows use the compact formats of cuda/attn/kv_pages.h (f32 rows for numerics without fake quant);
+// pools are whole pages of kKvPageRows rows.
 // Tests: tests/gpu/test_engine_plan.cpp.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/attn/kv_pages.h"
 #include "model/config.h"
 
 namespace spw::engine {
@@ -78,6 +80,13 @@ size_t step_arena_nbytes(const ModelConfig& c, int64_t n_rows, int64_t max_conte
 // Widest input of a linear or of the grouped output projection (sizes the linear workspace).
 int max_linear_in(const ModelConfig& c);
 
-MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget);
+// The row formats of the three pools: the reference's compact precisions when the numerics fake-
+// quantize KV (Numerics::fake_quant), else unquantized f32 rows (Numerics::exact()).
+struct KvFormats {
+  cuda::KvRowFormat ring, compressed, index_key;
+};
+KvFormats kv_formats(const ModelConfig& c, bool quantized_kv);
+
+MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quantized_kv = true);
 
 }  // namespace spw::engine

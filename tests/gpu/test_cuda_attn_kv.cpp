@@ -22,6 +22,7 @@ using attn_test::TestPool;
 
 // The reference's fake quant of one row in the given format.
 std::vector<float> fake_quant_row(const cuda::KvRowFormat& f, std::vector<float> x) {
+  if (f.elem == cuda::KvElem::kF32) return x;  // exact rows: stored as given
   if (f.elem == cuda::KvElem::kFp8E4m3) fake_quant_fp8(x.data(), size_t(f.n_quant), size_t(f.block));
   else if (f.scale == cuda::KvScale::kUe8m0) fake_quant_fp4_ue8m0(x.data(), size_t(f.n_quant), size_t(f.block));
   else fake_quant_fp4_e4m3(x.data(), size_t(f.n_quant), size_t(f.block));
@@ -94,6 +95,8 @@ TEST(CudaAttnKv, BytesPerRow) {
   EXPECT_EQ(cuda::kv_row_nbytes(cuda::kv_format_compressed_v41(512)), 288u);
   EXPECT_EQ(cuda::kv_row_nbytes(cuda::kv_format_compressed_v4(512, 64)), 584u);
   EXPECT_EQ(cuda::kv_row_nbytes(cuda::kv_format_index_key(128)), 68u);
+  EXPECT_EQ(cuda::kv_row_nbytes(cuda::kv_format_exact(512)), 2048u);  // f32, no scales
+  EXPECT_EQ(cuda::kv_row_nbytes(cuda::kv_format_exact(7)), 28u);
 }
 
 TEST(CudaAttnKv, PageAllocator) {
@@ -122,6 +125,8 @@ TEST(CudaAttnKv, AwkwardFormatsRoundTrip) {
   run_format("window v4 d=192", cuda::kv_format_window_v4(192, 64), 7, 17, 7);
   run_format("compressed v4.1 d=48", cuda::kv_format_compressed_v41(48), 2, 127, 8);
   run_format("index key d=32", cuda::kv_format_index_key(32), 3, 9, 9);
+  run_format("exact d=512", cuda::kv_format_exact(512), 2, 70, 10);
+  run_format("exact d=7", cuda::kv_format_exact(7), 3, 9, 11);
 }
 
 }  // namespace

@@ -90,7 +90,12 @@ __device__ __forceinline__ uint32_t pow2_ceil_e8m0(float v) {
 // Byte offsets inside a row (layout in kv_pages.h).
 __host__ __device__ __forceinline__ int code_offset(const KvRowFormat& f) { return 2 * f.n_bf16; }
 __host__ __device__ __forceinline__ int scale_offset(const KvRowFormat& f) {
-  return 2 * f.n_bf16 + (f.elem == KvElem::kFp8E4m3 ? f.n_quant : f.n_quant / 2);
+  const int code_bytes = f.elem == KvElem::kF32 ? 4 * f.n_quant : f.elem == KvElem::kFp8E4m3 ? f.n_quant : f.n_quant / 2;
+  return 2 * f.n_bf16 + code_bytes;
+}
+// Scale codes of a row (none for f32 rows).
+__host__ __device__ __forceinline__ int n_scales(const KvRowFormat& f) {
+  return f.elem == KvElem::kF32 ? 0 : f.n_quant / f.block;
 }
 
 __device__ __forceinline__ float scale_value(const KvRowFormat& f, uint32_t code) {
@@ -109,6 +114,7 @@ __device__ __forceinline__ float load_channel(const KvRowFormat& f, const uint8_
     const uint8_t* p = row + 2 * (c - f.n_quant);
     return bf16_bits_to_f32(uint16_t(p[0] | (uint32_t(p[1]) << 8)));
   }
+  if (f.elem == KvElem::kF32) return reinterpret_cast<const float*>(row + code_offset(f))[c];  // 4-aligned: n_bf16 = 0
   const float s = scale_value(f, row[scale_offset(f) + c / f.block]);
   if (f.elem == KvElem::kFp8E4m3) return e4m3_to_f32(row[code_offset(f) + c]) * s;
   const uint32_t byte = row[code_offset(f) + c / 2];
@@ -119,6 +125,11 @@ __device__ __forceinline__ float load_channel(const KvRowFormat& f, const uint8_
 // formats/quant.cpp's fake_quant_fp8 / fake_quant_fp4_ue8m0 / fake_quant_fp4_e4m3 on one block.
 __device__ __forceinline__ void store_block(const KvRowFormat& f, const float* x, int b, uint8_t* row) {
   const int c0 = b * f.block;
+  if (f.elem == KvElem::kF32) {  // unquantized rows: the values as given
+    float* codes = reinterpret_cast<float*>(row + code_offset(f));
+    for (int i = 0; i < f.block; ++i) codes[c0 + i] = x[c0 + i];
+    return;
+  }
   float amax = 0.0f;
   for (int i = 0; i < f.block; ++i) amax = fmaxf(amax, fabsf(x[c0 + i]));
   float s;

@@ -27,7 +27,7 @@ __global__ void kv_write_rows_kernel(KvPages kv, size_t row_nbytes, const float*
     row[2 * c] = uint8_t(h & 0xff);
     row[2 * c + 1] = uint8_t(h >> 8);
   }
-  const int used = kvdev::scale_offset(f) + f.n_quant / f.block;
+  const int used = kvdev::scale_offset(f) + kvdev::n_scales(f);
   for (int p = used + int(threadIdx.x); p < int(row_nbytes); p += blockDim.x) row[p] = 0;
 }
 
@@ -48,9 +48,11 @@ KvRowFormat kv_format_window_v4(int d_head, int d_rope) {
 KvRowFormat kv_format_compressed_v41(int d_head) { return {d_head, 0, 16, KvElem::kFp4E2m1, KvScale::kE4m3}; }
 KvRowFormat kv_format_compressed_v4(int d_head, int d_rope) { return kv_format_window_v4(d_head, d_rope); }
 KvRowFormat kv_format_index_key(int d_index) { return {d_index, 0, 32, KvElem::kFp4E2m1, KvScale::kUe8m0}; }
+// block only splits the copy between the write kernel's threads (no scales).
+KvRowFormat kv_format_exact(int d) { return {d, 0, d % 32 == 0 ? 32 : 1, KvElem::kF32, KvScale::kUe8m0}; }
 
 size_t kv_row_nbytes(const KvRowFormat& f) {
-  const size_t used = size_t(kvdev::scale_offset(f)) + size_t(f.n_quant / f.block);
+  const size_t used = size_t(kvdev::scale_offset(f)) + size_t(kvdev::n_scales(f));
   return (used + 3) / 4 * 4;
 }
 
@@ -58,6 +60,7 @@ bool kv_format_supported(const KvRowFormat& f) {
   if (f.block <= 0 || f.n_quant < 0 || f.n_bf16 < 0 || f.n_quant % f.block != 0) return false;
   if (f.elem == KvElem::kFp4E2m1 && f.block % 2 != 0) return false;
   if (f.elem == KvElem::kFp8E4m3 && f.scale != KvScale::kUe8m0) return false;
+  if (f.elem == KvElem::kF32 && f.n_bf16 != 0) return false;
   const int d = f.n_quant + f.n_bf16;
   return d > 0 && d <= 1024;
 }

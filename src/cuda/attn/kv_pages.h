@@ -11,6 +11,8 @@
 //   compressed entry, V4.1 fp4 e2m1, e4m3 scale per 16 over 512           256 + 32          = 288 B
 //   compressed entry, V4   as the V4 window ring                                              = 584 B
 //   index key (V4, V4.1)   fp4 e2m1, ue8m0 per 32 over 128                64 + 4            =  68 B
+// and, for Numerics::exact() (no fake quant: what Transformers computes in float32), every pool in
+// kv_format_exact: all channels f32, no scales (4·d bytes; codes region only, n_bf16 = 0).
 //
 // Paged pool: one pool per row format (a device buffer of n_pages pages of kKvPageRows rows). Each
 // sequence owns a page table (int32 page ids, device memory, one row of `page_table` per sequence,
@@ -38,7 +40,7 @@ namespace spw::cuda {
 
 constexpr int kKvPageRows = 64;
 
-enum class KvElem : int32_t { kFp8E4m3, kFp4E2m1 };
+enum class KvElem : int32_t { kFp8E4m3, kFp4E2m1, kF32 };
 enum class KvScale : int32_t { kUe8m0, kE4m3 };
 
 struct KvRowFormat {
@@ -55,12 +57,15 @@ KvRowFormat kv_format_window_v4(int d_head, int d_rope);
 KvRowFormat kv_format_compressed_v41(int d_head);
 KvRowFormat kv_format_compressed_v4(int d_head, int d_rope);
 KvRowFormat kv_format_index_key(int d_index);
+// Unquantized rows (Numerics without fake quant): d f32 channels, stored as given.
+KvRowFormat kv_format_exact(int d);
 
 // Channels of a row, and its bytes in the pool (see the table above).
 inline int kv_row_channels(const KvRowFormat& f) { return f.n_quant + f.n_bf16; }
 size_t kv_row_nbytes(const KvRowFormat& f);
 inline size_t kv_page_nbytes(const KvRowFormat& f) { return kv_row_nbytes(f) * kKvPageRows; }
-// Whether the kernels handle this format (n_quant multiple of block, even block for fp4, d ≤ 1024).
+// Whether the kernels handle this format (n_quant multiple of block, even block for fp4, no bf16 tail
+// with f32, d ≤ 1024).
 bool kv_format_supported(const KvRowFormat& f);
 
 // A device view of one pool with its page tables.
