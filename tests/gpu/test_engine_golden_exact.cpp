@@ -128,6 +128,60 @@ TEST(EngineGoldenExact, V41MatchesOracleExact) {
   for (const auto& path : case_files("v41")) run_case(*m, path);
 }
 
+// Per layer, teacher forced, exact numerics on both sides: the CPU runs p17 (prefill, then 4 decode
+// ids) and records every layer's output streams; the GPU runs the same calls with each layer's input
+// replaced by the CPU's, and each layer's output must match the CPU's to 1e-4 of that layer's
+// largest |value| (f32 summation order within one layer: ~1e-6 relative measured for such sums; a
+// wrong op is off by far more). Localises a disagreement to one layer and call.
+void teacher_forced_exact(const std::string& arch) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  auto cpu = load_model(golden::fixture_dir(arch) + "/model", Numerics::exact());
+  ASSERT_TRUE(cpu.ok()) << cpu.error().message;
+  auto gpu = load_exact(arch);
+  ASSERT_TRUE(gpu);
+  auto file = SafetensorsFile::open(golden::fixture_dir(arch) + "/cases/p17.safetensors");
+  ASSERT_TRUE(file.ok()) << file.error().message;
+  const auto prompt = golden::read_ids(**file, "prompt_ids");
+  auto decode_ids = golden::read_ids(**file, "decode_ids");
+  decode_ids.resize(std::min<size_t>(decode_ids.size(), 4));
+  std::vector<std::vector<int32_t>> calls{prompt};
+  for (int32_t id : decode_ids) calls.push_back({id});
+
+  const int n_layers = (*cpu)->config().n_layers;
+  SequenceState cseq = (*cpu)->new_sequence();
+  auto gseq = gpu->new_sequence();
+  ASSERT_TRUE(gseq.ok()) << gseq.error().message;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    std::vector<std::vector<float>> want(n_layers);
+    ForwardOptions copts;
+    copts.on_layer = [&](int l, const std::vector<float>& x) { want[l] = x; };
+    ASSERT_TRUE((*cpu)->forward(cseq, calls[k], copts).ok());
+    ForwardOptions gopts;
+    gopts.before_layer = [&](int l, std::vector<float>& x) {
+      if (l > 0) x = want[l - 1];
+    };
+    gopts.on_layer = [&](int l, const std::vector<float>& got) {
+      ASSERT_EQ(got.size(), want[l].size());
+      float max_abs = 0, max_diff = 0;
+      size_t at = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        max_abs = std::max(max_abs, std::fabs(want[l][i]));
+        const float diff = std::fabs(got[i] - want[l][i]);
+        if (!(diff <= max_diff)) max_diff = diff, at = i;  // NaN lands here too
+      }
+      std::printf("  [gpu exact %s] call %zu layer %d: max|d| %.2e of max|x| %.2e\n", arch.c_str(), k, l, max_diff,
+                  max_abs);
+      EXPECT_LE(max_diff, 1e-4f * max_abs) << arch << " call " << k << " layer " << l << ": flat index " << at
+                                           << " GPU " << got[at] << " vs CPU " << want[l][at];
+    };
+    auto r = gpu->forward(*gseq, calls[k], gopts);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+  }
+}
+
+TEST(EngineGoldenExact, V4TeacherForcedLayers) { teacher_forced_exact("v4"); }
+TEST(EngineGoldenExact, V41TeacherForcedLayers) { teacher_forced_exact("v41"); }
+
 // Every combination of the Numerics flags loads: the KV formats follow fake_quant, the products
 // bf16_activations (only EXL3 experts without bf16 activations are refused, see gpu_model.h).
 TEST(EngineGoldenExact, LoadsWithAnyNumerics) {
