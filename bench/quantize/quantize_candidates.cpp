@@ -1,24 +1,30 @@
-// quantize_candidates: what the per-tensor candidate search (QuantizeParams::alternatives:
-// regularisation strengths and sign draws) buys over one quantization, on the CPU quantizer, for
+// quantize_candidates: what the per-tensor candidate search (QuantizeParams::alternatives: regularisation
+// strengths, sign draws, global-scale multipliers) and the polish of its winner buy, on the CPU quantizer, for
 // W/H dumps written by `spillway quantize --dump-wh DIR` (W [k][n] f32, H [k][k] f32).
-// Each candidate is run alone (candidate_params) with the sign seed the pack gives the tensor
-// (tensor_seed from the stem model.layers.L.ffn.experts.E.wP, --seed 0), so column "#0" is what
-// `--single-candidate` writes and "best" is what the default writes (lowest proxy error
-// tr(ΔWᵀHΔW)/tr(WᵀHW) on the undamped H, ties to the earlier). Reference errors for the same
-// W/H (e.g. exllamav3's, bench/results/exl3_h200.md) can be given as "stem=value" arguments.
+// It runs the search of quantize_search step by step, with the sign seed the pack gives the tensor (tensor_seed
+// from the stem model.layers.L.ffn.experts.E.wP, --seed 0): each candidate alone (candidate_params), without the
+// polish when there are several (columns #c), then the winner again with the polish ("polished winner"); "best"
+// is what the default (`spillway quantize`) writes: the lower of the two (lowest proxy error
+// tr(ΔWᵀHΔW)/tr(WᵀHW) on the undamped H, ties to the earlier). With one candidate (--cands of one) column #0 is
+// that candidate with the polish, what `--single-candidate` writes. Reference errors for the same W/H (e.g.
+// exllamav3's, bench/results/raw/compare_wide_*.md) can be given as "stem=value" arguments.
 // --cands σ:signs:mult,... replaces the default candidate list (experiments; the first is #0, its signs
 // offset is taken as 0).
 // --device cuda (CUDA builds): the CUDA quantizer, one Exl3CudaQuantizer per thread (its LDL is cuSOLVER's,
 // so its errors match the CPU's to ~1e-3 relative, not bit for bit; tests/gpu/test_quantize_cuda.cpp).
-// --scale-tiles N sets QuantizeParams::scale_sample_tiles.
-// --json FILE writes {stem: {"err": [per candidate], "best": value}} for tools/quantize/compare_wide.py.
-// Usage: quantize_candidates --bits K [--threads T] [--device cpu|cuda] [--cands ...] [--scale-tiles N] [--json FILE]
-//        FILE.safetensors... [stem=err...]
+// --scale-tiles N sets QuantizeParams::scale_sample_tiles; --polish N sets QuantizeParams::polish_passes
+// (0: no polish, the search as before 2026-12-03).
+// --json FILE writes {stem: {"err": [per candidate], "polished": value or -1, "best": value}} for
+// tools/quantize/compare_wide.py.
+// Usage: quantize_candidates --bits K [--threads T] [--device cpu|cuda] [--cands ...] [--scale-tiles N]
+//        [--polish N] [--json FILE] FILE.safetensors... [stem=err...]
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -75,12 +81,14 @@ int main(int argc, char** argv) {
   std::vector<spw::quant::QuantizeCandidate> custom;
   std::string json_path;
   int scale_tiles = 0;  // 0: QuantizeParams' default
+  int polish = -1;      // -1: QuantizeParams' default
   std::string device = "cpu";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--bits" && i + 1 < argc) bits = std::atoi(argv[++i]);
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (a == "--scale-tiles" && i + 1 < argc) scale_tiles = std::atoi(argv[++i]);
+    else if (a == "--polish" && i + 1 < argc) polish = std::atoi(argv[++i]);
     else if (a == "--device" && i + 1 < argc) device = argv[++i];
     else if (a == "--cands" && i + 1 < argc) {
       const std::string list = argv[++i];
@@ -123,6 +131,7 @@ int main(int argc, char** argv) {
   spw::quant::QuantizeParams base;
   base.bits = bits;
   if (scale_tiles > 0) base.scale_sample_tiles = scale_tiles;
+  if (polish >= 0) base.polish_passes = polish;
   if (!custom.empty()) {
     base.sigma_reg = custom[0].sigma_reg;
     base.scale_mult = custom[0].scale_mult;
@@ -130,66 +139,94 @@ int main(int argc, char** argv) {
   }
   const std::vector<spw::quant::QuantizeCandidate> cands = spw::quant::quantize_candidates(base, true);
   const size_t nc = cands.size();
-  // err[t][c]: dump t quantized as candidate c alone.
+  // Phase 1, err[t][c]: dump t quantized as candidate c alone, without the polish when there are several
+  // (quantize_search compares them so); phase 2, polished[t]: the winner again with the polish. "best" is then
+  // what exl3_quantize_tensor returns for the whole list (min of the two; one candidate: the polished run).
   std::vector<std::vector<double>> err(dumps.size(), std::vector<double>(nc, 0));
-  std::atomic<size_t> next{0};
+  std::vector<double> polished(dumps.size(), NAN);
+  std::vector<size_t> winner(dumps.size(), 0);
   std::atomic<bool> failed{false};
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&] {
+  // Runs job i → (dump, params) on `threads` workers; store(i, proxy error).
+  auto run_jobs = [&](size_t n_jobs, const std::function<std::pair<size_t, spw::quant::QuantizeParams>(size_t)>& job_of,
+                      const std::function<void(size_t, double)>& store) {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&] {
 #if defined(SPW_HAVE_QUANTIZE_CUDA)
-      auto gpu = device == "cuda" ? spw::quant::Exl3CudaQuantizer::create()
-                                  : spw::Result<std::unique_ptr<spw::quant::Exl3CudaQuantizer>>(
-                                        std::unique_ptr<spw::quant::Exl3CudaQuantizer>{});
-      if (!gpu.ok()) {
-        std::fprintf(stderr, "quantize_candidates: %s\n", gpu.error().message.c_str());
-        failed = true;
-        return;
-      }
-#endif
-      for (size_t job; (job = next++) < dumps.size() * nc;) {
-        const Dump& d = dumps[job / nc];
-        spw::quant::QuantizeParams p = base;
-        p.seed = d.seed;
-        const spw::quant::QuantizeParams cp = spw::quant::candidate_params(p, cands[job % nc]);
-#if defined(SPW_HAVE_QUANTIZE_CUDA)
-        auto q = *gpu ? (*gpu)->quantize(d.w.data(), d.k, d.n, d.h, cp)
-                      : spw::quant::exl3_quantize_tensor(d.w.data(), d.k, d.n, d.h, cp);
-#else
-        auto q = spw::quant::exl3_quantize_tensor(d.w.data(), d.k, d.n, d.h, cp);
-#endif
-        if (!q.ok()) {
-          std::fprintf(stderr, "quantize_candidates: %s: %s\n", d.stem.c_str(), q.error().message.c_str());
+        auto gpu = device == "cuda" ? spw::quant::Exl3CudaQuantizer::create()
+                                    : spw::Result<std::unique_ptr<spw::quant::Exl3CudaQuantizer>>(
+                                          std::unique_ptr<spw::quant::Exl3CudaQuantizer>{});
+        if (!gpu.ok()) {
+          std::fprintf(stderr, "quantize_candidates: %s\n", gpu.error().message.c_str());
           failed = true;
-          continue;
+          return;
         }
-        err[job / nc][job % nc] = q->proxy_err;
-      }
-    });
-  for (auto& th : pool) th.join();
+#endif
+        for (size_t job; (job = next++) < n_jobs;) {
+          const auto [di, cp] = job_of(job);
+          const Dump& d = dumps[di];
+#if defined(SPW_HAVE_QUANTIZE_CUDA)
+          auto q = *gpu ? (*gpu)->quantize(d.w.data(), d.k, d.n, d.h, cp)
+                        : spw::quant::exl3_quantize_tensor(d.w.data(), d.k, d.n, d.h, cp);
+#else
+          auto q = spw::quant::exl3_quantize_tensor(d.w.data(), d.k, d.n, d.h, cp);
+#endif
+          if (!q.ok()) {
+            std::fprintf(stderr, "quantize_candidates: %s: %s\n", d.stem.c_str(), q.error().message.c_str());
+            failed = true;
+            continue;
+          }
+          store(job, q->proxy_err);
+        }
+      });
+    for (auto& th : pool) th.join();
+  };
+  auto params_of = [&](size_t di, size_t c, bool polish_it) {
+    spw::quant::QuantizeParams p = base;
+    p.seed = dumps[di].seed;
+    p = spw::quant::candidate_params(p, cands[c]);
+    if (!polish_it) p.polish_passes = 0;
+    return p;
+  };
+  run_jobs(
+      dumps.size() * nc, [&](size_t j) { return std::make_pair(j / nc, params_of(j / nc, j % nc, nc == 1)); },
+      [&](size_t j, double e) { err[j / nc][j % nc] = e; });
   if (failed) return 1;
+  const bool phase2 = nc > 1 && base.polish_passes > 0;
+  for (size_t t = 0; t < dumps.size(); ++t)
+    winner[t] = size_t(std::min_element(err[t].begin(), err[t].end()) - err[t].begin());
+  if (phase2)
+    run_jobs(
+        dumps.size(), [&](size_t t) { return std::make_pair(t, params_of(t, winner[t], true)); },
+        [&](size_t t, double e) { polished[t] = e; });
+  if (failed) return 1;
+  auto best_of = [&](size_t t) { return phase2 ? std::min(err[t][winner[t]], polished[t]) : err[t][winner[t]]; };
   std::printf("| tensor | K |");
   for (size_t c = 0; c < nc; ++c) std::printf(" #%zu σ=%g signs+%llu ×%g |", c, cands[c].sigma_reg, (unsigned long long)cands[c].seed_offset, cands[c].scale_mult);
-  std::printf(" best | kept | best/#0 |%s\n|---|---|", ref.empty() ? "" : " reference | best/reference |");
-  for (size_t c = 0; c < nc + 3 + (ref.empty() ? 0 : 2); ++c) std::printf("---|");
+  std::printf(" polished winner | best | kept | best/#0 |%s\n|---|---|", ref.empty() ? "" : " reference | best/reference |");
+  for (size_t c = 0; c < nc + 4 + (ref.empty() ? 0 : 2); ++c) std::printf("---|");
   std::printf("\n");
   double sum_first = 0, sum_best = 0, sum_ref = 0, sum_best_ref = 0;
   int wins_ref = 0, wins_ref_first = 0, n_ref = 0;
   std::vector<int> kept(nc, 0);
   for (size_t t = 0; t < dumps.size(); ++t) {
-    const size_t b = size_t(std::min_element(err[t].begin(), err[t].end()) - err[t].begin());
+    const size_t b = winner[t];
+    const double best = best_of(t);
     ++kept[b];
     std::printf("| %s | %d |", dumps[t].stem.c_str(), bits);
     for (double e : err[t]) std::printf(" %.6f |", e);
-    std::printf(" %.6f | #%zu | %.4f |", err[t][b], b, err[t][b] / err[t][0]);
+    if (phase2) std::printf(" %.6f |", polished[t]);
+    else std::printf(" - |");
+    std::printf(" %.6f | #%zu | %.4f |", best, b, best / err[t][0]);
     sum_first += err[t][0];
-    sum_best += err[t][b];
+    sum_best += best;
     if (auto it = ref.find(dumps[t].stem); it != ref.end()) {
-      std::printf(" %.6f | %.4f |", it->second, err[t][b] / it->second);
+      std::printf(" %.6f | %.4f |", it->second, best / it->second);
       sum_ref += it->second;
-      sum_best_ref += err[t][b];
+      sum_best_ref += best;
       ++n_ref;
-      wins_ref += err[t][b] <= it->second;
+      wins_ref += best <= it->second;
       wins_ref_first += err[t][0] <= it->second;
     }
     std::printf("\n");
@@ -204,19 +241,21 @@ int main(int argc, char** argv) {
     for (size_t t = 0; t < dumps.size(); ++t) {
       std::fprintf(f, "%s\n \"%s\": {\"err\": [", t ? "," : "", dumps[t].stem.c_str());
       for (size_t c = 0; c < nc; ++c) std::fprintf(f, "%s%.9g", c ? ", " : "", err[t][c]);
-      std::fprintf(f, "], \"best\": %.9g}", *std::min_element(err[t].begin(), err[t].end()));
+      std::fprintf(f, "], \"polished\": %.9g, \"best\": %.9g}", phase2 ? polished[t] : -1.0, best_of(t));
     }
     std::fprintf(f, "}}\n");
     std::fclose(f);
   }
   const double nd = double(dumps.size());
-  std::printf("\nK=%d mean proxy error: one candidate (#0) %.6f, best of %zu %.6f (%.2f%% lower); kept:", bits,
-              sum_first / nd, nc, sum_best / nd, 100.0 * (1 - sum_best / sum_first));
+  std::printf("\nK=%d mean proxy error: candidate #0%s %.6f, default (best of %zu%s) %.6f (%.2f%% lower); kept:", bits,
+              phase2 ? " unpolished" : "", sum_first / nd, nc, phase2 ? ", winner polished" : "", sum_best / nd,
+              100.0 * (1 - sum_best / sum_first));
   for (size_t c = 0; c < nc; ++c) std::printf(" #%zu %d", c, kept[c]);
   std::printf("\n");
   if (n_ref > 0)
     std::printf("K=%d vs reference (%d tensors): reference mean %.6f, best mean %.6f; best <= reference on %d/%d "
-                "(one candidate: %d/%d)\n",
-                bits, n_ref, sum_ref / n_ref, sum_best_ref / n_ref, wins_ref, n_ref, wins_ref_first, n_ref);
+                "(candidate #0%s: %d/%d)\n",
+                bits, n_ref, sum_ref / n_ref, sum_best_ref / n_ref, wins_ref, n_ref, phase2 ? " unpolished" : "",
+                wins_ref_first, n_ref);
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "quantize/exl3_polish.h"
 #include "quantize/trellis_encode.h"
 
 namespace spw::quant {
@@ -198,6 +199,28 @@ std::vector<QuantizeCandidate> quantize_candidates(const QuantizeParams& prm, bo
   return c;
 }
 
+Result<QuantizedTensor> quantize_search(const QuantizeParams& prm, bool h_usable,
+                                        const std::function<Result<QuantizedTensor>(const QuantizeParams&)>& one) {
+  const std::vector<QuantizeCandidate> cands = quantize_candidates(prm, h_usable);
+  Result<QuantizedTensor> best = make_error("no candidate");
+  for (size_t i = 0; i < cands.size(); ++i) {
+    QuantizeParams p = candidate_params(prm, cands[i]);
+    if (cands.size() > 1) p.polish_passes = 0;
+    auto r = one(p);
+    if (!r.ok()) return r.error();
+    r->candidate = int(i);
+    if (!best.ok() || r->proxy_err < best->proxy_err) best = std::move(r);
+  }
+  if (cands.size() > 1 && prm.polish_passes > 0) {
+    auto r = one(candidate_params(prm, cands[size_t(best->candidate)]));
+    if (!r.ok()) return r.error();
+    r->candidate = best->candidate;
+    if (r->proxy_err < best->proxy_err) best = std::move(r);
+  }
+  best->candidates = int(cands.size());
+  return best;
+}
+
 uint64_t tensor_seed(uint64_t seed, int layer, int expert, int w) {
   uint64_t z = seed ^ (uint64_t(layer) << 40) ^ (uint64_t(expert) << 8) ^ uint64_t(w);
   z = (z ^ (z >> 33)) * 0xff51afd7ed558ccdull;
@@ -382,6 +405,11 @@ Result<QuantizedTensor> quantize_one(const float* w, int64_t k, int64_t n, const
         }
     }
   }
+  // 7b. Polish: block coordinate descent on the LDLQ result (exl3_polish.h).
+  if (!l.empty()) {
+    for (int pass = 0; pass < prm.polish_passes; ++pass) polish_pass(hi, t, q, delta, out.trellis, enc, k, n);
+    out.polish_passes = prm.polish_passes;
+  }
   out.inner.resize(q.size());
   for (size_t i = 0; i < q.size(); ++i) out.inner[i] = float(q[i]);
 
@@ -484,15 +512,9 @@ Result<QuantizedTensor> exl3_quantize_tensor(const float* w, int64_t k, int64_t 
   if (!h_in.empty() && h_in.size() != size_t(k * k)) return make_error("Hessian has ", h_in.size(), " entries, expected ", k * k);
   for (int64_t i = 0; i < k * n; ++i)
     if (!std::isfinite(w[i])) return make_error("weight has a non-finite value at [", i / n, ", ", i % n, "]");
-  const std::vector<QuantizeCandidate> cands = quantize_candidates(prm, hessian_usable(h_in, k));
-  Result<QuantizedTensor> best = make_error("no candidate");
-  for (size_t i = 0; i < cands.size(); ++i) {
-    auto r = quantize_one(w, k, n, h_in, candidate_params(prm, cands[i]));
-    if (!r.ok()) return r.error();
-    r->candidate = int(i);
-    if (!best.ok() || r->proxy_err < best->proxy_err) best = std::move(r);
-  }
-  best->candidates = int(cands.size());
+  auto best = quantize_search(prm, hessian_usable(h_in, k),
+                              [&](const QuantizeParams& p) { return quantize_one(w, k, n, h_in, p); });
+  if (!best.ok()) return best;
   best->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return best;
 }

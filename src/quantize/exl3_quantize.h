@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "base/status.h"
@@ -47,6 +48,13 @@ struct QuantizeParams {
   bool ldlq = true;                              // false: plain per-tile search (no feedback)
   bool refit = true;                             // §4.5 least-squares scale refit
   int refit_rounds = 2;
+  // Passes of block coordinate descent after LDLQ (exl3_polish.h): each 16-row block re-encoded
+  // against the final errors of all other blocks, kept per tile only where it lowers LDLQ's
+  // objective. A pass costs one more trellis encode per tile. With several candidates, the
+  // candidates are compared unpolished and only the winner is quantized again with the polish
+  // (quantize_search): on the 48 demo tuning tensors that kept nearly all of the gain of polishing
+  // every candidate at 3/4 of the cost (bench/results/quantize_wide_2026-12-03.md).
+  int polish_passes = 1;
   int scale_sample_tiles = 4;                    // tiles used by the global-scale search (5 scales each)
 };
 
@@ -69,6 +77,7 @@ struct QuantizedTensor {
   double scale_mult = 1;               // the global-scale multiplier kept
   int candidate = 0;                   // index of the kept candidate in quantize_candidates()
   int candidates = 1;                  // how many were tried
+  int polish_passes = 0;               // polish passes run on the kept result (0: none, or no LDLQ)
   double seconds = 0;                  // all candidates together
 
   // A reader view (borrows trellis) for decode/matmul with formats/exl3.
@@ -81,6 +90,12 @@ Result<QuantizedTensor> exl3_quantize_tensor(const float* w, int64_t k, int64_t 
 // The candidates exl3_quantize_tensor (and its CUDA twin) tries, in order: {sigma_reg, 0}, then
 // params.alternatives when h_usable.
 std::vector<QuantizeCandidate> quantize_candidates(const QuantizeParams& params, bool h_usable);
+// The per-tensor search of exl3_quantize_tensor and its CUDA twin, around `one` (one candidate's
+// whole quantization): one candidate → it, with params.polish_passes. Several → each without the
+// polish, the lowest proxy error kept (ties: the earlier); then, when params.polish_passes > 0,
+// that winner again with the polish, kept if its proxy error is lower. Sets candidate/candidates.
+Result<QuantizedTensor> quantize_search(const QuantizeParams& params, bool h_usable,
+                                        const std::function<Result<QuantizedTensor>(const QuantizeParams&)>& one);
 // The params of one candidate alone (sigma_reg, seed and scale_mult set, no alternatives).
 QuantizeParams candidate_params(const QuantizeParams& params, const QuantizeCandidate& c);
 // The sign seed `spillway quantize` gives expert projection w (1..3) of (layer, expert).

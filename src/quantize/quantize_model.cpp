@@ -335,8 +335,12 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
   QuantizeParams default_params;
   if (o.single_candidate) default_params.alternatives.clear();
   const double n_candidates = double(quantize_candidates(default_params, !o.identity_hessian).size());
-  // + global-scale search (5 scales × 4 tiles), once per regularisation candidate
-  const double tiles_per_tensor = (double(kd / 16 * (kf / 16)) + 20) * n_candidates;
+  // + global-scale search (5 scales × 4 tiles), once per candidate; the polish (calibrated only) re-encodes every
+  // tile once per pass, and with several candidates runs on the winner quantized again (quantize_search).
+  const double tiles = double(kd / 16 * (kf / 16));
+  const double passes = o.identity_hessian ? 0.0 : double(default_params.polish_passes);
+  const double tiles_per_tensor = (tiles + 20) * n_candidates +
+                                  (passes == 0 ? 0.0 : n_candidates > 1 ? tiles * (1 + passes) + 20 : tiles * passes);
   const double est_seconds = tile_seconds * tiles_per_tensor * n_tensors / threads;
 
   auto plan_text = [&] {

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "quantize/cuda/cuda_check.h"
+#include "quantize/exl3_polish.h"
 
 namespace spw::quant {
 namespace {
@@ -187,16 +188,10 @@ Result<QuantizedTensor> Exl3CudaQuantizer::quantize(const float* w, int64_t k, i
   if (!h_in.empty() && h_in.size() != size_t(k * k)) return make_error("Hessian has ", h_in.size(), " entries, expected ", k * k);
   for (int64_t i = 0; i < k * n; ++i)
     if (!std::isfinite(w[i])) return make_error("weight has a non-finite value at [", i / n, ", ", i % n, "]");
-  // The CPU's candidate loop (exl3_quantize_tensor): same strengths, same order, same tie rule.
-  const std::vector<QuantizeCandidate> cands = quantize_candidates(prm, hessian_usable(h_in, k));
-  Result<QuantizedTensor> best = make_error("no candidate");
-  for (size_t i = 0; i < cands.size(); ++i) {
-    auto r = quantize_one(w, k, n, h_in, candidate_params(prm, cands[i]));
-    if (!r.ok()) return r.error();
-    r->candidate = int(i);
-    if (!best.ok() || r->proxy_err < best->proxy_err) best = std::move(r);
-  }
-  best->candidates = int(cands.size());
+  // The CPU's candidate search (quantize_search): same candidates, order, tie rule and polished winner.
+  auto best = quantize_search(prm, hessian_usable(h_in, k),
+                              [&](const QuantizeParams& p) { return quantize_one(w, k, n, h_in, p); });
+  if (!best.ok()) return best;
   best->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return best;
 }
@@ -364,7 +359,8 @@ Result<QuantizedTensor> Exl3CudaQuantizer::quantize_one(const float* w, int64_t 
     }
     if (!have_l) out.fell_back_to_identity = true;
   }
-  d_hi.reset();  // the rotated Hessian is not needed past the LDL
+  const bool polish = have_l && prm.polish_passes > 0;
+  if (!polish) d_hi.reset();  // the rotated Hessian is not needed past the LDL (and the polish)
 
   // 7. LDLQ: 16-row blocks from the last up, all tiles of a block in one Viterbi launch.
   DevBuf<double> d_q, d_delta;
@@ -386,6 +382,58 @@ Result<QuantizedTensor> Exl3CudaQuantizer::quantize_one(const float* w, int64_t 
   QCUDA_TRY(cudaGetLastError());
   out.trellis.resize(size_t(n_tk * n_tn * words));
   SPW_TRY(download(out.trellis, d_words.p, s));
+
+  // 7b. Polish (exl3_polish.h): G = hi·Δ stays on the GPU; per block, the host downloads its rows,
+  // makes the targets and the keep decisions with the CPU's functions, the GPU encodes the tiles.
+  for (int pass = 0; polish && pass < prm.polish_passes; ++pass) {
+    DevBuf<double> d_g, d_dnew;
+    SPW_TRY(d_g.alloc(kn, s));
+    SPW_TRY(d_dnew.alloc(16 * n, s));
+    SPW_TRY(gemm_cuda(ctx_, d_hi.p, d_delta.p, d_g.p, k, k, n));
+    const size_t rows = size_t(16 * n);
+    std::vector<double> g_rows(rows), t_rows(rows), delta_rows(rows), q_rows(rows), d_new(rows), h_block(256);
+    std::vector<float> tiles, tc(size_t(n_tn * 256));
+    std::vector<uint16_t> states(size_t(n_tn * 256));
+    PolishBlock block;
+    float dec[256];
+    for (int64_t tk = 0; tk < n_tk; ++tk) {
+      const int64_t r0 = tk * 16;
+      QCUDA_TRY(cudaMemcpy2DAsync(h_block.data(), 16 * sizeof(double), d_hi.p + r0 * k + r0, size_t(k) * sizeof(double),
+                                  16 * sizeof(double), 16, cudaMemcpyDeviceToHost, s));
+      QCUDA_TRY(cudaMemcpyAsync(t_rows.data(), d_t.p + r0 * n, rows * sizeof(double), cudaMemcpyDeviceToHost, s));
+      QCUDA_TRY(cudaMemcpyAsync(delta_rows.data(), d_delta.p + r0 * n, rows * sizeof(double), cudaMemcpyDeviceToHost, s));
+      QCUDA_TRY(cudaMemcpyAsync(q_rows.data(), d_q.p + r0 * n, rows * sizeof(double), cudaMemcpyDeviceToHost, s));
+      SPW_TRY(download(g_rows, d_g.p + r0 * n, s));
+      polish_block_targets(h_block.data(), g_rows.data(), t_rows.data(), delta_rows.data(), n, block, tiles);
+      for (int64_t tn = 0; tn < n_tn; ++tn)  // row-major tiles → tensor-core order (the encoder's input)
+        for (int p = 0; p < 256; ++p) tc[size_t(tn * 256 + p)] = tiles[size_t(tn * 256 + exl3_perm_row(p) * 16 + exl3_perm_col(p))];
+      SPW_TRY(upload(d_targets.p, tc, s));
+      SPW_TRY(trellis_encode_tiles_cuda(d_targets.p, int(n_tn), d_states.p, trellis_, s));
+      SPW_TRY(download(states, d_states.p, s));
+      std::fill(d_new.begin(), d_new.end(), 0.0);
+      bool changed = false;
+      for (int64_t tn = 0; tn < n_tn; ++tn) {
+        const uint16_t* st = &states[size_t(tn * 256)];
+        for (int p = 0; p < 256; ++p) dec[exl3_perm_row(p) * 16 + exl3_perm_col(p)] = lut[st[p]];
+        if (!polish_tile_improves(block, t_rows.data(), delta_rows.data(), tn, dec)) continue;
+        changed = true;
+        exl3_pack_tile(st, prm.bits, &out.trellis[size_t((tk * n_tn + tn) * words)]);
+        polish_tile_keep(t_rows.data(), n, tn, dec, q_rows.data(), delta_rows.data(), d_new.data());
+      }
+      if (!changed) continue;
+      SPW_TRY(upload(d_q.p + r0 * n, q_rows, s));
+      SPW_TRY(upload(d_delta.p + r0 * n, delta_rows, s));
+      SPW_TRY(upload(d_dnew.p, d_new, s));
+      // G += hi[:, block]·(Δ_new − Δ_old). Column-major view: Gᵀ [n][k] += (Δ_new − Δ_old)ᵀ [n][16] ·
+      // hi[:, block]ᵀ [16][k], the latter being hi's row-major storage from column r0 (ld k).
+      const double one = 1.0;
+      QCUBLAS_TRY(cublasDgemm(ctx_.blas, CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(k), 16, &one, d_dnew.p, int(n),
+                              d_hi.p + r0, int(k), &one, d_g.p, int(n)));
+    }
+    QCUDA_TRY(cudaStreamSynchronize(s));  // the host row buffers die here; pageable uploads are staged already
+  }
+  if (polish) out.polish_passes = prm.polish_passes;
+  d_hi.reset();
   {
     DevBuf<float> d_inner;
     SPW_TRY(d_inner.alloc(kn, s));
