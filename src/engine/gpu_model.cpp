@@ -403,6 +403,10 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
                       options.budget.max_step_tokens);
   auto config = read_model_config(model_dir);
   if (!config.ok()) return config.error();
+  if (!config->is_v41() && numerics.fake_quant && !numerics.bf16_activations)
+    return make_error("load_gpu_model: V4 with fake quant but without bf16 activations is not supported on the GPU: "
+                      "its quantized KV rows keep the RoPE channels in bf16, where this CPU mode keeps f32 (use "
+                      "Numerics::reference() or Numerics::exact())");
   // The GPU uploads the routed experts' stored bytes (MXFP4 or EXL3 trellis): no f32 host copy of
   // them, which at full width would be ~54 GB per layer (and an EXL3 decode of ~37 min per layer).
   LoadOptions load;
@@ -471,7 +475,8 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
   st.exl3_moe.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     // EXL3 experts compute x·Ŵ from fp16 operands (cuda/exl3_gemm.h): not an f32 product.
-    if (!numerics.bf16_activations && !st.w->layers[l].experts.empty() && st.w->layers[l].experts[0].is_exl3())
+    const DeviceLayer& dl = st.w->layers[l];
+    if (!numerics.bf16_activations && (dl.shared.is_exl3() || (!dl.experts.empty() && dl.experts[0].is_exl3())))
       return make_error("load_gpu_model: numerics without bf16 activations (Numerics::exact()) need dense routed "
                         "experts; layer ", l, " has EXL3 experts, which the GPU multiplies in fp16");
     SPW_TRY(expert_table_build(st.w->layers[l].experts, st.expert_tables[l]));

@@ -8,12 +8,14 @@
 //   pass 1:  warps take rows j = warp, warp + 16, ...; lanes stride over the channels (q in shared
 //            memory) and reduce the dot product with shuffles; the logits stay in shared memory; the
 //            exact max over them is a block reduction; then p_j = exp(ℓ_j − m) once per row;
-//   pass 2:  warp w owns the contiguous rows [w·c, (w+1)·c) (c = ⌈rows/16⌉) and each lane the channels
-//            lane, lane + 32, ...; it accumulates p̃_j·c_j and Σ p_j in row order; the 16 partial sums
-//            are then added in warp order (shared memory) and divided by Σ p + exp(sink − m).
-// The summation order is fixed (it depends on the row count only), so a query's result does not
-// depend on the other queries of the call; it differs from the reference's single running sum by
-// f32 rounding only. The first version (one 128-thread block walking every row serially in pass 2)
+//   pass 2:  rows go to warps in chunks of kPass2Chunk: chunk q to warp q mod 16; each lane owns the
+//            channels lane, lane + 32, ...; a warp accumulates p̃_j·c_j and Σ p_j over its chunks in
+//            row order; the 16 partial sums are then added in warp order (shared memory) and divided
+//            by Σ p + exp(sink − m).
+// Which warp sums a row depends on the row's index only — not on the row count, which grows with
+// padding (V4's HCA selections are padded with −1 to the longest sequence of the step) — so a query's
+// result does not depend on the other queries of the call; it differs from the reference's single
+// running sum by f32 rounding only. The first version (one 128-thread block walking every row serially in pass 2)
 // took 1.4 ms per decode call at 1 K context on the H200 (bench/results/engine_h200.md, session 5).
 // Rows are dequantized on the fly in both passes (read twice; the second read mostly hits L2).
 // Tests: tests/gpu/test_cuda_attn_sparse.cpp.
@@ -30,6 +32,7 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxChannelsPerLane = 1024 / 32;
+constexpr int kPass2Chunk = 8;  // rows per chunk of pass 2 (chunk q goes to warp q mod kWarps)
 
 Error cuda_error(const char* what, cudaError_t e) { return make_error("CUDA ", what, ": ", cudaGetErrorString(e)); }
 
@@ -143,19 +146,20 @@ __global__ void __launch_bounds__(kThreads) sparse_attn_kernel(SparseAttnArgs a,
 #pragma unroll
   for (int k = 0; k < kMaxChannelsPerLane; ++k) acc[k] = 0.f;
   float denom = 0.f;
-  const int64_t per_warp = (n_rows + kWarps - 1) / kWarps;
-  const int64_t j0 = int64_t(warp) * per_warp, j1 = j0 + per_warp < n_rows ? j0 + per_warp : n_rows;
-  for (int64_t j = j0; j < j1; ++j) {
-    const RowKind kind = RowKind(kinds[j]);
-    if (kind == kSkipped) continue;
-    const void* ptr = row_ptrs[j];
-    const float p = logits[j];
-    denom += p;
-    const float pv = a.round_p_bf16 ? kvdev::bf16_round(p) : p;
+  for (int64_t c0 = int64_t(warp) * kPass2Chunk; c0 < n_rows; c0 += int64_t(kWarps) * kPass2Chunk) {
+    const int64_t c1 = c0 + kPass2Chunk < n_rows ? c0 + kPass2Chunk : n_rows;
+    for (int64_t j = c0; j < c1; ++j) {
+      const RowKind kind = RowKind(kinds[j]);
+      if (kind == kSkipped) continue;
+      const void* ptr = row_ptrs[j];
+      const float p = logits[j];
+      denom += p;
+      const float pv = a.round_p_bf16 ? kvdev::bf16_round(p) : p;
 #pragma unroll
-    for (int k = 0; k < kMaxChannelsPerLane; ++k) {
-      const int c = lane + k * 32;
-      if (c < d) acc[k] += pv * row_channel(a, kind, ptr, c);
+      for (int k = 0; k < kMaxChannelsPerLane; ++k) {
+        const int c = lane + k * 32;
+        if (c < d) acc[k] += pv * row_channel(a, kind, ptr, c);
+      }
     }
   }
 #pragma unroll

@@ -17,8 +17,10 @@
 //
 // Contract: device pointers. q [n_q, n_heads, d_head] f32, out [n_q, n_heads, d_head] f32
 // (overwritten, no aliasing). Logits stay in shared memory: window + sel_stride ≤ kSparseAttnMaxRows.
-// Numerics: exact max (two passes), fp32 throughout; p_j·c_j accumulated over j in the reference's
-// order, so results differ from the CPU only by the dot-product summation order and expf vs exp.
+// Numerics: exact max (two passes), fp32 throughout; p_j·c_j accumulated in 16 partial sums (rows
+// dealt to them in chunks of 8 by row index, so padding rows change nothing) added in a fixed order,
+// so results differ from the CPU only by summation order and expf vs exp, and never depend on the
+// other queries of the call.
 // Limits: d_head ≤ 1024 (formats as kv_format_supported), n_heads ≥ 1.
 // Tests: tests/gpu/test_cuda_attn_sparse.cpp.
 #pragma once
