@@ -50,13 +50,13 @@ struct Compared {
 
 // Prefill of the whole prompt on both engines, all logits, then 8 greedy decode steps (the CPU's
 // choice fed to both).
-Compared compare(const std::string& dir, const std::vector<int32_t>& prompt) {
+Compared compare(const std::string& dir, const std::vector<int32_t>& prompt, Numerics num = Numerics::reference()) {
   Compared r;
-  auto cpu = load_model(dir, Numerics::reference());
+  auto cpu = load_model(dir, num);
   EXPECT_TRUE(cpu.ok()) << cpu.error().message;
   engine::GpuModelOptions opts;
   opts.budget.max_context = 1024;
-  auto gpu = engine::load_gpu_model(dir, Numerics::reference(), opts);
+  auto gpu = engine::load_gpu_model(dir, num, opts);
   EXPECT_TRUE(gpu.ok()) << gpu.error().message;
   if (!cpu.ok() || !gpu.ok()) return r;
   SequenceState cs = (*cpu)->new_sequence();
@@ -102,6 +102,18 @@ TEST(EngineDemo, TrainedModelMatchesCpu) {
   EXPECT_EQ(r.top1_equal, r.n_rows);
   EXPECT_LE(r.max_abs, 0.25);
   EXPECT_LE(r.mean_abs, 0.02);
+}
+
+// Exact numerics on both engines (no bf16 rounding, no fake quant: f32 KV rows and products): nothing
+// is left to flip but f32 summation order, so every top-1 must agree and the logits must match to
+// 1e-3 (the golden suite's exact tolerance; the CPU and Transformers agree to ~1e-4 there).
+TEST(EngineDemo, TrainedModelMatchesCpuExact) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  const std::vector<int32_t> prompt = prompt_ids();
+  ASSERT_GT(prompt.size(), 40u);
+  const Compared r = compare(kDemo, prompt, Numerics::exact());
+  EXPECT_EQ(r.top1_equal, r.n_rows);
+  EXPECT_LE(r.max_abs, 1e-3);
 }
 
 TEST(EngineDemo, Exl3PackMatchesCpuAndIsSmaller) {
