@@ -25,7 +25,7 @@ std::function<int()> add_quantize_command(CLI::App& app) {
   cmd->add_option("--calibration-row", o->row_tokens, "tokens per calibration row")->capture_default_str();
   cmd->add_flag("--identity-hessian", o->identity_hessian, "uncalibrated: H = I (no calibration file needed)");
   cmd->add_flag("--single-candidate", o->single_candidate,
-                "quantize each tensor once instead of keeping the best of 4 candidates (regularisation strengths, signs)");
+                "quantize each tensor once (then polished) instead of keeping the best of 4 candidates (signs, global scales)");
   cmd->add_flag("--routing-weighted", o->routing_weighted, "weight each routed token's Hessian term by its routing weight");
   cmd->add_flag("--gate-up-shared", o->gate_up_shared, "one gate/up Hessian per layer (all tokens) instead of per expert");
   cmd->add_option("--prior-tokens", o->prior_tokens, "blend weight n0 of the per-layer prior, in tokens")->capture_default_str();
