@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "model/model.h"
 #include "quantize/calibration.h"
@@ -45,6 +46,9 @@ Result<std::vector<KlResult>> eval_kl(const std::string& model_p, const std::vec
                                       int shard, int n_shards) {
   if (models_q.empty()) return make_error("eval-kl: no model to compare");
   if (n_shards < 1 || shard < 0 || shard >= n_shards) return make_error("eval-kl: shard ", shard, " of ", n_shards);
+  // load_calibration_rows speaks of calibration files; eval-kl's file is the held-out text.
+  if (!std::filesystem::is_regular_file(text_path))
+    return make_error("eval-kl: held-out text ", text_path, " not found (pass --text FILE, .txt or .jsonl)");
   auto all_rows = load_calibration_rows(model_p, text_path, max_tokens, row_tokens);
   if (!all_rows.ok()) return all_rows.error();
   std::vector<std::vector<int32_t>> rs;
