@@ -64,6 +64,25 @@ TEST(EnginePlan, V4KvBytesByHand) {
   EXPECT_EQ(p.kv.index_key_pages, 4 + 4);
 }
 
+// Without fake quant (Numerics::exact()) every pool row is d f32 channels: 128·4 = 512 B for the golden
+// models' heads and index keys; the page counts do not change.
+TEST(EnginePlan, ExactKvRowsAreF32) {
+  const ModelConfig c = config("v41");
+  engine::KvBudget b{3, 1000, 64};
+  const engine::MemoryPlan q = engine::plan_memory(c, b);
+  const engine::MemoryPlan p = engine::plan_memory(c, b, /*quantized_kv=*/false);
+  EXPECT_EQ(p.kv.ring_page_nbytes, 512u * 64);
+  EXPECT_EQ(p.kv.compressed_page_nbytes, 512u * 64);
+  EXPECT_EQ(p.kv.index_key_page_nbytes, 512u * 64);
+  EXPECT_DOUBLE_EQ(p.kv.nbytes_per_token, (512.0 + 512.0) / 2 * 2 + (512.0 + 512.0));
+  EXPECT_EQ(p.kv.ring_pages, q.kv.ring_pages);
+  EXPECT_EQ(p.kv.compressed_pages, q.kv.compressed_pages);
+  EXPECT_EQ(p.kv.index_key_pages, q.kv.index_key_pages);
+  const engine::KvFormats f = engine::kv_formats(c, false);
+  EXPECT_EQ(f.ring.elem, cuda::KvElem::kF32);
+  EXPECT_EQ(cuda::kv_row_channels(f.index_key), c.index_head_dim);
+}
+
 TEST(EnginePlan, GrowsWithTheBudget) {
   for (const char* arch : {"v41", "v4"}) {
     const ModelConfig c = config(arch);
