@@ -59,6 +59,32 @@ __device__ inline float mul_add(float a, float b, float c) { return __fadd_rn(__
 constexpr int kSinkhornWarps = 4;  // tokens per block
 constexpr int kHcElemsPerLane = (kHcMax * kHcMax + 31) / 32;
 
+// One Sinkhorn normalisation of the warp's hc × hc matrix m (shared memory): every row (rows) or column
+// divided by (its sum + eps). Lane owns elements e = lane + 32·r; each sum is the reference's loop over
+// the matrix before this normalisation (all sums are taken before any division).
+__device__ void sinkhorn_normalize(float* m, int hc, float eps, int lane, bool rows) {
+  const int nn = hc * hc;
+  float s[kHcElemsPerLane];
+#pragma unroll
+  for (int r = 0; r < kHcElemsPerLane; ++r) {
+    const int e = lane + 32 * r, j = e / hc, k = e % hc;
+    s[r] = 0.f;
+    if (e < nn) {
+      if (rows)
+        for (int kk = 0; kk < hc; ++kk) s[r] += m[j * hc + kk];
+      else
+        for (int jj = 0; jj < hc; ++jj) s[r] += m[jj * hc + k];
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < kHcElemsPerLane; ++r) {
+    const int e = lane + 32 * r;
+    if (e < nn) m[e] /= (s[r] + eps);
+  }
+  __syncwarp();
+}
+
 __global__ void __launch_bounds__(32 * kSinkhornWarps)
     hc_split_sinkhorn_kernel(const float* mixes_all, const float* scale, const float* base, int64_t n_tokens, int hc,
                              int sinkhorn_iters, float hc_eps, float* pre, float* post, float* comb) {
@@ -84,39 +110,9 @@ __global__ void __launch_bounds__(32 * kSinkhornWarps)
     for (int k = 0; k < hc; ++k) m[j * hc + k] = m[j * hc + k] / sum + hc_eps;
   }
   __syncwarp();
-  // Lane owns elements e = lane + 32·r; every sum is the reference's loop over the current matrix.
-  float s[kHcElemsPerLane];
   for (int it = 0; it < sinkhorn_iters; ++it) {
-    if (it > 0) {  // rows, then columns; the first pass normalises columns only
-#pragma unroll
-      for (int r = 0; r < kHcElemsPerLane; ++r) {
-        const int e = lane + 32 * r, j = e / hc;
-        s[r] = 0.f;
-        if (e < nn)
-          for (int k = 0; k < hc; ++k) s[r] += m[j * hc + k];
-      }
-      __syncwarp();
-#pragma unroll
-      for (int r = 0; r < kHcElemsPerLane; ++r) {
-        const int e = lane + 32 * r;
-        if (e < nn) m[e] /= (s[r] + hc_eps);
-      }
-      __syncwarp();
-    }
-#pragma unroll
-    for (int r = 0; r < kHcElemsPerLane; ++r) {
-      const int e = lane + 32 * r, k = e % hc;
-      s[r] = 0.f;
-      if (e < nn)
-        for (int j = 0; j < hc; ++j) s[r] += m[j * hc + k];
-    }
-    __syncwarp();
-#pragma unroll
-    for (int r = 0; r < kHcElemsPerLane; ++r) {
-      const int e = lane + 32 * r;
-      if (e < nn) m[e] /= (s[r] + hc_eps);
-    }
-    __syncwarp();
+    if (it > 0) sinkhorn_normalize(m, hc, hc_eps, lane, /*rows=*/true);  // the first pass normalises columns only
+    sinkhorn_normalize(m, hc, hc_eps, lane, /*rows=*/false);
   }
   for (int e = lane; e < nn; e += 32) comb[t * nn + e] = m[e];
 }
