@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attn_kernel(SparseAttnArgs a,
   for (int64_t j = tid; j < n_rows; j += kThreads) logits[j] = expf(logits[j] - m);  // p_j (0 when skipped)
   __syncthreads();
 
-  // Pass 2: warp w sums its contiguous rows in order; lanes own channels lane + 32·k.
+  // Pass 2: warp w sums its chunks (w, w + 16, ... of kPass2Chunk rows) in row order; lanes own channels lane + 32·k.
   float acc[kMaxChannelsPerLane];
 #pragma unroll
   for (int k = 0; k < kMaxChannelsPerLane; ++k) acc[k] = 0.f;
