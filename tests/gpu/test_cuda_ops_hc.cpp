@@ -26,16 +26,9 @@ namespace {
 
 using cuda_test::bits_equal;
 using cuda_test::Guarded;
+using cuda_test::normal;
 using cuda_test::no_nan;
 using cuda_test::within;
-
-std::vector<float> normal(size_t n, float mean, float sd, uint32_t seed, bool bf16 = false) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(mean, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = bf16 ? round_bf16(nd(rng)) : nd(rng);
-  return v;
-}
 
 void mixes_case(int64_t n_tokens, int n_out, int64_t hc_d, float eps, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << "hc_mixes tokens=" << n_tokens << " n_out=" << n_out << " hc_d=" << hc_d << " eps=" << eps);

@@ -12,12 +12,24 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "formats/dtypes.h"
+
 namespace spw::cuda_test {
+
+// n values from N(mean, sd²) with a fixed seed; rounded to bf16 values when `bf16` (activations).
+inline std::vector<float> normal(size_t n, float mean, float sd, uint32_t seed, bool bf16 = false) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(mean, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = bf16 ? round_bf16(nd(rng)) : nd(rng);
+  return v;
+}
 
 inline bool have_gpu() {
   int n = 0;

@@ -22,16 +22,9 @@ namespace spw {
 namespace {
 
 using cuda_test::Guarded;
+using cuda_test::normal;
 using cuda_test::no_nan;
 using cuda_test::within;
-
-std::vector<float> normal(size_t n, float mean, float sd, uint32_t seed, bool bf16) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(mean, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = bf16 ? round_bf16(nd(rng)) : nd(rng);
-  return v;
-}
 
 // model/engram.cpp's gate loop on streams [n, hc, d] with kv [n, (hc+1)·d] and qk [hc, d].
 void reference_gate(std::vector<float>& streams, const std::vector<float>& kv, const std::vector<float>& qk, int n,
