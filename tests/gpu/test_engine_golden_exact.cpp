@@ -23,17 +23,15 @@
 
 #include "../golden/golden_fixture.h"
 #include "engine/gpu_model.h"
+#include "gpu_test_util.h"
 #include "model/model.h"
 
 namespace spw {
 namespace {
 
-constexpr float kExactLogitTol = 1e-3f;
+using gpu_test::have_gpu;
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+constexpr float kExactLogitTol = 1e-3f;
 
 std::unique_ptr<engine::GpuModel> load_exact(const std::string& arch) {
   engine::GpuModelOptions opts;
