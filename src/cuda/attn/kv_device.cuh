@@ -43,12 +43,14 @@ __device__ __forceinline__ uint32_t round_minifloat(float a, int mant_bits, int 
   return (biased << mant_bits) + (q - (1u << mant_bits));
 }
 
+// Exact decode by bit assembly (no ldexpf: these run per channel in the attention kernels). A normal
+// code e·8 + m (e ≥ 1) is 2^(e−7)·(1 + m/8), i.e. f32 bits ((e + 120) << 23) | (m << 20) = (a + 960) << 20;
+// a subnormal one is m·2^−9 (exact); 0x7f / 0xff are NaN.
 __device__ __forceinline__ float e4m3_to_f32(uint32_t code) {
-  float sign = (code & 0x80u) ? -1.0f : 1.0f;
-  int exp = int((code >> 3) & 0xfu), mant = int(code & 0x7u);
-  if (exp == 0xf && mant == 0x7) return __uint_as_float(0x7fc00000u);
-  if (exp == 0) return sign * ldexpf(float(mant), -9);
-  return sign * ldexpf(float(mant | 0x8), exp - 10);
+  const uint32_t a = code & 0x7fu;
+  if (a == 0x7fu) return __uint_as_float(0x7fc00000u);
+  const float mag = a >= 8u ? __uint_as_float((a + 960u) << 20) : float(a) * 0x1p-9f;
+  return (code & 0x80u) ? -mag : mag;
 }
 
 __device__ __forceinline__ uint32_t f32_to_e4m3(float v) {
@@ -74,9 +76,10 @@ __device__ __forceinline__ uint32_t f32_to_e2m1(float v) {
   return sign | round_minifloat(a, 1, 0);
 }
 
+// 2^(code − 127): the exponent field itself, except code 0 (2^−127, an f32 subnormal) and 0xff (NaN).
 __device__ __forceinline__ float e8m0_to_f32(uint32_t code) {
   if (code == 0xffu) return __uint_as_float(0x7fc00000u);
-  return ldexpf(1.0f, int(code) - 127);
+  return code == 0u ? __uint_as_float(0x00400000u) : __uint_as_float(code << 23);
 }
 
 // formats/dtypes.cpp pow2_ceil() as a ue8m0 code: exponent of 2^ceil(log2(v)) + 127.
@@ -106,6 +109,57 @@ __device__ __forceinline__ float scale_value(const KvRowFormat& f, uint32_t code
 __device__ __forceinline__ const uint8_t* row_ptr(const KvPages& kv, size_t row_nbytes, int32_t seq, int64_t row) {
   const int32_t page = kv.page_table[int64_t(seq) * kv.max_pages_per_seq + row / kKvPageRows];
   return kv.pool + (int64_t(page) * kKvPageRows + row % kKvPageRows) * int64_t(row_nbytes);
+}
+
+// A row format's offsets resolved once per kernel (not per channel): what the attention kernels' inner
+// loops need. A plain f32 array (this step's new rows) is elem kF32 with n_quant = d.
+struct RowLayout {
+  KvElem elem;
+  int n_quant, code_off, scale_off;
+  int block, block_shift;  // block_shift = log2(block) when block is a power of two (all model formats), else −1
+  bool e4m3_scale;
+};
+
+__host__ __device__ inline RowLayout row_layout(const KvRowFormat& f) {
+  RowLayout l;
+  l.elem = f.elem;
+  l.n_quant = f.n_quant;
+  l.code_off = code_offset(f);
+  l.scale_off = scale_offset(f);
+  l.block = f.block;
+  l.block_shift = -1;
+  for (int s = 0; s < 31; ++s)
+    if ((1 << s) == f.block) l.block_shift = s;
+  l.e4m3_scale = f.scale == KvScale::kE4m3;
+  return l;
+}
+
+__host__ __device__ inline RowLayout plain_f32_layout(int d) {
+  RowLayout l{};
+  l.elem = KvElem::kF32;
+  l.n_quant = d;
+  l.block = 1;
+  l.block_shift = 0;
+  return l;
+}
+
+// Channel c of a row in layout l whose element type is E (== l.elem): the same value as load_channel.
+template <KvElem E>
+__device__ __forceinline__ float layout_channel(const RowLayout& l, const uint8_t* row, int c) {
+  if (c >= l.n_quant) return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(row)[c - l.n_quant]);
+  if constexpr (E == KvElem::kF32) {
+    return reinterpret_cast<const float*>(row + l.code_off)[c];
+  } else {
+    const int b = l.block_shift >= 0 ? c >> l.block_shift : c / l.block;
+    const uint32_t sc = row[l.scale_off + b];
+    const float s = l.e4m3_scale ? e4m3_to_f32(sc) : e8m0_to_f32(sc);
+    if constexpr (E == KvElem::kFp8E4m3) {
+      return e4m3_to_f32(row[l.code_off + c]) * s;
+    } else {
+      const uint32_t byte = row[l.code_off + (c >> 1)];
+      return e2m1_to_f32((c & 1) ? (byte >> 4) : (byte & 0xfu)) * s;
+    }
+  }
 }
 
 // Channel c of a stored row, dequantized.

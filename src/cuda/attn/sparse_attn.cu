@@ -17,7 +17,10 @@
 // result does not depend on the other queries of the call; it differs from the reference's single
 // running sum by f32 rounding only. The first version (one 128-thread block walking every row serially in pass 2)
 // took 1.4 ms per decode call at 1 K context on the H200 (bench/results/engine_h200.md, session 5).
-// Rows are dequantized on the fly in both passes (read twice; the second read mostly hits L2).
+// Rows are dequantized on the fly in both passes (read twice; the second read mostly hits L2), by
+// kvdev::layout_channel: offsets resolved once per call (RowLayout), codes and scales decoded by bit
+// assembly. The generic per-channel decoder (ldexpf, a runtime division by the block, format branches)
+// made this kernel instruction-bound: 402 µs per decode call at 1 K context (engine_h200.md, session 6).
 // Tests: tests/gpu/test_cuda_attn_sparse.cpp.
 #include "cuda/attn/sparse_attn.h"
 
@@ -67,9 +70,28 @@ __device__ RowKind resolve_row(const SparseAttnArgs& a, const QueryRows& qr, int
   return kComp;
 }
 
-__device__ __forceinline__ float row_channel(const SparseAttnArgs& a, RowKind kind, const void* ptr, int c) {
-  if (kind == kF32) return static_cast<const float*>(ptr)[c];
-  return kvdev::load_channel(kind == kRing ? a.ring.fmt : a.comp.fmt, static_cast<const uint8_t*>(ptr), c);
+// The three layouts a row can have, indexed by RowKind (kSkipped's entry is unused).
+struct Layouts {
+  kvdev::RowLayout by_kind[4];
+};
+
+// q·row over the lane's channels c = lane + 32k (the caller reduces over lanes).
+template <KvElem E>
+__device__ __forceinline__ float lane_dot(const kvdev::RowLayout& l, const uint8_t* row, const float* q_s, int d, int lane) {
+  float acc = 0.f;
+  for (int c = lane; c < d; c += 32) acc += q_s[c] * kvdev::layout_channel<E>(l, row, c);
+  return acc;
+}
+
+// acc[k] += p·row[lane + 32k].
+template <KvElem E>
+__device__ __forceinline__ void lane_axpy(const kvdev::RowLayout& l, const uint8_t* row, float p, int d, int lane,
+                                          float (&acc)[kMaxChannelsPerLane]) {
+#pragma unroll
+  for (int k = 0; k < kMaxChannelsPerLane; ++k) {
+    const int c = lane + k * 32;
+    if (c < d) acc[k] += p * kvdev::layout_channel<E>(l, row, c);
+  }
 }
 
 // Shared memory of one block: q [d], reduction scratch, partial sums [kWarps, d] and denominators
@@ -79,8 +101,8 @@ __host__ __device__ inline size_t smem_bytes(int d, int64_t max_rows) {
          sizeof(const void*) * size_t(max_rows) + size_t(max_rows);
 }
 
-__global__ void __launch_bounds__(kThreads) sparse_attn_kernel(SparseAttnArgs a, size_t ring_nbytes, size_t comp_nbytes,
-                                                               int64_t max_rows) {
+__global__ void __launch_bounds__(kThreads) sparse_attn_kernel(SparseAttnArgs a, Layouts layouts, size_t ring_nbytes,
+                                                               size_t comp_nbytes, int64_t max_rows) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int d = a.d_head;
@@ -121,8 +143,13 @@ __global__ void __launch_bounds__(kThreads) sparse_attn_kernel(SparseAttnArgs a,
     const RowKind kind = RowKind(kinds[j]);
     const void* ptr = row_ptrs[j];
     float acc = 0.f;
-    if (kind != kSkipped)
-      for (int c = lane; c < d; c += 32) acc += q_s[c] * row_channel(a, kind, ptr, c);
+    if (kind != kSkipped) {
+      const kvdev::RowLayout& l = layouts.by_kind[kind];
+      const uint8_t* row = static_cast<const uint8_t*>(ptr);
+      if (l.elem == KvElem::kF32) acc = lane_dot<KvElem::kF32>(l, row, q_s, d, lane);
+      else if (l.elem == KvElem::kFp8E4m3) acc = lane_dot<KvElem::kFp8E4m3>(l, row, q_s, d, lane);
+      else acc = lane_dot<KvElem::kFp4E2m1>(l, row, q_s, d, lane);
+    }
     for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     const float l = kind != kSkipped ? acc * a.scale : -INFINITY;
     if (lane == 0) logits[j] = l;
@@ -155,11 +182,11 @@ __global__ void __launch_bounds__(kThreads) sparse_attn_kernel(SparseAttnArgs a,
       const float p = logits[j];
       denom += p;
       const float pv = a.round_p_bf16 ? kvdev::bf16_round(p) : p;
-#pragma unroll
-      for (int k = 0; k < kMaxChannelsPerLane; ++k) {
-        const int c = lane + k * 32;
-        if (c < d) acc[k] += pv * row_channel(a, kind, ptr, c);
-      }
+      const kvdev::RowLayout& l = layouts.by_kind[kind];
+      const uint8_t* row = static_cast<const uint8_t*>(ptr);
+      if (l.elem == KvElem::kF32) lane_axpy<KvElem::kF32>(l, row, pv, d, lane, acc);
+      else if (l.elem == KvElem::kFp8E4m3) lane_axpy<KvElem::kFp8E4m3>(l, row, pv, d, lane, acc);
+      else lane_axpy<KvElem::kFp4E2m1>(l, row, pv, d, lane, acc);
     }
   }
 #pragma unroll
@@ -204,7 +231,11 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   }
   if (a.n_q > 65535) return make_error("sparse_attn_cuda: ", a.n_q, " queries exceed one grid dimension (65535)");
   const dim3 grid(unsigned(a.n_heads), unsigned(a.n_q));
-  sparse_attn_kernel<<<grid, kThreads, smem, stream>>>(a, kv_row_nbytes(a.ring.fmt),
+  Layouts layouts{};
+  layouts.by_kind[kF32] = kvdev::plain_f32_layout(a.d_head);
+  layouts.by_kind[kRing] = kvdev::row_layout(a.ring.fmt);
+  if (a.sel) layouts.by_kind[kComp] = kvdev::row_layout(a.comp.fmt);
+  sparse_attn_kernel<<<grid, kThreads, smem, stream>>>(a, layouts, kv_row_nbytes(a.ring.fmt),
                                                        a.sel ? kv_row_nbytes(a.comp.fmt) : 0, max_rows);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch sparse_attn_kernel", e);
   return {};
