@@ -399,6 +399,11 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   a.q_seq = s.slots.get(), a.q_pos = s.pos.get(), a.chunk_pos0 = s.pos0s.get(), a.chunk_row0 = s.row0s.get();
   a.chunk_kv = kv.get(), a.ring = s.st.ring.view(layer), a.sel = sel, a.sel_stride = sel_stride, a.comp = comp;
   a.out = o.get();
+  Buf attn_scratch;  // decode-sized calls split each query's rows over blocks (sparse_attn.h)
+  if (cuda::sparse_attn_uses_split(n, H)) {
+    SPW_TRY(s.alloc(attn_scratch, cuda::sparse_attn_split_scratch_floats(n, H, D, int64_t(W) + sel_stride)));
+    a.scratch = attn_scratch.get(), a.scratch_floats = attn_scratch.size();
+  }
   SPW_TRY(cuda::sparse_attn_cuda(a, s.stream));
   SPW_TRY(to_activation(s, o.get(), o.size()));
   SPW_TRY(cuda::rope_apply(o.get(), int64_t(n) * H, D, c.d_rope, rope, s.pos.get(), H, /*inverse=*/true, s.stream));

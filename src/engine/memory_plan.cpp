@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cuda/attn/kv_pages.h"
+#include "cuda/attn/sparse_attn.h"
 
 namespace spw::engine {
 namespace {
@@ -73,8 +74,14 @@ size_t step_arena_nbytes(const ModelConfig& c, int64_t n, int64_t T) {
   const int64_t n_in = int64_t(c.engram_max_ngram - 1) * c.engram_n_heads * c.engram_head_dim;
   const int64_t engram = c.engram_layers.empty() ? 0 : n_in + (hc + 1) * d + 2 * c.engram_n_heads * c.engram_max_ngram;
   const int64_t per_row = step + std::max({attn, moe, engram});
+  // Decode-sized attention calls take scratch for the split path (cuda/attn/sparse_attn.h), at most
+  // kSparseAttnSplitMaxBlocks (query, head) pairs; a step of more rows does not use it.
+  const int64_t split_q = std::min<int64_t>(n, std::max<int64_t>(1, cuda::kSparseAttnSplitMaxBlocks / H));
+  const int64_t max_sel = std::max<int64_t>(c.index_topk, T / std::max<int64_t>(1, min_ratio) + 1);
+  const size_t attn_split = sizeof(float) * cuda::sparse_attn_split_scratch_floats(int(split_q), int(H), int(D),
+                                                                                   c.window + max_sel);
   // Every allocation is rounded up to 256 B: 1 MiB covers the few hundred of one scope.
-  return f32_nbytes(n * per_row) + (size_t(1) << 20);
+  return f32_nbytes(n * per_row) + attn_split + (size_t(1) << 20);
 }
 
 MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quantized_kv) {

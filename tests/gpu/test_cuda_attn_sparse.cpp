@@ -15,6 +15,7 @@
 #if defined(SPW_HAVE_CUDA)
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 
 #include "cuda/attn/sparse_attn.h"
@@ -163,12 +164,41 @@ void run_case(const Case& c, bool round_p, uint32_t seed) {
   a.sel_stride = c.sel_stride;
   a.comp = comp.view();
   a.out = dout.get();
+  a.path = cuda::SparseAttnPath::kOneBlock;
   Status st = cuda::sparse_attn_cuda(a, nullptr);
   ASSERT_TRUE(st.ok()) << st.error().message;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   dout.expect_guards("attention output");
   const double atol = (round_p ? 4e-3 : 1e-4) * kv_max;
-  attn_test::expect_close(dout.download(), want, atol, std::string(c.name) + (round_p ? " (bf16 p)" : " (exact p)"));
+  const std::vector<float> one_block = dout.download();
+  attn_test::expect_close(one_block, want, atol, std::string(c.name) + (round_p ? " (bf16 p)" : " (exact p)"));
+
+  // The split path (segments over blocks, caller scratch) sums in the same order: bit-identical.
+  const int64_t max_rows = int64_t(W) + c.sel_stride;
+  DevBuf<float> scratch(cuda::sparse_attn_split_scratch_floats(n_q, H, D, max_rows), 7.0e37f);
+  DevBuf<float> dout_split(want.size(), 3.0e38f);
+  a.out = dout_split.get();
+  a.path = cuda::SparseAttnPath::kSplit;
+  a.scratch = scratch.get(), a.scratch_floats = scratch.size();
+  st = cuda::sparse_attn_cuda(a, nullptr);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dout_split.expect_guards("split attention output");
+  scratch.expect_guards("split scratch");
+  const std::vector<float> split = dout_split.download();
+  size_t differ = 0, first = split.size();
+  for (size_t k = 0; k < split.size(); ++k)
+    if (std::memcmp(&split[k], &one_block[k], sizeof(float)) != 0 && !(split[k] == 0.f && one_block[k] == 0.f)) {
+      ++differ;
+      if (first == split.size()) first = k;
+    }
+  EXPECT_EQ(differ, 0u) << c.name << ": split path differs from one block in " << differ << " values, first at " << first
+                        << ": " << (first < split.size() ? split[first] : 0.f) << " vs "
+                        << (first < split.size() ? one_block[first] : 0.f);
+
+  // Scratch one float short is refused, not overrun.
+  a.scratch_floats = scratch.size() - 1;
+  EXPECT_FALSE(cuda::sparse_attn_cuda(a, nullptr).ok());
   ring.expect_untouched("ring pool");
   comp.expect_untouched("compressed pool");
 }

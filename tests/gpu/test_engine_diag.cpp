@@ -24,6 +24,13 @@
 //   table localises by token row and by the layer's kind (window / source / reindex / reuse, Engram).
 // EngineDiag.*CpuNoiseTeacherForced (CPU only): the same table with the CPU against itself, 0.01 % of
 //   each forced layer input moved by ±1 bf16 ulp: the per-layer noise baseline for the GPU tables.
+// These are diagnostics, not part of the default suite (every test is DISABLED_); run them with
+//   spw_gpu_tests --gtest_also_run_disabled_tests --gtest_filter='EngineDiag.*'
+// The 2026-12-03 H200 run (bench/results/raw/engine_2026-12-03_0650/gpu_tests.log) settled what they were for:
+// the golden V4.1 and V4 models amplify last-bit noise on the CPU itself (CPU vs CPU with 0.01 % of each
+// layer input moved by 1 ulp: down to 23 % of values within 2 ulps in V4.1 decode calls), so a per-layer
+// bound in reference numerics cannot hold for any implementation there; the asserted per-layer test is
+// EngineGoldenExact.*TeacherForced (exact numerics, ≤ 1e-4·max|x|, passing).
 // Bounds (a diagnostic: it may fail, it must not crash): every layer of every call ≥ 99.0 % within 2
 // bf16 ulps — on V4 every teacher-forced layer measured ≥ 99.99 % on the H200; a summation-order
 // flip touches ~0.1 % of values, a real difference (a wrong row, a flipped top-k pick) far more. The
@@ -285,35 +292,35 @@ void golden_p17(const std::string& arch, std::vector<int32_t>& prompt, std::vect
   ASSERT_FALSE(prompt.empty() || decode.empty()) << path;
 }
 
-TEST(EngineDiag, DemoTeacherForced) { gpu_teacher_forced(kDemo, Numerics::reference(), prompt_ids(), {}, "demo"); }
+TEST(EngineDiag, DISABLED_DemoTeacherForced) { gpu_teacher_forced(kDemo, Numerics::reference(), prompt_ids(), {}, "demo"); }
 
-TEST(EngineDiag, DemoTeacherForcedNoStaleIndexK) {
+TEST(EngineDiag, DISABLED_DemoTeacherForcedNoStaleIndexK) {
   Numerics num = Numerics::reference();
   num.stale_index_k = false;
   gpu_teacher_forced(kDemo, num, prompt_ids(), {}, "demo no-stale-k");
 }
 
-TEST(EngineDiag, DemoTeacherForcedNoEngram) {
+TEST(EngineDiag, DISABLED_DemoTeacherForcedNoEngram) {
   gpu_teacher_forced(demo_without_engram(), Numerics::reference(), prompt_ids(), {}, "demo no-engram");
 }
 
-TEST(EngineDiag, GoldenV41TeacherForced) {
+TEST(EngineDiag, DISABLED_GoldenV41TeacherForced) {
   std::vector<int32_t> prompt, decode;
   golden_p17("v41", prompt, decode);
   gpu_teacher_forced(golden::fixture_dir("v41") + "/model", Numerics::reference(), prompt, decode, "golden-v41");
 }
 
 // CPU only (no GPU needed): the noise baselines for the two tables above.
-TEST(EngineDiag, DemoCpuNoiseTeacherForced) { cpu_noise_teacher_forced(kDemo, prompt_ids(), {}, "demo cpu-noise"); }
+TEST(EngineDiag, DISABLED_DemoCpuNoiseTeacherForced) { cpu_noise_teacher_forced(kDemo, prompt_ids(), {}, "demo cpu-noise"); }
 
-TEST(EngineDiag, GoldenV41CpuNoiseTeacherForced) {
+TEST(EngineDiag, DISABLED_GoldenV41CpuNoiseTeacherForced) {
   std::vector<int32_t> prompt, decode;
   golden_p17("v41", prompt, decode);
   cpu_noise_teacher_forced(golden::fixture_dir("v41") + "/model", prompt, decode, "golden-v41 cpu-noise");
 }
 
 // V4 for scale: its GPU teacher-forced layers measured ≥ 99.99 % except layers 0 and 3 (94.1 %, 96.8 %).
-TEST(EngineDiag, GoldenV4CpuNoiseTeacherForced) {
+TEST(EngineDiag, DISABLED_GoldenV4CpuNoiseTeacherForced) {
   std::vector<int32_t> prompt, decode;
   golden_p17("v4", prompt, decode);
   cpu_noise_teacher_forced(golden::fixture_dir("v4") + "/model", prompt, decode, "golden-v4 cpu-noise");
@@ -394,7 +401,7 @@ void noise_floor(const Numerics& num, const char* num_name, const std::vector<do
 
 // The reference numerics, then the same single-ulp change without fake quant and in the exact mode
 // (f32 throughout): which of the reference's steps amplifies a last-bit change.
-TEST(EngineDiag, DemoCpuNoiseFloor) {
+TEST(EngineDiag, DISABLED_DemoCpuNoiseFloor) {
   noise_floor(Numerics::reference(), "reference", {0.001, 0.0001, -1.0});
   Numerics bf16_only = Numerics::reference();
   bf16_only.fake_quant = false;

@@ -297,7 +297,13 @@ void teacher_forced_layers(const std::string& arch) {
                 100.0 * worst[l]);
 }
 
-TEST(EngineGolden, V41TeacherForcedLayers) { teacher_forced_layers("v41"); }
+// V4 only. On the golden V4.1 model the reference numerics are chaotic in the decode calls: the CPU against
+// itself with 0.01 % of each layer's input moved by one bf16 ulp keeps only 23–90 % of a layer's values
+// within 2 ulps (EngineDiag.DISABLED_GoldenV41CpuNoiseTeacherForced, H200 run of 2026-12-03:
+// bench/results/raw/engine_2026-12-03_0650/gpu_tests.log), and the GPU's summation order does the same
+// (19.7–68.8 % in calls 3 and 4; calls 0–2 ≥ 99.9 %). No bound in these numerics separates a bug from that
+// noise there; V4.1's per-layer test is EngineGoldenExact.V41TeacherForcedLayers (exact numerics, f32
+// throughout, every layer within 1e-4·max|x| of the CPU), which exercises the same kernels.
 TEST(EngineGolden, V4TeacherForcedLayers) { teacher_forced_layers("v4"); }
 
 // Chunks of 3 then decode vs one-shot prefill then decode, with every linear on the GEMV (the same

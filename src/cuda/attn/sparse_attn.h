@@ -17,16 +17,18 @@
 //
 // Contract: device pointers. q [n_q, n_heads, d_head] f32, out [n_q, n_heads, d_head] f32
 // (overwritten, no aliasing). Logits stay in shared memory: window + sel_stride ≤ kSparseAttnMaxRows.
-// Numerics: exact max (two passes), fp32 throughout; p_j·c_j accumulated in 16 partial sums (rows
-// dealt to them in chunks of 8 by row index, so padding rows change nothing) added in a fixed order,
-// so results differ from the CPU only by summation order and expf vs exp, and never depend on the
-// other queries of the call.
+// Numerics: exact max (two passes), fp32 throughout; p_j·c_j summed in chunks of 8 rows, 16 chunks to
+// a segment of 128 rows, segments in order, all by row index (so padding rows change nothing); results
+// differ from the CPU only by summation order and expf vs exp, never depend on the other queries of the
+// call, and are bit-identical between the two paths (one block per (head, query), or split over
+// segments for decode-sized calls when the caller gives scratch).
 // Limits: d_head ≤ 1024 (formats as kv_format_supported), n_heads ≥ 1.
 // Tests: tests/gpu/test_cuda_attn_sparse.cpp.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "base/status.h"
@@ -36,6 +38,17 @@ namespace spw::cuda {
 
 // V4 ratio-128 layers at 1 M context: 8192 entries + 128 window rows; 40 KiB of logits.
 constexpr int kSparseAttnMaxRows = 10 * 1024;
+
+// At or below this many (query, head) pairs, kAuto splits each query's rows over blocks (decode: one query
+// per sequence, 64 heads, 132 SMs) when scratch is given.
+constexpr int kSparseAttnSplitMaxBlocks = 512;
+
+enum class SparseAttnPath { kAuto, kOneBlock, kSplit };
+
+// Floats of scratch the split path needs (max_rows = window + sel_stride).
+size_t sparse_attn_split_scratch_floats(int n_q, int n_heads, int d_head, int64_t max_rows);
+// Whether kAuto takes the split path for this call (given scratch).
+bool sparse_attn_uses_split(int n_q, int n_heads);
 
 struct SparseAttnArgs {
   const float* q = nullptr;     // [n_q, n_heads, d_head]
@@ -54,6 +67,10 @@ struct SparseAttnArgs {
   int32_t sel_stride = 0;
   KvPages comp;                         // compressed entries (logical row = entry id)
   float* out = nullptr;                 // [n_q, n_heads, d_head]
+  // Device scratch for the split path (sparse_attn_split_scratch_floats); null: one block per (head, query).
+  float* scratch = nullptr;
+  size_t scratch_floats = 0;
+  SparseAttnPath path = SparseAttnPath::kAuto;  // kSplit / kOneBlock force a path (tests)
 };
 
 Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream);
