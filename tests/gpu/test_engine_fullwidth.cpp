@@ -32,7 +32,11 @@
 //  - per logit row, max |Δlogit| ≤ 1e-2 · RMS of the CPU row: a 1-ulp flip in 1 % of the 5,120 head
 //    inputs moves a logit by ~4e-4 RMS (√51 flips · 2⁻⁸ relative against √5120 terms), 25× margin;
 //  - top-1 equal on every row whose CPU top-2 gap exceeds that bound (a closer pair is a near-tie).
-// Failures print the call, layer, share, worst element (row, copy, channel) and both values.
+// Failures print the call, layer, share, worst element (row, copy, channel) and both values, and the
+// token rows below the bound.
+// SingleLayerMatchesCpuExact runs the same in exact numerics (f32 throughout) with EngineGoldenExact's bounds.
+// First run (H200, 2026-12-03, reference numerics): 47.8 % of the prefill call's values and ~20 % of each
+// decode call's within 2 ulps — a real full-width departure, which these two tests are there to localise.
 #if defined(SPW_HAVE_CUDA)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -79,9 +83,9 @@ std::vector<int32_t> prompt_ids(int64_t vocab) {
 int argmax(const float* x, int64_t n) { return int(std::max_element(x, x + n) - x); }
 
 // CPU: prefill then greedy decode; `calls` receives the token list of every call.
-void run_cpu(const std::string& dir, Recorded& rec, std::vector<std::vector<int32_t>>& calls) {
+void run_cpu(const std::string& dir, const Numerics& num, Recorded& rec, std::vector<std::vector<int32_t>>& calls) {
   auto t0 = std::chrono::steady_clock::now();
-  auto cpu = load_model(dir, Numerics::reference());
+  auto cpu = load_model(dir, num);
   ASSERT_TRUE(cpu.ok()) << cpu.error().message;
   const ModelConfig& c = (*cpu)->config();
   std::printf("  [fullwidth] CPU load %.1f s: d %d, %d layers, %d experts of %d, %d heads of %d, vocab %lld\n",
@@ -107,13 +111,13 @@ void run_cpu(const std::string& dir, Recorded& rec, std::vector<std::vector<int3
 }
 
 // GPU: the same calls, every layer fed the CPU's input streams.
-void run_gpu(const std::string& dir, const Recorded& cpu, const std::vector<std::vector<int32_t>>& calls,
-             Recorded& rec) {
+void run_gpu(const std::string& dir, const Numerics& num, const Recorded& cpu,
+             const std::vector<std::vector<int32_t>>& calls, Recorded& rec) {
   auto t0 = std::chrono::steady_clock::now();
   engine::GpuModelOptions opts;
   opts.budget.max_context = 1024;
   opts.budget.max_seqs = 1;
-  auto gpu = engine::load_gpu_model(dir, Numerics::reference(), opts);
+  auto gpu = engine::load_gpu_model(dir, num, opts);
   ASSERT_TRUE(gpu.ok()) << gpu.error().message;
   std::printf("  [fullwidth] GPU load %.1f s, device weights %.2f GiB\n", seconds_since(t0),
               double((*gpu)->weight_nbytes()) / double(1u << 30));
@@ -136,7 +140,9 @@ void run_gpu(const std::string& dir, const Recorded& cpu, const std::vector<std:
   }
 }
 
-TEST(EngineFullWidth, SingleLayerMatchesCpu) {
+// Loads SPW_FULLWIDTH_MODEL, checks its dimensions and runs both engines in `num`.
+void run_both(const Numerics& num, ModelConfig& c, Recorded& want, Recorded& got,
+              std::vector<std::vector<int32_t>>& calls) {
   ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
   const char* env = std::getenv("SPW_FULLWIDTH_MODEL");
   ASSERT_TRUE(env && *env) << "SPW_FULLWIDTH_MODEL is not set: generate a model with "
@@ -145,7 +151,7 @@ TEST(EngineFullWidth, SingleLayerMatchesCpu) {
   const std::string dir = env;
   auto config = read_model_config(dir);
   ASSERT_TRUE(config.ok()) << config.error().message;
-  const ModelConfig& c = *config;
+  c = *config;
   ASSERT_TRUE(c.is_v41()) << dir << ": not a V4.1 config";
   // The dimensions: a width-divided synthetic model would not be this test.
   EXPECT_EQ(c.d_model, 5120);
@@ -154,14 +160,19 @@ TEST(EngineFullWidth, SingleLayerMatchesCpu) {
   EXPECT_EQ(c.n_heads, 64);
   EXPECT_EQ(c.d_head, 512);
 
+  run_cpu(dir, num, want, calls);  // the CPU model is freed on return
+  ASSERT_FALSE(testing::Test::HasFatalFailure());
+  run_gpu(dir, num, want, calls, got);
+  ASSERT_FALSE(testing::Test::HasFatalFailure());
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+}
+
+TEST(EngineFullWidth, SingleLayerMatchesCpu) {
+  ModelConfig c;
   Recorded want, got;
   std::vector<std::vector<int32_t>> calls;
-  run_cpu(dir, want, calls);  // the CPU model is freed on return
-  ASSERT_FALSE(HasFatalFailure());
-  run_gpu(dir, want, calls, got);
-  ASSERT_FALSE(HasFatalFailure());
-  ASSERT_EQ(got.logits.size(), want.logits.size());
-
+  run_both(Numerics::reference(), c, want, got, calls);
+  ASSERT_FALSE(testing::Test::HasFatalFailure());
   const int hc = c.hc_mult, d = c.d_model;
   const int64_t vocab = c.vocab_size;
   for (size_t call = 0; call < calls.size(); ++call) {
@@ -178,6 +189,16 @@ TEST(EngineFullWidth, SingleLayerMatchesCpu) {
         if (!(a <= worst_abs)) worst_abs = std::isfinite(a) ? a : INFINITY, worst = i;
       }
       const double share = double(close) / double(w.size());
+      std::string rows;  // token rows below the bound: where a departure starts
+      const size_t row_len = size_t(hc) * d;
+      for (size_t r = 0; r * row_len < w.size(); ++r) {
+        size_t ok = 0;
+        for (size_t i = r * row_len; i < (r + 1) * row_len; ++i)
+          ok += std::fabs(g[i] - w[i]) <= 2.0f * std::ldexp(std::fabs(w[i]), -8) + 1e-30f;
+        if (double(ok) < kMinWithin2Ulps * double(row_len))
+          rows += " " + std::to_string(r) + ":" + std::to_string(int(100.0 * double(ok) / double(row_len))) + "%";
+      }
+      if (!rows.empty()) std::printf("  [fullwidth] call %zu layer %d rows below the bound:%s\n", call, l, rows.c_str());
       const size_t row = worst / (size_t(hc) * d), copy = worst / d % hc, ch = worst % d;
       std::printf("  [fullwidth] call %zu layer %d: %.3f%% within 2 bf16 ulps, max |d| %.3e at (row %zu, copy %zu, "
                   "ch %zu): GPU %+.6e CPU %+.6e\n",
@@ -214,6 +235,55 @@ TEST(EngineFullWidth, SingleLayerMatchesCpu) {
         EXPECT_EQ(top_g, top_w) << "call " << call << " row " << row << " (CPU top-2 gap " << gap << ")";
       }
     }
+  }
+}
+
+// Exact numerics on both sides (f32 throughout, no fake quant: what Transformers computes in float32):
+// each call's layer output within 1e-4 of its largest |value| and every logit within 1e-3 of the CPU's, the
+// bounds of EngineGoldenExact (f32 summation order only). Passing here while the reference-numerics test
+// fails puts a departure in a rounding or quantization step; failing here puts it in the structure.
+TEST(EngineFullWidth, SingleLayerMatchesCpuExact) {
+  ModelConfig c;
+  Recorded want, got;
+  std::vector<std::vector<int32_t>> calls;
+  run_both(Numerics::exact(), c, want, got, calls);
+  ASSERT_FALSE(testing::Test::HasFatalFailure());
+  const size_t row_len = size_t(c.hc_mult) * c.d_model;
+  for (size_t call = 0; call < calls.size(); ++call) {
+    for (int l = 0; l < c.n_layers; ++l) {
+      const std::vector<float>& g = got.out[call][l];
+      const std::vector<float>& w = want.out[call][l];
+      ASSERT_EQ(g.size(), w.size()) << "call " << call << " layer " << l;
+      float max_abs = 0, max_diff = 0;
+      size_t at = 0;
+      for (size_t i = 0; i < w.size(); ++i) {
+        max_abs = std::max(max_abs, std::fabs(w[i]));
+        const float diff = std::fabs(g[i] - w[i]);
+        if (!(diff <= max_diff)) max_diff = diff, at = i;
+      }
+      std::printf("  [fullwidth exact] call %zu layer %d: max|d| %.2e of max|x| %.2e at (row %zu, copy %zu, ch %zu)\n",
+                  call, l, max_diff, max_abs, at / row_len, at / c.d_model % c.hc_mult, at % c.d_model);
+      EXPECT_LE(max_diff, 1e-4f * max_abs) << "call " << call << " layer " << l << ": GPU " << g[at] << " CPU " << w[at];
+    }
+    const std::vector<float>& g = got.logits[call];
+    const std::vector<float>& w = want.logits[call];
+    ASSERT_EQ(g.size(), w.size());
+    float max_diff = 0;
+    size_t at = 0;
+    size_t top1_differ = 0;
+    for (size_t row = 0; row * c.vocab_size < w.size(); ++row) {
+      const float* gr = g.data() + row * c.vocab_size;
+      const float* wr = w.data() + row * c.vocab_size;
+      top1_differ += argmax(gr, c.vocab_size) != argmax(wr, c.vocab_size);
+      for (int64_t v = 0; v < c.vocab_size; ++v) {
+        const float diff = std::fabs(gr[v] - wr[v]);
+        if (!(diff <= max_diff)) max_diff = diff, at = row * c.vocab_size + v;
+      }
+    }
+    std::printf("  [fullwidth exact] call %zu logits: max|d| %.2e, top-1 differs on %zu rows\n", call, max_diff,
+                top1_differ);
+    EXPECT_LE(max_diff, 1e-3f) << "call " << call << " flat index " << at << ": GPU " << g[at] << " CPU " << w[at];
+    EXPECT_EQ(top1_differ, 0u) << "call " << call;
   }
 }
 
