@@ -51,6 +51,12 @@ struct Layouts {
   kvdev::RowLayout by_kind[4];
 };
 
+// The layout of a row of this kind, by value. Constant indices only: indexing the kernel-parameter array
+// with the runtime kind makes the compiler copy it to local memory and reload fields per channel.
+__device__ __forceinline__ kvdev::RowLayout layout_of(const Layouts& layouts, RowKind kind) {
+  return kind == kRing ? layouts.by_kind[kRing] : kind == kComp ? layouts.by_kind[kComp] : layouts.by_kind[kF32];
+}
+
 struct QueryRows {
   int32_t seq;
   int64_t lo, n_win, chunk_pos0, n_rows;
@@ -128,7 +134,7 @@ __device__ float row_logit(const Layouts& layouts, RowKind kind, const void* ptr
                           float scale) {
   float acc = 0.f;
   if (kind != kSkipped) {
-    const kvdev::RowLayout& l = layouts.by_kind[kind];
+    const kvdev::RowLayout l = layout_of(layouts, kind);
     const uint8_t* row = static_cast<const uint8_t*>(ptr);
     if (l.elem == KvElem::kF32) acc = lane_dot<KvElem::kF32>(l, row, q_s, d, lane);
     else if (l.elem == KvElem::kFp8E4m3) acc = lane_dot<KvElem::kFp8E4m3>(l, row, q_s, d, lane);
@@ -150,7 +156,7 @@ __device__ void chunk_sums(const Layouts& layouts, const uint8_t* kinds, const v
     const float pj = p[r];
     den += pj;
     const float pv = round_p ? kvdev::bf16_round(pj) : pj;
-    const kvdev::RowLayout& l = layouts.by_kind[kind];
+    const kvdev::RowLayout l = layout_of(layouts, kind);
     const uint8_t* row = static_cast<const uint8_t*>(ptrs[r]);
     if (l.elem == KvElem::kF32) lane_axpy<KvElem::kF32>(l, row, pv, d, lane, acc);
     else if (l.elem == KvElem::kFp8E4m3) lane_axpy<KvElem::kFp8E4m3>(l, row, pv, d, lane, acc);
