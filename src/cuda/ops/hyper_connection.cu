@@ -147,12 +147,16 @@ __global__ void hc_expand_kernel(float* x_streams, const float* y, const float* 
   const int64_t t = job / d, i = job % d;
   float* x = x_streams + t * hc * d + i;
   const float* c = comb + t * hc * hc;
+  // in[] is indexed by unrolled constants only, so it stays in registers (a runtime index puts it in local memory).
   float in[kHcMax];
-  for (int j = 0; j < hc; ++j) in[j] = x[j * d];
+#pragma unroll
+  for (int j = 0; j < kHcMax; ++j) in[j] = j < hc ? x[j * d] : 0.f;
   for (int k = 0; k < hc; ++k) {
     // Mix first, then add the sublayer output: the reference's order of f32 additions.
     float mixed = 0.f;
-    for (int j = 0; j < hc; ++j) mixed = mul_add(c[j * hc + k], in[j], mixed);
+#pragma unroll
+    for (int j = 0; j < kHcMax; ++j)
+      if (j < hc) mixed = mul_add(c[j * hc + k], in[j], mixed);
     const float v = mul_add(post[t * hc + k], y[job], mixed);
     x[k * d] = round_out ? dev::round_bf16(v) : v;
   }
