@@ -20,6 +20,7 @@
 # in bench_<name>.md). The tracer adds a little time per kernel; profile runs are not the benchmark.
 # GPU_TEST_FILTER='...' also runs those GPU tests (.exl3dev/spw_gpu_tests, staged) while the models are generated
 # (the generator is CPU work): $OUT/gpu_tests.log. The golden fixtures must be in the tree (tests/golden/fixtures).
+# More than 8 files in $OUT (the device tool returns 8) are packed into $OUT/bench_out.tar.gz, bench_main.log kept beside it.
 # Switches: SKIP_V41=1, SKIP_V4=1, KEEP_MODELS=1 (reuse /tmp/synth_* if present), BENCH_ARGS (extra bench
 # flags), SYNTH_ARGS (extra generator flags, e.g. "--width-divisor 16 --engram-vocab 1000" for a smoke run).
 set -u
@@ -70,4 +71,9 @@ run_bench() {  # name, dir
 }
 [ -z "${SKIP_V41:-}" ] && run_bench v41_exl3 $V41_DIR
 [ -z "${SKIP_V4:-}" ] && run_bench v4_mxfp4 $V4_DIR
+# The device tool returns at most 8 files from $OUT and drops the rest: past that, everything goes into one tarball.
+if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  tar czf /tmp/bench_out.tar.gz -C "$(dirname "$OUT")" "$(basename "$OUT")" &&
+    find "$OUT" -maxdepth 1 -type f ! -name bench_main.log -delete && mv /tmp/bench_out.tar.gz "$OUT/"
+fi
 exit 0
