@@ -234,14 +234,17 @@ void expect_within_bf16_bounds(const ModelConfig& c, const Recorded& want, const
   }
 }
 
-TEST(EngineFullWidth, SingleLayerMatchesCpu) {
+// Both engines in `num` (the GPU with `opts`), held to the bf16 bounds.
+void matches_within_bf16_bounds(const Numerics& num, const engine::GpuModelOptions& opts) {
   ModelConfig c;
   Recorded want, got;
   std::vector<std::vector<int32_t>> calls;
-  run_both(Numerics::reference(), {}, c, want, got, calls);
+  run_both(num, opts, c, want, got, calls);
   ASSERT_FALSE(testing::Test::HasFatalFailure());
   expect_within_bf16_bounds(c, want, got, calls);
 }
+
+TEST(EngineFullWidth, SingleLayerMatchesCpu) { matches_within_bf16_bounds(Numerics::reference(), {}); }
 
 // Bisection of a reference-numerics departure that the exact mode does not show (first H200 runs: see the
 // top of the file). Each variant keeps the bounds and changes one thing:
@@ -249,25 +252,15 @@ TEST(EngineFullWidth, SingleLayerMatchesCpu) {
 //    prep and GEMV), not the grouped expert GEMV with cuda::fake_quant_fp8 of the device dispatch;
 //  - NoFakeQuant: bf16 roundings kept, every fake quant off (KV rows, activations), on both engines.
 TEST(EngineFullWidth, SingleLayerMatchesCpuHostDispatch) {
-  ModelConfig c;
-  Recorded want, got;
-  std::vector<std::vector<int32_t>> calls;
   engine::GpuModelOptions opts;
   opts.moe_dispatch = engine::MoeDispatch::kHost;
-  run_both(Numerics::reference(), opts, c, want, got, calls);
-  ASSERT_FALSE(testing::Test::HasFatalFailure());
-  expect_within_bf16_bounds(c, want, got, calls);
+  matches_within_bf16_bounds(Numerics::reference(), opts);
 }
 
 TEST(EngineFullWidth, SingleLayerMatchesCpuNoFakeQuant) {
-  ModelConfig c;
-  Recorded want, got;
-  std::vector<std::vector<int32_t>> calls;
   Numerics num = Numerics::reference();
   num.fake_quant = false;
-  run_both(num, {}, c, want, got, calls);
-  ASSERT_FALSE(testing::Test::HasFatalFailure());
-  expect_within_bf16_bounds(c, want, got, calls);
+  matches_within_bf16_bounds(num, {});
 }
 
 // Exact numerics on both sides (f32 throughout, no fake quant: what Transformers computes in float32):
