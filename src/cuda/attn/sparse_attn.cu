@@ -282,20 +282,38 @@ __device__ float query_max(const SplitScratch& s, int64_t qh, int n_seg_q) {
   return m;
 }
 
+// The (head, query, segment) of a split-path block: its query's rows, flat (query, head) index, first row
+// and row count (0 when the segment lies past the query's rows: the later launches read only its segments).
+struct Segment {
+  QueryRows qr;
+  int64_t qh, seg0;
+  int n;
+};
+
+__device__ Segment this_segment(const SparseAttnArgs& a, size_t ring_nbytes, size_t comp_nbytes) {
+  Segment g;
+  g.qr = query_rows(a, blockIdx.y, ring_nbytes, comp_nbytes);
+  g.qh = int64_t(blockIdx.y) * a.n_heads + blockIdx.x;
+  g.seg0 = int64_t(blockIdx.z) * kSegRows;
+  g.n = g.seg0 < g.qr.n_rows ? int(min(int64_t(kSegRows), g.qr.n_rows - g.seg0)) : 0;
+  return g;
+}
+
 __global__ void __launch_bounds__(kThreads) split_logits_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
                                                                 size_t ring_nbytes, size_t comp_nbytes) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int h = blockIdx.x, i = blockIdx.y, seg = blockIdx.z, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int seg = blockIdx.z, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int d = a.d_head;
   const void** row_ptrs = reinterpret_cast<const void**>(smem_raw);  // [kSegRows]
   float* q_s = reinterpret_cast<float*>(row_ptrs + kSegRows);         // [d]
   float* red = q_s + d;                                                // [kWarps]
   uint8_t* kinds = reinterpret_cast<uint8_t*>(red + kWarps);           // [kSegRows]
 
-  const QueryRows qr = query_rows(a, i, ring_nbytes, comp_nbytes);
-  const int64_t qh = int64_t(i) * a.n_heads + h, seg0 = int64_t(seg) * kSegRows;
-  if (seg0 >= qr.n_rows) return;  // past this query's rows: the later launches read only its segments
-  const int n = int(min(int64_t(kSegRows), qr.n_rows - seg0));
+  const Segment g = this_segment(a, ring_nbytes, comp_nbytes);
+  if (g.n == 0) return;
+  const QueryRows& qr = g.qr;
+  const int64_t qh = g.qh, seg0 = g.seg0;
+  const int n = g.n;
   const float* qv = a.q + qh * d;
   for (int c = tid; c < d; c += kThreads) q_s[c] = qv[c];
   resolve_rows(a, qr, seg0, n, kinds, row_ptrs);
@@ -319,19 +337,20 @@ __global__ void __launch_bounds__(kThreads) split_logits_kernel(SparseAttnArgs a
 __global__ void __launch_bounds__(kThreads) split_sums_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
                                                               size_t ring_nbytes, size_t comp_nbytes) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int h = blockIdx.x, i = blockIdx.y, seg = blockIdx.z, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int seg = blockIdx.z, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int d = a.d_head;
   const void** row_ptrs = reinterpret_cast<const void**>(smem_raw);  // [kSegRows]
   float* p = reinterpret_cast<float*>(row_ptrs + kSegRows);           // [kSegRows]
   float* part = p + kSegRows;                                          // [kWarps, d] + [kWarps]
   uint8_t* kinds = reinterpret_cast<uint8_t*>(part + size_t(kWarps) * d + kWarps);  // [kSegRows]
 
-  const QueryRows qr = query_rows(a, i, ring_nbytes, comp_nbytes);
-  const int64_t qh = int64_t(i) * a.n_heads + h, seg0 = int64_t(seg) * kSegRows;
-  if (seg0 >= qr.n_rows) return;
+  const Segment g = this_segment(a, ring_nbytes, comp_nbytes);
+  if (g.n == 0) return;
+  const QueryRows& qr = g.qr;
+  const int64_t qh = g.qh, seg0 = g.seg0;
+  const int n = g.n;
   const float m = query_max(s, qh, query_segments(qr.n_rows));
   if (m == -INFINITY) return;  // the combine writes zeros
-  const int n = int(min(int64_t(kSegRows), qr.n_rows - seg0));
   resolve_rows(a, qr, seg0, n, kinds, row_ptrs);
   for (int r = tid; r < n; r += kThreads) p[r] = expf(s.logits[qh * s.max_rows + seg0 + r] - m);
   __syncthreads();
