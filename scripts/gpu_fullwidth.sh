@@ -4,7 +4,7 @@
 # window + gated ratio-2 compressor, its own indexer, Engram, 384 MXFP4 experts), then runs
 #   EngineFullWidth.SingleLayerMatchesCpuExact   exact numerics (f32 throughout) — a structural check;
 #   EngineFullWidth.SingleLayerMatchesCpu        reference numerics (bf16 roundings, fake quants);
-#   EngineFullWidth.SingleLayerMatchesCpuHostDispatch / ...NoFakeQuant   bisection variants (FW_BISECT=0 skips);
+#   EngineFullWidth.SingleLayerMatchesCpuHostDispatch / ...NoFakeQuant / ...FakeQuantOnly   bisection variants (FW_BISECT=0 skips);
 #   the reference test again on a copy whose config lists no Engram layers (FW_NO_ENGRAM=0 skips it):
 #     if only this one passes, the departure is in Engram.
 # Each test takes ~60 s on the H200 (CPU load 30–40 s with the dequantization on every core).
@@ -34,6 +34,7 @@ run reference "$DIR" 'EngineFullWidth.SingleLayerMatchesCpu'
 if [ "${FW_BISECT:-1}" != 0 ]; then  # one change each: the routed experts through linear(); no fake quant anywhere
   run host_dispatch "$DIR" 'EngineFullWidth.SingleLayerMatchesCpuHostDispatch'
   run no_fake_quant "$DIR" 'EngineFullWidth.SingleLayerMatchesCpuNoFakeQuant'
+  run fake_quant_only "$DIR" 'EngineFullWidth.SingleLayerMatchesCpuFakeQuantOnly'
 fi
 if [ "${FW_NO_ENGRAM:-1}" != 0 ]; then
   NE=${DIR}_no_engram

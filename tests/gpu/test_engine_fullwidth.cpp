@@ -250,7 +250,8 @@ TEST(EngineFullWidth, SingleLayerMatchesCpu) { matches_within_bf16_bounds(Numeri
 // top of the file). Each variant keeps the bounds and changes one thing:
 //  - HostDispatch: the GPU's routed experts per expert through linear() (the dense library's activation
 //    prep and GEMV), not the grouped expert GEMV with cuda::fake_quant_fp8 of the device dispatch;
-//  - NoFakeQuant: bf16 roundings kept, every fake quant off (KV rows, activations), on both engines.
+//  - NoFakeQuant: bf16 roundings kept, every fake quant off (KV rows, activations), on both engines;
+//  - FakeQuantOnly: the converse, every fake quant kept and activations in f32 (no bf16 rounding).
 TEST(EngineFullWidth, SingleLayerMatchesCpuHostDispatch) {
   engine::GpuModelOptions opts;
   opts.moe_dispatch = engine::MoeDispatch::kHost;
@@ -260,6 +261,12 @@ TEST(EngineFullWidth, SingleLayerMatchesCpuHostDispatch) {
 TEST(EngineFullWidth, SingleLayerMatchesCpuNoFakeQuant) {
   Numerics num = Numerics::reference();
   num.fake_quant = false;
+  matches_within_bf16_bounds(num, {});
+}
+
+TEST(EngineFullWidth, SingleLayerMatchesCpuFakeQuantOnly) {
+  Numerics num = Numerics::reference();
+  num.bf16_activations = false;
   matches_within_bf16_bounds(num, {});
 }
 
