@@ -77,7 +77,9 @@ size_t step_arena_nbytes(const ModelConfig& c, int64_t n, int64_t T) {
   // Decode-sized attention calls take scratch for the split path (cuda/attn/sparse_attn.h), at most
   // kSparseAttnSplitMaxBlocks (query, head) pairs; a step of more rows does not use it.
   const int64_t split_q = std::min<int64_t>(n, std::max<int64_t>(1, cuda::kSparseAttnSplitMaxBlocks / H));
-  const int64_t max_sel = std::max<int64_t>(c.index_topk, T / std::max<int64_t>(1, min_ratio) + 1);
+  // Rows per query: the kernel refuses more than kSparseAttnMaxRows (window + selection).
+  const int64_t max_sel = std::min<int64_t>(std::max<int64_t>(c.index_topk, T / std::max<int64_t>(1, min_ratio) + 1),
+                                            cuda::kSparseAttnMaxRows - c.window);
   const size_t attn_split = sizeof(float) * cuda::sparse_attn_split_scratch_floats(int(split_q), int(H), int(D),
                                                                                    c.window + max_sel);
   // Every allocation is rounded up to 256 B: 1 MiB covers the few hundred of one scope.

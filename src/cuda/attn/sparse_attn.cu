@@ -1,32 +1,36 @@
 // Sparse attention with sinks over compact paged KV (contract in sparse_attn.h).
 //
+// K = V rows are shared by every head (one latent row per position), so a block takes one query and a
+// group of up to kMaxHeadsPerBlock heads, one warp per head, and dequantizes each row once into shared
+// memory for all of them. Rows are dequantized by kvdev::layout_channel (offsets resolved once per call,
+// codes and scales decoded by bit assembly). The earlier kernel took one (head, query) per block and
+// decoded every row once per head and pass: 64 decodes of each channel per decode call, which made it
+// instruction-bound (150 µs per decode call at 1 K context, 379 ms per 4096-token prefill call on the
+// H200; bench/results/engine_h200.md, session 6).
+//
 // The arithmetic, shared by both paths below so that they give bit-identical results:
-//   logits: ℓ_j = (q·c_j)·scale, one warp per row (lanes stride over the channels, xor-shuffle sum),
-//           −∞ for skipped rows; m = max_j ℓ_j (exact); p_j = expf(ℓ_j − m);
-//   sums:   the rows are cut into segments of kSegRows = 128 by row index, each segment into 16 chunks
-//           of kPass2Chunk = 8 rows, chunk w to warp w; a warp sums p̃_j·c_j and p_j over its chunk in row
-//           order; a segment's sum is its 16 warp sums added in warp order; the result is the segment
-//           sums added in segment order, divided by (Σ segment denominators + expf(sink − m)).
+//   logits: ℓ_j = (q·c_j)·scale: lane l sums q[c]·c_j[c] over c = l, l + 32, ... in order, then an
+//           xor-shuffle sum over lanes; −∞ for skipped rows; m = max_j ℓ_j (exact); p_j = expf(ℓ_j − m);
+//   sums:   the rows are cut into segments of kSegRows = 32 by row index, each into 4 chunks of
+//           kChunkRows = 8; a chunk sums p̃_j·c_j and p_j in row order; a segment's sum is its chunk
+//           sums added in chunk order; the result is the segment sums added in segment order, divided by
+//           (Σ segment denominators + expf(sink − m)).
 // Which partial sum a row lands in depends on its index only — not on the row count, which grows with
 // padding (V4's HCA selections are padded with −1 to the longest sequence of the step), and not on the
 // path — so a query's result does not depend on the other queries of the call.
 //
 // Paths:
-//   one block per (head, query), 512 threads (prefill, large batches): phase 0 resolves the query's rows
-//     into a row table in shared memory (address, kind), pass 1 computes the logits into shared memory,
-//     pass 2 walks the segments;
-//   split (decode, n_q·n_heads ≤ kSparseAttnSplitMaxBlocks, with caller scratch): one block per (head,
-//     query, segment) in three launches — logits and segment maxima, segment sums, then the combine —
-//     because a decode call has 64 (head, query) pairs for 132 SMs and each block's few hundred rows are a
-//     dependent chain of loads (selection → page table → row).
-// Rows are dequantized on the fly in both passes by kvdev::layout_channel (offsets resolved once per call,
-// codes and scales decoded by bit assembly). The generic per-channel decoder (ldexpf, a runtime division
-// by the block, format branches) made this kernel instruction-bound: 402 µs per decode call at 1 K
-// context, 509 ms per 4096-token prefill call (bench/results/engine_h200.md, session 6).
+//   one block per (head group, query) (prefill, large batches): pass 1 walks the segments computing the
+//     logits into shared memory, pass 2 walks them again for the sums;
+//   split (decode, n_q·n_heads ≤ kSparseAttnSplitMaxBlocks, with caller scratch): one block per (head
+//     group, query, segment) in three launches — logits and segment maxima, segment sums, then the
+//     combine — because a decode call has one query per sequence for 132 SMs.
 // Tests: tests/gpu/test_cuda_attn_sparse.cpp.
 #include "cuda/attn/sparse_attn.h"
 
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/attn/kv_device.cuh"
 
@@ -34,12 +38,13 @@ namespace spw::cuda {
 
 namespace {
 
-constexpr int kThreads = 512;
-constexpr int kWarps = kThreads / 32;
-constexpr int kMaxChannelsPerLane = 1024 / 32;
-constexpr int kPass2Chunk = 8;                    // rows per warp chunk
-constexpr int kSegRows = kWarps * kPass2Chunk;    // rows per segment
-constexpr int kChannelsPerThread = 1024 / kThreads;  // channels a thread owns in the warp-order sums
+constexpr int kMaxHeadsPerBlock = 8;             // one warp per head
+constexpr int kMaxThreads = 32 * kMaxHeadsPerBlock;
+constexpr int kChunkRows = 8;                    // rows per chunk
+constexpr int kSegRows = 4 * kChunkRows;         // rows per segment: also the rows in shared memory at once
+constexpr int kMaxChannelsPerLane = 1024 / 32;   // d_head ≤ 1024
+// Shared memory of one block (H100/H200 allow 227 KiB with the opt-in).
+constexpr size_t kMaxSmem = 227 * 1024;
 
 Error cuda_error(const char* what, cudaError_t e) { return make_error("CUDA ", what, ": ", cudaGetErrorString(e)); }
 
@@ -80,6 +85,8 @@ __device__ QueryRows query_rows(const SparseAttnArgs& a, int i, size_t ring_nbyt
   return qr;
 }
 
+__device__ __host__ inline int segments_of(int64_t n_rows) { return int((n_rows + kSegRows - 1) / kSegRows); }
+
 // Where row j of the query lives (kind and address).
 __device__ RowKind resolve_row(const SparseAttnArgs& a, const QueryRows& qr, int64_t j, const void*& ptr) {
   if (j < qr.n_win) {
@@ -100,170 +107,187 @@ __device__ RowKind resolve_row(const SparseAttnArgs& a, const QueryRows& qr, int
   return kComp;
 }
 
-// Rows [j0, j0 + n) of the query into a row table (threads stride over the rows).
-__device__ void resolve_rows(const SparseAttnArgs& a, const QueryRows& qr, int64_t j0, int n, uint8_t* kinds,
-                             const void** ptrs) {
-  for (int r = threadIdx.x; r < n; r += blockDim.x) {
+// Shared memory of one segment: its rows dequantized [kSegRows, d] f32, their kinds and addresses.
+struct SegmentTile {
+  float* rows;
+  const void** ptrs;
+  uint8_t* kinds;
+};
+
+__host__ __device__ inline size_t tile_smem_bytes(int d) {
+  return sizeof(const void*) * kSegRows + sizeof(float) * size_t(kSegRows) * size_t(d) + kSegRows;
+}
+
+// Carves a SegmentTile out of `smem` (pointers first for their alignment); returns the first byte after it.
+__device__ unsigned char* carve_tile(unsigned char* smem, int d, SegmentTile& t) {
+  t.ptrs = reinterpret_cast<const void**>(smem);
+  t.rows = reinterpret_cast<float*>(t.ptrs + kSegRows);
+  t.kinds = reinterpret_cast<uint8_t*>(t.rows + size_t(kSegRows) * d);
+  return t.kinds + kSegRows;
+}
+
+// Rows [seg0, seg0 + kSegRows) of the query into the tile (the block's threads together; rows past the
+// query's end are kSkipped). Starts and ends with a barrier, so the tile may be reused in a loop.
+__device__ void load_segment(const SparseAttnArgs& a, const Layouts& layouts, const QueryRows& qr, int64_t seg0,
+                             SegmentTile t) {
+  const int d = a.d_head;
+  __syncthreads();
+  for (int r = threadIdx.x; r < kSegRows; r += blockDim.x) {
     const void* ptr = nullptr;
-    kinds[r] = resolve_row(a, qr, j0 + r, ptr);
-    ptrs[r] = ptr;
+    t.kinds[r] = seg0 + r < qr.n_rows ? resolve_row(a, qr, seg0 + r, ptr) : kSkipped;
+    t.ptrs[r] = ptr;
   }
-}
-
-// q·row over the lane's channels c = lane + 32k (the caller reduces over lanes).
-template <KvElem E>
-__device__ __forceinline__ float lane_dot(const kvdev::RowLayout& l, const uint8_t* row, const float* q_s, int d, int lane) {
-  float acc = 0.f;
-  for (int c = lane; c < d; c += 32) acc += q_s[c] * kvdev::layout_channel<E>(l, row, c);
-  return acc;
-}
-
-// acc[k] += p·row[lane + 32k].
-template <KvElem E>
-__device__ __forceinline__ void lane_axpy(const kvdev::RowLayout& l, const uint8_t* row, float p, int d, int lane,
-                                          float (&acc)[kMaxChannelsPerLane]) {
-#pragma unroll
-  for (int k = 0; k < kMaxChannelsPerLane; ++k) {
-    const int c = lane + k * 32;
-    if (c < d) acc[k] += p * kvdev::layout_channel<E>(l, row, c);
-  }
-}
-
-// ℓ of one row, computed by a whole warp (every lane gets it).
-__device__ float row_logit(const Layouts& layouts, RowKind kind, const void* ptr, const float* q_s, int d, int lane,
-                          float scale) {
-  float acc = 0.f;
-  if (kind != kSkipped) {
+  __syncthreads();
+  for (int r = 0; r < kSegRows; ++r) {
+    const RowKind kind = RowKind(t.kinds[r]);
+    if (kind == kSkipped) continue;  // uniform over the block
     const kvdev::RowLayout l = layout_of(layouts, kind);
-    const uint8_t* row = static_cast<const uint8_t*>(ptr);
-    if (l.elem == KvElem::kF32) acc = lane_dot<KvElem::kF32>(l, row, q_s, d, lane);
-    else if (l.elem == KvElem::kFp8E4m3) acc = lane_dot<KvElem::kFp8E4m3>(l, row, q_s, d, lane);
-    else acc = lane_dot<KvElem::kFp4E2m1>(l, row, q_s, d, lane);
+    const uint8_t* row = static_cast<const uint8_t*>(t.ptrs[r]);
+    float* dst = t.rows + size_t(r) * d;
+    if (l.elem == KvElem::kF32) {
+      for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = kvdev::layout_channel<KvElem::kF32>(l, row, c);
+    } else if (l.elem == KvElem::kFp8E4m3) {
+      for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = kvdev::layout_channel<KvElem::kFp8E4m3>(l, row, c);
+    } else {
+      for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = kvdev::layout_channel<KvElem::kFp4E2m1>(l, row, c);
+    }
+  }
+  __syncthreads();
+}
+
+// q of head h, lane's channels c = lane + 32k.
+template <int CPL>
+__device__ __forceinline__ void load_q(const float* qh, int d, int lane, float (&q)[CPL]) {
+#pragma unroll
+  for (int k = 0; k < CPL; ++k) {
+    const int c = lane + 32 * k;
+    q[k] = c < d ? qh[c] : 0.f;
+  }
+}
+
+// ℓ of tile row r for the warp's head (every lane gets it).
+template <int CPL>
+__device__ __forceinline__ float tile_logit(const SegmentTile& t, int r, const float (&q)[CPL], int d, int lane,
+                                            float scale) {
+  if (t.kinds[r] == kSkipped) return -INFINITY;
+  const float* row = t.rows + size_t(r) * d;
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < CPL; ++k) {
+    const int c = lane + 32 * k;
+    if (c < d) acc += q[k] * row[c];
   }
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  return kind != kSkipped ? acc * scale : -INFINITY;
+  return acc * scale;
 }
 
-// One warp's chunk: table entries [r0, r1) in row order, p_j = p[r]: acc = Σ p̃_j·c_j, den = Σ p_j.
-__device__ void chunk_sums(const Layouts& layouts, const uint8_t* kinds, const void* const* ptrs, const float* p, int r0,
-                           int r1, bool round_p, int d, int lane, float (&acc)[kMaxChannelsPerLane], float& den) {
+// A segment's sums for the warp's head: p(r) gives p_j of tile row r (called for rows that are not
+// skipped); sums[k] = Σ p̃_j·c_j[lane + 32k] and den = Σ p_j, in the chunk order of the file's top.
+template <int CPL, typename P>
+__device__ __forceinline__ void segment_sums(const SegmentTile& t, P p, bool round_p, int d, int lane,
+                                             float (&sums)[CPL], float& den) {
 #pragma unroll
-  for (int k = 0; k < kMaxChannelsPerLane; ++k) acc[k] = 0.f;
+  for (int k = 0; k < CPL; ++k) sums[k] = 0.f;
   den = 0.f;
-  for (int r = r0; r < r1; ++r) {
-    const RowKind kind = RowKind(kinds[r]);
-    if (kind == kSkipped) continue;
-    const float pj = p[r];
-    den += pj;
-    const float pv = round_p ? kvdev::bf16_round(pj) : pj;
-    const kvdev::RowLayout l = layout_of(layouts, kind);
-    const uint8_t* row = static_cast<const uint8_t*>(ptrs[r]);
-    if (l.elem == KvElem::kF32) lane_axpy<KvElem::kF32>(l, row, pv, d, lane, acc);
-    else if (l.elem == KvElem::kFp8E4m3) lane_axpy<KvElem::kFp8E4m3>(l, row, pv, d, lane, acc);
-    else lane_axpy<KvElem::kFp4E2m1>(l, row, pv, d, lane, acc);
+  for (int r0 = 0; r0 < kSegRows; r0 += kChunkRows) {
+    float acc[CPL];
+#pragma unroll
+    for (int k = 0; k < CPL; ++k) acc[k] = 0.f;
+    float chunk_den = 0.f;
+    for (int r = r0; r < r0 + kChunkRows; ++r) {
+      if (t.kinds[r] == kSkipped) continue;
+      const float pj = p(r);
+      chunk_den += pj;
+      const float pv = round_p ? kvdev::bf16_round(pj) : pj;
+      const float* row = t.rows + size_t(r) * d;
+#pragma unroll
+      for (int k = 0; k < CPL; ++k) {
+        const int c = lane + 32 * k;
+        if (c < d) acc[k] += pv * row[c];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < CPL; ++k) sums[k] += acc[k];
+    den += chunk_den;
   }
 }
 
-// A segment's sums: the warps' chunk sums added in warp order. Thread t gets channels t + kThreads·k in
-// seg[k] and the denominator in seg_den. part: [kWarps, d] + [kWarps] of shared memory. Ends synchronised.
-__device__ void segment_sums(const float (&acc)[kMaxChannelsPerLane], float den, float* part, int d, int lane, int warp,
-                             float (&seg)[kChannelsPerThread], float& seg_den) {
-  float* part_den = part + size_t(kWarps) * d;
-#pragma unroll
-  for (int k = 0; k < kMaxChannelsPerLane; ++k) {
-    const int c = lane + k * 32;
-    if (c < d) part[size_t(warp) * d + c] = acc[k];
-  }
-  if (lane == 0) part_den[warp] = den;
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < kChannelsPerThread; ++k) {
-    const int c = int(threadIdx.x) + k * kThreads;
-    float s = 0.f;
-    if (c < d)
-      for (int w = 0; w < kWarps; ++w) s += part[size_t(w) * d + c];
-    seg[k] = s;
-  }
-  seg_den = 0.f;
-  for (int w = 0; w < kWarps; ++w) seg_den += part_den[w];
-  __syncthreads();  // part is reused by the next segment
+// The head group and head of this warp.
+struct HeadOfWarp {
+  int h;
+  bool active;
+};
+
+__device__ __forceinline__ HeadOfWarp head_of_warp(const SparseAttnArgs& a) {
+  const int warps = int(blockDim.x) / 32;
+  HeadOfWarp w;
+  w.h = int(blockIdx.x) * warps + int(threadIdx.x) / 32;
+  w.active = w.h < a.n_heads;
+  return w;
 }
 
 // ---------------------------------------------------------------------------------------------------
-// One block per (head, query).
+// One block per (head group, query).
 
-// Shared memory: row addresses [max_rows], q [d], reduction scratch [kWarps], partial sums [kWarps, d]
-// and denominators [kWarps], logits [max_rows], kinds [max_rows].
-__host__ __device__ inline size_t one_block_smem_bytes(int d, int64_t max_rows) {
-  return sizeof(float) * (size_t(d) + kWarps + size_t(kWarps) * d + kWarps + size_t(max_rows)) +
-         sizeof(const void*) * size_t(max_rows) + size_t(max_rows);
+// Shared memory: the segment tile, then the logits [warps, max_rows].
+__host__ __device__ inline size_t one_block_smem_bytes(int d, int64_t max_rows, int warps) {
+  return tile_smem_bytes(d) + 16 + sizeof(float) * size_t(warps) * size_t(max_rows);
 }
 
-__global__ void __launch_bounds__(kThreads) sparse_attn_kernel(SparseAttnArgs a, Layouts layouts, size_t ring_nbytes,
-                                                               size_t comp_nbytes, int64_t max_rows) {
+template <int CPL>
+__global__ void __launch_bounds__(kMaxThreads) sparse_attn_kernel(SparseAttnArgs a, Layouts layouts,
+                                                                  size_t ring_nbytes, size_t comp_nbytes,
+                                                                  int64_t max_rows) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int d = a.d_head;
-  // Pointers first (8-byte alignment), then floats, then the kind bytes.
-  const void** row_ptrs = reinterpret_cast<const void**>(smem_raw);                 // [max_rows]
-  float* q_s = reinterpret_cast<float*>(row_ptrs + max_rows);                        // [d]
-  float* red = q_s + d;                                                              // [kWarps]
-  float* part = red + kWarps;                                                        // [kWarps, d] + [kWarps]
-  float* logits = part + size_t(kWarps) * d + kWarps;                                // [max_rows]
-  uint8_t* kinds = reinterpret_cast<uint8_t*>(logits + max_rows);                    // [max_rows]
+  const int i = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32, d = a.d_head;
+  SegmentTile t;
+  unsigned char* after = carve_tile(smem_raw, d, t);
+  float* logits = reinterpret_cast<float*>(smem_raw + ((after - smem_raw + 15) / 16) * 16) + size_t(warp) * max_rows;
 
   const QueryRows qr = query_rows(a, i, ring_nbytes, comp_nbytes);
-  const int n_rows = int(qr.n_rows);
-
-  // Phase 0: q and the row table.
-  const float* qh = a.q + (int64_t(i) * a.n_heads + h) * d;
-  for (int c = tid; c < d; c += kThreads) q_s[c] = qh[c];
-  resolve_rows(a, qr, 0, n_rows, kinds, row_ptrs);
-  __syncthreads();
+  const HeadOfWarp hw = head_of_warp(a);
+  float q[CPL];
+  load_q(a.q + (int64_t(i) * a.n_heads + (hw.active ? hw.h : 0)) * d, d, lane, q);
 
   // Pass 1: logits (−∞ for skipped rows) and their max.
   float m = -INFINITY;
-  for (int j = warp; j < n_rows; j += kWarps) {
-    const float l = row_logit(layouts, RowKind(kinds[j]), row_ptrs[j], q_s, d, lane, a.scale);
-    if (lane == 0) logits[j] = l;
-    m = fmaxf(m, l);
+  for (int64_t seg0 = 0; seg0 < qr.n_rows; seg0 += kSegRows) {
+    load_segment(a, layouts, qr, seg0, t);
+    if (!hw.active) continue;
+    for (int r = 0; r < kSegRows && seg0 + r < qr.n_rows; ++r) {
+      const float l = tile_logit(t, r, q, d, lane, a.scale);
+      if (lane == 0) logits[seg0 + r] = l;
+      m = fmaxf(m, l);
+    }
   }
-  if (lane == 0) red[warp] = m;
-  __syncthreads();
-  m = red[0];
-  for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w]);
+  __syncwarp();
 
-  float* out = a.out + (int64_t(i) * a.n_heads + h) * d;
-  if (m == -INFINITY) {  // no rows: only the sink, the output is zero
-    for (int c = tid; c < d; c += kThreads) out[c] = 0.f;
-    return;
-  }
-  for (int j = tid; j < n_rows; j += kThreads) logits[j] = expf(logits[j] - m);  // p_j (0 when skipped)
-  __syncthreads();
-
-  // Pass 2: segment by segment.
-  float tot[kChannelsPerThread] = {}, tot_den = 0.f;
-  float acc[kMaxChannelsPerLane];
-  for (int seg0 = 0; seg0 < n_rows; seg0 += kSegRows) {
-    const int r0 = min(seg0 + warp * kPass2Chunk, n_rows), r1 = min(r0 + kPass2Chunk, n_rows);
-    float den;
-    chunk_sums(layouts, kinds, row_ptrs, logits, r0, r1, a.round_p_bf16, d, lane, acc, den);
-    float seg[kChannelsPerThread], seg_den;
-    segment_sums(acc, den, part, d, lane, warp, seg, seg_den);
+  // Pass 2: segment by segment (every warp takes part in the loads; a warp with no head or no rows idles).
+  float tot[CPL], tot_den = 0.f;
 #pragma unroll
-    for (int k = 0; k < kChannelsPerThread; ++k) tot[k] += seg[k];
+  for (int k = 0; k < CPL; ++k) tot[k] = 0.f;
+  const bool sums = hw.active && m != -INFINITY;
+  for (int64_t seg0 = 0; seg0 < qr.n_rows; seg0 += kSegRows) {
+    load_segment(a, layouts, qr, seg0, t);
+    if (!sums) continue;
+    float seg[CPL], seg_den;
+    segment_sums(t, [&](int r) { return expf(logits[seg0 + r] - m); }, a.round_p_bf16, d, lane, seg, seg_den);
+#pragma unroll
+    for (int k = 0; k < CPL; ++k) tot[k] += seg[k];
     tot_den += seg_den;
   }
-  const float den = tot_den + expf(a.sink[h] - m);
+  if (!hw.active) return;
+  float* out = a.out + (int64_t(i) * a.n_heads + hw.h) * d;
+  const float den = tot_den + (sums ? expf(a.sink[hw.h] - m) : 0.f);
 #pragma unroll
-  for (int k = 0; k < kChannelsPerThread; ++k) {
-    const int c = tid + k * kThreads;
-    if (c < d) out[c] = tot[k] / den;
+  for (int k = 0; k < CPL; ++k) {
+    const int c = lane + 32 * k;
+    if (c < d) out[c] = sums ? tot[k] / den : 0.f;  // no rows: only the sink, the output is zero
   }
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Split: one block per (head, query, segment), three launches over the caller's scratch.
+// Split: one block per (head group, query, segment), three launches over the caller's scratch.
 
 struct SplitScratch {
   float* logits;   // [n_q, n_heads, max_rows]
@@ -274,120 +298,102 @@ struct SplitScratch {
   int64_t max_rows;
 };
 
-__device__ int query_segments(int64_t n_rows) { return int((n_rows + kSegRows - 1) / kSegRows); }
-
 __device__ float query_max(const SplitScratch& s, int64_t qh, int n_seg_q) {
   float m = -INFINITY;
   for (int k = 0; k < n_seg_q; ++k) m = fmaxf(m, s.seg_max[qh * s.n_seg + k]);
   return m;
 }
 
-// The (head, query, segment) of a split-path block: its query's rows, flat (query, head) index, first row
-// and row count (0 when the segment lies past the query's rows: the later launches read only its segments).
-struct Segment {
-  QueryRows qr;
-  int64_t qh, seg0;
-  int n;
-};
-
-__device__ Segment this_segment(const SparseAttnArgs& a, size_t ring_nbytes, size_t comp_nbytes) {
-  Segment g;
-  g.qr = query_rows(a, blockIdx.y, ring_nbytes, comp_nbytes);
-  g.qh = int64_t(blockIdx.y) * a.n_heads + blockIdx.x;
-  g.seg0 = int64_t(blockIdx.z) * kSegRows;
-  g.n = g.seg0 < g.qr.n_rows ? int(min(int64_t(kSegRows), g.qr.n_rows - g.seg0)) : 0;
-  return g;
-}
-
-__global__ void __launch_bounds__(kThreads) split_logits_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
-                                                                size_t ring_nbytes, size_t comp_nbytes) {
+template <int CPL>
+__global__ void __launch_bounds__(kMaxThreads) split_logits_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
+                                                                   size_t ring_nbytes, size_t comp_nbytes) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int seg = blockIdx.z, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int d = a.d_head;
-  const void** row_ptrs = reinterpret_cast<const void**>(smem_raw);  // [kSegRows]
-  float* q_s = reinterpret_cast<float*>(row_ptrs + kSegRows);         // [d]
-  float* red = q_s + d;                                                // [kWarps]
-  uint8_t* kinds = reinterpret_cast<uint8_t*>(red + kWarps);           // [kSegRows]
-
-  const Segment g = this_segment(a, ring_nbytes, comp_nbytes);
-  if (g.n == 0) return;
-  const QueryRows& qr = g.qr;
-  const int64_t qh = g.qh, seg0 = g.seg0;
-  const int n = g.n;
-  const float* qv = a.q + qh * d;
-  for (int c = tid; c < d; c += kThreads) q_s[c] = qv[c];
-  resolve_rows(a, qr, seg0, n, kinds, row_ptrs);
-  __syncthreads();
-
+  const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32, d = a.d_head;
+  const QueryRows qr = query_rows(a, i, ring_nbytes, comp_nbytes);
+  const int64_t seg0 = int64_t(seg) * kSegRows;
+  if (seg0 >= qr.n_rows) return;  // past this query's rows: the later launches read only its segments
+  SegmentTile t;
+  carve_tile(smem_raw, d, t);
+  const HeadOfWarp hw = head_of_warp(a);
+  float q[CPL];
+  const int64_t qh = int64_t(i) * a.n_heads + (hw.active ? hw.h : 0);
+  load_q(a.q + qh * d, d, lane, q);
+  load_segment(a, layouts, qr, seg0, t);
+  if (!hw.active) return;
   float m = -INFINITY;
-  for (int r = warp; r < n; r += kWarps) {
-    const float l = row_logit(layouts, RowKind(kinds[r]), row_ptrs[r], q_s, d, lane, a.scale);
+  for (int r = 0; r < kSegRows && seg0 + r < qr.n_rows; ++r) {
+    const float l = tile_logit(t, r, q, d, lane, a.scale);
     if (lane == 0) s.logits[qh * s.max_rows + seg0 + r] = l;
     m = fmaxf(m, l);
   }
-  if (lane == 0) red[warp] = m;
-  __syncthreads();
-  if (tid == 0) {
-    float mm = red[0];
-    for (int w = 1; w < kWarps; ++w) mm = fmaxf(mm, red[w]);
-    s.seg_max[qh * s.n_seg + seg] = mm;
-  }
+  if (lane == 0) s.seg_max[qh * s.n_seg + seg] = m;
 }
 
-__global__ void __launch_bounds__(kThreads) split_sums_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
-                                                              size_t ring_nbytes, size_t comp_nbytes) {
+template <int CPL>
+__global__ void __launch_bounds__(kMaxThreads) split_sums_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
+                                                                 size_t ring_nbytes, size_t comp_nbytes) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int seg = blockIdx.z, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int d = a.d_head;
-  const void** row_ptrs = reinterpret_cast<const void**>(smem_raw);  // [kSegRows]
-  float* p = reinterpret_cast<float*>(row_ptrs + kSegRows);           // [kSegRows]
-  float* part = p + kSegRows;                                          // [kWarps, d] + [kWarps]
-  uint8_t* kinds = reinterpret_cast<uint8_t*>(part + size_t(kWarps) * d + kWarps);  // [kSegRows]
-
-  const Segment g = this_segment(a, ring_nbytes, comp_nbytes);
-  if (g.n == 0) return;
-  const QueryRows& qr = g.qr;
-  const int64_t qh = g.qh, seg0 = g.seg0;
-  const int n = g.n;
-  const float m = query_max(s, qh, query_segments(qr.n_rows));
+  const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32, d = a.d_head;
+  const QueryRows qr = query_rows(a, i, ring_nbytes, comp_nbytes);
+  const int64_t seg0 = int64_t(seg) * kSegRows;
+  if (seg0 >= qr.n_rows) return;
+  SegmentTile t;
+  carve_tile(smem_raw, d, t);
+  const HeadOfWarp hw = head_of_warp(a);
+  load_segment(a, layouts, qr, seg0, t);
+  if (!hw.active) return;
+  const int64_t qh = int64_t(i) * a.n_heads + hw.h;
+  const float m = query_max(s, qh, segments_of(qr.n_rows));
   if (m == -INFINITY) return;  // the combine writes zeros
-  resolve_rows(a, qr, seg0, n, kinds, row_ptrs);
-  for (int r = tid; r < n; r += kThreads) p[r] = expf(s.logits[qh * s.max_rows + seg0 + r] - m);
-  __syncthreads();
-
-  const int r0 = min(warp * kPass2Chunk, n), r1 = min(r0 + kPass2Chunk, n);
-  float acc[kMaxChannelsPerLane], den;
-  chunk_sums(layouts, kinds, row_ptrs, p, r0, r1, a.round_p_bf16, d, lane, acc, den);
-  float sums[kChannelsPerThread], sum_den;
-  segment_sums(acc, den, part, d, lane, warp, sums, sum_den);
+  const float* logits = s.logits + qh * s.max_rows + seg0;
+  float sums[CPL], den;
+  segment_sums(t, [&](int r) { return expf(logits[r] - m); }, a.round_p_bf16, d, lane, sums, den);
   float* out = s.seg_sum + (qh * s.n_seg + seg) * d;
 #pragma unroll
-  for (int k = 0; k < kChannelsPerThread; ++k) {
-    const int c = tid + k * kThreads;
+  for (int k = 0; k < CPL; ++k) {
+    const int c = lane + 32 * k;
     if (c < d) out[c] = sums[k];
   }
-  if (tid == 0) s.seg_den[qh * s.n_seg + seg] = sum_den;
+  if (lane == 0) s.seg_den[qh * s.n_seg + seg] = den;
 }
 
-__global__ void __launch_bounds__(kThreads) split_combine_kernel(SparseAttnArgs a, SplitScratch s) {
+__global__ void __launch_bounds__(512) split_combine_kernel(SparseAttnArgs a, SplitScratch s) {
   const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x, d = a.d_head;
   const int64_t qh = int64_t(i) * a.n_heads + h;
   const int64_t t = a.q_pos[i];
   const int64_t lo = t - a.window + 1 > 0 ? t - a.window + 1 : 0;
-  const int n_seg_q = query_segments(t - lo + 1 + (a.sel ? a.sel_stride : 0));
+  const int n_seg_q = segments_of(t - lo + 1 + (a.sel ? a.sel_stride : 0));
   const float m = query_max(s, qh, n_seg_q);
   float* out = a.out + qh * d;
   if (m == -INFINITY) {
-    for (int c = tid; c < d; c += kThreads) out[c] = 0.f;
+    for (int c = tid; c < d; c += blockDim.x) out[c] = 0.f;
     return;
   }
   float tot_den = 0.f;
   for (int k = 0; k < n_seg_q; ++k) tot_den += s.seg_den[qh * s.n_seg + k];
   const float den = tot_den + expf(a.sink[h] - m);
-  for (int c = tid; c < d; c += kThreads) {
+  for (int c = tid; c < d; c += blockDim.x) {
     float tot = 0.f;
     for (int k = 0; k < n_seg_q; ++k) tot += s.seg_sum[(qh * s.n_seg + k) * d + c];
     out[c] = tot / den;
+  }
+}
+
+// Channels per lane the kernels are compiled for: the smallest of 4, 8, 16, 32 holding d_head / 32.
+int channels_per_lane(int d) {
+  int cpl = 4;
+  while (32 * cpl < d) cpl *= 2;
+  return cpl;
+}
+
+// f(std::integral_constant<int, cpl>{}) for the compiled cpl values.
+template <typename F>
+Status with_channels_per_lane(int cpl, F&& f) {
+  switch (cpl) {
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    default: return f(std::integral_constant<int, kMaxChannelsPerLane>{});
   }
 }
 
@@ -403,7 +409,7 @@ Status set_smem(const void* kernel, size_t smem, const char* name) {
 }  // namespace
 
 size_t sparse_attn_split_scratch_floats(int n_q, int n_heads, int d_head, int64_t max_rows) {
-  const int64_t qh = int64_t(n_q) * n_heads, n_seg = (max_rows + kSegRows - 1) / kSegRows;
+  const int64_t qh = int64_t(n_q) * n_heads, n_seg = segments_of(max_rows);
   return size_t(qh * (max_rows + n_seg * (2 + d_head)));
 }
 
@@ -433,37 +439,50 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   layouts.by_kind[kRing] = kvdev::row_layout(a.ring.fmt);
   if (a.sel) layouts.by_kind[kComp] = kvdev::row_layout(a.comp.fmt);
   const size_t ring_nbytes = kv_row_nbytes(a.ring.fmt), comp_nbytes = a.sel ? kv_row_nbytes(a.comp.fmt) : 0;
+  const int cpl = channels_per_lane(a.d_head);
+  int warps = std::min(kMaxHeadsPerBlock, int(a.n_heads));
 
   if (!split) {
-    const size_t smem = one_block_smem_bytes(a.d_head, max_rows);
-    SPW_TRY(set_smem(reinterpret_cast<const void*>(sparse_attn_kernel), smem, "sparse_attn_kernel shared memory"));
-    sparse_attn_kernel<<<dim3(unsigned(a.n_heads), unsigned(a.n_q)), kThreads, smem, stream>>>(
-        a, layouts, ring_nbytes, comp_nbytes, max_rows);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch sparse_attn_kernel", e);
-    return {};
+    // Fewer heads per block when their logits would not fit (V4's ratio-128 layers at long context).
+    while (warps > 1 && one_block_smem_bytes(a.d_head, max_rows, warps) > kMaxSmem) warps = (warps + 1) / 2;
+    const size_t smem = one_block_smem_bytes(a.d_head, max_rows, warps);
+    if (smem > kMaxSmem)
+      return make_error("sparse_attn_cuda: ", max_rows, " rows of d_head ", a.d_head, " need ", smem,
+                        " bytes of shared memory per block");
+    const dim3 grid(unsigned((a.n_heads + warps - 1) / warps), unsigned(a.n_q));
+    return with_channels_per_lane(cpl, [&](auto k) -> Status {
+      const void* kernel = reinterpret_cast<const void*>(sparse_attn_kernel<decltype(k)::value>);
+      SPW_TRY(set_smem(kernel, smem, "sparse_attn_kernel shared memory"));
+      sparse_attn_kernel<decltype(k)::value><<<grid, 32 * warps, smem, stream>>>(a, layouts, ring_nbytes, comp_nbytes,
+                                                                                 max_rows);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch sparse_attn_kernel", e);
+      return {};
+    });
   }
 
   SplitScratch s;
   s.max_rows = max_rows;
-  s.n_seg = int((max_rows + kSegRows - 1) / kSegRows);
+  s.n_seg = segments_of(max_rows);
   const int64_t qh = int64_t(a.n_q) * a.n_heads;
   s.logits = a.scratch;
   s.seg_max = s.logits + qh * max_rows;
   s.seg_den = s.seg_max + qh * s.n_seg;
   s.seg_sum = s.seg_den + qh * s.n_seg;
   if (s.n_seg > 65535) return make_error("sparse_attn_cuda: ", s.n_seg, " segments exceed one grid dimension");
-  const dim3 grid(unsigned(a.n_heads), unsigned(a.n_q), unsigned(s.n_seg));
-  const size_t smem_logits = sizeof(const void*) * kSegRows + sizeof(float) * (size_t(a.d_head) + kWarps) + kSegRows;
-  const size_t smem_sums =
-      sizeof(const void*) * kSegRows + sizeof(float) * (kSegRows + size_t(kWarps) * a.d_head + kWarps) + kSegRows;
-  SPW_TRY(set_smem(reinterpret_cast<const void*>(split_sums_kernel), smem_sums, "split_sums_kernel shared memory"));
-  split_logits_kernel<<<grid, kThreads, smem_logits, stream>>>(a, layouts, s, ring_nbytes, comp_nbytes);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch split_logits_kernel", e);
-  split_sums_kernel<<<grid, kThreads, smem_sums, stream>>>(a, layouts, s, ring_nbytes, comp_nbytes);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch split_sums_kernel", e);
-  split_combine_kernel<<<dim3(unsigned(a.n_heads), unsigned(a.n_q)), kThreads, 0, stream>>>(a, s);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch split_combine_kernel", e);
-  return {};
+  const dim3 grid(unsigned((a.n_heads + warps - 1) / warps), unsigned(a.n_q), unsigned(s.n_seg));
+  const size_t smem = tile_smem_bytes(a.d_head);
+  return with_channels_per_lane(cpl, [&](auto k) -> Status {
+    constexpr int CPL = decltype(k)::value;
+    SPW_TRY(set_smem(reinterpret_cast<const void*>(split_logits_kernel<CPL>), smem, "split_logits_kernel shared memory"));
+    SPW_TRY(set_smem(reinterpret_cast<const void*>(split_sums_kernel<CPL>), smem, "split_sums_kernel shared memory"));
+    split_logits_kernel<CPL><<<grid, 32 * warps, smem, stream>>>(a, layouts, s, ring_nbytes, comp_nbytes);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch split_logits_kernel", e);
+    split_sums_kernel<CPL><<<grid, 32 * warps, smem, stream>>>(a, layouts, s, ring_nbytes, comp_nbytes);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch split_sums_kernel", e);
+    split_combine_kernel<<<dim3(unsigned(a.n_heads), unsigned(a.n_q)), 512, 0, stream>>>(a, s);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch split_combine_kernel", e);
+    return {};
+  });
 }
 
 }  // namespace spw::cuda
