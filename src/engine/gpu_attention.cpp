@@ -353,6 +353,7 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
     SPW_TRY(norm(s, q.get(), nullptr, int64_t(n) * H, D));
   SPW_TRY(cuda::rope_apply(q.get(), int64_t(n) * H, D, c.d_rope, rope, s.pos.get(), H, false, s.stream));
   SPW_TRY(to_activation(s, q.get(), q.size()));                                                  // [n, H, D]
+  SPW_TRY(s.dump("attn.q", layer, q.get(), q.size()));
 
   // Window KV of the new tokens [n, D], fake-quantized as the ring stores it.
   SPW_TRY(s.alloc(kv, size_t(n) * D));
@@ -364,6 +365,8 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
     if (c.is_v41()) SPW_TRY(cuda::fake_quant_fp8(kv.get(), n, D, D, 32, s.stream));
     else SPW_TRY(cuda::fake_quant_fp8(kv.get(), n, D - c.d_rope, D, 64, s.stream));
   }
+
+  SPW_TRY(s.dump("attn.kv", layer, kv.get(), kv.size()));
 
   // Compressed entries and the selection [n, sel_stride] (−1 padded) of each new token.
   DeviceSpan<int32_t> own_sel;
@@ -387,6 +390,7 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
     sel = s.topk.get();
     sel_stride = c.index_topk;
   }
+  if (sel) SPW_TRY(s.dump("attn.sel", layer, sel, size_t(n) * sel_stride));
   if (W + sel_stride > cuda::kSparseAttnMaxRows)
     return make_error("attention: ", W + sel_stride, " rows per query exceed the kernel's ", cuda::kSparseAttnMaxRows);
 
@@ -408,6 +412,7 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   SPW_TRY(to_activation(s, o.get(), o.size()));
   SPW_TRY(cuda::rope_apply(o.get(), int64_t(n) * H, D, c.d_rope, rope, s.pos.get(), H, /*inverse=*/true, s.stream));
   SPW_TRY(to_activation(s, o.get(), o.size()));
+  SPW_TRY(s.dump("attn.o", layer, o.get(), o.size()));
   SPW_TRY(ring_write(s, layer, kv.get()));
 
   // Grouped low-rank output: z [n, G·R] = W_a[g]·o_g (BF16, no activation quant), out = wo_b·z.

@@ -222,6 +222,7 @@ Status GpuModel::run_step(GpuStep& s, const ForwardOptions& options, int first, 
   GpuState& st = *state_;
   const int n = s.n, d = c.d_model, hc = c.hc_mult, n_mix = (2 + hc) * hc;
   const size_t hc_d = size_t(hc) * d;
+  s.options = &options;
 
   // [n, hc, d]: hc copies of the embedding.
   Buf streams, x, y, mixes, carried, pre_a, post_a, comb_a, pre_f, post_f, comb_f;
@@ -250,25 +251,30 @@ Status GpuModel::run_step(GpuStep& s, const ForwardOptions& options, int first, 
     if (c.layers[l].engram) {
       ArenaScope scope(st.arena);
       SPW_TRY(engram(s, l, streams.get()));  // [n, hc, d] in place
+      SPW_TRY(s.dump("engram.out", l, streams.get(), streams.size()));
     }
 
     // Attention sublayer.
     SPW_TRY(hc_coefficients(s, lw.hc_attn, streams.get(), mixes.get(), pre_a.get(), post_a.get(), comb_a.get()));
     SPW_TRY(collapse_and_norm(s, streams.get(), c.is_v41() ? carried.get() : pre_a.get(), lw.attn_norm, x.get()));
+    SPW_TRY(s.dump("attn.in", l, x.get(), x.size()));
     {
       ArenaScope scope(st.arena);
       SPW_TRY(attention(s, l, x.get(), y.get()));                                                  // [n, d]
     }
+    SPW_TRY(s.dump("attn.out", l, y.get(), y.size()));
     SPW_TRY(cuda::hc_expand(streams.get(), y.get(), post_a.get(), comb_a.get(), n, hc, d, numerics_.bf16_activations,
                             s.stream));                                                            // [n, hc, d]
 
     // FFN sublayer.
     SPW_TRY(hc_coefficients(s, lw.hc_ffn, streams.get(), mixes.get(), pre_f.get(), post_f.get(), comb_f.get()));
     SPW_TRY(collapse_and_norm(s, streams.get(), c.is_v41() ? pre_a.get() : pre_f.get(), lw.ffn_norm, x.get()));
+    SPW_TRY(s.dump("ffn.in", l, x.get(), x.size()));
     {
       ArenaScope scope(st.arena);
       SPW_TRY(moe(s, l, x.get(), y.get()));                                                        // [n, d]
     }
+    SPW_TRY(s.dump("ffn.out", l, y.get(), y.size()));
     SPW_TRY(cuda::hc_expand(streams.get(), y.get(), post_f.get(), comb_f.get(), n, hc, d, numerics_.bf16_activations,
                             s.stream));                                                            // [n, hc, d]
     if (c.is_v41()) std::swap(carried, pre_f);

@@ -109,7 +109,8 @@ class GpuModel {
 
   // Appends `tokens` to `seq` and returns logits [n, vocab] on the host (n = tokens.size() with
   // options.all_logits, else 1). options.before_layer / on_layer see the residual streams
-  // [n, hc, d] on the host (a copy each way: for tests); on_intermediate is not supported.
+  // [n, hc, d] on the host (a copy each way: for tests); on_intermediate gets the names
+  // of model/model.h (each a host round trip).
   // Errors: token ids outside the vocabulary, a chunk longer than the budget's max_step_tokens or a
   // context beyond max_context, a foreign sequence, CUDA failures.
   Result<std::vector<float>> forward(GpuSequence& seq, std::span<const int32_t> tokens,

@@ -141,6 +141,9 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
     SPW_TRY(cuda::router_topk(logits.get(), lw.gate_bias, n, E, K, route_eps, c.route_scale, experts.get(),
                               weights.get(), s.stream));
 
+  SPW_TRY(s.dump("moe.experts", layer, experts.get(), experts.size()));
+  SPW_TRY(s.dump("moe.weights", layer, weights.get(), weights.size()));
+
   // Dispatch and experts → acc [n, d].
   Buf acc, shared;
   SPW_TRY(s.alloc(acc, size_t(n) * d));
@@ -154,6 +157,8 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
 
   // Shared expert (clamped in V4.1 only), combine, bf16.
   SPW_TRY(run_expert(s, lw.shared, x, n, nullptr, c.is_v41() ? c.swiglu_limit : 0.f, shared));  // [n, d]
+  SPW_TRY(s.dump("moe.routed", layer, acc.get(), acc.size()));
+  SPW_TRY(s.dump("moe.shared", layer, shared.get(), shared.size()));
   SPW_TRY(add_cuda(acc.get(), shared.get(), int64_t(n) * d, out, s.stream));
   return to_activation(s, out, int64_t(n) * d);
 }

@@ -122,6 +122,9 @@ struct GpuStep {
     return ratios.front();
   }
 
+  // The caller's options, for dump() (ForwardOptions::on_intermediate); null in batched decode.
+  const ForwardOptions* options = nullptr;
+
   int n_chunks() const { return int(chunks.size()); }
   template <class T>
   Status alloc(DeviceSpan<T>& out, size_t count) {
@@ -132,6 +135,17 @@ struct GpuStep {
   Status upload(const std::vector<T>& v, DeviceSpan<T>& out) {
     SPW_TRY(alloc(out, v.size()));
     return st.staging.upload_bytes(out.get(), v.data(), v.size() * sizeof(T), stream);
+  }
+  // Reports a named intermediate (device values) to ForwardOptions::on_intermediate, if set: a host round
+  // trip, for tests that compare it with the CPU reference's (model/model.h lists the names).
+  template <class T>
+  Status dump(const char* name, int layer, const T* src, size_t count) {
+    if (!options || !options->on_intermediate) return {};
+    std::vector<T> host;
+    SPW_TRY(download(src, count, host));
+    const std::vector<float> values(host.begin(), host.end());
+    options->on_intermediate(name, layer, values.data(), values.size());
+    return {};
   }
   // Copies n device values to the host and waits for them (a host round trip).
   template <class T>

@@ -1,6 +1,7 @@
 // Attention sublayer of both models (specs §4.3 V4, §5.2 V4.1): q LoRA, shared K=V window ring,
 // compressed entries (own or shared), indexer selection, sparse attention with sinks,
 // de-rotation and the grouped low-rank output projection.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -163,6 +164,15 @@ void attention(Step& s, int layer, const float* x, float* out) {
     }
     compressed = &s.seq.layers[latest_kv_source(c, layer)].compressed;
     selected = s.topk;
+  }
+
+  if (s.options && s.options->on_intermediate) {  // [n, width] ids, −1 padded
+    size_t width = 0;
+    for (const auto& si : selected) width = std::max(width, si.size());
+    std::vector<float> ids(size_t(n) * width, -1.f);
+    for (int i = 0; i < n; ++i)
+      for (size_t k = 0; k < selected[i].size(); ++k) ids[size_t(i) * width + k] = float(selected[i][k]);
+    dump(s, "attn.sel", layer, ids.data(), ids.size());
   }
 
   // Sparse attention per token over [window rows ; selected compressed rows].

@@ -110,7 +110,10 @@ Result<std::vector<float>> Model::forward(SequenceState& seq, std::span<const in
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
     if (options.before_layer) options.before_layer(l, streams);
-    if (c.layers[l].engram) detail::engram(s, l, streams.data());
+    if (c.layers[l].engram) {
+      detail::engram(s, l, streams.data());
+      detail::dump(s, "engram.out", l, streams.data(), streams.size());
+    }
 
     // Attention sublayer.
     auto attn_co = hc_coefficients(c, lw.hc_attn, streams.data(), n);

@@ -58,9 +58,12 @@ struct ForwardOptions {
   // Called before each layer with its input streams [n_tokens, hc, d], which it may replace
   // (teacher-forced per-layer comparisons against a reference's own streams).
   std::function<void(int layer, std::vector<float>& streams)> before_layer;
-  // Called with named intermediates of every layer ("attn.in" [n, d], "attn.q" [n, H, D],
-  // "attn.kv" [n, D], "attn.o" [n, H, D], "attn.out", "ffn.in", "ffn.out" [n, d]), for debugging
-  // against reference dumps.
+  // Called with named intermediates of every layer, for debugging against reference dumps and the
+  // GPU engine (which reports the same names): "engram.out" [n, hc, d] (V4.1 Engram layers),
+  // "attn.in" [n, d], "attn.q" [n, H, D], "attn.kv" [n, D], "attn.sel" [n, width] (selected compressed
+  // entry ids as floats, −1 padded; order and width are the engine's own), "attn.o" [n, H, D],
+  // "attn.out", "ffn.in" [n, d], "moe.experts", "moe.weights" [n, top_k], "moe.routed", "moe.shared",
+  // "ffn.out" [n, d].
   std::function<void(const char* name, int layer, const float* data, size_t count)> on_intermediate;
 };
 

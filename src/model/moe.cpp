@@ -66,6 +66,11 @@ void moe(Step& s, int layer, const float* x, float* out) {
 
   // Router: [n, top_k] experts and weights.
   Routing routing = route(s, lw, c.layers[layer].hash_routed, x);
+  if (s.options && s.options->on_intermediate) {
+    const std::vector<float> ids(routing.experts.begin(), routing.experts.end());
+    dump(s, "moe.experts", layer, ids.data(), ids.size());
+    dump(s, "moe.weights", layer, routing.weights.data(), routing.weights.size());
+  }
 
   // Dispatch: the tokens of each expert, then the experts, then combine (f32 accumulation).
   std::vector<float> acc(size_t(n) * d, 0.f);
@@ -90,6 +95,8 @@ void moe(Step& s, int layer, const float* x, float* out) {
   // Shared expert: clamped in V4.1 only.
   std::vector<float> xall(x, x + size_t(n) * d), ones(n, 1.0f), shared;
   run_expert(s, lw.shared, xall, ones, c.is_v41() ? c.swiglu_limit : 0.f, shared);
+  dump(s, "moe.routed", layer, acc.data(), acc.size());
+  dump(s, "moe.shared", layer, shared.data(), shared.size());
   for (size_t i = 0; i < acc.size(); ++i) out[i] = acc[i] + shared[i];
   to_activation(s, out, acc.size());
 }

@@ -126,11 +126,30 @@ __device__ unsigned char* carve_tile(unsigned char* smem, int d, SegmentTile& t)
   return t.kinds + kSegRows;
 }
 
-// Rows [seg0, seg0 + kSegRows) of the query into the tile (the block's threads together; rows past the
-// query's end are kSkipped). Starts and ends with a barrier, so the tile may be reused in a loop.
+// One row dequantized into dst by a warp, lane l taking channels l + 32k: every load of the row is issued
+// before the first is used (a loop over channels waits for each load in turn).
+template <int CPL, KvElem E>
+__device__ __forceinline__ void dequant_row(const kvdev::RowLayout& l, const uint8_t* row, float* dst, int d,
+                                            int lane) {
+  float v[CPL];
+#pragma unroll
+  for (int k = 0; k < CPL; ++k) {
+    const int c = lane + 32 * k;
+    v[k] = c < d ? kvdev::layout_channel<E>(l, row, c) : 0.f;
+  }
+#pragma unroll
+  for (int k = 0; k < CPL; ++k) {
+    const int c = lane + 32 * k;
+    if (c < d) dst[c] = v[k];
+  }
+}
+
+// Rows [seg0, seg0 + kSegRows) of the query into the tile (rows past the query's end are kSkipped), a
+// warp per row. Starts and ends with a barrier, so the tile may be reused in a loop.
+template <int CPL>
 __device__ void load_segment(const SparseAttnArgs& a, const Layouts& layouts, const QueryRows& qr, int64_t seg0,
                              SegmentTile t) {
-  const int d = a.d_head;
+  const int d = a.d_head, lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   __syncthreads();
   for (int r = threadIdx.x; r < kSegRows; r += blockDim.x) {
     const void* ptr = nullptr;
@@ -138,19 +157,15 @@ __device__ void load_segment(const SparseAttnArgs& a, const Layouts& layouts, co
     t.ptrs[r] = ptr;
   }
   __syncthreads();
-  for (int r = 0; r < kSegRows; ++r) {
+  for (int r = warp; r < kSegRows; r += warps) {
     const RowKind kind = RowKind(t.kinds[r]);
-    if (kind == kSkipped) continue;  // uniform over the block
+    if (kind == kSkipped) continue;
     const kvdev::RowLayout l = layout_of(layouts, kind);
     const uint8_t* row = static_cast<const uint8_t*>(t.ptrs[r]);
     float* dst = t.rows + size_t(r) * d;
-    if (l.elem == KvElem::kF32) {
-      for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = kvdev::layout_channel<KvElem::kF32>(l, row, c);
-    } else if (l.elem == KvElem::kFp8E4m3) {
-      for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = kvdev::layout_channel<KvElem::kFp8E4m3>(l, row, c);
-    } else {
-      for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = kvdev::layout_channel<KvElem::kFp4E2m1>(l, row, c);
-    }
+    if (l.elem == KvElem::kF32) dequant_row<CPL, KvElem::kF32>(l, row, dst, d, lane);
+    else if (l.elem == KvElem::kFp8E4m3) dequant_row<CPL, KvElem::kFp8E4m3>(l, row, dst, d, lane);
+    else dequant_row<CPL, KvElem::kFp4E2m1>(l, row, dst, d, lane);
   }
   __syncthreads();
 }
@@ -234,8 +249,9 @@ __host__ __device__ inline size_t one_block_smem_bytes(int d, int64_t max_rows, 
   return tile_smem_bytes(d) + 16 + sizeof(float) * size_t(warps) * size_t(max_rows);
 }
 
+// Two blocks per SM (≤ 128 registers: a few bytes spill at CPL 16) hide more of the row loads than one.
 template <int CPL>
-__global__ void __launch_bounds__(kMaxThreads) sparse_attn_kernel(SparseAttnArgs a, Layouts layouts,
+__global__ void __launch_bounds__(kMaxThreads, 2) sparse_attn_kernel(SparseAttnArgs a, Layouts layouts,
                                                                   size_t ring_nbytes, size_t comp_nbytes,
                                                                   int64_t max_rows) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -252,7 +268,7 @@ __global__ void __launch_bounds__(kMaxThreads) sparse_attn_kernel(SparseAttnArgs
   // Pass 1: logits (−∞ for skipped rows) and their max.
   float m = -INFINITY;
   for (int64_t seg0 = 0; seg0 < qr.n_rows; seg0 += kSegRows) {
-    load_segment(a, layouts, qr, seg0, t);
+    load_segment<CPL>(a, layouts, qr, seg0, t);
     if (!hw.active) continue;
     for (int r = 0; r < kSegRows && seg0 + r < qr.n_rows; ++r) {
       const float l = tile_logit(t, r, q, d, lane, a.scale);
@@ -268,7 +284,7 @@ __global__ void __launch_bounds__(kMaxThreads) sparse_attn_kernel(SparseAttnArgs
   for (int k = 0; k < CPL; ++k) tot[k] = 0.f;
   const bool sums = hw.active && m != -INFINITY;
   for (int64_t seg0 = 0; seg0 < qr.n_rows; seg0 += kSegRows) {
-    load_segment(a, layouts, qr, seg0, t);
+    load_segment<CPL>(a, layouts, qr, seg0, t);
     if (!sums) continue;
     float seg[CPL], seg_den;
     segment_sums(t, [&](int r) { return expf(logits[seg0 + r] - m); }, a.round_p_bf16, d, lane, seg, seg_den);
@@ -305,7 +321,7 @@ __device__ float query_max(const SplitScratch& s, int64_t qh, int n_seg_q) {
 }
 
 template <int CPL>
-__global__ void __launch_bounds__(kMaxThreads) split_logits_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
+__global__ void __launch_bounds__(kMaxThreads, 1) split_logits_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
                                                                    size_t ring_nbytes, size_t comp_nbytes) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32, d = a.d_head;
@@ -318,7 +334,7 @@ __global__ void __launch_bounds__(kMaxThreads) split_logits_kernel(SparseAttnArg
   float q[CPL];
   const int64_t qh = int64_t(i) * a.n_heads + (hw.active ? hw.h : 0);
   load_q(a.q + qh * d, d, lane, q);
-  load_segment(a, layouts, qr, seg0, t);
+  load_segment<CPL>(a, layouts, qr, seg0, t);
   if (!hw.active) return;
   float m = -INFINITY;
   for (int r = 0; r < kSegRows && seg0 + r < qr.n_rows; ++r) {
@@ -330,7 +346,7 @@ __global__ void __launch_bounds__(kMaxThreads) split_logits_kernel(SparseAttnArg
 }
 
 template <int CPL>
-__global__ void __launch_bounds__(kMaxThreads) split_sums_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
+__global__ void __launch_bounds__(kMaxThreads, 1) split_sums_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
                                                                  size_t ring_nbytes, size_t comp_nbytes) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32, d = a.d_head;
@@ -340,7 +356,7 @@ __global__ void __launch_bounds__(kMaxThreads) split_sums_kernel(SparseAttnArgs 
   SegmentTile t;
   carve_tile(smem_raw, d, t);
   const HeadOfWarp hw = head_of_warp(a);
-  load_segment(a, layouts, qr, seg0, t);
+  load_segment<CPL>(a, layouts, qr, seg0, t);
   if (!hw.active) return;
   const int64_t qh = int64_t(i) * a.n_heads + hw.h;
   const float m = query_max(s, qh, segments_of(qr.n_rows));
