@@ -35,7 +35,8 @@ if [ "${FW_BISECT:-1}" != 0 ]; then  # one change each: the routed experts throu
   run host_dispatch "$DIR" 'EngineFullWidth.SingleLayerMatchesCpuHostDispatch'
   run no_fake_quant "$DIR" 'EngineFullWidth.SingleLayerMatchesCpuNoFakeQuant'
   run fake_quant_only "$DIR" 'EngineFullWidth.SingleLayerMatchesCpuFakeQuantOnly'
-  run intermediates "$DIR" 'EngineFullWidth.IntermediatesMatchCpuFakeQuantOnly'
+  run steps "$DIR" 'EngineFullWidth.IntermediatesMatchCpu'
+  run steps_fake_quant_only "$DIR" 'EngineFullWidth.IntermediatesMatchCpuFakeQuantOnly'
 fi
 if [ "${FW_NO_ENGRAM:-1}" != 0 ]; then
   NE=${DIR}_no_engram

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <span>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/attn/compressor.h"
@@ -136,15 +138,23 @@ struct GpuStep {
     SPW_TRY(alloc(out, v.size()));
     return st.staging.upload_bytes(out.get(), v.data(), v.size() * sizeof(T), stream);
   }
-  // Reports a named intermediate (device values) to ForwardOptions::on_intermediate, if set: a host round
-  // trip, for tests that compare it with the CPU reference's (model/model.h lists the names).
+  // Reports a named intermediate (device values) to ForwardOptions::on_intermediate, then lets
+  // replace_intermediate overwrite a float one: host round trips, for tests that compare each step with the
+  // CPU reference's (model/model.h lists the names).
   template <class T>
-  Status dump(const char* name, int layer, const T* src, size_t count) {
-    if (!options || !options->on_intermediate) return {};
-    std::vector<T> host;
-    SPW_TRY(download(src, count, host));
-    const std::vector<float> values(host.begin(), host.end());
-    options->on_intermediate(name, layer, values.data(), values.size());
+  Status dump(const char* name, int layer, T* src, size_t count) {
+    if (!options || (!options->on_intermediate && !options->replace_intermediate)) return {};
+    std::vector<std::remove_const_t<T>> host;
+    SPW_TRY(download(static_cast<const T*>(src), count, host));
+    std::vector<float> values(host.begin(), host.end());
+    if (options->on_intermediate) options->on_intermediate(name, layer, values.data(), values.size());
+    if constexpr (std::is_same_v<T, float>) {
+      if (options->replace_intermediate && std::string_view(name) != "moe.weights") {
+        options->replace_intermediate(name, layer, values);
+        if (values.size() != count) return make_error("replace_intermediate changed the size of ", name);
+        SPW_TRY(st.staging.upload_bytes(src, values.data(), count * sizeof(float), stream));
+      }
+    }
     return {};
   }
   // Copies n device values to the host and waits for them (a host round trip).

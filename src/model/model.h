@@ -65,6 +65,10 @@ struct ForwardOptions {
   // "attn.out", "ffn.in" [n, d], "moe.experts", "moe.weights" [n, top_k], "moe.routed", "moe.shared",
   // "ffn.out" [n, d].
   std::function<void(const char* name, int layer, const float* data, size_t count)> on_intermediate;
+  // GPU engine only, after on_intermediate: may overwrite a float intermediate's values (same count; not
+  // the id tables attn.sel / moe.experts, nor moe.weights, whose slot order is the engine's own), and the
+  // engine goes on with them: tests feed each step the reference's inputs, so a difference cannot compound.
+  std::function<void(const char* name, int layer, std::vector<float>& values)> replace_intermediate;
 };
 
 class Model {

@@ -55,6 +55,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -344,24 +345,23 @@ TEST(EngineFullWidth, SingleLayerMatchesCpuFakeQuantOnly) {
   matches_within_bf16_bounds(num, {});
 }
 
-// Where a departure starts, intermediate by intermediate (ForwardOptions::on_intermediate; both engines report
-// the names listed in model/model.h), with f32 activations and every fake quant on: the numerics in which
-// the first H200 runs (2026-12-03) had prefill rows 3 and 9 and decode calls 2–4 far off while the CPU's own
-// spread stayed at 99.99 %. Each engine's layer input is the CPU's; the intermediates after it are each
-// engine's own. Bounds, per row: the selected entries and the routed experts are the same sets; ≥ 90 % of a
-// float intermediate's values within 1e-3 of the row's largest |CPU value| (f32 summation order alone is
-// ~1e-6; one flipped e4m3 code moves a following product by ~1e-3 of its row, so a flip or two passes and a
-// wrong row does not). Every intermediate's worst row is printed, the first failing one is where to look.
-using Dumps = std::vector<std::vector<std::pair<std::string, std::vector<float>>>>;  // [call] (name, values)
+// Step by step: every intermediate the engines report (ForwardOptions::on_intermediate; names in model/model.h)
+// compared with the CPU's, the GPU fed the CPU's value of each float intermediate before its next step
+// (ForwardOptions::replace_intermediate) and the CPU's layer input: each step then starts from the same
+// values, and a difference cannot compound through the fake quants. Why this test exists: the layer-level
+// comparison above is dominated by that compounding. With f32 activations and the fake quants on (H200,
+// 2026-12-03, no forcing), every intermediate before a quantize-then-project step matched to ≤ 1.4e-6 of its
+// row's largest value, the selected entries and routed experts were the same sets, and yet rows departed by
+// 1e-2 right after one: a ~1e-6 summation-order difference flips an e4m3 code (6 % steps) here and there
+// (at full width ~8,000 quantized values a row), the flips move the product by ~1e-3 of its row, and the
+// next quantize-then-project step flips many more. Bounds, per row: the selected entries and routed experts
+// are the same sets; ≥ kStepShare of a float intermediate's values within max(1e-3 of the row's largest
+// |CPU value|, 2 bf16 ulps of the value) (a step's own summation order can still flip a code now and then).
+// Every intermediate's worst row is printed.
+using Dumps = std::vector<std::map<std::string, std::vector<float>>>;  // [call] name@layer → values
+constexpr double kStepShare = 0.95;
 
-ForwardOptions recording_options(Dumps& dumps) {
-  ForwardOptions o;
-  o.all_logits = true;
-  o.on_intermediate = [&dumps](const char* name, int layer, const float* data, size_t count) {
-    dumps.back().emplace_back(std::string(name) + "@" + std::to_string(layer), std::vector<float>(data, data + count));
-  };
-  return o;
-}
+std::string dump_key(const char* name, int layer) { return std::string(name) + "@" + std::to_string(layer); }
 
 // Per row: the non-negative ids of an [n, width] id table, sorted.
 std::vector<std::vector<int>> id_sets(const std::vector<float>& v, size_t n) {
@@ -375,12 +375,10 @@ std::vector<std::vector<int>> id_sets(const std::vector<float>& v, size_t n) {
   return sets;
 }
 
-TEST(EngineFullWidth, IntermediatesMatchCpuFakeQuantOnly) {
+void intermediates_match_cpu(const Numerics& num) {
   ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
   const char* env = std::getenv("SPW_FULLWIDTH_MODEL");
   ASSERT_TRUE(env && *env) << "SPW_FULLWIDTH_MODEL is not set (see the top of this file)";
-  Numerics num = Numerics::reference();
-  num.bf16_activations = false;
   Recorded want;
   std::vector<std::vector<int32_t>> calls;
   Dumps cpu_dumps, gpu_dumps;
@@ -393,8 +391,12 @@ TEST(EngineFullWidth, IntermediatesMatchCpuFakeQuantOnly) {
     SequenceState s = (*cpu)->new_sequence();
     for (size_t call = 0; call < calls.size(); ++call) {
       cpu_dumps.emplace_back();
-      ForwardOptions o = recording_options(cpu_dumps);
+      ForwardOptions o;
+      o.all_logits = true;
       o.before_layer = [&](int l, std::vector<float>& x) { x = want.in[call][l]; };
+      o.on_intermediate = [&](const char* name, int layer, const float* data, size_t count) {
+        cpu_dumps.back()[dump_key(name, layer)] = std::vector<float>(data, data + count);
+      };
       auto r = (*cpu)->forward(s, calls[call], o);
       ASSERT_TRUE(r.ok()) << r.error().message;
     }
@@ -408,8 +410,18 @@ TEST(EngineFullWidth, IntermediatesMatchCpuFakeQuantOnly) {
   ASSERT_TRUE(seq.ok()) << seq.error().message;
   for (size_t call = 0; call < calls.size(); ++call) {
     gpu_dumps.emplace_back();
-    ForwardOptions o = recording_options(gpu_dumps);
+    ForwardOptions o;
+    o.all_logits = true;
     o.before_layer = [&](int l, std::vector<float>& x) { x = want.in[call][l]; };
+    o.on_intermediate = [&](const char* name, int layer, const float* data, size_t count) {
+      gpu_dumps.back()[dump_key(name, layer)] = std::vector<float>(data, data + count);
+    };
+    o.replace_intermediate = [&](const char* name, int layer, std::vector<float>& values) {
+      const std::string key = dump_key(name, layer);
+      if (key.rfind("attn.sel", 0) == 0 || key.rfind("moe.experts", 0) == 0) return;  // ids: the engine's order
+      auto it = cpu_dumps[call].find(key);
+      if (it != cpu_dumps[call].end() && it->second.size() == values.size()) values = it->second;
+    };
     auto r = (*gpu)->forward(*seq, calls[call], o);
     ASSERT_TRUE(r.ok()) << "GPU call " << call << ": " << r.error().message;
   }
@@ -417,7 +429,7 @@ TEST(EngineFullWidth, IntermediatesMatchCpuFakeQuantOnly) {
   for (size_t call = 0; call < calls.size(); ++call) {
     const size_t n = calls[call].size();
     for (const auto& [name, w] : cpu_dumps[call]) {
-      auto it = std::find_if(gpu_dumps[call].begin(), gpu_dumps[call].end(), [&](const auto& e) { return e.first == name; });
+      auto it = gpu_dumps[call].find(name);
       if (it == gpu_dumps[call].end()) {
         ADD_FAILURE() << "call " << call << ": the GPU reported no " << name;
         continue;
@@ -430,10 +442,11 @@ TEST(EngineFullWidth, IntermediatesMatchCpuFakeQuantOnly) {
           if (ws[r] != gs[r])
             differ += " row " + std::to_string(r) + " (CPU " + std::to_string(ws[r].size()) + " ids, GPU " +
                       std::to_string(gs[r].size()) + ")";
-        std::printf("  [intermediates] call %zu %-16s %s\n", call, name.c_str(), differ.empty() ? "same sets" : differ.c_str());
+        std::printf("  [steps] call %zu %-16s %s\n", call, name.c_str(), differ.empty() ? "same sets" : differ.c_str());
         EXPECT_TRUE(differ.empty()) << "call " << call << " " << name << ":" << differ;
         continue;
       }
+      if (name.rfind("moe.weights", 0) == 0) continue;  // slot order is the engine's own; the sets are checked
       if (g.size() != w.size()) {
         ADD_FAILURE() << "call " << call << " " << name << ": " << g.size() << " GPU values, " << w.size() << " CPU";
         continue;
@@ -448,19 +461,27 @@ TEST(EngineFullWidth, IntermediatesMatchCpuFakeQuantOnly) {
         size_t ok = 0;
         for (size_t i = r * row_len; i < (r + 1) * row_len; ++i) {
           const float dlt = std::fabs(g[i] - w[i]);
-          ok += dlt <= 1e-3f * row_max;
+          ok += dlt <= std::max(1e-3f * row_max, 2.0f * std::ldexp(std::fabs(w[i]), -8));
           if (!(dlt <= max_d)) max_d = std::isfinite(dlt) ? dlt : INFINITY;
         }
         const double share = double(ok) / double(row_len), rel = row_max > 0 ? max_d / row_max : max_d;
-        if (share < 0.9) bad_rows += " " + std::to_string(r) + ":" + std::to_string(int(100 * share)) + "%";
+        if (share < kStepShare) bad_rows += " " + std::to_string(r) + ":" + std::to_string(int(100 * share)) + "%";
         if (share < worst_share || (share == worst_share && rel > worst_rel)) worst_share = share, worst_rel = rel, worst_row = r;
       }
-      std::printf("  [intermediates] call %zu %-16s worst row %zu: %.2f%% within 1e-3 of row max, max |d| %.2e of row max%s%s\n",
-                  call, name.c_str(), worst_row, 100 * worst_share, worst_rel, bad_rows.empty() ? "" : "; rows below 90%:",
+      std::printf("  [steps] call %zu %-16s worst row %zu: %.2f%% within bounds, max |d| %.2e of row max%s%s\n", call,
+                  name.c_str(), worst_row, 100 * worst_share, worst_rel, bad_rows.empty() ? "" : "; rows below:",
                   bad_rows.c_str());
-      EXPECT_TRUE(bad_rows.empty()) << "call " << call << " " << name << ": rows below 90 %:" << bad_rows;
+      EXPECT_TRUE(bad_rows.empty()) << "call " << call << " " << name << ": rows below " << kStepShare << ":" << bad_rows;
     }
   }
+}
+
+TEST(EngineFullWidth, IntermediatesMatchCpu) { intermediates_match_cpu(Numerics::reference()); }
+
+TEST(EngineFullWidth, IntermediatesMatchCpuFakeQuantOnly) {
+  Numerics num = Numerics::reference();
+  num.bf16_activations = false;
+  intermediates_match_cpu(num);
 }
 
 // Exact numerics on both sides (f32 throughout, no fake quant: what Transformers computes in float32):
