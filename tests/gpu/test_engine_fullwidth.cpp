@@ -98,6 +98,10 @@ std::vector<int32_t> prompt_ids(int64_t vocab) {
 
 int argmax(const float* x, int64_t n) { return int(std::max_element(x, x + n) - x); }
 
+using Dumps = std::vector<std::map<std::string, std::vector<float>>>;  // [call] name@layer → values
+
+std::string dump_key(const char* name, int layer) { return std::string(name) + "@" + std::to_string(layer); }
+
 // Every value moved by one f32 ulp, up or down at random (zeros and non-finite values kept).
 void perturb_f32_ulp(std::vector<float>& x, std::mt19937& rng) {
   for (float& v : x) {
@@ -111,7 +115,7 @@ void perturb_f32_ulp(std::vector<float>& x, std::mt19937& rng) {
 // model, `noise->size()` more runs of those calls, each layer fed the first run's input streams with every
 // value moved by one f32 ulp (seeds 1, 2, ...): the CPU's own spread under last-bit noise.
 void run_cpu(const std::string& dir, const Numerics& num, Recorded& rec, std::vector<std::vector<int32_t>>& calls,
-             std::vector<Recorded>* noise = nullptr) {
+             std::vector<Recorded>* noise = nullptr, Dumps* dumps = nullptr) {
   auto t0 = std::chrono::steady_clock::now();
   auto cpu = load_model(dir, num);
   ASSERT_TRUE(cpu.ok()) << cpu.error().message;
@@ -128,6 +132,12 @@ void run_cpu(const std::string& dir, const Numerics& num, Recorded& rec, std::ve
     o.all_logits = true;
     o.before_layer = [&](int l, std::vector<float>& x) { rec.in.back()[l] = x; };
     o.on_layer = [&](int l, const std::vector<float>& x) { rec.out.back()[l] = x; };
+    if (dumps) {
+      dumps->emplace_back();
+      o.on_intermediate = [dumps](const char* name, int layer, const float* data, size_t count) {
+        dumps->back()[dump_key(name, layer)] = std::vector<float>(data, data + count);
+      };
+    }
     t0 = std::chrono::steady_clock::now();
     auto r = (*cpu)->forward(s, calls[call], o);
     ASSERT_TRUE(r.ok()) << r.error().message;
@@ -358,10 +368,7 @@ TEST(EngineFullWidth, SingleLayerMatchesCpuFakeQuantOnly) {
 // are the same sets; ≥ kStepShare of a float intermediate's values within max(1e-3 of the row's largest
 // |CPU value|, 2 bf16 ulps of the value) (a step's own summation order can still flip a code now and then).
 // Every intermediate's worst row is printed.
-using Dumps = std::vector<std::map<std::string, std::vector<float>>>;  // [call] name@layer → values
 constexpr double kStepShare = 0.95;
-
-std::string dump_key(const char* name, int layer) { return std::string(name) + "@" + std::to_string(layer); }
 
 // Per row: the non-negative ids of an [n, width] id table, sorted.
 std::vector<std::vector<int>> id_sets(const std::vector<float>& v, size_t n) {
@@ -382,25 +389,8 @@ void intermediates_match_cpu(const Numerics& num) {
   Recorded want;
   std::vector<std::vector<int32_t>> calls;
   Dumps cpu_dumps, gpu_dumps;
-  {
-    // The CPU's layer inputs and greedy calls first (run_cpu), then its intermediates on a second sequence.
-    run_cpu(env, num, want, calls);
-    ASSERT_FALSE(testing::Test::HasFatalFailure());
-    auto cpu = load_model(env, num);
-    ASSERT_TRUE(cpu.ok()) << cpu.error().message;
-    SequenceState s = (*cpu)->new_sequence();
-    for (size_t call = 0; call < calls.size(); ++call) {
-      cpu_dumps.emplace_back();
-      ForwardOptions o;
-      o.all_logits = true;
-      o.before_layer = [&](int l, std::vector<float>& x) { x = want.in[call][l]; };
-      o.on_intermediate = [&](const char* name, int layer, const float* data, size_t count) {
-        cpu_dumps.back()[dump_key(name, layer)] = std::vector<float>(data, data + count);
-      };
-      auto r = (*cpu)->forward(s, calls[call], o);
-      ASSERT_TRUE(r.ok()) << r.error().message;
-    }
-  }
+  run_cpu(env, num, want, calls, nullptr, &cpu_dumps);  // its own inputs: the intermediates of a forced run
+  ASSERT_FALSE(testing::Test::HasFatalFailure());
   engine::GpuModelOptions opts;
   opts.budget.max_context = 1024;
   opts.budget.max_seqs = 1;
