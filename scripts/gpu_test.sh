@@ -9,7 +9,8 @@
 # SKIP_CPU=1 leaves out the CPU tests and CPU benchmark (they compete with exllamav3's JIT build for the cores).
 # ONLY_OURS=1 runs only our tests and benchmarks (no exllamav3); SKIP_TESTS=1 skips spw_gpu_tests and the profile;
 # SKIP_FIXTURES=1 skips regenerating exllamav3's fixtures (they are committed in tests/fixtures/exl3);
-# GPU_TEST_FILTER picks GPU tests (a --gtest_filter pattern); SKIP_PROFILE=1 skips Nsight Compute.
+# GPU_TEST_FILTER picks GPU tests (a --gtest_filter pattern); SKIP_PROFILE=1 skips Nsight Compute; FULLWIDTH=0 skips
+# the full-width tests (scripts/gpu_fullwidth.sh: a generated one-layer model at real V4.1 dimensions, ~3 min).
 # The tests find their fixtures under the source path compiled into them: on the GPU machine, link it to the
 # checkout first (e.g. `mkdir -p /work && ln -sfn $PWD /work/main`).
 # Runs: our unit tests (CPU incl. AVX-512), every GPU test (spw_gpu_tests: EXL3 kernels, the forward's ops, dense
@@ -61,7 +62,12 @@ print('exllamav3 extension ready in %.0f s' % (time.time() - t))" > /tmp/jit.log
 JIT=$!  # ($! is this shell's last background job; unused when ONLY_OURS)
 python3 bench/exl3/make_bench_tensors.py /tmp/bench_tensors >> "$OUT/main.log" 2>&1
 [ -z "${SKIP_CPU:-}" ] && .exl3dev/spw_unit_tests --gtest_brief=1 --gtest_filter='Exl3.*:Exl3Cpu*:Exl3MoeCpu*' 2>&1 | tee -a "$OUT/main.log"   # CPU kernels, AVX-512 here
-[ -z "${SKIP_TESTS:-}" ] && timeout 400 .exl3dev/spw_gpu_tests --gtest_brief=1 --gtest_filter="${GPU_TEST_FILTER:-*}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 | tee -a "$OUT/main.log"
+# The full-width tests need a generated model: scripts/gpu_fullwidth.sh runs them (FULLWIDTH=0 skips, ~3 min).
+[ -z "${SKIP_TESTS:-}" ] && timeout 400 .exl3dev/spw_gpu_tests --gtest_brief=1 --gtest_filter="${GPU_TEST_FILTER:-*-EngineFullWidth.*}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 | tee -a "$OUT/main.log"
+if [ -z "${SKIP_TESTS:-}" ] && [ "${FULLWIDTH:-1}" != 0 ]; then
+  FW_OUT=/tmp/fw_out bash scripts/gpu_fullwidth.sh 2>&1 | tee -a "$OUT/main.log"
+  grep -h 'fullwidth exact\]\|\[steps\]\|FAILED\|PASSED' /tmp/fw_out/fullwidth_*.log >> "$OUT/main.log"
+fi
 .exl3dev/bench_exl3 /tmp/bench_tensors 200 gpu 2>&1 | tee "$OUT/bench_spillway.md"
 [ -x .exl3dev/bench_dense ] && timeout 200 .exl3dev/bench_dense 2>&1 | tee "$OUT/bench_dense.md"
 [ -x .exl3dev/bench_quantize ] && timeout 200 .exl3dev/bench_quantize 2>&1 | tee "$OUT/bench_quantize.md"
