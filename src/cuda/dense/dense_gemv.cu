@@ -45,18 +45,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
 
-  // A round covers U tiles of 512: stage x for all of them, issue every weight load of the round,
-  // then accumulate tile by tile — the same per-lane order as one tile per round.
+  // A round covers U tiles of 512: issue every weight load of the round, stage x for all of them while
+  // those loads are in flight (the weights do not wait for x), then accumulate tile by tile — the same
+  // per-lane order as one tile per round.
   for (int k0 = 0; k0 < a.n_in; k0 += U * kTileK) {
-    __syncthreads();  // the previous round's x is consumed
-    for (int i = threadIdx.x; i < T * U * (kTileK / 4); i += kThreads) {
-      const int t = i / (U * kTileK / 4), c = (i % (U * kTileK / 4)) * 4;
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (t < a.n_tokens && k0 + c < a.n_in) v = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * a.ldx + k0 + c);
-      *reinterpret_cast<float4*>(&xs[t][c + (c / 16) * 4]) = v;
-    }
-    __syncthreads();
-
     Chunk<F> chunks[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -67,6 +59,15 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
         if (k < a.n_in && row0 + r < a.n_out) chunks[u][r] = load_chunk<F>(w, a.scale, row0 + r, k, a.n_in, a.weight_block);
       }
     }
+
+    __syncthreads();  // the previous round's x is consumed
+    for (int i = threadIdx.x; i < T * U * (kTileK / 4); i += kThreads) {
+      const int t = i / (U * kTileK / 4), c = (i % (U * kTileK / 4)) * 4;
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (t < a.n_tokens && k0 + c < a.n_in) v = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * a.ldx + k0 + c);
+      *reinterpret_cast<float4*>(&xs[t][c + (c / 16) * 4]) = v;
+    }
+    __syncthreads();
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = k0 + u * kTileK + 16 * lane;
