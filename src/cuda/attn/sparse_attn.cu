@@ -323,17 +323,37 @@ __device__ float query_max(const SplitScratch& s, int64_t qh, int n_seg_q, int l
   return m;
 }
 
+// What both split kernels start from: the block's query rows, segment, tile and warp's head; past_end when
+// the segment lies past the query's rows (the later launches read only the query's own segments).
+struct SplitBlock {
+  QueryRows qr;
+  int64_t seg0;
+  SegmentTile t;
+  HeadOfWarp hw;
+  bool past_end;
+};
+
+__device__ SplitBlock split_block(const SparseAttnArgs& a, unsigned char* smem, size_t ring_nbytes, size_t comp_nbytes) {
+  SplitBlock b;
+  b.qr = query_rows(a, blockIdx.y, ring_nbytes, comp_nbytes);
+  b.seg0 = int64_t(blockIdx.z) * kSegRows;
+  b.past_end = b.seg0 >= b.qr.n_rows;
+  carve_tile(smem, a.d_head, b.t);
+  b.hw = head_of_warp(a);
+  return b;
+}
+
 template <int CPL>
 __global__ void __launch_bounds__(kMaxThreads, 1) split_logits_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
                                                                    size_t ring_nbytes, size_t comp_nbytes) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32, d = a.d_head;
-  const QueryRows qr = query_rows(a, i, ring_nbytes, comp_nbytes);
-  const int64_t seg0 = int64_t(seg) * kSegRows;
-  if (seg0 >= qr.n_rows) return;  // past this query's rows: the later launches read only its segments
-  SegmentTile t;
-  carve_tile(smem_raw, d, t);
-  const HeadOfWarp hw = head_of_warp(a);
+  const SplitBlock b = split_block(a, smem_raw, ring_nbytes, comp_nbytes);
+  if (b.past_end) return;
+  const QueryRows& qr = b.qr;
+  const int64_t seg0 = b.seg0;
+  const SegmentTile& t = b.t;
+  const HeadOfWarp& hw = b.hw;
   float q[CPL];
   const int64_t qh = int64_t(i) * a.n_heads + (hw.active ? hw.h : 0);
   load_q(a.q + qh * d, d, lane, q);
@@ -353,12 +373,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_sums_kernel(SparseAttnAr
                                                                  size_t ring_nbytes, size_t comp_nbytes) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32, d = a.d_head;
-  const QueryRows qr = query_rows(a, i, ring_nbytes, comp_nbytes);
-  const int64_t seg0 = int64_t(seg) * kSegRows;
-  if (seg0 >= qr.n_rows) return;
-  SegmentTile t;
-  carve_tile(smem_raw, d, t);
-  const HeadOfWarp hw = head_of_warp(a);
+  const SplitBlock b = split_block(a, smem_raw, ring_nbytes, comp_nbytes);
+  if (b.past_end) return;
+  const QueryRows& qr = b.qr;
+  const int64_t seg0 = b.seg0;
+  const SegmentTile& t = b.t;
+  const HeadOfWarp& hw = b.hw;
   load_segment<CPL>(a, layouts, qr, seg0, t);
   if (!hw.active) return;
   const int64_t qh = int64_t(i) * a.n_heads + hw.h;
