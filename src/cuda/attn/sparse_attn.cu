@@ -350,19 +350,15 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_logits_kernel(SparseAttn
   const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32, d = a.d_head;
   const SplitBlock b = split_block(a, smem_raw, ring_nbytes, comp_nbytes);
   if (b.past_end) return;
-  const QueryRows& qr = b.qr;
-  const int64_t seg0 = b.seg0;
-  const SegmentTile& t = b.t;
-  const HeadOfWarp& hw = b.hw;
   float q[CPL];
-  const int64_t qh = int64_t(i) * a.n_heads + (hw.active ? hw.h : 0);
+  const int64_t qh = int64_t(i) * a.n_heads + (b.hw.active ? b.hw.h : 0);
   load_q(a.q + qh * d, d, lane, q);
-  load_segment<CPL>(a, layouts, qr, seg0, t);
-  if (!hw.active) return;
+  load_segment<CPL>(a, layouts, b.qr, b.seg0, b.t);
+  if (!b.hw.active) return;
   float m = -INFINITY;
-  for (int r = 0; r < kSegRows && seg0 + r < qr.n_rows; ++r) {
-    const float l = tile_logit(t, r, q, d, lane, a.scale);
-    if (lane == 0) s.logits[qh * s.max_rows + seg0 + r] = l;
+  for (int r = 0; r < kSegRows && b.seg0 + r < b.qr.n_rows; ++r) {
+    const float l = tile_logit(b.t, r, q, d, lane, a.scale);
+    if (lane == 0) s.logits[qh * s.max_rows + b.seg0 + r] = l;
     m = fmaxf(m, l);
   }
   if (lane == 0) s.seg_max[qh * s.n_seg + seg] = m;
@@ -375,21 +371,17 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_sums_kernel(SparseAttnAr
   const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32, d = a.d_head;
   const SplitBlock b = split_block(a, smem_raw, ring_nbytes, comp_nbytes);
   if (b.past_end) return;
-  const QueryRows& qr = b.qr;
-  const int64_t seg0 = b.seg0;
-  const SegmentTile& t = b.t;
-  const HeadOfWarp& hw = b.hw;
-  load_segment<CPL>(a, layouts, qr, seg0, t);
-  if (!hw.active) return;
-  const int64_t qh = int64_t(i) * a.n_heads + hw.h;
-  const float m = query_max(s, qh, segments_of(qr.n_rows), lane);
+  load_segment<CPL>(a, layouts, b.qr, b.seg0, b.t);
+  if (!b.hw.active) return;
+  const int64_t qh = int64_t(i) * a.n_heads + b.hw.h;
+  const float m = query_max(s, qh, segments_of(b.qr.n_rows), lane);
   if (m == -INFINITY) return;  // the combine writes zeros
   // Lane r holds p of the segment's row r (one load for the warp, not one per row in the sums' loop).
   static_assert(kSegRows == 32, "a lane per row of the segment");
-  const float* logits = s.logits + qh * s.max_rows + seg0;
-  const float p_lane = seg0 + lane < qr.n_rows ? expf(logits[lane] - m) : 0.f;
+  const float* logits = s.logits + qh * s.max_rows + b.seg0;
+  const float p_lane = b.seg0 + lane < b.qr.n_rows ? expf(logits[lane] - m) : 0.f;
   float sums[CPL], den;
-  segment_sums(t, [&](int r) { return __shfl_sync(0xffffffffu, p_lane, r); }, a.round_p_bf16, d, lane, sums, den);
+  segment_sums(b.t, [&](int r) { return __shfl_sync(0xffffffffu, p_lane, r); }, a.round_p_bf16, d, lane, sums, den);
   float* out = s.seg_sum + (qh * s.n_seg + seg) * d;
 #pragma unroll
   for (int k = 0; k < CPL; ++k) {
