@@ -308,17 +308,12 @@ int run_engine_bench(const EngineBenchOptions& o) {
   std::printf("\n## Batch-1 decode: prompt of %lld random tokens, 4 warm-up steps, %d timed steps\n\n",
               (long long)o.decode_context, o.decode_steps);
   double ms_per_token = 0;
-  {
+  // One run: a new sequence, its prompt, 4 warm-up and decode_steps timed steps; the step times in ms.
+  auto decode_b1 = [&](const std::string& label) -> Result<std::vector<double>> {
     auto seq = m.new_sequence();
-    if (!seq.ok()) {
-      std::fprintf(stderr, "spillway bench: %s\n", seq.error().message.c_str());
-      return 1;
-    }
+    if (!seq.ok()) return seq.error();
     auto last = prefill(m, *seq, rng.tokens(o.decode_context), o.chunk);
-    if (!last.ok()) {
-      std::fprintf(stderr, "spillway bench: decode prompt: %s\n", last.error().message.c_str());
-      return 1;
-    }
+    if (!last.ok()) return make_error("decode prompt: ", last.error().message);
     check("decode prompt", *last);
     GpuSequence* seqs[1] = {&*seq};
     int32_t tok[1] = {argmax(*last)}, next[1] = {0};
@@ -326,36 +321,64 @@ int run_engine_bench(const EngineBenchOptions& o) {
     std::vector<double> step_ms;
     std::optional<ProfileWindow> window;
     for (int s = 0; s < 4 + o.decode_steps; ++s) {
-      if (s == 4) window.emplace("batch-1 decode, timed steps");
+      if (s == 4) window.emplace(label + ", timed steps");
       const bool timed = s >= 4;
       const bool want_logits = s == 4 || s == 3 + o.decode_steps;
       cudaDeviceSynchronize();
       const auto t0 = Clock::now();
       Status st = decode_step(m, std::span<GpuSequence* const>(seqs), tok, next, want_logits ? &logits : nullptr);
       cudaDeviceSynchronize();
-      if (!st.ok()) {
-        std::fprintf(stderr, "spillway bench: decode step %d: %s\n", s, st.error().message.c_str());
-        return 1;
-      }
+      if (!st.ok()) return make_error("decode step ", s, ": ", st.error().message);
       if (timed) step_ms.push_back(seconds_since(t0) * 1e3);
-      if (want_logits) check("batch-1 decode", logits);
+      if (want_logits) check(label.c_str(), logits);
       tok[0] = next[0];
     }
-    window.reset();
+    return step_ms;
+  };
+  {
+    const engine::StepGraphStats g0 = m.graph_stats();
+    auto step_ms = decode_b1("batch-1 decode");
+    if (!step_ms.ok()) {
+      std::fprintf(stderr, "spillway bench: batch-1 decode: %s\n", step_ms.error().message.c_str());
+      return 1;
+    }
+    const engine::StepGraphStats g1 = m.graph_stats();
     mem.sample();
-    std::vector<double> sorted = step_ms;
+    std::vector<double> sorted = *step_ms;
     std::sort(sorted.begin(), sorted.end());
     double sum = 0;
-    for (double x : step_ms) sum += x;
-    ms_per_token = sum / double(step_ms.size());
+    for (double x : *step_ms) sum += x;
+    ms_per_token = sum / double(step_ms->size());
     const double roofline_ms = token_bytes / *bw * 1e3;
     std::printf("ms/token: mean %.3f, median %.3f, min %.3f, max %.3f (%.1f tokens/s)\n", ms_per_token,
                 sorted[sorted.size() / 2], sorted.front(), sorted.back(), 1e3 / ms_per_token);
     std::printf("roofline: %.2f MiB / %.0f GB/s = %.3f ms  ->  %.1f%% of roofline (target 75%%, goal 87%%)\n",
                 token_bytes / kMiB, *bw / 1e9, roofline_ms, 100.0 * roofline_ms / ms_per_token);
+    const int64_t n_steps = 4 + o.decode_steps, segs = g1.segments - g0.segments;
+    std::printf("CUDA graphs: %lld segments in %lld steps (%lld updated in place, %lld instantiated), host %.1f µs per "
+                "step recording + updating + launching\n", (long long)segs, (long long)n_steps,
+                (long long)(g1.updates - g0.updates), (long long)(g1.instantiations - g0.instantiations),
+                (g1.record_us - g0.record_us) / double(n_steps));
     report["decode_b1"] = {{"ms_mean", ms_per_token}, {"ms_median", sorted[sorted.size() / 2]},
                            {"ms_min", sorted.front()}, {"bytes", token_bytes}, {"roofline_ms", roofline_ms},
-                           {"roofline_pct", 100.0 * roofline_ms / ms_per_token}, {"step_ms", step_ms}};
+                           {"roofline_pct", 100.0 * roofline_ms / ms_per_token}, {"step_ms", *step_ms},
+                           {"graph_segments", segs}};
+    // The same run with every kernel launched directly, for the graphs' effect (same call, same model).
+    if (segs > 0) {
+      m.set_cuda_graphs(false);
+      auto direct = decode_b1("batch-1 decode, CUDA graphs off");
+      m.set_cuda_graphs(true);
+      if (direct.ok()) {
+        double dsum = 0;
+        for (double x : *direct) dsum += x;
+        const double dms = dsum / double(direct->size());
+        std::printf("without CUDA graphs: mean %.3f ms/token (%.1f tokens/s); graphs: %.2fx\n", dms, 1e3 / dms,
+                    dms / ms_per_token);
+        report["decode_b1"]["ms_mean_no_graphs"] = dms;
+      } else {
+        std::printf("without CUDA graphs: failed: %s\n", direct.error().message.c_str());
+      }
+    }
   }
 
   // ---- aggregate decode ----

@@ -50,6 +50,8 @@ GpuModel::~GpuModel() {
 size_t GpuModel::weight_nbytes() const { return state_->w->nbytes; }
 size_t GpuModel::step_arena_high_water() const { return state_->arena.high_water(); }
 size_t GpuModel::step_arena_capacity() const { return state_->arena.capacity(); }
+void GpuModel::set_cuda_graphs(bool on) { state_->cuda_graphs = on; }
+StepGraphStats GpuModel::graph_stats() const { return state_->graphs.stats(); }
 
 namespace {
 
@@ -232,6 +234,7 @@ Status GpuModel::run_step(GpuStep& s, const ForwardOptions& options, int first, 
   SPW_TRY(s.alloc(mixes, size_t(n) * n_mix));
   for (Buf* b : {&pre_a, &post_a, &pre_f, &post_f}) SPW_TRY(s.alloc(*b, size_t(n) * hc));
   for (Buf* b : {&comb_a, &comb_f}) SPW_TRY(s.alloc(*b, size_t(n) * hc * hc));
+  SPW_TRY(s.segment(0));
   SPW_TRY(cuda::embedding_gather(st.w->embed, c.vocab_size, d, s.tokens_d.get(), n, hc, streams.get(), s.stream));
 
   // V4.1 single-pass mHC: the collapse weights come from the previous sublayer; one-hot at the start.
@@ -241,6 +244,7 @@ Status GpuModel::run_step(GpuStep& s, const ForwardOptions& options, int first, 
 
   for (int l = 0; l < c.n_layers; ++l) {
     const DeviceLayer& lw = st.w->layers[l];
+    if (l > 0) SPW_TRY(s.segment(l));  // layer 0 shares segment 0 with the embedding
     if (options.before_layer) {  // host copy of the streams, possibly replaced
       std::vector<float> host;
       SPW_TRY(s.download(streams.get(), streams.size(), host));
@@ -286,6 +290,7 @@ Status GpuModel::run_step(GpuStep& s, const ForwardOptions& options, int first, 
   }
 
   // Head: collapse the streams (V4: hc_head weights; V4.1: the last FFN's pre), norm, project.
+  SPW_TRY(s.segment(c.n_layers));
   const float* rows = streams.get() + size_t(first) * hc_d;
   const float* head_pre = carried.get() + size_t(first) * hc;
   if (!c.is_v41()) {
@@ -354,11 +359,20 @@ Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int3
     s.chunks.push_back(StepChunk{seqs[b], tokens.subspan(b, 1)});
   }
   if (Status e = begin_step(s); !e.ok()) return make_error("decode: ", e.error().message);
+  // CUDA graphs (step_graphs.h) when the step has no host round trip; the guard ends an interrupted recording.
+  if (st.cuda_graphs && moe_on_device(s)) s.graphs = &st.graphs;
+  struct AbortRecording {
+    StepGraphs* g;
+    ~AbortRecording() {
+      if (g) g->abort();
+    }
+  } abort_recording{s.graphs};
   DeviceSpan<float> out;
   SPW_TRY(run_step(s, {}, 0, B, out));
   DeviceSpan<int32_t> next_d;
   SPW_TRY(s.alloc(next_d, B));
   SPW_TRY(cuda::argmax(out.get(), B, config_.vocab_size, next_d.get(), s.stream));
+  if (s.graphs) SPW_TRY(s.graphs->end_segment());
   std::vector<int32_t> host_next;
   SPW_TRY(s.download(next_d.get(), size_t(B), host_next));
   if (logits) SPW_TRY(s.download(out.get(), out.size(), *logits));
@@ -493,6 +507,7 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
   }
   SPW_TRY(st.arena.init(m->plan_.step_arena_nbytes));
   SPW_TRY(st.staging.init(m->plan_.staging_host_nbytes));
+  st.cuda_graphs = options.cuda_graphs;
   SPW_CUDA_TRY(cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking));
   st.slot_used.assign(S, false);
   // The uploads above ran on the legacy stream; the model's stream does not wait for it.

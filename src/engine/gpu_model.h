@@ -30,9 +30,10 @@
 //  - host work per step: the compressors' emission counts, the entry ids, the indexer's entry
 //    counts and the ring rows are planned on the host from the positions once per step (a few
 //    small async copies, gpu_step.h RatioPlan), the V4.1 key layer per sequence per index layer, and
-//    the Engram hashes; the launch sizes depend on the counts — which is why there are no CUDA graphs
-//    yet (a graph needs the emission and entry counts predicated on device-side positions, and the
-//    indexer's key-layer choice per row inside the scoring kernel);
+//    the Engram hashes; the launch sizes depend on the counts, so decode's CUDA graphs are recorded
+//    again every step and updated in place (step_graphs.h) rather than replayed unchanged (which needs
+//    the emission and entry counts predicated on device-side positions, and the indexer's key-layer
+//    choice per row inside the scoring kernel);
 //  - the device MoE dispatch is a plain warp-per-output GEMV over (token, slot) pairs: a token's
 //    experts are read once per pair, not once per step for all tokens that chose them;
 //  - Engram hashing stays on the host (a few integer ops per token).
@@ -47,6 +48,7 @@
 #include "base/status.h"
 #include "cuda/dense/dense_linear.h"
 #include "engine/memory_plan.h"
+#include "engine/step_graphs.h"
 #include "model/model.h"
 
 namespace spw::engine {
@@ -69,6 +71,9 @@ struct GpuModelOptions {
   // the (token, slot) pairs, engine/moe_dispatch.h) and longer ones per expert with the token lists on
   // the host (GEMMs that read each expert once); kHost / kDevice force one (tests compare them).
   MoeDispatch moe_dispatch = MoeDispatch::kAuto;
+  // Decode steps whose MoE dispatches on the device (≤ 16 sequences) run from CUDA graphs, recorded per
+  // step and updated in place (engine/step_graphs.h); false launches every kernel directly.
+  bool cuda_graphs = true;
 };
 
 // One sequence's state on the GPU: a slot in the model's page tables and compressor states, the
@@ -101,6 +106,11 @@ class GpuModel {
   // The most step-arena bytes any step has used so far, and the arena's size (plan().step_arena_nbytes).
   size_t step_arena_high_water() const;
   size_t step_arena_capacity() const;
+
+  // Turns CUDA graphs for decode steps on or off (GpuModelOptions::cuda_graphs), e.g. to compare.
+  void set_cuda_graphs(bool on);
+  // Counts of the graph segments launched so far (zeros without graphs).
+  StepGraphStats graph_stats() const;
 
   // A new empty sequence. Errors: every slot of the budget in use, or the pools exhausted.
   Result<GpuSequence> new_sequence();

@@ -121,6 +121,12 @@ bool use_device_dispatch(const GpuStep& s, int layer) {
 
 }  // namespace
 
+bool moe_on_device(const GpuStep& s) {
+  for (int l = 0; l < s.c.n_layers; ++l)
+    if (!use_device_dispatch(s, l)) return false;
+  return true;
+}
+
 Status moe(GpuStep& s, int layer, const float* x, float* out) {
   const ModelConfig& c = s.c;
   const DeviceLayer& lw = s.w.layers[layer];

@@ -15,6 +15,7 @@
 #include "engine/gpu_model.h"
 #include "engine/moe_dispatch.h"
 #include "engine/step_arena.h"
+#include "engine/step_graphs.h"
 #include "ops/ref/engram_hash.h"
 
 namespace spw::engine {
@@ -62,6 +63,8 @@ struct GpuState {
   cudaStream_t stream = nullptr;  // non-blocking; every kernel and copy of the model runs on it
   DeviceArena arena;              // step temporaries (memory_plan.h: step_arena_nbytes)
   PinnedStaging staging;          // host side of the step's copies
+  bool cuda_graphs = true;        // decode steps through StepGraphs (GpuModelOptions::cuda_graphs)
+  StepGraphs graphs;              // their executable graphs, per (rows, segment)
 };
 
 // One sequence's part of a step: its tokens are rows row0 .. row0 + n − 1 of the step, at
@@ -126,6 +129,11 @@ struct GpuStep {
 
   // The caller's options, for dump() (ForwardOptions::on_intermediate); null in batched decode.
   const ForwardOptions* options = nullptr;
+  // Set when the step is recorded into CUDA graphs (decode steps that qualify: step_graphs.h).
+  StepGraphs* graphs = nullptr;
+
+  // Starts graph segment k of the step (the previous one is launched); nothing without graphs.
+  Status segment(int k) { return graphs ? graphs->begin_segment(stream, n, k) : Status{}; }
 
   int n_chunks() const { return int(chunks.size()); }
   template <class T>
@@ -169,6 +177,9 @@ struct GpuStep {
 Status linear(GpuStep& s, const DeviceLinear& l, const float* x, int n_tokens, float* y, bool round_out = true);
 // Rounds to bf16 when the numerics keep bf16 activations.
 Status to_activation(GpuStep& s, float* x, int64_t n);
+
+// Whether every layer's MoE of the step dispatches on the device (no host round trip: gpu_moe.cpp).
+bool moe_on_device(const GpuStep& s);
 
 // Plans and uploads s.ratios and s.ring_rows from the chunks (gpu_attention.cpp; step scope).
 Status plan_attention(GpuStep& s);
