@@ -8,7 +8,9 @@
 # Generates the model if /tmp/synth_v41_exl3 has none (bench_engine.sh's, ~90 s), then one ncu run over
 # PROFILE_COUNT (default 40) consecutive launches of those kernels after PROFILE_SKIP (default 300) of them
 # (past the 1 K-token prompt's prefill, inside the timed decode steps). Writes DIR/ncu_decode.txt and prints a
-# summary. ncu replays each profiled launch (~0.1–1 s each); the bench itself takes ~1 min.
+# summary. ncu replays each profiled launch (18 passes: ~2–3 s each on the H200, session 8) and prints nothing until
+# the application exits, so a timeout loses everything: 40 launches plus the bench under ncu took > 150 s. Budget
+# PROFILE_TIMEOUT ≥ 300 s (the default 420), or lower PROFILE_COUNT.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-/tmp/decode_prof}}

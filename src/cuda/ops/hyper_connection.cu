@@ -8,6 +8,8 @@
 //     softmax, then every lane owns matrix elements and computes its row / column sum with the
 //     reference's loop (same additions in the same order), so the results equal the reference's
 //     one-thread loops; the first version (one thread per token) took 55 µs per decode call.
+//     hc = 2 and 4 (the models' value) keep the matrix in registers, a lane per element, and gather
+//     sums by shuffles (hc_split_sinkhorn_small_kernel): the same operations, fewer round trips.
 //   hc_head_pre: one thread per (token, stream).
 //   hc_collapse / hc_expand: one thread per (token, channel), all hc streams of that channel.
 #include "cuda/ops/device_numerics.cuh"
@@ -122,6 +124,52 @@ __global__ void __launch_bounds__(32 * kSinkhornWarps)
   for (int e = lane; e < nn; e += 32) comb[t * nn + e] = m[e];
 }
 
+// The same computation for small hc (hc² ≤ 32: V4 and V4.1 have hc = 4) with the matrix in registers: lane
+// e = j·HC + k holds element (j, k), and each row / column sum gathers its HC terms by shuffles, in the
+// reference's order (0 + m₀ + m₁ + ...): the same operations as hc_split_sinkhorn_kernel. The
+// shared-memory version spends most of its time on dependent shared-memory round trips (16 µs per decode
+// call on the H200, session 7's trace, for 40 normalisations of a 4 × 4 matrix).
+template <int HC>
+__global__ void __launch_bounds__(32 * kSinkhornWarps)
+    hc_split_sinkhorn_small_kernel(const float* mixes_all, const float* scale, const float* base, int64_t n_tokens,
+                                   int sinkhorn_iters, float hc_eps, float* pre, float* post, float* comb) {
+  static_assert(HC * HC <= 32);
+  constexpr int nn = HC * HC;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = int64_t(blockIdx.x) * kSinkhornWarps + warp;
+  if (t >= n_tokens) return;  // the whole warp
+  const float* mixes = mixes_all + t * (2 + HC) * HC;
+  const int e = lane < nn ? lane : 0;  // this lane's element (lanes ≥ nn compute on a copy, store nothing)
+  if (lane < HC) {
+    pre[t * HC + lane] = __fadd_rn(dev::sigmoid(mul_add(mixes[lane], scale[0], base[lane])), hc_eps);
+    post[t * HC + lane] = 2.0f * dev::sigmoid(mul_add(mixes[HC + lane], scale[1], base[HC + lane]));
+  }
+  // Softmax over k of row j: max, then Σ exp in k order, then exp / Σ + eps.
+  float m = mul_add(mixes[2 * HC + e], scale[2], base[2 * HC + e]);
+  const int row0 = (e / HC) * HC, col = e % HC;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int kk = 0; kk < HC; ++kk) mx = fmaxf(mx, __shfl_sync(0xffffffffu, m, row0 + kk));
+  m = dev::exp_f32(m - mx);
+  float sum = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < HC; ++kk) sum += __shfl_sync(0xffffffffu, m, row0 + kk);
+  m = m / sum + hc_eps;
+  for (int it = 0; it < sinkhorn_iters; ++it) {
+    if (it > 0) {  // rows (the first pass normalises columns only)
+      float s = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < HC; ++kk) s += __shfl_sync(0xffffffffu, m, row0 + kk);
+      m /= (s + hc_eps);
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int jj = 0; jj < HC; ++jj) s += __shfl_sync(0xffffffffu, m, jj * HC + col);
+    m /= (s + hc_eps);
+  }
+  if (lane < nn) comb[t * nn + lane] = m;
+}
+
 __global__ void hc_head_pre_kernel(const float* mixes, const float* scale, const float* base, int64_t n_tokens,
                                    int hc, float hc_eps, float* pre) {
   const int64_t job = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -192,8 +240,20 @@ Status hc_split_sinkhorn(const float* mixes, const float* scale, const float* ba
   SPW_TRY(check_hc("hc_split_sinkhorn", hc));
   if (sinkhorn_iters < 1) return make_error("hc_split_sinkhorn: ", sinkhorn_iters, " iterations (need ≥ 1)");
   if (n_tokens <= 0) return {};
-  hc_split_sinkhorn_kernel<<<grid_for(n_tokens, kSinkhornWarps), 32 * kSinkhornWarps, 0, stream>>>(
-      mixes, scale, base, n_tokens, hc, sinkhorn_iters, hc_eps, pre, post, comb);
+  const unsigned grid = grid_for(n_tokens, kSinkhornWarps), block = 32 * kSinkhornWarps;
+  switch (hc) {
+    case 4:
+      hc_split_sinkhorn_small_kernel<4>
+          <<<grid, block, 0, stream>>>(mixes, scale, base, n_tokens, sinkhorn_iters, hc_eps, pre, post, comb);
+      break;
+    case 2:
+      hc_split_sinkhorn_small_kernel<2>
+          <<<grid, block, 0, stream>>>(mixes, scale, base, n_tokens, sinkhorn_iters, hc_eps, pre, post, comb);
+      break;
+    default:
+      hc_split_sinkhorn_kernel<<<grid, block, 0, stream>>>(mixes, scale, base, n_tokens, hc, sinkhorn_iters, hc_eps,
+                                                           pre, post, comb);
+  }
   return launch_status("hc_split_sinkhorn_kernel");
 }
 
