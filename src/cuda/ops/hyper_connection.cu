@@ -1,9 +1,10 @@
 // mHC kernels (contract in hyper_connection.h).
-//   hc_mixes: grid (token, group of G outputs): all threads of the block stride over the token's
-//     hc·d inputs once, summing X² in f64 and the G dot products in f32, then reduce over the block.
-//     G = 2 for decode-sized calls (12 blocks per token for V4's 24 outputs: many SMs pull fn),
-//     G = 8 for long chunks (X is re-read from L2 n_out/G times per token). The first version (a warp
-//     per output, 3 blocks per decode token) took 135 µs per call on the H200.
+//   hc_mixes: grid (token, group of G outputs, slice): a cluster of kMixesSplit blocks per (token, group)
+//     strides over the token's hc·d inputs, a slice per block, summing X² in f64 and the G dot products
+//     in f32; blocks reduce, then block 0 of the cluster adds the slices in rank order (distributed
+//     shared memory). G = 2 for decode-sized calls, 8 for long chunks. The first version (a warp per
+//     output, 3 blocks per decode token) took 135 µs per call on the H200; the second (one 1024-thread
+//     block per group) 12 µs.
 //   hc_split_sinkhorn: one warp per token; the hc × hc matrix in shared memory; lane j does row j's
 //     softmax, then every lane owns matrix elements and computes its row / column sum with the
 //     reference's loop (same additions in the same order), so the results equal the reference's
@@ -12,6 +13,8 @@
 //     sums by shuffles (hc_split_sinkhorn_small_kernel): the same operations, fewer round trips.
 //   hc_head_pre: one thread per (token, stream).
 //   hc_collapse / hc_expand: one thread per (token, channel), all hc streams of that channel.
+#include <cooperative_groups.h>
+
 #include "cuda/ops/device_numerics.cuh"
 #include "cuda/ops/hyper_connection.h"
 
@@ -19,24 +22,35 @@ namespace spw::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-// hc_mixes: 1024 threads, so a decode token's 12 blocks keep ~4× more of fn's loads in flight than 256 did
-// (37 µs per decode call on the H200 with 256: each thread walked 80 dependent round trips). The same block
-// size for every token count keeps the summation order, and so the result, independent of the batch.
-constexpr int kMixesThreads = 1024;
+// hc_mixes: a cluster of kMixesSplit blocks per (token, group of G outputs), each block one slice of the
+// hc·d inputs; the partial sums meet in block 0 of the cluster through distributed shared memory, in rank
+// order. A decode token's 24 outputs so pull fn from 96 SMs (12 clusters × 8), where the previous version's
+// 12 blocks of 1024 threads (one per group, the whole row each) took 12 µs per decode call (session 7's trace)
+// for 2 MB. The same split, block size and reduction order for every token count keep the result independent
+// of the batch.
+constexpr int kMixesThreads = 256;
+constexpr int kMixesSplit = 8;
 
 template <int G>
-__global__ void __launch_bounds__(kMixesThreads)
+__global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThreads)
     hc_mixes_kernel(const float* x_streams, const float* fn, int n_out, int64_t hc_d, float norm_eps, float* mixes) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
   __shared__ double scratch[32];
   __shared__ float red[G][kMixesThreads / 32];
+  __shared__ double part_ss;    // this block's Σ X² over its slice
+  __shared__ float part_acc[G]; // ... and its G dot products
   const float* x = x_streams + int64_t(blockIdx.x) * hc_d;
   const int o0 = int(blockIdx.y) * G;
+  const unsigned rank = cluster.block_rank();
+  const int64_t slice = (hc_d + kMixesSplit - 1) / kMixesSplit;
+  const int64_t lo = int64_t(rank) * slice, hi = lo + slice < hc_d ? lo + slice : hc_d;
   double ss = 0.0;
   float acc[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) acc[g] = 0.f;
 #pragma unroll 4
-  for (int64_t i = threadIdx.x; i < hc_d; i += blockDim.x) {
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
     const float xv = x[i];
     ss += double(xv) * xv;
 #pragma unroll
@@ -44,7 +58,6 @@ __global__ void __launch_bounds__(kMixesThreads)
       if (o0 + g < n_out) acc[g] += fn[int64_t(o0 + g) * hc_d + i] * xv;
   }
   ss = dev::block_sum(ss, scratch);
-  const float inv = 1.0f / sqrtf(float(ss / double(hc_d)) + norm_eps);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -53,11 +66,24 @@ __global__ void __launch_bounds__(kMixesThreads)
     if (lane == 0) red[g][warp] = v;
   }
   __syncthreads();
-  if (threadIdx.x < G && o0 + int(threadIdx.x) < n_out) {
+  if (threadIdx.x < G) {
     float v = 0.f;
     for (int w = 0; w < n_warps; ++w) v += red[threadIdx.x][w];
+    part_acc[threadIdx.x] = v;
+  }
+  if (threadIdx.x == 0) part_ss = ss;
+  cluster.sync();  // every block's partials are written
+  if (rank == 0 && threadIdx.x < G && o0 + int(threadIdx.x) < n_out) {
+    double ss_all = 0.0;
+    float v = 0.f;
+    for (unsigned r = 0; r < kMixesSplit; ++r) {
+      ss_all += *cluster.map_shared_rank(&part_ss, r);
+      v += cluster.map_shared_rank(part_acc, r)[threadIdx.x];
+    }
+    const float inv = 1.0f / sqrtf(float(ss_all / double(hc_d)) + norm_eps);
     mixes[int64_t(blockIdx.x) * n_out + o0 + threadIdx.x] = v * inv;
   }
+  cluster.sync();  // block 0 has read the others' shared memory before they exit
 }
 
 // a·b + c rounded twice, as the reference computes it without FMA.
@@ -223,14 +249,16 @@ Status hc_mixes(const float* x_streams, const float* fn, int64_t n_tokens, int n
   if (n_tokens <= 0) return {};
   if (n_tokens > INT32_MAX || n_out > 65535 * 2)
     return make_error("hc_mixes: ", n_tokens, " tokens, ", n_out, " outputs exceed the grid");
-  if (n_tokens <= 16) {  // decode: more blocks per token
+  // G outputs per cluster: 2 for decode-sized calls (more SMs per token), 8 for long chunks (X is re-read from
+  // L2 n_out/G times per token). G does not change any output's summation order.
+  if (n_tokens <= 16) {
     constexpr int G = 2;
-    hc_mixes_kernel<G><<<dim3(unsigned(n_tokens), unsigned((n_out + G - 1) / G)), kMixesThreads, 0, stream>>>(
-        x_streams, fn, n_out, hc_d, norm_eps, mixes);
+    hc_mixes_kernel<G><<<dim3(unsigned(n_tokens), unsigned((n_out + G - 1) / G), kMixesSplit), kMixesThreads, 0,
+                         stream>>>(x_streams, fn, n_out, hc_d, norm_eps, mixes);
   } else {
     constexpr int G = 8;
-    hc_mixes_kernel<G><<<dim3(unsigned(n_tokens), unsigned((n_out + G - 1) / G)), kMixesThreads, 0, stream>>>(
-        x_streams, fn, n_out, hc_d, norm_eps, mixes);
+    hc_mixes_kernel<G><<<dim3(unsigned(n_tokens), unsigned((n_out + G - 1) / G), kMixesSplit), kMixesThreads, 0,
+                         stream>>>(x_streams, fn, n_out, hc_d, norm_eps, mixes);
   }
   return launch_status("hc_mixes_kernel");
 }
