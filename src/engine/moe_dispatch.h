@@ -13,14 +13,16 @@
 //   y[p, o] = Σ_k x[p / x_div, k] · W_e[o, k]   (o < n_out, k < n_in; W dequantized exactly as the
 //   dense library does, cuda/dense/dense_device.cuh), rounded to bf16 when round_out.
 //   x must already be fake-quantized when the weight's act_block > 0 (the caller runs
-//   cuda::fake_quant_fp8 on it, as the dense library's activation prep does). One warp per output:
-//   lane l sums its 16-element chunks l, l + 32, ... in order (fp32 FMA), then a fixed xor tree
-//   across lanes — deterministic, and a row's result does not depend on the other pairs. It differs
-//   from the dense library's GEMV only by summation order.
+//   cuda::fake_quant_fp8 on it, as the dense library's activation prep does). One warp per two
+//   outputs of a pair, their weight loads issued in rounds of four chunks per lane: lane l sums its
+//   16-element chunks l, l + 32, ... in order (fp32 FMA), then a fixed xor tree across lanes —
+//   deterministic, and a row's result does not depend on the other pairs. It differs from the dense
+//   library's GEMV only by summation order.
 // moe_combine_cuda: acc[t, ch] = 0 + ys[t·K + j₁, ch] + ys[t·K + j₂, ch] + ... over the token's K
 //   slots in ascending expert id (ties by slot): the per-expert path's scatter-add order.
 // Contract: device pointers; x [*, n_in] f32, y [n_pairs, n_out] f32 (overwritten), experts
-// [n_pairs] int32, ys [n_tokens·K, d], acc [n_tokens, d] (overwritten). n_in % 32 == 0.
+// [n_pairs] int32, ys [n_tokens·K, d], acc [n_tokens, d] (overwritten). n_in % 32 == 0; x 16-byte
+// aligned (its rows are read as float4).
 // Tests: tests/gpu/test_engine_batch.cpp (EngineBatch.*DeviceMoeMatchesHostDispatch).
 #pragma once
 
