@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <vector>
 
 namespace spw::gpu_test {
@@ -23,6 +24,16 @@ T* upload(const std::vector<T>& v) {
   EXPECT_EQ(cudaMalloc(&d, v.size() * sizeof(T) + 16), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
   return d;
+}
+
+// n deterministic token ids in [0, vocab) from a 64-bit LCG seeded with `seed`.
+inline std::vector<int32_t> lcg_tokens(int n, uint64_t seed, int vocab) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    t[i] = int32_t((seed >> 33) % uint64_t(vocab));
+  }
+  return t;
 }
 
 }  // namespace spw::gpu_test

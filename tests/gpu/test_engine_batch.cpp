@@ -60,15 +60,7 @@ std::unique_ptr<engine::GpuModel> load_gpu(const std::string& arch, int max_seqs
   return m.ok() ? std::move(m.value()) : nullptr;
 }
 
-// Deterministic token ids in [0, vocab).
-std::vector<int32_t> tokens(int n, uint64_t seed, int vocab) {
-  std::vector<int32_t> t(n);
-  for (int i = 0; i < n; ++i) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    t[i] = int32_t((seed >> 33) % uint64_t(vocab));
-  }
-  return t;
-}
+std::vector<int32_t> tokens(int n, uint64_t seed, int vocab) { return gpu_test::lcg_tokens(n, seed, vocab); }
 
 int32_t argmax(const float* v, int n) {
   int32_t best = 0;

@@ -38,14 +38,7 @@ std::unique_ptr<engine::GpuModel> load(const std::string& arch, bool graphs,
   return m.ok() ? std::move(m.value()) : nullptr;
 }
 
-std::vector<int32_t> tokens(int n, uint64_t seed, int vocab) {
-  std::vector<int32_t> t(n);
-  for (int i = 0; i < n; ++i) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    t[i] = int32_t((seed >> 33) % uint64_t(vocab));
-  }
-  return t;
-}
+std::vector<int32_t> tokens(int n, uint64_t seed, int vocab) { return gpu_test::lcg_tokens(n, seed, vocab); }
 
 // Prefills three sequences, then decodes `steps` steps with all three and `steps_b2` with the first two,
 // feeding back the greedy tokens; returns every step's logits, concatenated.
