@@ -8,7 +8,8 @@
 // at different steps and kernels with a zero count are left out of some steps (the topology changes the
 // graph cache keys on), then continues with 2 of them (another batch size). Asserted besides: graphs were
 // launched, most segments were updates of an existing graph (not one instantiation per segment), and a
-// model with the host MoE dispatch (a host round trip inside the step) records nothing.
+// model with the host MoE dispatch (a host round trip inside the step) records nothing. Then StepGraphs alone:
+// updated operands are replayed, and an invalidated recording is an error that leaves the stream usable.
 #if defined(SPW_HAVE_CUDA)
 #include <gtest/gtest.h>
 
@@ -21,6 +22,7 @@
 
 #include "../golden/golden_fixture.h"
 #include "engine/gpu_model.h"
+#include "engine/step_graphs.h"
 #include "gpu_test_util.h"
 
 namespace spw {
@@ -113,6 +115,59 @@ TEST(EngineGraphs, HostMoeDispatchRecordsNothing) {
   const std::vector<float> logits = run(*m, 2, 0);
   EXPECT_FALSE(logits.empty());
   EXPECT_EQ(m->graph_stats().segments, 0);
+}
+
+// StepGraphs on its own: a second recording of the same shape with other operands updates the graph in place
+// and the replay uses the new operands; a recording that a synchronisation invalidated reports an error and
+// leaves the stream usable.
+TEST(EngineGraphs, UpdateReplaysTheNewOperands) {
+  ASSERT_TRUE(gpu_test::have_gpu()) << "no CUDA device: the GPU engine tests need one";
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  uint8_t* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 64), cudaSuccess);
+  engine::StepGraphs graphs;
+  for (int value : {1, 2, 3}) {
+    ASSERT_TRUE(graphs.begin_segment(stream, 1, 0).ok());
+    ASSERT_EQ(cudaMemsetAsync(d, value, 64, stream), cudaSuccess);
+    Status st = graphs.end_segment();
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    std::vector<uint8_t> host(64);
+    ASSERT_EQ(cudaMemcpyAsync(host.data(), d, 64, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    for (uint8_t b : host) ASSERT_EQ(b, value) << "the replay used stale operands";
+  }
+  EXPECT_EQ(graphs.stats().segments, 3);
+  EXPECT_EQ(graphs.stats().instantiations, 1);
+  EXPECT_EQ(graphs.stats().updates, 2);
+  EXPECT_EQ(graphs.graph_count(), 1u);
+  cudaFree(d);
+  cudaStreamDestroy(stream);
+}
+
+TEST(EngineGraphs, InvalidatedRecordingIsAnErrorAndTheStreamStaysUsable) {
+  ASSERT_TRUE(gpu_test::have_gpu()) << "no CUDA device: the GPU engine tests need one";
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  uint8_t* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 64), cudaSuccess);
+  engine::StepGraphs graphs;
+  ASSERT_TRUE(graphs.begin_segment(stream, 1, 0).ok());
+  ASSERT_EQ(cudaMemsetAsync(d, 7, 64, stream), cudaSuccess);
+  EXPECT_NE(cudaStreamSynchronize(stream), cudaSuccess);  // not allowed while recording: invalidates it
+  cudaGetLastError();
+  Status st = graphs.end_segment();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("capture"), std::string::npos) << st.error().message;
+  EXPECT_FALSE(graphs.recording());
+  EXPECT_EQ(graphs.stats().segments, 0);
+  ASSERT_EQ(cudaMemsetAsync(d, 9, 64, stream), cudaSuccess);
+  uint8_t b = 0;
+  ASSERT_EQ(cudaMemcpyAsync(&b, d, 1, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(b, 9);
+  cudaFree(d);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace
