@@ -34,8 +34,9 @@
 //    again every step and updated in place (step_graphs.h) rather than replayed unchanged (which needs
 //    the emission and entry counts predicated on device-side positions, and the indexer's key-layer
 //    choice per row inside the scoring kernel);
-//  - the device MoE dispatch is a plain warp-per-output GEMV over (token, slot) pairs: a token's
-//    experts are read once per pair, not once per step for all tokens that chose them;
+//  - the device MoE dispatch for dense (MXFP4) experts is a grouped GEMV over (token, slot) pairs: an
+//    expert is read once per pair, not once per step for all tokens that chose it (V4 at batch 16 is
+//    slower per token than batch 64's host dispatch, bench/results/engine_h200.md session 8);
 //  - Engram hashing stays on the host (a few integer ops per token).
 // Tests: tests/gpu/test_engine_golden.cpp, test_engine_plan.cpp, test_engine_batch.cpp.
 #pragma once
