@@ -27,6 +27,9 @@
 # Sizes: LLAMA_PP (4096), LLAMA_PP_LONG (40960), LLAMA_TG (128), LLAMA_DEPTHS (0,4096), LLAMA_NPL (1,4,16,64),
 # LLAMA_REPS (3). LLAMA_PACK: where the .llpack tarballs are (default ./.llpack).
 # Random token ids as input (llama-bench and llama-batched-bench draw them); the weights are random too.
+# Disk: the V4 model and its GGUF need ~35 GB of the machine's 64; delete other synthetic models in /tmp first (a
+# full disk made the conversion fail in session 8). Measured there: conversion 47 s, the whole run phase < 15 s with
+# LLAMA_REPS=1 LLAMA_DEPTHS=0 SKIP_40K=1.
 set -u
 PHASE=${1:-all}
 MODEL=${2:-${SYNTH_V4:-/tmp/synth_v4_mxfp4}}
