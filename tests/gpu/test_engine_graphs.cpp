@@ -120,40 +120,48 @@ TEST(EngineGraphs, HostMoeDispatchRecordsNothing) {
 // StepGraphs on its own: a second recording of the same shape with other operands updates the graph in place
 // and the replay uses the new operands; a recording that a synchronisation invalidated reports an error and
 // leaves the stream usable.
-TEST(EngineGraphs, UpdateReplaysTheNewOperands) {
-  ASSERT_TRUE(gpu_test::have_gpu()) << "no CUDA device: the GPU engine tests need one";
+// A stream and a 64-byte device buffer for the StepGraphs tests.
+class EngineGraphsStandalone : public testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(gpu_test::have_gpu()) << "no CUDA device: the GPU engine tests need one";
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d, kBytes), cudaSuccess);
+  }
+  void TearDown() override {
+    if (d) cudaFree(d);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  // The buffer's bytes, after the stream's work so far.
+  std::vector<uint8_t> read_back() {
+    std::vector<uint8_t> host(kBytes);
+    EXPECT_EQ(cudaMemcpyAsync(host.data(), d, kBytes, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    return host;
+  }
+  static constexpr size_t kBytes = 64;
   cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   uint8_t* d = nullptr;
-  ASSERT_EQ(cudaMalloc(&d, 64), cudaSuccess);
   engine::StepGraphs graphs;
+};
+
+TEST_F(EngineGraphsStandalone, UpdateReplaysTheNewOperands) {
   for (int value : {1, 2, 3}) {
     ASSERT_TRUE(graphs.begin_segment(stream, 1, 0).ok());
-    ASSERT_EQ(cudaMemsetAsync(d, value, 64, stream), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(d, value, kBytes, stream), cudaSuccess);
     Status st = graphs.end_segment();
     ASSERT_TRUE(st.ok()) << st.error().message;
-    std::vector<uint8_t> host(64);
-    ASSERT_EQ(cudaMemcpyAsync(host.data(), d, 64, cudaMemcpyDeviceToHost, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    for (uint8_t b : host) ASSERT_EQ(b, value) << "the replay used stale operands";
+    for (uint8_t b : read_back()) ASSERT_EQ(b, value) << "the replay used stale operands";
   }
   EXPECT_EQ(graphs.stats().segments, 3);
   EXPECT_EQ(graphs.stats().instantiations, 1);
   EXPECT_EQ(graphs.stats().updates, 2);
   EXPECT_EQ(graphs.graph_count(), 1u);
-  cudaFree(d);
-  cudaStreamDestroy(stream);
 }
 
-TEST(EngineGraphs, InvalidatedRecordingIsAnErrorAndTheStreamStaysUsable) {
-  ASSERT_TRUE(gpu_test::have_gpu()) << "no CUDA device: the GPU engine tests need one";
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  uint8_t* d = nullptr;
-  ASSERT_EQ(cudaMalloc(&d, 64), cudaSuccess);
-  engine::StepGraphs graphs;
+TEST_F(EngineGraphsStandalone, InvalidatedRecordingIsAnErrorAndTheStreamStaysUsable) {
   ASSERT_TRUE(graphs.begin_segment(stream, 1, 0).ok());
-  ASSERT_EQ(cudaMemsetAsync(d, 7, 64, stream), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d, 7, kBytes, stream), cudaSuccess);
   EXPECT_NE(cudaStreamSynchronize(stream), cudaSuccess);  // not allowed while recording: invalidates it
   cudaGetLastError();
   Status st = graphs.end_segment();
@@ -161,13 +169,8 @@ TEST(EngineGraphs, InvalidatedRecordingIsAnErrorAndTheStreamStaysUsable) {
   EXPECT_NE(st.error().message.find("capture"), std::string::npos) << st.error().message;
   EXPECT_FALSE(graphs.recording());
   EXPECT_EQ(graphs.stats().segments, 0);
-  ASSERT_EQ(cudaMemsetAsync(d, 9, 64, stream), cudaSuccess);
-  uint8_t b = 0;
-  ASSERT_EQ(cudaMemcpyAsync(&b, d, 1, cudaMemcpyDeviceToHost, stream), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  EXPECT_EQ(b, 9);
-  cudaFree(d);
-  cudaStreamDestroy(stream);
+  ASSERT_EQ(cudaMemsetAsync(d, 9, kBytes, stream), cudaSuccess);
+  for (uint8_t b : read_back()) ASSERT_EQ(b, 9);
 }
 
 }  // namespace
