@@ -166,6 +166,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--http-threads", s.http_threads, "connections served at once")
       ->envname("SPILLWAY_HTTP_THREADS")
       ->capture_default_str();
+  cmd->add_option("--listen-backlog", s.listen_backlog,
+                  "new connections the kernel queues before they are accepted (capped by net.core.somaxconn)")
+      ->check(CLI::Range(1, 65535))
+      ->envname("SPILLWAY_LISTEN_BACKLOG")
+      ->capture_default_str();
   cmd->add_option("--shutdown-grace", s.shutdown_grace_s, "seconds in-flight requests get on SIGINT/SIGTERM")
       ->envname("SPILLWAY_SHUTDOWN_GRACE")
       ->capture_default_str();

@@ -1,11 +1,5 @@
 #include "server/http_server.h"
 
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <httplib.h>
 
 #include <chrono>
@@ -14,6 +8,7 @@
 
 #include "base/log.h"
 #include "server/metrics_text.h"
+#include "server/sockets.h"
 
 namespace spw::server {
 namespace {
@@ -45,66 +40,11 @@ std::string default_message(int status, const ServerSettings& s) {
   }
 }
 
-// The numeric address and port of a socket endpoint, as httplib records them in Request.
-bool endpoint(const sockaddr_storage& a, std::string& ip, int& port) {
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (a.ss_family == AF_INET) {
-    const auto& v4 = reinterpret_cast<const sockaddr_in&>(a);
-    port = ntohs(v4.sin_port);
-    return inet_ntop(AF_INET, &v4.sin_addr, buf, sizeof buf) && (ip = buf, true);
-  }
-  if (a.ss_family == AF_INET6) {
-    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(a);
-    port = ntohs(v6.sin6_port);
-    return inet_ntop(AF_INET6, &v6.sin6_addr, buf, sizeof buf) && (ip = buf, true);
-  }
-  return false;
-}
-
-// cpp-httplib 0.11.4 (Debian 12) gives a handler neither its socket nor is_connection_closed().
-// It does record both endpoints of the connection, so the handler's socket is the one open
-// descriptor with that peer and local port. The connection's thread keeps it open until the
-// handler returns, so the descriptor cannot be reused meanwhile. -1 when none matches.
-int connection_socket(const httplib::Request& req) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (const dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    struct stat st {};
-    if (fstat(int(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage peer{}, local{};
-    socklen_t n_peer = sizeof peer, n_local = sizeof local;
-    if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &n_peer) != 0) continue;
-    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &n_local) != 0) continue;
-    std::string peer_ip, local_ip;
-    int peer_port = -1, local_port = -1;
-    if (!endpoint(peer, peer_ip, peer_port) || !endpoint(local, local_ip, local_port)) continue;
-    if (peer_port == req.remote_port && local_port == req.local_port && peer_ip == req.remote_addr) {
-      found = int(fd);
-      break;
-    }
-  }
-  closedir(dir);
-  return found;
-}
-
-// True once the peer has closed (or reset) the connection: end-of-file is readable, or an error.
-bool socket_closed(int fd) {
-  pollfd p{fd, POLLIN | POLLRDHUP, 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) return true;
-  char c;
-  return (p.revents & POLLIN) && recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
-}
-
 // A probe for one request's connection; the socket is looked up on first use, so requests that
 // finish before the first probe never pay for the search.
 ClientGone client_gone_probe(const httplib::Request& req) {
   return [&req, fd = -2]() mutable {
-    if (fd == -2) fd = connection_socket(req);
+    if (fd == -2) fd = connection_socket(req.remote_addr, req.remote_port, req.local_port);
     return fd >= 0 && socket_closed(fd);
   };
 }
@@ -203,6 +143,8 @@ Status HttpServer::bind() {
       return make_error("cannot bind ", settings_.host, ":", settings_.port, " (in use, or not an address of this host)");
     port_ = settings_.port;
   }
+  if (Status st = widen_listen_backlog(port_, settings_.listen_backlog); !st.ok())
+    SPW_LOG_WARN("{}; bursts of new connections may be reset", st.error().message);
   return {};
 }
 

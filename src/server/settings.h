@@ -20,6 +20,7 @@ struct ServerSettings {
   int max_tokens_limit = 4096;    // largest max_tokens accepted; also the default when none is sent
   size_t max_body_bytes = 8u << 20;
   int http_threads = 256;         // connections served at once (each streaming request holds one)
+  int listen_backlog = 1024;      // connections the kernel queues before the accept loop takes them
   double shutdown_grace_s = 30;   // on SIGINT/SIGTERM: time in-flight requests get before cancellation
   runtime::EngineSettings engine;
 };
