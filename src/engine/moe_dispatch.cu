@@ -31,6 +31,9 @@ __global__ void __launch_bounds__(kThreads)
   const void* w = table[e].w[which];
   const uint8_t* scale = table[e].scale[which];
   const float* xr = x + (p / x_div) * n_in;
+  densedev::RowSource<F> src[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) src[r] = densedev::row_source<F>(w, scale, o0 + r, n_in, shape.weight_block);
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
@@ -42,7 +45,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         c[u][r] = densedev::Chunk<F>{};
-        if (k < n_in && o0 + r < n_out) c[u][r] = densedev::load_chunk<F>(w, scale, o0 + r, k, n_in, shape.weight_block);
+        if (k < n_in && o0 + r < n_out) c[u][r] = densedev::load_chunk<F>(src[r], k);
       }
     }
 #pragma unroll

@@ -260,7 +260,7 @@ TEST_F(CudaDense, V4RealShapes) {
 }
 
 TEST_F(CudaDense, AwkwardSizes) {
-  const std::vector<int> tokens = {1, 3, 16, 17, 300};
+  const std::vector<int> tokens = {1, 2, 3, 16, 17, 300};
   uint32_t seed = 300;
   for (int n_out : {1, 7, 127, 1023}) {
     run_case(DenseFormat::kFp8, n_out, 384, 128, 128, false, tokens, ws_, ++seed);
@@ -271,6 +271,51 @@ TEST_F(CudaDense, AwkwardSizes) {
     run_case(DenseFormat::kBf16, n_out, 1040, 0, 0, true, tokens, ws_, ++seed);  // k tiles 512 + 512 + 16
     run_case(DenseFormat::kF32, n_out, 128, 0, 0, true, tokens, ws_, ++seed);
     run_case(DenseFormat::kFp8, n_out, 128, 128, 0, false, tokens, ws_, ++seed);  // fake quant off
+  }
+}
+
+// kGemv's rows do not depend on how many tokens share the call: each token's outputs, computed alone
+// (the streaming kernel, 1 token), in pairs (streaming, 2 tokens) and in one call of 5 (the staged
+// kernel), are bit-identical. Batched decode relies on this (EngineBatch's decode-vs-alone tests).
+TEST_F(CudaDense, GemvTokenCountDoesNotChangeRows) {
+  struct Shape {
+    DenseFormat f;
+    int n_out, n_in, weight_block, act_block;
+    bool f32_product;
+  };
+  const Shape shapes[] = {
+      {DenseFormat::kFp8, 5120, 8192, 32, 32, false},   // V4.1 attn.wo_b: 2 rows per warp when streaming
+      {DenseFormat::kFp8, 32768, 1280, 32, 32, false},  // V4.1 attn.wq_b: 4 rows per warp, a half tile at the end
+      {DenseFormat::kFp8, 1023, 160, 128, 32, false},   // awkward: 1 row per warp, partial rows and tiles
+      {DenseFormat::kFp4, 2304, 5120, 0, 32, false},
+      {DenseFormat::kBf16, 1000, 1040, 0, 0, true},
+  };
+  constexpr int kTokens = 5;
+  uint32_t seed = 700;
+  for (const Shape& sh : shapes) {
+    std::mt19937 rng(++seed);
+    HostLinear h = make_linear(sh.f, sh.n_out, sh.n_in, sh.weight_block, sh.act_block, sh.f32_product, rng);
+    DevBuf dw(h.bytes), ds;
+    if (!h.scale.empty()) ds.upload(h.scale);
+    h.d.w = dw.p, h.d.scale = static_cast<const uint8_t*>(ds.p);
+    const std::vector<float> x = make_x(kTokens, sh.n_in, true, rng);
+    const std::string what = case_name(h.d, kTokens);
+    DevBuf dx(x);
+    const std::vector<float> all = run_linear(h.d, dx, kTokens, false, ws_, LinearPath::kGemv, what);
+    ASSERT_EQ(all.size(), size_t(kTokens) * sh.n_out) << what;
+    for (int t0 = 0; t0 < kTokens; ++t0) {
+      for (int n : {1, 2}) {
+        if (t0 + n > kTokens) continue;
+        DevBuf part(std::vector<float>(x.begin() + size_t(t0) * sh.n_in, x.begin() + size_t(t0 + n) * sh.n_in));
+        const std::vector<float> y = run_linear(h.d, part, n, false, ws_, LinearPath::kGemv, what);
+        ASSERT_EQ(y.size(), size_t(n) * sh.n_out) << what;
+        size_t differ = 0;
+        for (size_t i = 0; i < y.size(); ++i)
+          differ += std::memcmp(&y[i], &all[size_t(t0) * sh.n_out + i], sizeof(float)) != 0;
+        EXPECT_EQ(differ, 0u) << what << ": tokens " << t0 << ".." << t0 + n - 1 << " alone, " << differ
+                              << " outputs differ from the 5-token call";
+      }
+    }
   }
 }
 

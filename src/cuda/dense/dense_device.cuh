@@ -57,28 +57,64 @@ struct Chunk<DenseFormat::kBf16> { uint4 q[2]; };
 template <>
 struct Chunk<DenseFormat::kF32> { float4 q[4]; };
 
-// Loads elements [k, k+16) of row `row` (k % 16 == 0). `w` and `scale` as in DeviceLinear; `n_in` is
-// the row length.
+// One weight row's addresses, resolved once per row rather than per chunk: the divisions by the block
+// size and the row products took ~65 instructions per 16-element chunk, more than its arithmetic.
 template <DenseFormat F>
-__device__ __forceinline__ Chunk<F> load_chunk(const void* __restrict__ w, const uint8_t* __restrict__ scale, int row,
-                                               int k, int n_in, int weight_block) {
-  Chunk<F> c;
+struct RowSource {
+  const uint8_t* w;      // the row's first byte
+  const uint8_t* scale;  // kFp8: the scale row of the row's block; kFp4: the row's scales; else unused
+  int scale_shift;       // log2 of the elements per scale along k (kFp8: weight_block; kFp4: 32)
+};
+
+// `w` and `scale` as in DeviceLinear; `n_in` is the row length; weight_block a power of two (kFp8).
+template <DenseFormat F>
+__device__ __forceinline__ RowSource<F> row_source(const void* __restrict__ w, const uint8_t* __restrict__ scale,
+                                                   int row, int n_in, int weight_block) {
+  RowSource<F> s{};
   const size_t r = static_cast<size_t>(row);
+  const uint8_t* base = static_cast<const uint8_t*>(w);
   if constexpr (F == DenseFormat::kFp8) {
-    c.q = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w) + r * n_in + k));
-    const int scale_cols = (n_in + weight_block - 1) / weight_block;
-    c.s = e8m0_to_float(__ldg(scale + static_cast<size_t>(row / weight_block) * scale_cols + k / weight_block));
+    s.scale_shift = __ffs(weight_block) - 1;
+    const int scale_cols = (n_in + weight_block - 1) >> s.scale_shift;
+    s.w = base + r * n_in;
+    s.scale = scale + static_cast<size_t>(row >> s.scale_shift) * scale_cols;
   } else if constexpr (F == DenseFormat::kFp4) {
-    c.q = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w) + r * (n_in / 2) + k / 2));
-    c.s = e8m0_to_float(__ldg(scale + r * (n_in / 32) + k / 32));
+    s.scale_shift = 5;
+    s.w = base + r * (n_in / 2);
+    s.scale = scale + r * (n_in / 32);
   } else if constexpr (F == DenseFormat::kBf16) {
-    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(w) + r * n_in + k);
+    s.w = base + r * n_in * 2;
+  } else {
+    s.w = base + r * n_in * 4;
+  }
+  return s;
+}
+
+// Elements [k, k+16) of the row (k % 16 == 0).
+template <DenseFormat F>
+__device__ __forceinline__ Chunk<F> load_chunk(const RowSource<F>& s, int k) {
+  Chunk<F> c;
+  if constexpr (F == DenseFormat::kFp8) {
+    c.q = __ldg(reinterpret_cast<const uint4*>(s.w + k));
+    c.s = e8m0_to_float(__ldg(s.scale + (k >> s.scale_shift)));
+  } else if constexpr (F == DenseFormat::kFp4) {
+    c.q = __ldg(reinterpret_cast<const uint2*>(s.w + k / 2));
+    c.s = e8m0_to_float(__ldg(s.scale + (k >> s.scale_shift)));
+  } else if constexpr (F == DenseFormat::kBf16) {
+    const uint4* p = reinterpret_cast<const uint4*>(s.w + static_cast<size_t>(k) * 2);
     c.q[0] = __ldg(p), c.q[1] = __ldg(p + 1);
   } else {
-    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(w) + r * n_in + k);
+    const float4* p = reinterpret_cast<const float4*>(s.w + static_cast<size_t>(k) * 4);
     c.q[0] = __ldg(p), c.q[1] = __ldg(p + 1), c.q[2] = __ldg(p + 2), c.q[3] = __ldg(p + 3);
   }
   return c;
+}
+
+// Elements [k, k+16) of row `row`, resolving the row's addresses on the spot (cold paths).
+template <DenseFormat F>
+__device__ __forceinline__ Chunk<F> load_chunk(const void* __restrict__ w, const uint8_t* __restrict__ scale, int row,
+                                               int k, int n_in, int weight_block) {
+  return load_chunk<F>(row_source<F>(w, scale, row, n_in, weight_block), k);
 }
 
 // The 16 dequantized values of a chunk (exact: e4m3/e2m1 times a power of two, or bf16/f32 as is).

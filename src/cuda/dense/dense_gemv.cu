@@ -1,14 +1,25 @@
 // Decode path of the dense linears (dense_linear.h, LinearPath::kGemv): y = x̂·Wᵀ for n_tokens ≤ 16,
-// streaming the compact weight once.
+// streaming the compact weight once. Two kernels, one arithmetic:
+//
+// Lane l of a warp owns elements [16l, 16l+16) of every 512-wide k tile of its R rows: it dequantizes
+// them into registers (one 16-byte fp8 load, 8-byte fp4, 32-byte bf16, 64-byte f32 per row: coalesced
+// across the warp) and accumulates T·R dot products in fp32, tile after tile, element by element; a
+// warp butterfly sums the lanes at the end. Both kernels keep exactly this per-lane order, so they
+// give bit-identical results, whatever R and the tiles per round (T is fixed by n_tokens).
+//
+// gemv_stream_kernel (1 or 2 tokens: every decode step of a single sequence): no shared memory and no
+//   barriers. x̂ is read straight from global memory (L1-cached: the block's warps read the same
+//   values), and the chunks of the next round are loaded before the current round is computed (two
+//   register buffers), so a warp always has a round of weight loads in flight. The staged kernel
+//   below waited for each round's loads before issuing the next (a memory latency per round): 26 %
+//   of HBM bandwidth over the V4.1 decode's FP8 weights (bench/results/engine_h200.md, session 7).
+// gemv_kernel (more tokens): x̂ of a round is staged in shared memory once for the block's 8 warps
+//   (rows padded 4 floats per 16, so the 16-float chunks of consecutive lanes fall on distinct banks);
+//   each round issues all its weight loads, stages x̂ while they fly, then accumulates.
 //
 // Launch shape: grid (ceil(n_out / (8·R)), n_groups), 256 threads = 8 warps; warp w of block b owns
-// rows [(8b + w)·R, +R). The k axis is walked in 512-wide tiles: the block stages x̂[0..T)[tile] in
-// shared memory (rows padded 4 floats per 16, so the 16-float chunks of consecutive lanes fall on
-// distinct banks), then lane l dequantizes elements [16l, 16l+16) of each of its R rows into registers
-// (one 16-byte fp8 load, 8-byte fp4, 32-byte bf16, 64-byte f32 per row: coalesced across the warp)
-// and accumulates T·R dot products in fp32. A warp butterfly sums the lanes at the end.
-// T (tokens, templated 1/2/4/8/16, rows ≥ n_tokens masked to zero) and R (1/2/4) are chosen by the
-// launcher: R = 4 when that still gives ≥ 1 block per SM, fewer rows per warp on narrow weights.
+// rows [(8b + w)·R, +R). T (tokens, templated 1/2/4/8/16, rows ≥ n_tokens masked to zero) and R
+// (1/2/4) are chosen by the launcher.
 // Accuracy: exact products (x̂, W bf16-representable), fp32 sums in lane-then-butterfly order.
 // Tests: tests/gpu/test_cuda_dense.cpp. Benchmark: bench/dense/bench_dense.cpp.
 #include "cuda/dense/dense_device.cuh"
@@ -28,6 +39,25 @@ __host__ __device__ constexpr int tiles_per_round() {
   return by_tokens < by_rows ? by_tokens : by_rows;
 }
 
+// Sums acc over the warp's lanes and writes rows [row0, row0 + R) of y (lane 0).
+template <int R, int T>
+__device__ __forceinline__ void finish_rows(const GemvArgs& a, float (&acc)[R][T], float* y, int row0, int lane) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t)
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], off);
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (row0 + r >= a.n_out) break;
+#pragma unroll
+    for (int t = 0; t < T; ++t)
+      if (t < a.n_tokens) y[static_cast<size_t>(t) * a.ldy + row0 + r] = a.round_out ? round_bf16_dev(acc[r][t]) : acc[r][t];
+  }
+}
+
 template <DenseFormat F, int T, int R>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   constexpr int U = tiles_per_round<T, R>();
@@ -38,6 +68,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   const float* x = a.x + static_cast<size_t>(g) * a.x_group_off;
   float* y = a.y + static_cast<size_t>(g) * a.y_group_off;
   const int row0 = (blockIdx.x * kWarps + warp) * R;
+  RowSource<F> src[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) src[r] = row_source<F>(w, a.scale, row0 + r, a.n_in, a.weight_block);
 
   float acc[R][T];
 #pragma unroll
@@ -56,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         chunks[u][r] = Chunk<F>{};
-        if (k < a.n_in && row0 + r < a.n_out) chunks[u][r] = load_chunk<F>(w, a.scale, row0 + r, k, a.n_in, a.weight_block);
+        if (k < a.n_in && row0 + r < a.n_out) chunks[u][r] = load_chunk<F>(src[r], k);
       }
     }
 
@@ -92,41 +125,85 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     }
   }
 
+  finish_rows<R, T>(a, acc, y, row0, lane);
+}
+
+// Tiles per round of the streaming kernel: U·R = 4 chunks per buffer, two buffers in flight.
+template <int R>
+__host__ __device__ constexpr int stream_tiles_per_round() {
+  return 4 / R;
+}
+
+template <DenseFormat F, int T, int R>
+__global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
+  constexpr int U = stream_tiles_per_round<R>(), kRoundK = U * kTileK;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = blockIdx.y;
+  const void* w = static_cast<const uint8_t*>(a.w) + g * a.w_group_nbytes;
+  const float* x = a.x + static_cast<size_t>(g) * a.x_group_off;
+  float* y = a.y + static_cast<size_t>(g) * a.y_group_off;
+  const int row0 = (blockIdx.x * kWarps + warp) * R;
+  RowSource<F> src[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) src[r] = row_source<F>(w, a.scale, row0 + r, a.n_in, a.weight_block);
+
+  float acc[R][T];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int t = 0; t < T; ++t)
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], off);
-  if (lane != 0) return;
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (row0 + r >= a.n_out) break;
-#pragma unroll
-    for (int t = 0; t < T; ++t)
-      if (t < a.n_tokens) y[static_cast<size_t>(t) * a.ldy + row0 + r] = a.round_out ? round_bf16_dev(acc[r][t]) : acc[r][t];
-  }
-}
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
 
-template <DenseFormat F, int T>
-cudaError_t launch_rows(const GemvArgs& a, int rows_per_warp, cudaStream_t stream) {
-  auto go = [&](auto kernel, int R) {
-    const dim3 grid((a.n_out + kWarps * R - 1) / (kWarps * R), a.n_groups);
-    kernel<<<grid, kThreads, 0, stream>>>(a);
-    return cudaGetLastError();
+  // The round starting at k0 into c (zero chunks past the row's end or the last row).
+  auto load_round = [&](Chunk<F> (&c)[U][R], int k0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = k0 + u * kTileK + 16 * lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        c[u][r] = Chunk<F>{};
+        if (k < a.n_in && row0 + r < a.n_out) c[u][r] = load_chunk<F>(src[r], k);
+      }
+    }
   };
-  if (rows_per_warp == 4) return go(gemv_kernel<F, T, 4>, 4);
-  if (rows_per_warp == 2) return go(gemv_kernel<F, T, 2>, 2);
-  return go(gemv_kernel<F, T, 1>, 1);
-}
+  auto compute_round = [&](const Chunk<F> (&c)[U][R], int k0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = k0 + u * kTileK + 16 * lane;
+      if (k >= a.n_in) break;  // later tiles of the round are past the end too
+      float xv[T][16];
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * a.ldx + k);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float4 v = t < a.n_tokens ? __ldg(xp + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+          xv[t][4 * q] = v.x, xv[t][4 * q + 1] = v.y, xv[t][4 * q + 2] = v.z, xv[t][4 * q + 3] = v.w;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float wv[16];
+        dequant_chunk<F>(c[u][r], wv);
+#pragma unroll
+        for (int t = 0; t < T; ++t)
+#pragma unroll
+          for (int j = 0; j < 16; ++j) acc[r][t] = fmaf(wv[j], xv[t][j], acc[r][t]);
+      }
+    }
+  };
 
-template <DenseFormat F>
-cudaError_t launch_tokens(const GemvArgs& a, int rows_per_warp, cudaStream_t stream) {
-  if (a.n_tokens <= 1) return launch_rows<F, 1>(a, rows_per_warp, stream);
-  if (a.n_tokens <= 2) return launch_rows<F, 2>(a, rows_per_warp, stream);
-  if (a.n_tokens <= 4) return launch_rows<F, 4>(a, rows_per_warp, stream);
-  if (a.n_tokens <= 8) return launch_rows<F, 8>(a, rows_per_warp, stream);
-  return launch_rows<F, 16>(a, rows_per_warp, stream);
+  // Ping-pong over two buffers (no copies): load the next round, then compute the current one.
+  Chunk<F> buf0[U][R], buf1[U][R];
+  load_round(buf0, 0);
+  for (int k0 = 0; k0 < a.n_in;) {
+    load_round(buf1, k0 + kRoundK);
+    compute_round(buf0, k0);
+    if ((k0 += kRoundK) >= a.n_in) break;
+    load_round(buf0, k0 + kRoundK);
+    compute_round(buf1, k0);
+    k0 += kRoundK;
+  }
+  finish_rows<R, T>(a, acc, y, row0, lane);
 }
 
 int sm_count() {
@@ -139,17 +216,60 @@ int sm_count() {
   return n;
 }
 
+// Rows per warp: as many as still give every SM `blocks_per_sm` blocks of 8 warps.
+int rows_per_warp(long rows, int blocks_per_sm) {
+  const long per_r = long(blocks_per_sm) * kWarps * sm_count();
+  return rows >= 4 * per_r ? 4 : rows >= 2 * per_r ? 2 : 1;
+}
+
+// The streaming kernel for 1–2 tokens, except F32 weights (a 64-byte chunk: two buffers of them do not
+// fit the registers).
+template <DenseFormat F>
+constexpr bool streams(int n_tokens) {
+  return F != DenseFormat::kF32 && n_tokens <= 2;
+}
+
+template <DenseFormat F, int T>
+cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
+  const long rows = static_cast<long>(a.n_out) * a.n_groups;
+  auto go = [&](auto kernel, int R) {
+    const dim3 grid((a.n_out + kWarps * R - 1) / (kWarps * R), a.n_groups);
+    kernel<<<grid, kThreads, 0, stream>>>(a);
+    return cudaGetLastError();
+  };
+  if constexpr (streams<F>(T)) {
+    // Two blocks per SM at least: a warp's loads are in flight continuously, so more warps (not more
+    // rows per warp) are what keeps enough bytes in flight.
+    const int R = rows_per_warp(rows, 2);
+    if (R == 4) return go(gemv_stream_kernel<F, T, 4>, 4);
+    if (R == 2) return go(gemv_stream_kernel<F, T, 2>, 2);
+    return go(gemv_stream_kernel<F, T, 1>, 1);
+  } else {
+    const int R = rows_per_warp(rows, 1);
+    if (R == 4) return go(gemv_kernel<F, T, 4>, 4);
+    if (R == 2) return go(gemv_kernel<F, T, 2>, 2);
+    return go(gemv_kernel<F, T, 1>, 1);
+  }
+}
+
+template <DenseFormat F>
+cudaError_t launch_tokens(const GemvArgs& a, cudaStream_t stream) {
+  if (a.n_tokens <= 1) return launch_rows<F, 1>(a, stream);
+  if (a.n_tokens <= 2) return launch_rows<F, 2>(a, stream);
+  if (a.n_tokens <= 4) return launch_rows<F, 4>(a, stream);
+  if (a.n_tokens <= 8) return launch_rows<F, 8>(a, stream);
+  return launch_rows<F, 16>(a, stream);
+}
+
 }  // namespace
 
 cudaError_t gemv_launch(const GemvArgs& a, cudaStream_t stream) {
   if (a.n_tokens < 1 || a.n_tokens > 16) return cudaErrorInvalidValue;
-  const long rows = static_cast<long>(a.n_out) * a.n_groups;
-  const int rows_per_warp = rows >= 4L * kWarps * sm_count() ? 4 : rows >= 2L * kWarps * sm_count() ? 2 : 1;
   switch (a.format) {
-    case DenseFormat::kFp8: return launch_tokens<DenseFormat::kFp8>(a, rows_per_warp, stream);
-    case DenseFormat::kFp4: return launch_tokens<DenseFormat::kFp4>(a, rows_per_warp, stream);
-    case DenseFormat::kBf16: return launch_tokens<DenseFormat::kBf16>(a, rows_per_warp, stream);
-    case DenseFormat::kF32: return launch_tokens<DenseFormat::kF32>(a, rows_per_warp, stream);
+    case DenseFormat::kFp8: return launch_tokens<DenseFormat::kFp8>(a, stream);
+    case DenseFormat::kFp4: return launch_tokens<DenseFormat::kFp4>(a, stream);
+    case DenseFormat::kBf16: return launch_tokens<DenseFormat::kBf16>(a, stream);
+    case DenseFormat::kF32: return launch_tokens<DenseFormat::kF32>(a, stream);
   }
   return cudaErrorInvalidValue;
 }
