@@ -21,7 +21,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 MODEL=/tmp/synth_v41_exl3
 [ -f $MODEL/config.json ] || python3 tools/synth/make_synthetic_model.py $MODEL --arch v41 --experts exl3 --bits 3 \
   --layers 4 --tokenizer none > "$OUT/synth.log" 2>&1
-KERNELS='regex:split_logits|split_sums|gemv_kernel|exl3_moe_kernel|hc_split_sinkhorn|hc_mixes'
+KERNELS='regex:split_logits|split_sums|gemv_kernel|gemv_stream_kernel|exl3_moe_kernel|hc_split_sinkhorn|hc_mixes'
 SECTIONS="--section SpeedOfLight --section SchedulerStats --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis --section LaunchStats"
 LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64 timeout "${PROFILE_TIMEOUT:-420}" "$NCU" --kernel-name "$KERNELS" \
   --launch-skip "${PROFILE_SKIP:-300}" --launch-count "${PROFILE_COUNT:-40}" $SECTIONS \
