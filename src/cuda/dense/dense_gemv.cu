@@ -39,6 +39,25 @@ __host__ __device__ constexpr int tiles_per_round() {
   return by_tokens < by_rows ? by_tokens : by_rows;
 }
 
+// What a warp of either kernel works on: its group's x̂ and y, its R rows (warp w of block b owns
+// rows [(8b + w)·R, +R)) and their addresses.
+template <DenseFormat F, int R>
+struct WarpRows {
+  const float* x;
+  float* y;
+  int row0;
+  RowSource<F> src[R];
+  __device__ __forceinline__ explicit WarpRows(const GemvArgs& a) {
+    const int g = blockIdx.y;
+    const void* w = static_cast<const uint8_t*>(a.w) + g * a.w_group_nbytes;
+    x = a.x + static_cast<size_t>(g) * a.x_group_off;
+    y = a.y + static_cast<size_t>(g) * a.y_group_off;
+    row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * R;
+#pragma unroll
+    for (int r = 0; r < R; ++r) src[r] = row_source<F>(w, a.scale, row0 + r, a.n_in, a.weight_block);
+  }
+};
+
 // Sums acc over the warp's lanes and writes rows [row0, row0 + R) of y (lane 0).
 template <int R, int T>
 __device__ __forceinline__ void finish_rows(const GemvArgs& a, float (&acc)[R][T], float* y, int row0, int lane) {
@@ -62,21 +81,11 @@ template <DenseFormat F, int T, int R>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   constexpr int U = tiles_per_round<T, R>();
   __shared__ __align__(16) float xs[T][U * kTilePad];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = blockIdx.y;
-  const void* w = static_cast<const uint8_t*>(a.w) + g * a.w_group_nbytes;
-  const float* x = a.x + static_cast<size_t>(g) * a.x_group_off;
-  float* y = a.y + static_cast<size_t>(g) * a.y_group_off;
-  const int row0 = (blockIdx.x * kWarps + warp) * R;
-  RowSource<F> src[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) src[r] = row_source<F>(w, a.scale, row0 + r, a.n_in, a.weight_block);
-
-  float acc[R][T];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
+  const int lane = threadIdx.x & 31;
+  const WarpRows<F, R> wr(a);
+  const float* x = wr.x;
+  const RowSource<F>(&src)[R] = wr.src;
+  float acc[R][T] = {};
 
   // A round covers U tiles of 512: issue every weight load of the round, stage x for all of them while
   // those loads are in flight (the weights do not wait for x), then accumulate tile by tile — the same
@@ -89,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         chunks[u][r] = Chunk<F>{};
-        if (k < a.n_in && row0 + r < a.n_out) chunks[u][r] = load_chunk<F>(src[r], k);
+        if (k < a.n_in && wr.row0 + r < a.n_out) chunks[u][r] = load_chunk<F>(src[r], k);
       }
     }
 
@@ -125,7 +134,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     }
   }
 
-  finish_rows<R, T>(a, acc, y, row0, lane);
+  finish_rows<R, T>(a, acc, wr.y, wr.row0, lane);
 }
 
 // Tiles per round of the streaming kernel: U·R = 4 chunks per buffer, two buffers in flight.
@@ -137,21 +146,11 @@ __host__ __device__ constexpr int stream_tiles_per_round() {
 template <DenseFormat F, int T, int R>
 __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
   constexpr int U = stream_tiles_per_round<R>(), kRoundK = U * kTileK;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = blockIdx.y;
-  const void* w = static_cast<const uint8_t*>(a.w) + g * a.w_group_nbytes;
-  const float* x = a.x + static_cast<size_t>(g) * a.x_group_off;
-  float* y = a.y + static_cast<size_t>(g) * a.y_group_off;
-  const int row0 = (blockIdx.x * kWarps + warp) * R;
-  RowSource<F> src[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) src[r] = row_source<F>(w, a.scale, row0 + r, a.n_in, a.weight_block);
-
-  float acc[R][T];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
+  const int lane = threadIdx.x & 31;
+  const WarpRows<F, R> wr(a);
+  const float* x = wr.x;
+  const RowSource<F>(&src)[R] = wr.src;
+  float acc[R][T] = {};
 
   // The round starting at k0 into c (zero chunks past the row's end or the last row).
   auto load_round = [&](Chunk<F> (&c)[U][R], int k0) {
@@ -161,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         c[u][r] = Chunk<F>{};
-        if (k < a.n_in && row0 + r < a.n_out) c[u][r] = load_chunk<F>(src[r], k);
+        if (k < a.n_in && wr.row0 + r < a.n_out) c[u][r] = load_chunk<F>(src[r], k);
       }
     }
   };
@@ -203,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
     compute_round(buf1, k0);
     k0 += kRoundK;
   }
-  finish_rows<R, T>(a, acc, y, row0, lane);
+  finish_rows<R, T>(a, acc, wr.y, wr.row0, lane);
 }
 
 int sm_count() {
