@@ -98,6 +98,17 @@ __device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, unsigned
       : "memory");
 }
 
+// 16 bytes from global to shared memory (a shared-window address, smem_addr), asynchronously (cp.async,
+// L2 only; both addresses 16-byte aligned).
+__device__ __forceinline__ void cp_async16(unsigned smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
+}
+// An arrival on the barrier once every cp.async this thread issued so far has landed; it counts as one
+// of the barrier's expected arrivals (.noinc).
+__device__ __forceinline__ void mbar_arrive_after_cp_async(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
 // Decodes tile words into states s[0..7] of one lane (see lane_window) with 32-bit shifts only:
 // the lane's 8·K + 16 − K ≤ 64 bits are hi:lo, state j sits at bit 48 − j·K of hi:lo.
 template <int K>
@@ -159,9 +170,10 @@ __host__ __device__ constexpr int ring_bytes() {
   return kStages * kStageTiles * 8 * K * 4;
 }
 
-// A warp-private ring of trellis tiles in shared memory, filled by bulk copies that complete on one
-// mbarrier per slot. `uses` counts the stages ever loaded; it gives each wait its slot and parity,
-// so one ring serves any number of strips in a row.
+// A warp-private ring of trellis tiles in shared memory, filled by the warp's own cp.async copies (each
+// lane 16 bytes at a time) that complete on one mbarrier per slot: every lane arrives once its copies
+// of the stage have landed. `uses` counts the stages ever loaded; it gives each wait its slot and
+// parity, so one ring serves any number of strips in a row.
 struct WarpRing {
   uint32_t* words;  // ring_bytes<K>() of shared memory, 16-byte aligned
   uint64_t* bars;   // kStages mbarriers in shared memory
@@ -170,7 +182,7 @@ struct WarpRing {
 // The whole warp calls this once before its first strip.
 __device__ __forceinline__ void warp_ring_init(WarpRing& r, int lane) {
   if (lane == 0) {
-    for (int s = 0; s < kStages; ++s) mbar_init(&r.bars[s], 1);
+    for (int s = 0; s < kStages; ++s) mbar_init(&r.bars[s], 32);
     mbar_fence_init();
   }
   r.uses = 0;

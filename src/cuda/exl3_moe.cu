@@ -116,31 +116,49 @@ struct StageCursor {
   __device__ __forceinline__ int expert(const PhaseSeq& s) const { return p < s.P ? s.idx[p] : -1; }
 };
 
-// This warp's stages [st0, st1) of the phase: lane 0 bulk-copies their tiles (none for pairs whose
-// expert is −1) into the warp's ring, kStages stages ahead; the warp decodes, multiplies, and adds
-// each strip segment's token-0 result to acc.
+// This warp's stages [st0, st1) of the phase: the warp copies their tiles (none for pairs whose expert is
+// −1) into its ring kStages stages ahead, 16 bytes per lane and cp.async, then decodes, multiplies, and
+// adds each strip segment's token-0 result to acc. A stage's 8 tiles lie a row of tiles apart, so a bulk
+// copy per tile (the earlier design) cost lane 0 ~135 SASS instructions per stage — about 17 of the
+// warp's ~69 issue slots per tile — while the other lanes waited; here each lane issues ≤ 3 copies.
 template <int K, int CB>
 __device__ __forceinline__ void phase_stream(const PhaseSeq& s, int64_t st0, int64_t st1, WarpRing& ring, int lane) {
   constexpr int kWords = 8 * K, kSlotWords = kStageTiles * kWords;
+  constexpr int kTileChunks = kWords / 4, kSlotChunks = kSlotWords / 4;  // 16-byte pieces
   const int n_stages = static_cast<int>(st1 - st0);
   if (n_stages <= 0) return;
   const LaneWindow lw = lane_window<K>(lane);
   const int t4 = lane & 3;
-  const size_t kt_stride = static_cast<size_t>(s.n_tn) * kWords;  // words between k-tiles of a strip
+  const int kt_stride = s.n_tn * kWords;  // words between k-tiles of a strip (< 2^31: d, f ≤ 2^16)
 
-  StageCursor pc;  // the producer's position (lane 0)
+  StageCursor pc;  // the producer's position (every lane keeps the same)
   pc.set(s, st0);
+  int base_m = -1;                 // matrix p·n_q + q whose trellis `base` is
+  const uint32_t* base = nullptr;  // null when its expert is −1
+  // The lane's 16-byte pieces of a stage, c = lane + 32i: tile c / kTileChunks, piece c % kTileChunks.
+  constexpr int kPieces = (kSlotChunks + 31) / 32;
+  int src_off[kPieces];
+#pragma unroll
+  for (int i = 0; i < kPieces; ++i) {
+    const int c = lane + 32 * i;
+    src_off[i] = (c / kTileChunks) * kt_stride + 4 * (c % kTileChunks);
+  }
+  const unsigned dst_lane = smem_addr(ring.words) + 16u * lane;
   auto issue = [&](int st) {
-    if (lane != 0 || st >= n_stages) return;
-    const uint32_t slot = (ring.uses + st) % kStages;
-    const int e = pc.expert(s);
-    mbar_expect_tx(&ring.bars[slot], e >= 0 ? kSlotWords * 4 : 0);
-    if (e >= 0) {
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(s.experts[e].trellis[s.q_base + pc.q]) +
-                            static_cast<size_t>(pc.kt) * kt_stride + static_cast<size_t>(pc.tn) * kWords;
-      for (int u = 0; u < kStageTiles; ++u)
-        bulk_copy(ring.words + slot * kSlotWords + u * kWords, src + u * kt_stride, kWords * 4, &ring.bars[slot]);
+    if (st >= n_stages) return;
+    if (pc.p * s.n_q + pc.q != base_m) {  // a new matrix: its expert's trellis, read once
+      base_m = pc.p * s.n_q + pc.q;
+      const int e = pc.expert(s);
+      base = e >= 0 ? reinterpret_cast<const uint32_t*>(s.experts[e].trellis[s.q_base + pc.q]) : nullptr;
     }
+    const uint32_t slot = (ring.uses + st) % kStages;
+    if (base) {
+      const uint32_t* src = base + (pc.kt * kt_stride + pc.tn * kWords);
+#pragma unroll
+      for (int i = 0; i < kPieces; ++i)
+        if (lane + 32 * i < kSlotChunks) cp_async16(dst_lane + slot * (kSlotWords * 4) + 512u * i, src + src_off[i]);
+    }
+    mbar_arrive_after_cp_async(&ring.bars[slot]);
     pc.advance(s);
   };
 
@@ -176,7 +194,7 @@ __device__ __forceinline__ void phase_stream(const PhaseSeq& s, int64_t st0, int
       }
       ce = cc.expert(s);
     }
-    __syncwarp();  // every lane has read the slot before lane 0 refills it
+    __syncwarp();  // every lane has read the slot before the warp refills it
     issue(st + kStages);
   }
   if (pending) add_row0(s.acc + static_cast<size_t>(cc.p * s.n_q + cc.q) * s.ld_acc, cc.tn * 16, c, lane);
