@@ -161,6 +161,32 @@ __device__ __forceinline__ void dequant_chunk(const Chunk<F>& c, float* v) {
   }
 }
 
+// The GEMV kernels fold an FP8 chunk's scale into x̂ (16 products per token) instead of into the weights
+// (16 per row): a warp's R rows lie in one weight block (R divides weight_block), so they share it.
+// fmaf(code, x̂·s, acc) equals fmaf(code·s, x̂, acc) bit for bit while both products are exact, i.e.
+// unless x̂·s falls below the f32 normal range with bits under 2^−149 (x̂ ~ 2^−31 and s ~ 2^−119).
+template <DenseFormat F>
+inline constexpr bool kFoldsScale = F == DenseFormat::kFp8;
+
+// What the GEMV multiplies x̂ by: the chunk's codes as floats for kFp8 (kFoldsScale), else dequant_chunk.
+template <DenseFormat F>
+__device__ __forceinline__ void weight_values(const Chunk<F>& c, float* v) {
+  if constexpr (kFoldsScale<F>) {
+    e4m3x4_to_float(c.q.x, v), e4m3x4_to_float(c.q.y, v + 4), e4m3x4_to_float(c.q.z, v + 8), e4m3x4_to_float(c.q.w, v + 12);
+  } else {
+    dequant_chunk<F>(c, v);
+  }
+}
+
+// x̂ values times the scale of the warp's chunk (kFoldsScale), in place; nothing for the other formats.
+template <DenseFormat F>
+__device__ __forceinline__ void scale_x(const Chunk<F>& c, float* xv) {
+  if constexpr (kFoldsScale<F>) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) xv[j] *= c.s;
+  }
+}
+
 // One element of fake_quant_fp8 given its block's amax: s = pow2_ceil(max(amax, 1e-4)·fp32(1/448)),
 // x ← e4m3_rne(clamp(x/s, ±448))·s (formats/quant.cpp, including its product-with-reciprocal hazard).
 __device__ __forceinline__ float fp8_scale_of(float amax) {

@@ -20,7 +20,8 @@
 // Launch shape: grid (ceil(n_out / (8·R)), n_groups), 256 threads = 8 warps; warp w of block b owns
 // rows [(8b + w)·R, +R). T (tokens, templated 1/2/4/8/16, rows ≥ n_tokens masked to zero) and R
 // (1/2/4) are chosen by the launcher.
-// Accuracy: exact products (x̂, W bf16-representable), fp32 sums in lane-then-butterfly order.
+// Accuracy: exact products (x̂, W bf16-representable), fp32 sums in lane-then-butterfly order. FP8 chunks
+// fold their scale into x̂ (dense_device.cuh: kFoldsScale), which the rows of a warp share.
 // Tests: tests/gpu/test_cuda_dense.cpp. Benchmark: bench/dense/bench_dense.cpp.
 #include "cuda/dense/dense_device.cuh"
 #include "cuda/dense/dense_kernels.h"
@@ -116,7 +117,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
       if (k >= a.n_in) break;  // later tiles of the round are past the end too
       float wv[R][16];
 #pragma unroll
-      for (int r = 0; r < R; ++r) dequant_chunk<F>(chunks[u][r], wv[r]);
+      for (int r = 0; r < R; ++r) weight_values<F>(chunks[u][r], wv[r]);
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         float xv[16];
@@ -126,6 +127,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
           const float4 v = xp[q];
           xv[4 * q] = v.x, xv[4 * q + 1] = v.y, xv[4 * q + 2] = v.z, xv[4 * q + 3] = v.w;
         }
+        scale_x<F>(chunks[u][0], xv);
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -178,11 +180,12 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
           const float4 v = t < a.n_tokens ? __ldg(xp + q) : make_float4(0.f, 0.f, 0.f, 0.f);
           xv[t][4 * q] = v.x, xv[t][4 * q + 1] = v.y, xv[t][4 * q + 2] = v.z, xv[t][4 * q + 3] = v.w;
         }
+        scale_x<F>(c[u][0], xv[t]);
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float wv[16];
-        dequant_chunk<F>(c[u][r], wv);
+        weight_values<F>(c[u][r], wv);
 #pragma unroll
         for (int t = 0; t < T; ++t)
 #pragma unroll
