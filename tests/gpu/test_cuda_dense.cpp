@@ -271,12 +271,14 @@ TEST_F(CudaDense, AwkwardSizes) {
     run_case(DenseFormat::kBf16, n_out, 1040, 0, 0, true, tokens, ws_, ++seed);  // k tiles 512 + 512 + 16
     run_case(DenseFormat::kF32, n_out, 128, 0, 0, true, tokens, ws_, ++seed);
     run_case(DenseFormat::kFp8, n_out, 128, 128, 0, false, tokens, ws_, ++seed);  // fake quant off
+    run_case(DenseFormat::kFp8, n_out, 2100, 128, 32, false, tokens, ws_, ++seed);  // k split in 2, the second shorter
   }
 }
 
 // kGemv's rows do not depend on how many tokens share the call: each token's outputs, computed alone
 // (the streaming kernel, 1 token), in pairs (streaming, 2 tokens) and in one call of 5 (the staged
-// kernel), are bit-identical. Batched decode relies on this (EngineBatch's decode-vs-alone tests).
+// kernel), are bit-identical, with and without a k split. Batched decode relies on this (EngineBatch's
+// decode-vs-alone tests).
 TEST_F(CudaDense, GemvTokenCountDoesNotChangeRows) {
   struct Shape {
     DenseFormat f;
@@ -289,6 +291,9 @@ TEST_F(CudaDense, GemvTokenCountDoesNotChangeRows) {
       {DenseFormat::kFp8, 1023, 160, 128, 32, false},   // awkward: 1 row per warp, partial rows and tiles
       {DenseFormat::kFp4, 2304, 5120, 0, 32, false},
       {DenseFormat::kBf16, 1000, 1040, 0, 0, true},
+      {DenseFormat::kFp8, 512, 5120, 128, 128, false},  // V4.1 attn.wkv: k split over 4 blocks
+      {DenseFormat::kBf16, 300, 2100, 0, 0, true},      // k split over 2 blocks, the second shorter
+      {DenseFormat::kF32, 384, 5120, 0, 0, true},       // f32 (staged kernel at every token count), split 4
   };
   constexpr int kTokens = 5;
   uint32_t seed = 700;

@@ -107,27 +107,64 @@ __device__ RowKind resolve_row(const SparseAttnArgs& a, const QueryRows& qr, int
   return kComp;
 }
 
-// Shared memory of one segment: its rows dequantized [kSegRows, d] f32, their kinds and addresses.
+// Shared memory of one segment: its rows dequantized [kSegRows, d] f32, their stored bytes [kSegRows,
+// raw_words] (staged before they are decoded), their kinds and addresses.
 struct SegmentTile {
   float* rows;
+  uint32_t* raw;
+  int raw_words;
   const void** ptrs;
   uint8_t* kinds;
 };
 
-__host__ __device__ inline size_t tile_smem_bytes(int d) {
-  return sizeof(const void*) * kSegRows + sizeof(float) * size_t(kSegRows) * size_t(d) + kSegRows;
+// Words of a stored row the raw stage holds: the larger of the two compact formats (rows are padded to
+// 4 bytes, kv_pages.h); this step's own f32 rows are copied straight into the dequantized tile.
+__host__ __device__ inline int raw_row_words(size_t ring_nbytes, size_t comp_nbytes) {
+  return int((ring_nbytes > comp_nbytes ? ring_nbytes : comp_nbytes) / 4);
+}
+
+__host__ __device__ inline size_t tile_smem_bytes(int d, int raw_words) {
+  return sizeof(const void*) * kSegRows + sizeof(float) * size_t(kSegRows) * size_t(d) +
+         sizeof(uint32_t) * size_t(kSegRows) * size_t(raw_words) + kSegRows;
 }
 
 // Carves a SegmentTile out of `smem` (pointers first for their alignment); returns the first byte after it.
-__device__ unsigned char* carve_tile(unsigned char* smem, int d, SegmentTile& t) {
+__device__ unsigned char* carve_tile(unsigned char* smem, int d, int raw_words, SegmentTile& t) {
   t.ptrs = reinterpret_cast<const void**>(smem);
   t.rows = reinterpret_cast<float*>(t.ptrs + kSegRows);
-  t.kinds = reinterpret_cast<uint8_t*>(t.rows + size_t(kSegRows) * d);
+  t.raw = reinterpret_cast<uint32_t*>(t.rows + size_t(kSegRows) * d);
+  t.raw_words = raw_words;
+  t.kinds = reinterpret_cast<uint8_t*>(t.raw + size_t(kSegRows) * raw_words);
   return t.kinds + kSegRows;
 }
 
-// One row dequantized into dst by a warp, lane l taking channels l + 32k: every load of the row is issued
-// before the first is used (a loop over channels waits for each load in turn).
+// A word from global to shared memory without passing through registers (cp.async, sm_80+): every copy of
+// the stage is in flight at once and the warp waits once (cp_async_wait_all). Loading the rows into
+// registers first let ptxas interleave each row's loads with its stores (a latency per row), and decoding
+// straight from global memory waited on each channel's dependent byte loads in turn: ~37 µs per split
+// kernel at 1 K context (bench/results/engine_h200.md, session 10).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))),
+               "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Stage 1 of load_segment, a warp per row: stored rows' words into t.raw, f32 rows (this step's own,
+// 4·d bytes) straight into t.rows. The caller waits (cp_async_wait_all) and syncs.
+__device__ __forceinline__ void stage_rows(const SegmentTile& t, int d, size_t ring_nbytes, size_t comp_nbytes, int warp,
+                                           int warps, int lane) {
+  for (int r = warp; r < kSegRows; r += warps) {
+    const RowKind kind = RowKind(t.kinds[r]);
+    if (kind == kSkipped) continue;
+    const int words = kind == kF32 ? d : int((kind == kRing ? ring_nbytes : comp_nbytes) / 4);
+    const uint32_t* src = static_cast<const uint32_t*>(t.ptrs[r]);
+    uint32_t* dst = kind == kF32 ? reinterpret_cast<uint32_t*>(t.rows + size_t(r) * d) : t.raw + size_t(r) * t.raw_words;
+    for (int w = lane; w < words; w += 32) cp_async4(dst + w, src + w);
+  }
+}
+
+// One staged row decoded into dst by a warp, lane l taking channels l + 32k (shared-memory reads).
 template <int CPL, KvElem E>
 __device__ __forceinline__ void dequant_row(const kvdev::RowLayout& l, const uint8_t* row, float* dst, int d,
                                             int lane) {
@@ -144,8 +181,10 @@ __device__ __forceinline__ void dequant_row(const kvdev::RowLayout& l, const uin
   }
 }
 
-// Rows [seg0, seg0 + kSegRows) of the query into the tile (rows past the query's end are kSkipped), a
-// warp per row. Starts and ends with a barrier, so the tile may be reused in a loop.
+// Rows [seg0, seg0 + kSegRows) of the query into the tile (rows past the query's end are kSkipped):
+// resolve the rows' addresses (a thread per row), stage their stored bytes in shared memory (a warp per
+// row, asynchronous copies), then decode them (a warp per row). Starts and ends with a barrier, so the tile
+// may be reused in a loop.
 template <int CPL>
 __device__ void load_segment(const SparseAttnArgs& a, const Layouts& layouts, const QueryRows& qr, int64_t seg0,
                              SegmentTile t) {
@@ -157,13 +196,16 @@ __device__ void load_segment(const SparseAttnArgs& a, const Layouts& layouts, co
     t.ptrs[r] = ptr;
   }
   __syncthreads();
+  stage_rows(t, d, qr.ring_nbytes, qr.comp_nbytes, warp, warps, lane);
+  cp_async_wait_all();
+  __syncthreads();
   for (int r = warp; r < kSegRows; r += warps) {
     const RowKind kind = RowKind(t.kinds[r]);
-    if (kind == kSkipped) continue;
+    if (kind == kSkipped || kind == kF32) continue;  // f32 rows are in place already
     const kvdev::RowLayout l = layout_of(layouts, kind);
-    const uint8_t* row = static_cast<const uint8_t*>(t.ptrs[r]);
+    const uint8_t* row = reinterpret_cast<const uint8_t*>(t.raw + size_t(r) * t.raw_words);
     float* dst = t.rows + size_t(r) * d;
-    if (l.elem == KvElem::kF32) dequant_row<CPL, KvElem::kF32>(l, row, dst, d, lane);
+    if (l.elem == KvElem::kF32) dequant_row<CPL, KvElem::kF32>(l, row, dst, d, lane);  // an unquantized ring
     else if (l.elem == KvElem::kFp8E4m3) dequant_row<CPL, KvElem::kFp8E4m3>(l, row, dst, d, lane);
     else dequant_row<CPL, KvElem::kFp4E2m1>(l, row, dst, d, lane);
   }
@@ -180,21 +222,31 @@ __device__ __forceinline__ void load_q(const float* qh, int d, int lane, float (
   }
 }
 
-// ℓ of tile row r for the warp's head (every lane gets it).
+// ℓ of tile rows r0 … r0 + kLogitRows − 1 for the warp's head (every lane gets them): the rows' dot
+// products and butterflies are independent, so they are interleaved (one row at a time left each
+// warp waiting out a chain of 16 FMAs and 5 shuffles per row). Each row's arithmetic is unchanged.
+constexpr int kLogitRows = 4;
 template <int CPL>
-__device__ __forceinline__ float tile_logit(const SegmentTile& t, int r, const float (&q)[CPL], int d, int lane,
-                                            float scale) {
-  if (t.kinds[r] == kSkipped) return -INFINITY;
-  const float* row = t.rows + size_t(r) * d;
-  float acc = 0.f;
+__device__ __forceinline__ void tile_logits(const SegmentTile& t, int r0, const float (&q)[CPL], int d, int lane,
+                                            float scale, float (&out)[kLogitRows]) {
+  float acc[kLogitRows];
 #pragma unroll
-  for (int k = 0; k < CPL; ++k) {
-    const int c = lane + 32 * k;
-    if (c < d) acc += q[k] * row[c];
+  for (int n = 0; n < kLogitRows; ++n) {
+    const float* row = t.rows + size_t(r0 + n) * d;
+    acc[n] = 0.f;
+#pragma unroll
+    for (int k = 0; k < CPL; ++k) {
+      const int c = lane + 32 * k;
+      if (c < d) acc[n] += q[k] * row[c];
+    }
   }
-  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  return acc * scale;
+  for (int off = 16; off > 0; off /= 2)
+#pragma unroll
+    for (int n = 0; n < kLogitRows; ++n) acc[n] += __shfl_xor_sync(0xffffffffu, acc[n], off);
+#pragma unroll
+  for (int n = 0; n < kLogitRows; ++n) out[n] = t.kinds[r0 + n] == kSkipped ? -INFINITY : acc[n] * scale;
 }
+static_assert(kSegRows % kLogitRows == 0, "a segment is whole groups of logit rows");
 
 // A segment's sums for the warp's head: p(r) gives p_j of tile row r (called for rows that are not
 // skipped); sums[k] = Σ p̃_j·c_j[lane + 32k] and den = Σ p_j, in the chunk order of the file's top.
@@ -245,8 +297,8 @@ __device__ __forceinline__ HeadOfWarp head_of_warp(const SparseAttnArgs& a) {
 // One block per (head group, query).
 
 // Shared memory: the segment tile, then the logits [warps, max_rows].
-__host__ __device__ inline size_t one_block_smem_bytes(int d, int64_t max_rows, int warps) {
-  return tile_smem_bytes(d) + 16 + sizeof(float) * size_t(warps) * size_t(max_rows);
+__host__ __device__ inline size_t one_block_smem_bytes(int d, int raw_words, int64_t max_rows, int warps) {
+  return tile_smem_bytes(d, raw_words) + 16 + sizeof(float) * size_t(warps) * size_t(max_rows);
 }
 
 // Two blocks per SM (≤ 128 registers: a few bytes spill at CPL 16) hide more of the row loads than one.
@@ -257,7 +309,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) sparse_attn_kernel(SparseAttnA
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int i = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32, d = a.d_head;
   SegmentTile t;
-  unsigned char* after = carve_tile(smem_raw, d, t);
+  unsigned char* after = carve_tile(smem_raw, d, raw_row_words(ring_nbytes, comp_nbytes), t);
   float* logits = reinterpret_cast<float*>(smem_raw + ((after - smem_raw + 15) / 16) * 16) + size_t(warp) * max_rows;
 
   const QueryRows qr = query_rows(a, i, ring_nbytes, comp_nbytes);
@@ -270,10 +322,15 @@ __global__ void __launch_bounds__(kMaxThreads, 2) sparse_attn_kernel(SparseAttnA
   for (int64_t seg0 = 0; seg0 < qr.n_rows; seg0 += kSegRows) {
     load_segment<CPL>(a, layouts, qr, seg0, t);
     if (!hw.active) continue;
-    for (int r = 0; r < kSegRows && seg0 + r < qr.n_rows; ++r) {
-      const float l = tile_logit(t, r, q, d, lane, a.scale);
-      if (lane == 0) logits[seg0 + r] = l;
-      m = fmaxf(m, l);
+    for (int r0 = 0; r0 < kSegRows && seg0 + r0 < qr.n_rows; r0 += kLogitRows) {
+      float l[kLogitRows];
+      tile_logits(t, r0, q, d, lane, a.scale, l);
+#pragma unroll
+      for (int n = 0; n < kLogitRows; ++n) {
+        if (seg0 + r0 + n >= qr.n_rows) break;
+        if (lane == 0) logits[seg0 + r0 + n] = l[n];
+        m = fmaxf(m, l[n]);
+      }
     }
   }
   __syncwarp();
@@ -338,7 +395,7 @@ __device__ SplitBlock split_block(const SparseAttnArgs& a, unsigned char* smem, 
   b.qr = query_rows(a, blockIdx.y, ring_nbytes, comp_nbytes);
   b.seg0 = int64_t(blockIdx.z) * kSegRows;
   b.past_end = b.seg0 >= b.qr.n_rows;
-  carve_tile(smem, a.d_head, b.t);
+  carve_tile(smem, a.d_head, raw_row_words(ring_nbytes, comp_nbytes), b.t);
   b.hw = head_of_warp(a);
   return b;
 }
@@ -356,10 +413,15 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_logits_kernel(SparseAttn
   load_segment<CPL>(a, layouts, b.qr, b.seg0, b.t);
   if (!b.hw.active) return;
   float m = -INFINITY;
-  for (int r = 0; r < kSegRows && b.seg0 + r < b.qr.n_rows; ++r) {
-    const float l = tile_logit(b.t, r, q, d, lane, a.scale);
-    if (lane == 0) s.logits[qh * s.max_rows + b.seg0 + r] = l;
-    m = fmaxf(m, l);
+  for (int r0 = 0; r0 < kSegRows && b.seg0 + r0 < b.qr.n_rows; r0 += kLogitRows) {
+    float l[kLogitRows];
+    tile_logits(b.t, r0, q, d, lane, a.scale, l);
+#pragma unroll
+    for (int n = 0; n < kLogitRows; ++n) {
+      if (b.seg0 + r0 + n >= b.qr.n_rows) break;
+      if (lane == 0) s.logits[qh * s.max_rows + b.seg0 + r0 + n] = l[n];
+      m = fmaxf(m, l[n]);
+    }
   }
   if (lane == 0) s.seg_max[qh * s.n_seg + seg] = m;
 }
@@ -473,13 +535,14 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   layouts.by_kind[kRing] = kvdev::row_layout(a.ring.fmt);
   if (a.sel) layouts.by_kind[kComp] = kvdev::row_layout(a.comp.fmt);
   const size_t ring_nbytes = kv_row_nbytes(a.ring.fmt), comp_nbytes = a.sel ? kv_row_nbytes(a.comp.fmt) : 0;
+  const int raw_words = raw_row_words(ring_nbytes, comp_nbytes);
   const int cpl = channels_per_lane(a.d_head);
   int warps = std::min(kMaxHeadsPerBlock, int(a.n_heads));
 
   if (!split) {
     // Fewer heads per block when their logits would not fit (V4's ratio-128 layers at long context).
-    while (warps > 1 && one_block_smem_bytes(a.d_head, max_rows, warps) > kMaxSmem) warps = (warps + 1) / 2;
-    const size_t smem = one_block_smem_bytes(a.d_head, max_rows, warps);
+    while (warps > 1 && one_block_smem_bytes(a.d_head, raw_words, max_rows, warps) > kMaxSmem) warps = (warps + 1) / 2;
+    const size_t smem = one_block_smem_bytes(a.d_head, raw_words, max_rows, warps);
     if (smem > kMaxSmem)
       return make_error("sparse_attn_cuda: ", max_rows, " rows of d_head ", a.d_head, " need ", smem,
                         " bytes of shared memory per block");
@@ -504,7 +567,7 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   s.seg_sum = s.seg_den + qh * s.n_seg;
   if (s.n_seg > 65535) return make_error("sparse_attn_cuda: ", s.n_seg, " segments exceed one grid dimension");
   const dim3 grid(unsigned((a.n_heads + warps - 1) / warps), unsigned(a.n_q), unsigned(s.n_seg));
-  const size_t smem = tile_smem_bytes(a.d_head);
+  const size_t smem = tile_smem_bytes(a.d_head, raw_words);
   return with_channels_per_lane(cpl, [&](auto k) -> Status {
     constexpr int CPL = decltype(k)::value;
     SPW_TRY(set_smem(reinterpret_cast<const void*>(split_logits_kernel<CPL>), smem, "split_logits_kernel shared memory"));

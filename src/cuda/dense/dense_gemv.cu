@@ -17,12 +17,17 @@
 //   (rows padded 4 floats per 16, so the 16-float chunks of consecutive lanes fall on distinct banks);
 //   each round issues all its weight loads, stages x̂ while they fly, then accumulates.
 //
-// Launch shape: grid (ceil(n_out / (8·R)), n_groups), 256 threads = 8 warps; warp w of block b owns
+// Launch shape: grid (ceil(n_out / (8·R)), n_groups, S), 256 threads = 8 warps; warp w of block b owns
 // rows [(8b + w)·R, +R). T (tokens, templated 1/2/4/8/16, rows ≥ n_tokens masked to zero) and R
-// (1/2/4) are chosen by the launcher.
+// (1/2/4) are chosen by the launcher. Narrow matrices (fewer rows than two blocks per SM) split k over
+// S = 2 or 4 blocks of a cluster, one row per warp; the partial sums are added in rank order in the
+// cluster's rank-0 block. S follows from the shape alone, so every kernel and token count of a weight
+// adds in the same order.
 // Accuracy: exact products (x̂, W bf16-representable), fp32 sums in lane-then-butterfly order. FP8 chunks
 // fold their scale into x̂ (dense_device.cuh: kFoldsScale), which the rows of a warp share.
 // Tests: tests/gpu/test_cuda_dense.cpp. Benchmark: bench/dense/bench_dense.cpp.
+#include <cooperative_groups.h>
+
 #include "cuda/dense/dense_device.cuh"
 #include "cuda/dense/dense_kernels.h"
 
@@ -59,8 +64,26 @@ struct WarpRows {
   }
 };
 
-// Sums acc over the warp's lanes and writes rows [row0, row0 + R) of y (lane 0).
-template <int R, int T>
+// The k range of this block: with S > 1 the S blocks of a cluster (blockIdx.z = its rank) take
+// consecutive ranges of whole 512-wide tiles, so a narrow matrix still spreads over every SM (a 512-row
+// wkv is 64 blocks of 8 rows; each warp walked 10 tiles one after the other).
+struct KRange {
+  int begin, end;
+};
+template <int S>
+__device__ __forceinline__ KRange k_range(int n_in) {
+  if constexpr (S == 1) {
+    return {0, n_in};
+  } else {
+    const int per = ((n_in + kTileK - 1) / kTileK + S - 1) / S * kTileK, s = int(blockIdx.z);
+    return {min(n_in, s * per), min(n_in, (s + 1) * per)};
+  }
+}
+
+// Sums acc over the warp's lanes and writes rows [row0, row0 + R) of y (lane 0). With S > 1 the block
+// holds a partial sum over its k range: the cluster's S partials of a row meet in rank 0's shared memory
+// and are added in rank order (distributed shared memory), so a row's sum depends on the split alone.
+template <int R, int T, int S>
 __device__ __forceinline__ void finish_rows(const GemvArgs& a, float (&acc)[R][T], float* y, int row0, int lane) {
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -68,22 +91,50 @@ __device__ __forceinline__ void finish_rows(const GemvArgs& a, float (&acc)[R][T
     for (int t = 0; t < T; ++t)
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], off);
-  if (lane != 0) return;
+  auto store = [&](int row, int t, float v) { y[static_cast<size_t>(t) * a.ldy + row] = a.round_out ? round_bf16_dev(v) : v; };
+  if constexpr (S == 1) {
+    if (lane != 0) return;
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (row0 + r >= a.n_out) break;
+    for (int r = 0; r < R; ++r) {
+      if (row0 + r >= a.n_out) break;
 #pragma unroll
-    for (int t = 0; t < T; ++t)
-      if (t < a.n_tokens) y[static_cast<size_t>(t) * a.ldy + row0 + r] = a.round_out ? round_bf16_dev(acc[r][t]) : acc[r][t];
+      for (int t = 0; t < T; ++t)
+        if (t < a.n_tokens) store(row0 + r, t, acc[r][t]);
+    }
+  } else {
+    namespace cg = cooperative_groups;
+    __shared__ float part[kWarps][R][T];
+    const int warp = threadIdx.x >> 5;
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < T; ++t) part[warp][r][t] = acc[r][t];
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every block's partials are written
+    if (cluster.block_rank() == 0) {
+      const int block_row0 = int(blockIdx.x) * kWarps * R;
+      for (int i = threadIdx.x; i < kWarps * R * T; i += kThreads) {
+        const int row = block_row0 + i / T, t = i % T;
+        if (row >= a.n_out || t >= a.n_tokens) continue;
+        const float* p0 = &part[0][0][0] + i;
+        float v = *cluster.map_shared_rank(p0, 0);
+#pragma unroll
+        for (int r = 1; r < S; ++r) v += *cluster.map_shared_rank(p0, r);
+        store(row, t, v);
+      }
+    }
+    cluster.sync();  // rank 0 has read the other blocks' partials before they exit
   }
 }
 
-template <DenseFormat F, int T, int R>
+template <DenseFormat F, int T, int R, int S>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   constexpr int U = tiles_per_round<T, R>();
   __shared__ __align__(16) float xs[T][U * kTilePad];
   const int lane = threadIdx.x & 31;
   const WarpRows<F, R> wr(a);
+  const KRange kr = k_range<S>(a.n_in);
   const float* x = wr.x;
   const RowSource<F>(&src)[R] = wr.src;
   float acc[R][T] = {};
@@ -91,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   // A round covers U tiles of 512: issue every weight load of the round, stage x for all of them while
   // those loads are in flight (the weights do not wait for x), then accumulate tile by tile — the same
   // per-lane order as one tile per round.
-  for (int k0 = 0; k0 < a.n_in; k0 += U * kTileK) {
+  for (int k0 = kr.begin; k0 < kr.end; k0 += U * kTileK) {
     Chunk<F> chunks[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -99,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         chunks[u][r] = Chunk<F>{};
-        if (k < a.n_in && wr.row0 + r < a.n_out) chunks[u][r] = load_chunk<F>(src[r], k);
+        if (k < kr.end && wr.row0 + r < a.n_out) chunks[u][r] = load_chunk<F>(src[r], k);
       }
     }
 
@@ -107,14 +158,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     for (int i = threadIdx.x; i < T * U * (kTileK / 4); i += kThreads) {
       const int t = i / (U * kTileK / 4), c = (i % (U * kTileK / 4)) * 4;
       float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (t < a.n_tokens && k0 + c < a.n_in) v = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * a.ldx + k0 + c);
+      if (t < a.n_tokens && k0 + c < kr.end) v = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * a.ldx + k0 + c);
       *reinterpret_cast<float4*>(&xs[t][c + (c / 16) * 4]) = v;
     }
     __syncthreads();
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = k0 + u * kTileK + 16 * lane;
-      if (k >= a.n_in) break;  // later tiles of the round are past the end too
+      if (k >= kr.end) break;  // later tiles of the round are past the end too
       float wv[R][16];
 #pragma unroll
       for (int r = 0; r < R; ++r) weight_values<F>(chunks[u][r], wv[r]);
@@ -136,7 +187,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     }
   }
 
-  finish_rows<R, T>(a, acc, wr.y, wr.row0, lane);
+  finish_rows<R, T, S>(a, acc, wr.y, wr.row0, lane);
 }
 
 // Tiles per round of the streaming kernel: U·R = 4 chunks per buffer, two buffers in flight.
@@ -145,11 +196,12 @@ __host__ __device__ constexpr int stream_tiles_per_round() {
   return 4 / R;
 }
 
-template <DenseFormat F, int T, int R>
+template <DenseFormat F, int T, int R, int S>
 __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
   constexpr int U = stream_tiles_per_round<R>(), kRoundK = U * kTileK;
   const int lane = threadIdx.x & 31;
   const WarpRows<F, R> wr(a);
+  const KRange kr = k_range<S>(a.n_in);
   const float* x = wr.x;
   const RowSource<F>(&src)[R] = wr.src;
   float acc[R][T] = {};
@@ -162,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         c[u][r] = Chunk<F>{};
-        if (k < a.n_in && wr.row0 + r < a.n_out) c[u][r] = load_chunk<F>(src[r], k);
+        if (k < kr.end && wr.row0 + r < a.n_out) c[u][r] = load_chunk<F>(src[r], k);
       }
     }
   };
@@ -170,16 +222,24 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = k0 + u * kTileK + 16 * lane;
-      if (k >= a.n_in) break;  // later tiles of the round are past the end too
+      if (k >= kr.end) break;  // later tiles of the round are past the end too
+      // Every x̂ load of the tile is issued before the first is used: token 0 always exists (n_tokens ≥ 1), and a
+      // later token past n_tokens reads token 0's row instead of being predicated off (its sums are never
+      // written). With a predicated load per float4, ptxas issued each load right before its use: four L1
+      // round trips per tile in a row (bench/results/engine_h200.md, session 10).
+      float4 xq[T][4];
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(x + static_cast<size_t>(t < a.n_tokens ? t : 0) * a.ldx + k);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) xq[t][q] = __ldg(xp + q);
+      }
       float xv[T][16];
 #pragma unroll
       for (int t = 0; t < T; ++t) {
-        const float4* xp = reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * a.ldx + k);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const float4 v = t < a.n_tokens ? __ldg(xp + q) : make_float4(0.f, 0.f, 0.f, 0.f);
-          xv[t][4 * q] = v.x, xv[t][4 * q + 1] = v.y, xv[t][4 * q + 2] = v.z, xv[t][4 * q + 3] = v.w;
-        }
+        for (int q = 0; q < 4; ++q)
+          xv[t][4 * q] = xq[t][q].x, xv[t][4 * q + 1] = xq[t][q].y, xv[t][4 * q + 2] = xq[t][q].z, xv[t][4 * q + 3] = xq[t][q].w;
         scale_x<F>(c[u][0], xv[t]);
       }
 #pragma unroll
@@ -196,16 +256,16 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
 
   // Ping-pong over two buffers (no copies): load the next round, then compute the current one.
   Chunk<F> buf0[U][R], buf1[U][R];
-  load_round(buf0, 0);
-  for (int k0 = 0; k0 < a.n_in;) {
+  load_round(buf0, kr.begin);
+  for (int k0 = kr.begin; k0 < kr.end;) {
     load_round(buf1, k0 + kRoundK);
     compute_round(buf0, k0);
-    if ((k0 += kRoundK) >= a.n_in) break;
+    if ((k0 += kRoundK) >= kr.end) break;
     load_round(buf0, k0 + kRoundK);
     compute_round(buf1, k0);
     k0 += kRoundK;
   }
-  finish_rows<R, T>(a, acc, wr.y, wr.row0, lane);
+  finish_rows<R, T, S>(a, acc, wr.y, wr.row0, lane);
 }
 
 int sm_count() {
@@ -224,11 +284,38 @@ int rows_per_warp(long rows, int blocks_per_sm) {
   return rows >= 4 * per_r ? 4 : rows >= 2 * per_r ? 2 : 1;
 }
 
+// k splits (blocks of a cluster per row block, one row per warp): up to 4, while the rows alone give
+// fewer than two blocks per SM and every split keeps ≥ 2 tiles. A function of the shape only — never of
+// n_tokens — because the split decides the summation order, and a row must come out bit-identical
+// whichever kernel and token count computed it.
+int k_splits(long rows, int n_in) {
+  const long enough = 2L * kWarps * sm_count();
+  const int tiles = (n_in + kTileK - 1) / kTileK;
+  int s = 1;
+  while (s < 4 && rows * s < enough && tiles >= 4 * s) s *= 2;
+  return s;
+}
+
 // The streaming kernel for 1–2 tokens, except F32 weights (a 64-byte chunk: two buffers of them do not
 // fit the registers).
 template <DenseFormat F>
 constexpr bool streams(int n_tokens) {
   return F != DenseFormat::kF32 && n_tokens <= 2;
+}
+
+// A launch of the split kernels: a cluster of S blocks along z.
+template <typename Kernel>
+cudaError_t launch_split(Kernel kernel, dim3 grid, int s, const GemvArgs& a, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid.x, grid.y, unsigned(s));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 1, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = unsigned(s);
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
 template <DenseFormat F, int T>
@@ -239,18 +326,24 @@ cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
     kernel<<<grid, kThreads, 0, stream>>>(a);
     return cudaGetLastError();
   };
+  auto go_split = [&](auto kernel, int s) { return launch_split(kernel, dim3((a.n_out + kWarps - 1) / kWarps, a.n_groups), s, a, stream); };
+  const int s = k_splits(rows, a.n_in);
   if constexpr (streams<F>(T)) {
+    if (s == 4) return go_split(gemv_stream_kernel<F, T, 1, 4>, 4);
+    if (s == 2) return go_split(gemv_stream_kernel<F, T, 1, 2>, 2);
     // Two blocks per SM at least: a warp's loads are in flight continuously, so more warps (not more
     // rows per warp) are what keeps enough bytes in flight.
     const int R = rows_per_warp(rows, 2);
-    if (R == 4) return go(gemv_stream_kernel<F, T, 4>, 4);
-    if (R == 2) return go(gemv_stream_kernel<F, T, 2>, 2);
-    return go(gemv_stream_kernel<F, T, 1>, 1);
+    if (R == 4) return go(gemv_stream_kernel<F, T, 4, 1>, 4);
+    if (R == 2) return go(gemv_stream_kernel<F, T, 2, 1>, 2);
+    return go(gemv_stream_kernel<F, T, 1, 1>, 1);
   } else {
+    if (s == 4) return go_split(gemv_kernel<F, T, 1, 4>, 4);
+    if (s == 2) return go_split(gemv_kernel<F, T, 1, 2>, 2);
     const int R = rows_per_warp(rows, 1);
-    if (R == 4) return go(gemv_kernel<F, T, 4>, 4);
-    if (R == 2) return go(gemv_kernel<F, T, 2>, 2);
-    return go(gemv_kernel<F, T, 1>, 1);
+    if (R == 4) return go(gemv_kernel<F, T, 4, 1>, 4);
+    if (R == 2) return go(gemv_kernel<F, T, 2, 1>, 2);
+    return go(gemv_kernel<F, T, 1, 1>, 1);
   }
 }
 
