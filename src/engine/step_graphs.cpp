@@ -77,9 +77,11 @@ Status StepGraphs::end_segment() {
   const auto t0 = Clock::now();
   recording_ = false;
   GraphHolder graph;
-  if (cudaError_t e = cudaStreamEndCapture(stream_, &graph.g); e != cudaSuccess)
+  if (cudaError_t e = cudaStreamEndCapture(stream_, &graph.g); e != cudaSuccess) {
+    cudaGetLastError();  // reported here; left in the runtime's last-error slot, the next launch check would see it
     return make_error("CUDA graph capture of decode segment ", segment_, " failed: ", cudaGetErrorString(e),
                       " (a non-capturable call in the step; run with CUDA graphs off to get the step's own error)");
+  }
   SPW_TRY(launch(graph.g));
   stats_.record_us += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
   return {};

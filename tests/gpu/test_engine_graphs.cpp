@@ -169,6 +169,7 @@ TEST_F(EngineGraphsStandalone, InvalidatedRecordingIsAnErrorAndTheStreamStaysUsa
   EXPECT_NE(st.error().message.find("capture"), std::string::npos) << st.error().message;
   EXPECT_FALSE(graphs.recording());
   EXPECT_EQ(graphs.stats().segments, 0);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the failed capture's error was left for the next launch check to find";
   ASSERT_EQ(cudaMemsetAsync(d, 9, kBytes, stream), cudaSuccess);
   for (uint8_t b : read_back()) ASSERT_EQ(b, 9);
 }

@@ -28,6 +28,8 @@
 // Tests: tests/gpu/test_cuda_attn_sparse.cpp.
 #include "cuda/attn/sparse_attn.h"
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -150,11 +152,11 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Stage 1 of load_segment, a warp per row: stored rows' words into t.raw, f32 rows (this step's own,
-// 4·d bytes) straight into t.rows. The caller waits (cp_async_wait_all) and syncs.
-__device__ __forceinline__ void stage_rows(const SegmentTile& t, int d, size_t ring_nbytes, size_t comp_nbytes, int warp,
-                                           int warps, int lane) {
-  for (int r = warp; r < kSegRows; r += warps) {
+// Stage 1 of load_segment, a warp per row (rows first, first + step, …): stored rows' words into t.raw,
+// f32 rows (this step's own, 4·d bytes) straight into t.rows. The caller waits (cp_async_wait_all) and syncs.
+__device__ __forceinline__ void stage_rows(const SegmentTile& t, int d, size_t ring_nbytes, size_t comp_nbytes, int first,
+                                           int step, int lane) {
+  for (int r = first; r < kSegRows; r += step) {
     const RowKind kind = RowKind(t.kinds[r]);
     if (kind == kSkipped) continue;
     const int words = kind == kF32 ? d : int((kind == kRing ? ring_nbytes : comp_nbytes) / 4);
@@ -181,25 +183,25 @@ __device__ __forceinline__ void dequant_row(const kvdev::RowLayout& l, const uin
   }
 }
 
-// Rows [seg0, seg0 + kSegRows) of the query into the tile (rows past the query's end are kSkipped):
-// resolve the rows' addresses (a thread per row), stage their stored bytes in shared memory (a warp per
-// row, asynchronous copies), then decode them (a warp per row). Starts and ends with a barrier, so the tile
-// may be reused in a loop.
-template <int CPL>
-__device__ void load_segment(const SparseAttnArgs& a, const Layouts& layouts, const QueryRows& qr, int64_t seg0,
-                             SegmentTile t) {
-  const int d = a.d_head, lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  __syncthreads();
+// The rows' kinds and addresses (a thread per row; rows past the query's end are kSkipped).
+__device__ __forceinline__ void resolve_segment(const SparseAttnArgs& a, const QueryRows& qr, int64_t seg0, SegmentTile t) {
   for (int r = threadIdx.x; r < kSegRows; r += blockDim.x) {
     const void* ptr = nullptr;
     t.kinds[r] = seg0 + r < qr.n_rows ? resolve_row(a, qr, seg0 + r, ptr) : kSkipped;
     t.ptrs[r] = ptr;
   }
-  __syncthreads();
-  stage_rows(t, d, qr.ring_nbytes, qr.comp_nbytes, warp, warps, lane);
+}
+
+// Rows first, first + step, … staged (stage_rows) and decoded into t.rows, a warp per row. Needs the
+// resolved kinds; ends with a barrier.
+template <int CPL>
+__device__ void decode_rows(const SparseAttnArgs& a, const Layouts& layouts, const QueryRows& qr, SegmentTile t, int first,
+                            int step) {
+  const int d = a.d_head, lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  stage_rows(t, d, qr.ring_nbytes, qr.comp_nbytes, first + step * warp, step * warps, lane);
   cp_async_wait_all();
   __syncthreads();
-  for (int r = warp; r < kSegRows; r += warps) {
+  for (int r = first + step * warp; r < kSegRows; r += step * warps) {
     const RowKind kind = RowKind(t.kinds[r]);
     if (kind == kSkipped || kind == kF32) continue;  // f32 rows are in place already
     const kvdev::RowLayout l = layout_of(layouts, kind);
@@ -210,6 +212,52 @@ __device__ void load_segment(const SparseAttnArgs& a, const Layouts& layouts, co
     else dequant_row<CPL, KvElem::kFp4E2m1>(l, row, dst, d, lane);
   }
   __syncthreads();
+}
+
+// Rows [seg0, seg0 + kSegRows) of the query into the tile: resolve the rows' addresses, stage their stored
+// bytes in shared memory (asynchronous copies), then decode them. Starts and ends with a barrier, so the
+// tile may be reused in a loop.
+template <int CPL>
+__device__ void load_segment(const SparseAttnArgs& a, const Layouts& layouts, const QueryRows& qr, int64_t seg0,
+                             SegmentTile t) {
+  __syncthreads();
+  resolve_segment(a, qr, seg0, t);
+  __syncthreads();
+  decode_rows<CPL>(a, layouts, qr, t, 0, 1);
+}
+
+// load_segment for the split kernels, whose blocks of one (query, segment) — a block per head group — form
+// a cluster: each block decodes every csize-th row and copies the others from their decoder's shared
+// memory (distributed shared memory), so a row is decoded once per segment, not once per head group
+// (decoding was most of the split kernels' time: ~22 µs per call at 1 K context, session 10). A launch
+// without a cluster is a cluster of one. Needs d % 4 == 0 when the cluster has more than one block.
+template <int CPL>
+__device__ void load_segment_shared(const SparseAttnArgs& a, const Layouts& layouts, const QueryRows& qr, int64_t seg0,
+                                    SegmentTile t) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank()), csize = int(cluster.num_blocks());
+  resolve_segment(a, qr, seg0, t);
+  __syncthreads();
+  decode_rows<CPL>(a, layouts, qr, t, rank, csize);
+  if (csize == 1) return;
+  cluster.sync();  // every block's rows are decoded
+  const int d4 = a.d_head / 4, lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  constexpr int kVecs = (CPL + 3) / 4;  // float4s of a row per lane (d ≤ 32·CPL)
+  for (int r = warp; r < kSegRows; r += warps) {
+    const int owner = r % csize;
+    if (owner == rank || t.kinds[r] == kSkipped) continue;
+    float4* dst = reinterpret_cast<float4*>(t.rows + size_t(r) * a.d_head);
+    const float4* src = cluster.map_shared_rank(dst, owner);
+    float4 v[kVecs];
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k)
+      if (lane + 32 * k < d4) v[k] = src[lane + 32 * k];
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k)
+      if (lane + 32 * k < d4) dst[lane + 32 * k] = v[k];
+  }
+  cluster.sync();  // no block leaves while another still reads its rows; the copies are visible block-wide
 }
 
 // q of head h, lane's channels c = lane + 32k.
@@ -410,7 +458,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_logits_kernel(SparseAttn
   float q[CPL];
   const int64_t qh = int64_t(i) * a.n_heads + (b.hw.active ? b.hw.h : 0);
   load_q(a.q + qh * d, d, lane, q);
-  load_segment<CPL>(a, layouts, b.qr, b.seg0, b.t);
+  load_segment_shared<CPL>(a, layouts, b.qr, b.seg0, b.t);
   if (!b.hw.active) return;
   float m = -INFINITY;
   for (int r0 = 0; r0 < kSegRows && b.seg0 + r0 < b.qr.n_rows; r0 += kLogitRows) {
@@ -433,7 +481,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_sums_kernel(SparseAttnAr
   const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32, d = a.d_head;
   const SplitBlock b = split_block(a, smem_raw, ring_nbytes, comp_nbytes);
   if (b.past_end) return;
-  load_segment<CPL>(a, layouts, b.qr, b.seg0, b.t);
+  load_segment_shared<CPL>(a, layouts, b.qr, b.seg0, b.t);
   if (!b.hw.active) return;
   const int64_t qh = int64_t(i) * a.n_heads + b.hw.h;
   const float m = query_max(s, qh, segments_of(b.qr.n_rows), lane);
@@ -572,10 +620,26 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
     constexpr int CPL = decltype(k)::value;
     SPW_TRY(set_smem(reinterpret_cast<const void*>(split_logits_kernel<CPL>), smem, "split_logits_kernel shared memory"));
     SPW_TRY(set_smem(reinterpret_cast<const void*>(split_sums_kernel<CPL>), smem, "split_sums_kernel shared memory"));
-    split_logits_kernel<CPL><<<grid, 32 * warps, smem, stream>>>(a, layouts, s, ring_nbytes, comp_nbytes);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch split_logits_kernel", e);
-    split_sums_kernel<CPL><<<grid, 32 * warps, smem, stream>>>(a, layouts, s, ring_nbytes, comp_nbytes);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch split_sums_kernel", e);
+    // The head groups of a (query, segment) as one cluster (load_segment_shared): the largest power of two
+    // ≤ 8 dividing the head groups, when rows are whole float4s.
+    unsigned csize = 1;
+    while (csize < 8 && grid.x % (2 * csize) == 0 && a.d_head % 4 == 0) csize *= 2;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(unsigned(32 * warps));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = csize, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    if (cudaError_t e = cudaLaunchKernelEx(&cfg, split_logits_kernel<CPL>, a, layouts, s, ring_nbytes, comp_nbytes);
+        e != cudaSuccess)
+      return cuda_error("launch split_logits_kernel", e);
+    if (cudaError_t e = cudaLaunchKernelEx(&cfg, split_sums_kernel<CPL>, a, layouts, s, ring_nbytes, comp_nbytes);
+        e != cudaSuccess)
+      return cuda_error("launch split_sums_kernel", e);
     split_combine_kernel<<<dim3(unsigned(a.n_heads), unsigned(a.n_q)), 512, 0, stream>>>(a, s);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch split_combine_kernel", e);
     return {};

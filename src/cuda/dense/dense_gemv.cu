@@ -19,10 +19,10 @@
 //
 // Launch shape: grid (ceil(n_out / (8·R)), n_groups, S), 256 threads = 8 warps; warp w of block b owns
 // rows [(8b + w)·R, +R). T (tokens, templated 1/2/4/8/16, rows ≥ n_tokens masked to zero) and R
-// (1/2/4) are chosen by the launcher. Narrow matrices (fewer rows than two blocks per SM) split k over
-// S = 2 or 4 blocks of a cluster, one row per warp; the partial sums are added in rank order in the
-// cluster's rank-0 block. S follows from the shape alone, so every kernel and token count of a weight
-// adds in the same order.
+// (1/2/4) are chosen by the launcher. Matrices with fewer rows than two blocks per SM of 4-row warps
+// split k over S = 2 or 4 blocks of a cluster; the partial sums are added in rank order in the cluster's
+// rank-0 block. S follows from the shape alone, so every kernel and token count of a weight adds in the
+// same order.
 // Accuracy: exact products (x̂, W bf16-representable), fp32 sums in lane-then-butterfly order. FP8 chunks
 // fold their scale into x̂ (dense_device.cuh: kFoldsScale), which the rows of a warp share.
 // Tests: tests/gpu/test_cuda_dense.cpp. Benchmark: bench/dense/bench_dense.cpp.
@@ -284,15 +284,18 @@ int rows_per_warp(long rows, int blocks_per_sm) {
   return rows >= 4 * per_r ? 4 : rows >= 2 * per_r ? 2 : 1;
 }
 
-// k splits (blocks of a cluster per row block, one row per warp): up to 4, while the rows alone give
-// fewer than two blocks per SM and every split keeps ≥ 2 tiles. A function of the shape only — never of
-// n_tokens — because the split decides the summation order, and a row must come out bit-identical
-// whichever kernel and token count computed it.
+// k splits (blocks of a cluster per row block): none when the rows alone give every SM two blocks of
+// 4-row warps; else up to 4, as long as every split keeps ≥ 2 tiles. A function of the shape only —
+// never of n_tokens — because the split decides the summation order, and a row must come out
+// bit-identical whichever kernel and token count computed it. Splitting is what lets a mid-sized matrix
+// take 4 rows per warp: with one row per warp, each warp re-read x̂ from L1 for every 16 weight bytes
+// (64 bytes of x̂ per fp8 chunk), and the L1 traffic, not HBM, bounded the GEMV (session 10's profile).
 int k_splits(long rows, int n_in) {
   const long enough = 2L * kWarps * sm_count();
+  if (rows >= 4 * enough) return 1;
   const int tiles = (n_in + kTileK - 1) / kTileK;
   int s = 1;
-  while (s < 4 && rows * s < enough && tiles >= 4 * s) s *= 2;
+  while (s < 4 && tiles >= 4 * s) s *= 2;
   return s;
 }
 
@@ -326,20 +329,24 @@ cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
     kernel<<<grid, kThreads, 0, stream>>>(a);
     return cudaGetLastError();
   };
-  auto go_split = [&](auto kernel, int s) { return launch_split(kernel, dim3((a.n_out + kWarps - 1) / kWarps, a.n_groups), s, a, stream); };
   const int s = k_splits(rows, a.n_in);
+  auto go_split = [&](auto kernel, int R) {
+    return launch_split(kernel, dim3((a.n_out + kWarps * R - 1) / (kWarps * R), a.n_groups), s, a, stream);
+  };
   if constexpr (streams<F>(T)) {
-    if (s == 4) return go_split(gemv_stream_kernel<F, T, 1, 4>, 4);
-    if (s == 2) return go_split(gemv_stream_kernel<F, T, 1, 2>, 2);
-    // Two blocks per SM at least: a warp's loads are in flight continuously, so more warps (not more
-    // rows per warp) are what keeps enough bytes in flight.
-    const int R = rows_per_warp(rows, 2);
+    // Two blocks per SM at least: a warp's loads are in flight continuously, so enough warps keep enough
+    // bytes in flight; within that, as many rows per warp as the split rows allow (x̂ reuse).
+    const int R = rows_per_warp(rows * s, 2);
+    auto go_rows = [&](auto k1, auto k2, auto k4) { return R == 4 ? go_split(k4, R) : R == 2 ? go_split(k2, R) : go_split(k1, R); };
+    if (s == 4) return go_rows(gemv_stream_kernel<F, T, 1, 4>, gemv_stream_kernel<F, T, 2, 4>, gemv_stream_kernel<F, T, 4, 4>);
+    if (s == 2) return go_rows(gemv_stream_kernel<F, T, 1, 2>, gemv_stream_kernel<F, T, 2, 2>, gemv_stream_kernel<F, T, 4, 2>);
     if (R == 4) return go(gemv_stream_kernel<F, T, 4, 1>, 4);
     if (R == 2) return go(gemv_stream_kernel<F, T, 2, 1>, 2);
     return go(gemv_stream_kernel<F, T, 1, 1>, 1);
   } else {
-    if (s == 4) return go_split(gemv_kernel<F, T, 1, 4>, 4);
-    if (s == 2) return go_split(gemv_kernel<F, T, 1, 2>, 2);
+    // x̂ is staged in shared memory for the block, so one row per warp costs no extra x̂ traffic.
+    if (s == 4) return go_split(gemv_kernel<F, T, 1, 4>, 1);
+    if (s == 2) return go_split(gemv_kernel<F, T, 1, 2>, 1);
     const int R = rows_per_warp(rows, 1);
     if (R == 4) return go(gemv_kernel<F, T, 4, 1>, 4);
     if (R == 2) return go(gemv_kernel<F, T, 2, 1>, 2);
