@@ -344,9 +344,14 @@ cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
     if (R == 2) return go(gemv_stream_kernel<F, T, 2, 1>, 2);
     return go(gemv_stream_kernel<F, T, 1, 1>, 1);
   } else {
-    // x̂ is staged in shared memory for the block, so one row per warp costs no extra x̂ traffic.
-    if (s == 4) return go_split(gemv_kernel<F, T, 1, 4>, 1);
-    if (s == 2) return go_split(gemv_kernel<F, T, 1, 2>, 1);
+    // The staged kernel reads x̂ from shared memory, but a warp's 4 rows share each x̂ read and keep 4
+    // chunks in flight: with one row per warp, the k-split shapes ran 1.4–2.3× slower at 4–16 tokens
+    // (bench/results/dense_h200.md, session 10). Rows per warp 1 or 4 only when split (fewer kernels).
+    if (s > 1) {
+      const bool four = rows * s >= 4L * kWarps * sm_count();
+      if (s == 4) return four ? go_split(gemv_kernel<F, T, 4, 4>, 4) : go_split(gemv_kernel<F, T, 1, 4>, 1);
+      return four ? go_split(gemv_kernel<F, T, 4, 2>, 4) : go_split(gemv_kernel<F, T, 1, 2>, 1);
+    }
     const int R = rows_per_warp(rows, 1);
     if (R == 4) return go(gemv_kernel<F, T, 4, 1>, 4);
     if (R == 2) return go(gemv_kernel<F, T, 2, 1>, 2);
