@@ -17,8 +17,8 @@
 //
 // Contract: device pointers. q [n_q, n_heads, d_head] f32, out [n_q, n_heads, d_head] f32
 // (overwritten, no aliasing). Logits stay in shared memory: window + sel_stride ≤ kSparseAttnMaxRows.
-// Numerics: exact max (two passes), fp32 throughout; p_j·c_j summed in chunks of 8 rows, 16 chunks to
-// a segment of 128 rows, segments in order, all by row index (so padding rows change nothing); results
+// Numerics: exact max (two passes), fp32 throughout; p_j·c_j summed in chunks of 8 rows, 4 chunks to
+// a segment of 32 rows, segments in order, all by row index (so padding rows change nothing); results
 // differ from the CPU only by summation order and expf vs exp, never depend on the other queries of the
 // call, and are bit-identical between the two paths (one block per (head, query), or split over
 // segments for decode-sized calls when the caller gives scratch).

@@ -14,7 +14,8 @@
 //   kGemv (decode, n_tokens ≤ 16, the kAuto choice there): one kernel streams the compact weight once
 //     (16 elements per lane per 512-wide k tile, several rows per warp); for 1–2 tokens with the next
 //     round's loads in flight and x̂ read through L1, for more with x̂ staged in shared memory
-//     (dense_gemv.cu). Each output's sum order does not depend on the token count.
+//     (dense_gemv.cu); matrices with few rows split k over a cluster of 2–4 blocks. Each output's sum
+//     order depends on the shape only, not on the token count.
 //   kGemm (prefill): x̂ converted once to bf16 (f32 when f32_product or the weight is F32), the
 //     weight dequantized chunk by chunk into workspace scratch of the same type, cuBLAS GEMM
 //     (bf16 inputs, fp32 compute; or pedantic fp32) writes y directly.
