@@ -26,6 +26,7 @@
 set -u
 cd "$(dirname "$0")/.."
 [ -f .exl3pack/dev.tar.xz ] && [ ! -x .exl3dev/spillway ] && tar xJf .exl3pack/dev.tar.xz
+. scripts/link_build_path.sh
 SPW=${SPILLWAY_BIN:-.exl3dev/spillway}
 OUT=${OUT:-/tmp/bench_out}
 mkdir -p "$OUT"

@@ -14,6 +14,7 @@
 set -u
 cd "$(dirname "$0")/.."
 [ -f .exl3pack/dev.tar.xz ] && [ ! -x .exl3dev/spw_gpu_tests ] && tar xJf .exl3pack/dev.tar.xz
+. scripts/link_build_path.sh
 OUT=${FW_OUT:-${OUT:-/tmp/fw_out}}
 FW_LAYER=${FW_LAYER:-14}
 DIR=/tmp/fw$FW_LAYER

@@ -11,8 +11,8 @@
 # SKIP_FIXTURES=1 skips regenerating exllamav3's fixtures (they are committed in tests/fixtures/exl3);
 # GPU_TEST_FILTER picks GPU tests (a --gtest_filter pattern); SKIP_PROFILE=1 skips Nsight Compute; FULLWIDTH=0 skips
 # the full-width tests (scripts/gpu_fullwidth.sh: a generated one-layer model at real V4.1 dimensions, ~3 min).
-# The tests find their fixtures under the source path compiled into them: on the GPU machine, link it to the
-# checkout first (e.g. `mkdir -p /work && ln -sfn $PWD /work/main`).
+# The tests find their fixtures under the source path compiled into them: `stage` records it and
+# scripts/link_build_path.sh links it to the checkout on the GPU machine (bench_engine.sh and gpu_fullwidth.sh too).
 # Runs: our unit tests (CPU incl. AVX-512), every GPU test (spw_gpu_tests: EXL3 kernels, the forward's ops, dense
 # linears, attention, the CUDA quantizer, the GPU engine), bench_exl3 (HBM bandwidth, our kernels vs roofline, fused MoE, prefill),
 # bench_dense (dense linears vs roofline and cuBLAS), bench_quantize (CUDA quantizer seconds per V4.1 expert tensor),
@@ -31,6 +31,7 @@ if [ "${1:-}" = stage ]; then
   # STAGE_BINS picks the binaries (e.g. STAGE_BINS=bin/spillway for a bench-only call that must leave upload room);
   # binaries of an earlier stage are removed first, so the pack holds exactly these.
   rm -f .exl3dev/spillway .exl3dev/spw_gpu_tests .exl3dev/spw_unit_tests .exl3dev/bench_*
+  pwd > .exl3dev/source_dir  # the tests' fixture path (scripts/link_build_path.sh links it on the GPU machine)
   for b in ${STAGE_BINS:-tests/spw_gpu_tests tests/spw_unit_tests bench/exl3/bench_exl3 bench/exl3/bench_exl3_cpu \
            bench/dense/bench_dense bench/quantize/bench_quantize bin/spillway}; do
     [ -f build/$b ] && cp build/$b .exl3dev/ && strip .exl3dev/$(basename $b)
@@ -40,6 +41,7 @@ if [ "${1:-}" = stage ]; then
   exit 0
 fi
 [ -f .exl3pack/dev.tar.xz ] && tar xJf .exl3pack/dev.tar.xz
+. scripts/link_build_path.sh
 OUT=${OUT:-/tmp/exl3_out}
 mkdir -p "$OUT/fixtures"
 export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
