@@ -35,6 +35,7 @@
 #include <type_traits>
 
 #include "cuda/attn/kv_device.cuh"
+#include "cuda/cluster_launch.h"
 
 namespace spw::cuda {
 
@@ -624,20 +625,13 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
     // ≤ 8 dividing the head groups, when rows are whole float4s.
     unsigned csize = 1;
     while (csize < 8 && grid.x % (2 * csize) == 0 && a.d_head % 4 == 0) csize *= 2;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(unsigned(32 * warps));
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = csize, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    if (cudaError_t e = cudaLaunchKernelEx(&cfg, split_logits_kernel<CPL>, a, layouts, s, ring_nbytes, comp_nbytes);
+    const dim3 block(unsigned(32 * warps)), cluster(csize, 1, 1);
+    if (cudaError_t e = launch_clustered(split_logits_kernel<CPL>, grid, block, smem, stream, cluster, a, layouts, s,
+                                         ring_nbytes, comp_nbytes);
         e != cudaSuccess)
       return cuda_error("launch split_logits_kernel", e);
-    if (cudaError_t e = cudaLaunchKernelEx(&cfg, split_sums_kernel<CPL>, a, layouts, s, ring_nbytes, comp_nbytes);
+    if (cudaError_t e = launch_clustered(split_sums_kernel<CPL>, grid, block, smem, stream, cluster, a, layouts, s,
+                                         ring_nbytes, comp_nbytes);
         e != cudaSuccess)
       return cuda_error("launch split_sums_kernel", e);
     split_combine_kernel<<<dim3(unsigned(a.n_heads), unsigned(a.n_q)), 512, 0, stream>>>(a, s);

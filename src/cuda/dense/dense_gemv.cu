@@ -28,6 +28,7 @@
 // Tests: tests/gpu/test_cuda_dense.cpp. Benchmark: bench/dense/bench_dense.cpp.
 #include <cooperative_groups.h>
 
+#include "cuda/cluster_launch.h"
 #include "cuda/dense/dense_device.cuh"
 #include "cuda/dense/dense_kernels.h"
 
@@ -45,25 +46,6 @@ __host__ __device__ constexpr int tiles_per_round() {
   return by_tokens < by_rows ? by_tokens : by_rows;
 }
 
-// What a warp of either kernel works on: its group's x̂ and y, its R rows (warp w of block b owns
-// rows [(8b + w)·R, +R)) and their addresses.
-template <DenseFormat F, int R>
-struct WarpRows {
-  const float* x;
-  float* y;
-  int row0;
-  RowSource<F> src[R];
-  __device__ __forceinline__ explicit WarpRows(const GemvArgs& a) {
-    const int g = blockIdx.y;
-    const void* w = static_cast<const uint8_t*>(a.w) + g * a.w_group_nbytes;
-    x = a.x + static_cast<size_t>(g) * a.x_group_off;
-    y = a.y + static_cast<size_t>(g) * a.y_group_off;
-    row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * R;
-#pragma unroll
-    for (int r = 0; r < R; ++r) src[r] = row_source<F>(w, a.scale, row0 + r, a.n_in, a.weight_block);
-  }
-};
-
 // The k range of this block: with S > 1 the S blocks of a cluster (blockIdx.z = its rank) take
 // consecutive ranges of whole 512-wide tiles, so a narrow matrix still spreads over every SM (a 512-row
 // wkv is 64 blocks of 8 rows; each warp walked 10 tiles one after the other).
@@ -79,6 +61,26 @@ __device__ __forceinline__ KRange k_range(int n_in) {
     return {min(n_in, s * per), min(n_in, (s + 1) * per)};
   }
 }
+
+// What a warp of either kernel works on: its group's x̂ and y, its R rows (warp w of block b owns
+// rows [(8b + w)·R, +R)), their addresses, and the block's k range.
+template <DenseFormat F, int R, int S>
+struct WarpRows {
+  const float* x;
+  float* y;
+  int row0;
+  RowSource<F> src[R];
+  KRange kr;
+  __device__ __forceinline__ explicit WarpRows(const GemvArgs& a) : kr(k_range<S>(a.n_in)) {
+    const int g = blockIdx.y;
+    const void* w = static_cast<const uint8_t*>(a.w) + g * a.w_group_nbytes;
+    x = a.x + static_cast<size_t>(g) * a.x_group_off;
+    y = a.y + static_cast<size_t>(g) * a.y_group_off;
+    row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * R;
+#pragma unroll
+    for (int r = 0; r < R; ++r) src[r] = row_source<F>(w, a.scale, row0 + r, a.n_in, a.weight_block);
+  }
+};
 
 // Sums acc over the warp's lanes and writes rows [row0, row0 + R) of y (lane 0). With S > 1 the block
 // holds a partial sum over its k range: the cluster's S partials of a row meet in rank 0's shared memory
@@ -133,8 +135,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   constexpr int U = tiles_per_round<T, R>();
   __shared__ __align__(16) float xs[T][U * kTilePad];
   const int lane = threadIdx.x & 31;
-  const WarpRows<F, R> wr(a);
-  const KRange kr = k_range<S>(a.n_in);
+  const WarpRows<F, R, S> wr(a);
+  const KRange& kr = wr.kr;
   const float* x = wr.x;
   const RowSource<F>(&src)[R] = wr.src;
   float acc[R][T] = {};
@@ -200,8 +202,8 @@ template <DenseFormat F, int T, int R, int S>
 __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
   constexpr int U = stream_tiles_per_round<R>(), kRoundK = U * kTileK;
   const int lane = threadIdx.x & 31;
-  const WarpRows<F, R> wr(a);
-  const KRange kr = k_range<S>(a.n_in);
+  const WarpRows<F, R, S> wr(a);
+  const KRange& kr = wr.kr;
   const float* x = wr.x;
   const RowSource<F>(&src)[R] = wr.src;
   float acc[R][T] = {};
@@ -306,21 +308,6 @@ constexpr bool streams(int n_tokens) {
   return F != DenseFormat::kF32 && n_tokens <= 2;
 }
 
-// A launch of the split kernels: a cluster of S blocks along z.
-template <typename Kernel>
-cudaError_t launch_split(Kernel kernel, dim3 grid, int s, const GemvArgs& a, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid.x, grid.y, unsigned(s));
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 1, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = unsigned(s);
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, a);
-}
-
 template <DenseFormat F, int T>
 cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
   const long rows = static_cast<long>(a.n_out) * a.n_groups;
@@ -330,8 +317,9 @@ cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
     return cudaGetLastError();
   };
   const int s = k_splits(rows, a.n_in);
-  auto go_split = [&](auto kernel, int R) {
-    return launch_split(kernel, dim3((a.n_out + kWarps * R - 1) / (kWarps * R), a.n_groups), s, a, stream);
+  auto go_split = [&](auto kernel, int R) {  // a cluster of s blocks along z
+    const dim3 grid((a.n_out + kWarps * R - 1) / (kWarps * R), a.n_groups, unsigned(s));
+    return cuda::launch_clustered(kernel, grid, dim3(kThreads), 0, stream, dim3(1, 1, unsigned(s)), a);
   };
   if constexpr (streams<F>(T)) {
     // Two blocks per SM at least: a warp's loads are in flight continuously, so enough warps keep enough

@@ -7,6 +7,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 
+#include "cuda/cluster_launch.h"
 #include "cuda/ops/device_numerics.cuh"
 #include "cuda/ops/sampling.h"
 
@@ -208,16 +209,9 @@ Status argmax(const float* logits, int64_t n_seqs, int64_t vocab, int32_t* out, 
   if (vocab <= 0 || vocab > INT32_MAX) return make_error("argmax: vocabulary of ", vocab);
   if (n_seqs <= 0) return {};
   if (n_seqs > INT32_MAX / kArgmaxSplit) return make_error("argmax: ", n_seqs, " rows exceed one grid dimension");
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(n_seqs * kArgmaxSplit));
-  cfg.blockDim = dim3(kArgmaxThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kArgmaxSplit, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  if (cudaError_t e = cudaLaunchKernelEx(&cfg, argmax_kernel, logits, vocab, out); e != cudaSuccess)
+  if (cudaError_t e = launch_clustered(argmax_kernel, dim3(unsigned(n_seqs * kArgmaxSplit)), dim3(kArgmaxThreads), 0,
+                                      stream, dim3(kArgmaxSplit, 1, 1), logits, vocab, out);
+      e != cudaSuccess)
     return make_error("CUDA launch argmax_kernel: ", cudaGetErrorString(e));
   return launch_status("argmax_kernel");
 }
