@@ -17,6 +17,7 @@
 
 #include "bench_engine/device_rates.h"
 #include "bench_engine/model_costs.h"
+#include "cuda/launch.h"
 #include "engine/gpu_model.h"
 #include "model/config.h"
 
@@ -378,6 +379,24 @@ int run_engine_bench(const EngineBenchOptions& o) {
       } else {
         std::printf("without CUDA graphs: failed: %s\n", direct.error().message.c_str());
       }
+    }
+    // The same run with plain stream-ordered launches, for programmatic dependent launch's effect (cuda/launch.h).
+    if (cuda::pdl_enabled()) {
+      cuda::set_pdl(false);
+      auto plain = decode_b1("batch-1 decode, PDL off");
+      cuda::set_pdl(true);
+      if (plain.ok()) {
+        double psum = 0;
+        for (double x : *plain) psum += x;
+        const double pms = psum / double(plain->size());
+        std::printf("without programmatic dependent launch: mean %.3f ms/token (%.1f tokens/s); PDL: %.2fx\n", pms,
+                    1e3 / pms, pms / ms_per_token);
+        report["decode_b1"]["ms_mean_no_pdl"] = pms;
+      } else {
+        std::printf("without programmatic dependent launch: failed: %s\n", plain.error().message.c_str());
+      }
+    } else {
+      std::printf("programmatic dependent launch: off (SPW_PDL=0 or a GPU before sm_90)\n");
     }
   }
 

@@ -18,6 +18,7 @@
 
 #include "cuda/exl3_device.cuh"
 #include "cuda/exl3_moe.h"
+#include "cuda/launch.h"
 
 namespace spw {
 namespace {
@@ -208,6 +209,7 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
   __shared__ __align__(8) uint64_t bars[kWarps][kStages];
   WarpRing ring{ring_smem + (threadIdx.x >> 5) * (ring_bytes<K>() / 4), bars[threadIdx.x >> 5], 0};
   warp_ring_init(ring, lane);
+  cuda::pdl_wait();  // launch.h; no early trigger: the next kernel's blocks could not be resident anyway
   const int warp0 = blockIdx.x * kWarps + (threadIdx.x >> 5), n_warps = gridDim.x * kWarps;
   const int P = a.T * a.topk, d = a.d, f = a.f;
   const int dblk = d / 128, fblk = f / 128, d_tn = d / 16, f_tn = f / 16, d_kt = d / 16, f_kt = f / 16;
@@ -399,9 +401,7 @@ Status exl3_moe_decode_cuda(const Exl3CudaMoeLayer& layer, const float* x, const
   a.T = T, a.topk = topk, a.d = static_cast<int>(layer.d), a.f = static_cast<int>(layer.f);
   a.limit = layer.swiglu_limit;
   a.ref_round = layer.reference_rounding;
-  void* args[] = {&a};
-  if (cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fn), dim3(blocks), dim3(kThreads), args,
-                                                  smem, static_cast<cudaStream_t>(stream));
+  if (cudaError_t e = cuda::launch_cooperative(fn, dim3(blocks), dim3(kThreads), smem, static_cast<cudaStream_t>(stream), a);
       e != cudaSuccess)
     return cuda_error("launch exl3_moe_kernel", e);
   return {};

@@ -1,6 +1,7 @@
 #include "engine/engine_kernels.h"
 
 #include <cmath>
+#include "cuda/launch.h"
 
 namespace spw::engine {
 namespace {
@@ -16,6 +17,7 @@ Status launched(const char* what) {
 }
 
 __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t n_rows, int64_t d, float* out) {
+  cuda::pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_rows * d) return;
   const int64_t j = i / d, ch = i % d;
@@ -23,6 +25,7 @@ __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t 
 }
 
 __global__ void scatter_add_rows_kernel(float* acc, const float* y, const int32_t* rows, int64_t n_rows, int64_t d) {
+  cuda::pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_rows * d) return;
   const int64_t j = i / d, ch = i % d;
@@ -31,11 +34,13 @@ __global__ void scatter_add_rows_kernel(float* acc, const float* y, const int32_
 }
 
 __global__ void add_kernel(const float* a, const float* b, int64_t n, float* out) {
+  cuda::pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = __fadd_rn(a[i], b[i]);
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float s) {
+  cuda::pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = __fmul_rn(x[i], s);
 }
@@ -45,6 +50,7 @@ __global__ void scale_kernel(float* x, int64_t n, float s) {
 // orders the lanes' global memory accesses) separates the stages: the same operations as one thread walking the
 // row (which took 123 µs per V4 indexer call for 64 rows of 128, session 8's trace).
 __global__ void hadamard_rows_kernel(float* x, int64_t n_rows, int n, float scale) {
+  cuda::pdl_enter();
   const int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (r >= n_rows) return;  // the whole warp
@@ -62,6 +68,7 @@ __global__ void hadamard_rows_kernel(float* x, int64_t n_rows, int n, float scal
 }
 
 __global__ void iota_select_kernel(const int64_t* visible, int64_t n_rows, int64_t stride, int32_t* sel) {
+  cuda::pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_rows * stride) return;
   const int64_t r = i / stride, g = i % stride;
@@ -74,39 +81,39 @@ Status hadamard_rows_cuda(float* x, int64_t n_rows, int n, cudaStream_t stream) 
   if (n_rows == 0) return {};
   if (n <= 0 || (n & (n - 1)) != 0) return make_error("hadamard_rows_cuda: n = ", n, " is not a power of two");
   const float scale = 1.0f / std::sqrt(float(n));
-  hadamard_rows_kernel<<<blocks_for(n_rows * 32), kThreads, 0, stream>>>(x, n_rows, n, scale);
+  cuda::launch(hadamard_rows_kernel, blocks_for(n_rows * 32), kThreads, 0, stream, x, n_rows, n, scale);
   return launched("hadamard_rows_cuda");
 }
 
 Status iota_select_cuda(const int64_t* visible, int64_t n_rows, int64_t stride, int32_t* sel, cudaStream_t stream) {
   if (n_rows * stride == 0) return {};
-  iota_select_kernel<<<blocks_for(n_rows * stride), kThreads, 0, stream>>>(visible, n_rows, stride, sel);
+  cuda::launch(iota_select_kernel, blocks_for(n_rows * stride), kThreads, 0, stream, visible, n_rows, stride, sel);
   return launched("iota_select_cuda");
 }
 
 Status gather_rows_cuda(const float* x, const int32_t* rows, int64_t n_rows, int64_t d, float* out,
                         cudaStream_t stream) {
   if (n_rows * d == 0) return {};
-  gather_rows_kernel<<<blocks_for(n_rows * d), kThreads, 0, stream>>>(x, rows, n_rows, d, out);
+  cuda::launch(gather_rows_kernel, blocks_for(n_rows * d), kThreads, 0, stream, x, rows, n_rows, d, out);
   return launched("gather_rows_cuda");
 }
 
 Status scatter_add_rows_cuda(float* acc, const float* y, const int32_t* rows, int64_t n_rows, int64_t d,
                              cudaStream_t stream) {
   if (n_rows * d == 0) return {};
-  scatter_add_rows_kernel<<<blocks_for(n_rows * d), kThreads, 0, stream>>>(acc, y, rows, n_rows, d);
+  cuda::launch(scatter_add_rows_kernel, blocks_for(n_rows * d), kThreads, 0, stream, acc, y, rows, n_rows, d);
   return launched("scatter_add_rows_cuda");
 }
 
 Status add_cuda(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream) {
   if (n == 0) return {};
-  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(a, b, n, out);
+  cuda::launch(add_kernel, blocks_for(n), kThreads, 0, stream, a, b, n, out);
   return launched("add_cuda");
 }
 
 Status scale_cuda(float* x, int64_t n, float s, cudaStream_t stream) {
   if (n == 0) return {};
-  scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, s);
+  cuda::launch(scale_kernel, blocks_for(n), kThreads, 0, stream, x, n, s);
   return launched("scale_cuda");
 }
 

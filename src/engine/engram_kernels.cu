@@ -1,6 +1,7 @@
 #include "engine/engram_kernels.h"
 
 #include "cuda/ops/device_numerics.cuh"
+#include "cuda/launch.h"
 
 namespace spw::engine {
 namespace {
@@ -10,6 +11,7 @@ constexpr int kThreads = 256;
 
 __global__ void engram_gather_kernel(const uint8_t* table, const uint8_t* scale, const int64_t* row_ids,
                                      int64_t n_rows, int hd, float* out) {
+  cuda::pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_rows * hd) return;
   const int64_t r = i / hd, ch = i % hd, row = row_ids[r];
@@ -23,6 +25,7 @@ __global__ void engram_gather_kernel(const uint8_t* table, const uint8_t* scale,
 __global__ void __launch_bounds__(kThreads)
     engram_gate_kernel(float* streams, const float* kv, const float* qk, int hc, int64_t d, float norm_eps,
                        bool round_bf16) {
+  cuda::pdl_enter();
   __shared__ double scratch[32];
   const int64_t tj = blockIdx.x;
   const int64_t t = tj / hc, j = tj % hc;
@@ -59,7 +62,7 @@ Status engram_gather_cuda(const uint8_t* table, const uint8_t* scale, const int6
                           int head_dim, float* out, cudaStream_t stream) {
   if (n_rows == 0) return {};
   if (head_dim % 32 != 0) return make_error("engram_gather_cuda: head_dim ", head_dim, " is not a multiple of 32");
-  engram_gather_kernel<<<cuda::grid_for(n_rows * head_dim, kThreads), kThreads, 0, stream>>>(table, scale, row_ids,
+  cuda::launch(engram_gather_kernel, cuda::grid_for(n_rows * head_dim, kThreads), kThreads, 0, stream, table, scale, row_ids,
                                                                                              n_rows, head_dim, out);
   return cuda::launch_status("engram_gather_cuda");
 }
@@ -68,7 +71,7 @@ Status engram_gate_cuda(float* streams, const float* kv, const float* qk, int64_
                         float norm_eps, bool round_bf16, cudaStream_t stream) {
   if (n_tokens == 0) return {};
   if (n_tokens * hc > INT32_MAX) return make_error("engram_gate_cuda: ", n_tokens, " tokens exceed the grid");
-  engram_gate_kernel<<<unsigned(n_tokens * hc), kThreads, 0, stream>>>(streams, kv, qk, hc, d, norm_eps, round_bf16);
+  cuda::launch(engram_gate_kernel, unsigned(n_tokens * hc), kThreads, 0, stream, streams, kv, qk, hc, d, norm_eps, round_bf16);
   return cuda::launch_status("engram_gate_cuda");
 }
 

@@ -2,6 +2,7 @@
 
 #include "cuda/dense/dense_device.cuh"
 #include "engine/device_weights.h"
+#include "cuda/launch.h"
 
 namespace spw::engine {
 namespace {
@@ -19,6 +20,7 @@ template <DenseFormat F>
 __global__ void __launch_bounds__(kThreads)
     grouped_gemv_kernel(const ExpertPtrs* table, int which, DeviceLinear shape, const float* x, int x_div,
                         const int32_t* experts, int64_t n_pairs, float* y, bool round_out) {
+  cuda::pdl_enter();
   const int64_t job = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   const int n_out = shape.n_out, n_in = shape.n_in;
@@ -79,6 +81,7 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void moe_combine_kernel(const float* ys, const int32_t* experts, int64_t n_tokens, int top_k, int64_t d,
                                    float* acc) {
+  cuda::pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tokens * d) return;
   const int64_t t = i / d, ch = i % d;
@@ -172,19 +175,19 @@ Status grouped_expert_gemv_cuda(const ExpertTable& t, int which, const float* x,
   const bool rb = round_out && !s.f32_product;
   switch (s.format) {
     case DenseFormat::kFp8:
-      grouped_gemv_kernel<DenseFormat::kFp8><<<blocks, kThreads, 0, stream>>>(t.ptrs.get(), which, s, x, x_div,
+      cuda::launch(grouped_gemv_kernel<DenseFormat::kFp8>, blocks, kThreads, 0, stream, t.ptrs.get(), which, s, x, x_div,
                                                                               experts, n_pairs, y, rb);
       break;
     case DenseFormat::kFp4:
-      grouped_gemv_kernel<DenseFormat::kFp4><<<blocks, kThreads, 0, stream>>>(t.ptrs.get(), which, s, x, x_div,
+      cuda::launch(grouped_gemv_kernel<DenseFormat::kFp4>, blocks, kThreads, 0, stream, t.ptrs.get(), which, s, x, x_div,
                                                                               experts, n_pairs, y, rb);
       break;
     case DenseFormat::kBf16:
-      grouped_gemv_kernel<DenseFormat::kBf16><<<blocks, kThreads, 0, stream>>>(t.ptrs.get(), which, s, x, x_div,
+      cuda::launch(grouped_gemv_kernel<DenseFormat::kBf16>, blocks, kThreads, 0, stream, t.ptrs.get(), which, s, x, x_div,
                                                                                experts, n_pairs, y, rb);
       break;
     case DenseFormat::kF32:
-      grouped_gemv_kernel<DenseFormat::kF32><<<blocks, kThreads, 0, stream>>>(t.ptrs.get(), which, s, x, x_div,
+      cuda::launch(grouped_gemv_kernel<DenseFormat::kF32>, blocks, kThreads, 0, stream, t.ptrs.get(), which, s, x, x_div,
                                                                               experts, n_pairs, y, rb);
       break;
   }
@@ -194,7 +197,7 @@ Status grouped_expert_gemv_cuda(const ExpertTable& t, int which, const float* x,
 Status moe_combine_cuda(const float* ys, const int32_t* experts, int64_t n_tokens, int top_k, int64_t d, float* acc,
                         cudaStream_t stream) {
   if (n_tokens * d == 0) return {};
-  moe_combine_kernel<<<unsigned((n_tokens * d + 255) / 256), 256, 0, stream>>>(ys, experts, n_tokens, top_k, d, acc);
+  cuda::launch(moe_combine_kernel, unsigned((n_tokens * d + 255) / 256), 256, 0, stream, ys, experts, n_tokens, top_k, d, acc);
   return launched("moe_combine_cuda");
 }
 

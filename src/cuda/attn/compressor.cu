@@ -12,6 +12,7 @@
 #include "cuda/attn/compressor.h"
 
 #include <cmath>
+#include "cuda/launch.h"
 
 namespace spw::cuda {
 
@@ -57,6 +58,7 @@ __device__ void term(const CompressorShape& sh, const CompressorStates& st, cons
 __global__ void compressor_emit_kernel(CompressorShape sh, CompressorStates st, const float* __restrict__ kv,
                                        const float* __restrict__ score, const float* __restrict__ ape,
                                        CompressorChunks chunks, float* __restrict__ entries) {
+  pdl_enter();
   const int ch = blockIdx.x * kThreads + threadIdx.x, b = blockIdx.y, e = blockIdx.z;
   const int d_out = sh.overlap ? sh.width / 2 : sh.width;
   if (ch >= d_out) return;
@@ -95,6 +97,7 @@ __global__ void compressor_emit_kernel(CompressorShape sh, CompressorStates st, 
 __global__ void compressor_update_kernel(CompressorShape sh, CompressorStates st, const float* __restrict__ kv,
                                          const float* __restrict__ score, const float* __restrict__ ape,
                                          CompressorChunks chunks) {
+  pdl_enter();
   const int col = blockIdx.x * kThreads + threadIdx.x, b = blockIdx.y;
   if (col >= sh.width) return;
   const ItemView it = item_view(sh, chunks, b);
@@ -121,6 +124,7 @@ __global__ void compressor_update_kernel(CompressorShape sh, CompressorStates st
 }
 
 __global__ void compressor_reset_kernel(CompressorShape sh, CompressorStates st, int32_t slot) {
+  pdl_enter();
   const size_t n = size_t(sh.ratio) * sh.width;
   const size_t i = size_t(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n) return;
@@ -147,7 +151,7 @@ Status compressor_state_reset_cuda(const CompressorShape& shape, const Compresso
                                    cudaStream_t stream) {
   SPW_TRY(check_shape(shape, st));
   const size_t n = size_t(shape.ratio) * shape.width;
-  compressor_reset_kernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(shape, st, slot);
+  launch(compressor_reset_kernel, unsigned((n + kThreads - 1) / kThreads), kThreads, 0, stream, shape, st, slot);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch compressor_reset_kernel", e);
   return {};
 }
@@ -160,11 +164,11 @@ Status compressor_push_cuda(const CompressorShape& shape, const CompressorStates
   if (max_entries_per_item > 0) {
     const dim3 grid(unsigned((shape.d_out() + kThreads - 1) / kThreads), unsigned(n_items),
                     unsigned(max_entries_per_item));
-    compressor_emit_kernel<<<grid, kThreads, 0, stream>>>(shape, st, kv, score, ape, chunks, entries);
+    launch(compressor_emit_kernel, grid, kThreads, 0, stream, shape, st, kv, score, ape, chunks, entries);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch compressor_emit_kernel", e);
   }
   const dim3 grid(unsigned((shape.width + kThreads - 1) / kThreads), unsigned(n_items));
-  compressor_update_kernel<<<grid, kThreads, 0, stream>>>(shape, st, kv, score, ape, chunks);
+  launch(compressor_update_kernel, grid, kThreads, 0, stream, shape, st, kv, score, ape, chunks);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch compressor_update_kernel", e);
   return {};
 }

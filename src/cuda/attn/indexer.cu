@@ -18,6 +18,7 @@
 #include <cmath>
 
 #include "cuda/attn/kv_device.cuh"
+#include "cuda/launch.h"
 
 namespace spw::cuda {
 
@@ -43,6 +44,7 @@ constexpr int kScoreWarps = kThreads / 32;  // entries per block
 constexpr int kQPad = kMaxDIndex + 1;
 
 __global__ void __launch_bounds__(kThreads) index_scores_kernel(IndexScoreArgs a, size_t key_nbytes) {
+  pdl_enter();
   __shared__ float q_s[kMaxIndexHeads * kQPad];
   __shared__ float w_s[kMaxIndexHeads];
   __shared__ float k_s[kScoreWarps][kMaxDIndex];
@@ -88,6 +90,7 @@ __device__ __forceinline__ uint32_t order_key(float v) {
 __global__ void __launch_bounds__(kTopkThreads) topk_select_kernel(const float* __restrict__ values, int64_t stride,
                                                                    const int64_t* __restrict__ n_per_row, int32_t k,
                                                                    int32_t* __restrict__ out, int32_t out_stride) {
+  pdl_enter();
   using Scan = cub::BlockScan<int, kTopkThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int hist[256];
@@ -154,6 +157,7 @@ __global__ void candidate_block_scores_kernel(const float* __restrict__ scores, 
                                               const int64_t* __restrict__ n_entries, const int64_t* __restrict__ visible,
                                               int32_t block_size, float* __restrict__ block_scores,
                                               int64_t block_stride, int64_t* __restrict__ n_blocks) {
+  pdl_enter();
   const int i = blockIdx.y;
   const int64_t b = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t n = n_entries[i];
@@ -173,6 +177,7 @@ __global__ void candidate_block_scores_kernel(const float* __restrict__ scores, 
 __global__ void candidate_mask_kernel(const int32_t* __restrict__ kept, int32_t kept_stride,
                                       const int64_t* __restrict__ n_entries, int32_t block_size,
                                       uint8_t* __restrict__ mask, int64_t mask_stride) {
+  pdl_enter();
   const int i = blockIdx.y;
   const int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (g >= n_entries[i]) return;
@@ -190,6 +195,7 @@ __global__ void candidate_mask_kernel(const int32_t* __restrict__ kept, int32_t 
 
 __global__ void apply_mask_kernel(float* __restrict__ scores, int64_t score_stride, const int64_t* __restrict__ n_entries,
                                   const uint8_t* __restrict__ mask, int64_t mask_stride) {
+  pdl_enter();
   const int i = blockIdx.y;
   const int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (g >= n_entries[i]) return;
@@ -205,7 +211,7 @@ Status index_scores_cuda(const IndexScoreArgs& a, cudaStream_t stream) {
   if (kv_row_channels(a.keys.fmt) != a.d_index || !kv_format_supported(a.keys.fmt))
     return make_error("index_scores_cuda: key row format does not match d_index=", a.d_index);
   const dim3 grid(unsigned((a.max_entries + kScoreWarps - 1) / kScoreWarps), unsigned(a.n_q));
-  index_scores_kernel<<<grid, kThreads, 0, stream>>>(a, kv_row_nbytes(a.keys.fmt));
+  launch(index_scores_kernel, grid, kThreads, 0, stream, a, kv_row_nbytes(a.keys.fmt));
   return launched("launch index_scores_kernel");
 }
 
@@ -213,7 +219,7 @@ Status topk_select_cuda(const float* values, int64_t stride, const int64_t* n, i
                         int32_t* out, int32_t out_stride, cudaStream_t stream) {
   if (n_rows <= 0) return {};
   if (k < 0 || k > out_stride) return make_error("topk_select_cuda: k=", k, " > out_stride=", out_stride);
-  topk_select_kernel<<<unsigned(n_rows), kTopkThreads, 0, stream>>>(values, stride, n, k, out, out_stride);
+  launch(topk_select_kernel, unsigned(n_rows), kTopkThreads, 0, stream, values, stride, n, k, out, out_stride);
   return launched("launch topk_select_kernel");
 }
 
@@ -225,7 +231,7 @@ Status candidate_block_scores_cuda(const float* scores, int64_t score_stride, co
   if (block_size <= 0) return make_error("candidate_block_scores_cuda: block_size=", block_size);
   const int64_t max_blocks = (max_entries + block_size - 1) / block_size;
   const dim3 grid(blocks_for(max_blocks > 0 ? max_blocks : 1), unsigned(n_q));
-  candidate_block_scores_kernel<<<grid, kThreads, 0, stream>>>(scores, score_stride, n_entries, visible, block_size,
+  launch(candidate_block_scores_kernel, grid, kThreads, 0, stream, scores, score_stride, n_entries, visible, block_size,
                                                                block_scores, block_stride, n_blocks);
   return launched("launch candidate_block_scores_kernel");
 }
@@ -236,7 +242,7 @@ Status candidate_mask_cuda(const int32_t* kept, int32_t kept_stride, const int64
   if (n_q <= 0 || max_entries <= 0) return {};
   if (block_size <= 0) return make_error("candidate_mask_cuda: block_size=", block_size);
   const dim3 grid(blocks_for(max_entries), unsigned(n_q));
-  candidate_mask_kernel<<<grid, kThreads, 0, stream>>>(kept, kept_stride, n_entries, block_size, mask, mask_stride);
+  launch(candidate_mask_kernel, grid, kThreads, 0, stream, kept, kept_stride, n_entries, block_size, mask, mask_stride);
   return launched("launch candidate_mask_kernel");
 }
 
@@ -245,7 +251,7 @@ Status index_scores_apply_mask_cuda(float* scores, int64_t score_stride, const i
                                     cudaStream_t stream) {
   if (n_q <= 0 || max_entries <= 0) return {};
   const dim3 grid(blocks_for(max_entries), unsigned(n_q));
-  apply_mask_kernel<<<grid, kThreads, 0, stream>>>(scores, score_stride, n_entries, mask, mask_stride);
+  launch(apply_mask_kernel, grid, kThreads, 0, stream, scores, score_stride, n_entries, mask, mask_stride);
   return launched("launch apply_mask_kernel");
 }
 

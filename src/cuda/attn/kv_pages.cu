@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "cuda/attn/kv_device.cuh"
+#include "cuda/launch.h"
 
 namespace spw::cuda {
 
@@ -16,6 +17,7 @@ Error cuda_error(const char* what, cudaError_t e) { return make_error("CUDA ", w
 // One block per row: thread b < n_quant/block quantizes scale block b; all threads copy the bf16 tail.
 __global__ void kv_write_rows_kernel(KvPages kv, size_t row_nbytes, const float* __restrict__ x,
                                      const int32_t* __restrict__ seqs, const int64_t* __restrict__ rows) {
+  pdl_enter();
   const int i = blockIdx.x;
   const KvRowFormat& f = kv.fmt;
   const int d = f.n_quant + f.n_bf16;
@@ -33,6 +35,7 @@ __global__ void kv_write_rows_kernel(KvPages kv, size_t row_nbytes, const float*
 
 __global__ void kv_read_rows_kernel(KvPages kv, size_t row_nbytes, const int32_t* __restrict__ seqs,
                                     const int64_t* __restrict__ rows, float* __restrict__ out) {
+  pdl_enter();
   const int i = blockIdx.x;
   const int d = kv.fmt.n_quant + kv.fmt.n_bf16;
   const uint8_t* row = kvdev::row_ptr(kv, row_nbytes, seqs[i], rows[i]);
@@ -87,7 +90,7 @@ Status kv_write_rows_cuda(const KvPages& kv, const float* x, const int32_t* seqs
                           int32_t n_rows, cudaStream_t stream) {
   if (!kv_format_supported(kv.fmt)) return make_error("kv_write_rows_cuda: unsupported row format");
   if (n_rows <= 0) return {};
-  kv_write_rows_kernel<<<n_rows, 64, 0, stream>>>(kv, kv_row_nbytes(kv.fmt), x, seqs, rows);
+  launch(kv_write_rows_kernel, n_rows, 64, 0, stream, kv, kv_row_nbytes(kv.fmt), x, seqs, rows);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch kv_write_rows_kernel", e);
   return {};
 }
@@ -96,7 +99,7 @@ Status kv_read_rows_cuda(const KvPages& kv, const int32_t* seqs, const int64_t* 
                          cudaStream_t stream) {
   if (!kv_format_supported(kv.fmt)) return make_error("kv_read_rows_cuda: unsupported row format");
   if (n_rows <= 0) return {};
-  kv_read_rows_kernel<<<n_rows, 128, 0, stream>>>(kv, kv_row_nbytes(kv.fmt), seqs, rows, out);
+  launch(kv_read_rows_kernel, n_rows, 128, 0, stream, kv, kv_row_nbytes(kv.fmt), seqs, rows, out);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch kv_read_rows_kernel", e);
   return {};
 }

@@ -35,7 +35,7 @@
 #include <type_traits>
 
 #include "cuda/attn/kv_device.cuh"
-#include "cuda/cluster_launch.h"
+#include "cuda/launch.h"
 
 namespace spw::cuda {
 
@@ -355,6 +355,7 @@ template <int CPL>
 __global__ void __launch_bounds__(kMaxThreads, 2) sparse_attn_kernel(SparseAttnArgs a, Layouts layouts,
                                                                   size_t ring_nbytes, size_t comp_nbytes,
                                                                   int64_t max_rows) {
+  pdl_enter();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int i = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32, d = a.d_head;
   SegmentTile t;
@@ -452,6 +453,7 @@ __device__ SplitBlock split_block(const SparseAttnArgs& a, unsigned char* smem, 
 template <int CPL>
 __global__ void __launch_bounds__(kMaxThreads, 1) split_logits_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
                                                                    size_t ring_nbytes, size_t comp_nbytes) {
+  pdl_enter();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32, d = a.d_head;
   const SplitBlock b = split_block(a, smem_raw, ring_nbytes, comp_nbytes);
@@ -478,6 +480,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_logits_kernel(SparseAttn
 template <int CPL>
 __global__ void __launch_bounds__(kMaxThreads, 1) split_sums_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
                                                                  size_t ring_nbytes, size_t comp_nbytes) {
+  pdl_enter();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32, d = a.d_head;
   const SplitBlock b = split_block(a, smem_raw, ring_nbytes, comp_nbytes);
@@ -503,6 +506,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_sums_kernel(SparseAttnAr
 }
 
 __global__ void __launch_bounds__(512) split_combine_kernel(SparseAttnArgs a, SplitScratch s) {
+  pdl_enter();
   const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x, d = a.d_head;
   const int64_t qh = int64_t(i) * a.n_heads + h;
   const int64_t t = a.q_pos[i];
@@ -599,7 +603,7 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
     return with_channels_per_lane(cpl, [&](auto k) -> Status {
       const void* kernel = reinterpret_cast<const void*>(sparse_attn_kernel<decltype(k)::value>);
       SPW_TRY(set_smem(kernel, smem, "sparse_attn_kernel shared memory"));
-      sparse_attn_kernel<decltype(k)::value><<<grid, 32 * warps, smem, stream>>>(a, layouts, ring_nbytes, comp_nbytes,
+      launch(sparse_attn_kernel<decltype(k)::value>, grid, 32 * warps, smem, stream, a, layouts, ring_nbytes, comp_nbytes,
                                                                                  max_rows);
       if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch sparse_attn_kernel", e);
       return {};
@@ -634,7 +638,7 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
                                          ring_nbytes, comp_nbytes);
         e != cudaSuccess)
       return cuda_error("launch split_sums_kernel", e);
-    split_combine_kernel<<<dim3(unsigned(a.n_heads), unsigned(a.n_q)), 512, 0, stream>>>(a, s);
+    launch(split_combine_kernel, dim3(unsigned(a.n_heads), unsigned(a.n_q)), 512, 0, stream, a, s);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch split_combine_kernel", e);
     return {};
   });

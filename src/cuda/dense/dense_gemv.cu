@@ -28,7 +28,7 @@
 // Tests: tests/gpu/test_cuda_dense.cpp. Benchmark: bench/dense/bench_dense.cpp.
 #include <cooperative_groups.h>
 
-#include "cuda/cluster_launch.h"
+#include "cuda/launch.h"
 #include "cuda/dense/dense_device.cuh"
 #include "cuda/dense/dense_kernels.h"
 
@@ -132,6 +132,7 @@ __device__ __forceinline__ void finish_rows(const GemvArgs& a, float (&acc)[R][T
 
 template <DenseFormat F, int T, int R, int S>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
+  cuda::pdl_enter();
   constexpr int U = tiles_per_round<T, R>();
   __shared__ __align__(16) float xs[T][U * kTilePad];
   const int lane = threadIdx.x & 31;
@@ -258,7 +259,8 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
 
   // Ping-pong over two buffers (no copies): load the next round, then compute the current one.
   Chunk<F> buf0[U][R], buf1[U][R];
-  load_round(buf0, kr.begin);
+  load_round(buf0, kr.begin);  // weights only: issued while the previous kernel may still be writing x̂
+  cuda::pdl_enter();
   for (int k0 = kr.begin; k0 < kr.end;) {
     load_round(buf1, k0 + kRoundK);
     compute_round(buf0, k0);
@@ -313,8 +315,7 @@ cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
   const long rows = static_cast<long>(a.n_out) * a.n_groups;
   auto go = [&](auto kernel, int R) {
     const dim3 grid((a.n_out + kWarps * R - 1) / (kWarps * R), a.n_groups);
-    kernel<<<grid, kThreads, 0, stream>>>(a);
-    return cudaGetLastError();
+    return cuda::launch(kernel, grid, dim3(kThreads), 0, stream, a);
   };
   const int s = k_splits(rows, a.n_in);
   auto go_split = [&](auto kernel, int R) {  // a cluster of s blocks along z

@@ -7,6 +7,7 @@
 
 #include "cuda/dense/dense_device.cuh"
 #include "cuda/dense/dense_kernels.h"
+#include "cuda/launch.h"
 
 namespace spw::densedev {
 namespace {
@@ -17,6 +18,7 @@ constexpr int kThreads = 256;
 template <bool Bf16Out>
 __global__ void __launch_bounds__(kThreads) act_quant_kernel(const float* __restrict__ x, int n_tokens, int n_in,
                                                              int act_block, void* out) {
+  cuda::pdl_enter();
   const int lane = threadIdx.x & 31;
   const long job = static_cast<long>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   const int blocks_per_row = n_in / act_block;
@@ -36,6 +38,7 @@ __global__ void __launch_bounds__(kThreads) act_quant_kernel(const float* __rest
 
 template <bool Bf16Out>
 __global__ void __launch_bounds__(kThreads) act_copy_kernel(const float* __restrict__ x, size_t n, void* out) {
+  cuda::pdl_enter();
   const size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n) return;
   if constexpr (Bf16Out) static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(x[i]);
@@ -45,6 +48,7 @@ __global__ void __launch_bounds__(kThreads) act_copy_kernel(const float* __restr
 // One thread per 16-element chunk of the rows [row0, row0 + n_rows).
 template <DenseFormat F, bool Bf16Out>
 __global__ void __launch_bounds__(kThreads) dequant_rows_kernel(DeviceLinear w, int row0, int n_rows, void* out) {
+  cuda::pdl_enter();
   const int chunks = w.n_in / 16;
   const size_t job = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (job >= static_cast<size_t>(n_rows) * chunks) return;
@@ -64,6 +68,7 @@ __global__ void __launch_bounds__(kThreads) dequant_rows_kernel(DeviceLinear w, 
 }
 
 __global__ void __launch_bounds__(kThreads) round_bf16_kernel(float* y, size_t n) {
+  cuda::pdl_enter();
   const size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i < n) y[i] = round_bf16_dev(y[i]);
 }
@@ -74,10 +79,10 @@ template <bool Bf16Out>
 cudaError_t dequant_rows_as(const DeviceLinear& w, int row0, int n_rows, void* out, cudaStream_t stream) {
   const unsigned grid = blocks_for(static_cast<size_t>(n_rows) * (w.n_in / 16));
   switch (w.format) {
-    case DenseFormat::kFp8: dequant_rows_kernel<DenseFormat::kFp8, Bf16Out><<<grid, kThreads, 0, stream>>>(w, row0, n_rows, out); break;
-    case DenseFormat::kFp4: dequant_rows_kernel<DenseFormat::kFp4, Bf16Out><<<grid, kThreads, 0, stream>>>(w, row0, n_rows, out); break;
-    case DenseFormat::kBf16: dequant_rows_kernel<DenseFormat::kBf16, Bf16Out><<<grid, kThreads, 0, stream>>>(w, row0, n_rows, out); break;
-    case DenseFormat::kF32: dequant_rows_kernel<DenseFormat::kF32, Bf16Out><<<grid, kThreads, 0, stream>>>(w, row0, n_rows, out); break;
+    case DenseFormat::kFp8: cuda::launch(dequant_rows_kernel<DenseFormat::kFp8, Bf16Out>, grid, kThreads, 0, stream, w, row0, n_rows, out); break;
+    case DenseFormat::kFp4: cuda::launch(dequant_rows_kernel<DenseFormat::kFp4, Bf16Out>, grid, kThreads, 0, stream, w, row0, n_rows, out); break;
+    case DenseFormat::kBf16: cuda::launch(dequant_rows_kernel<DenseFormat::kBf16, Bf16Out>, grid, kThreads, 0, stream, w, row0, n_rows, out); break;
+    case DenseFormat::kF32: cuda::launch(dequant_rows_kernel<DenseFormat::kF32, Bf16Out>, grid, kThreads, 0, stream, w, row0, n_rows, out); break;
   }
   return cudaGetLastError();
 }
@@ -89,11 +94,11 @@ cudaError_t act_prepare_launch(const float* x, int n_tokens, int n_in, int act_b
   const size_t n = static_cast<size_t>(n_tokens) * n_in;
   if (act_block > 0) {
     const unsigned grid = static_cast<unsigned>((n / act_block + kThreads / 32 - 1) / (kThreads / 32));
-    if (out_bf16) act_quant_kernel<true><<<grid, kThreads, 0, stream>>>(x, n_tokens, n_in, act_block, out);
-    else act_quant_kernel<false><<<grid, kThreads, 0, stream>>>(x, n_tokens, n_in, act_block, out);
+    if (out_bf16) cuda::launch(act_quant_kernel<true>, grid, kThreads, 0, stream, x, n_tokens, n_in, act_block, out);
+    else cuda::launch(act_quant_kernel<false>, grid, kThreads, 0, stream, x, n_tokens, n_in, act_block, out);
   } else {
-    if (out_bf16) act_copy_kernel<true><<<blocks_for(n), kThreads, 0, stream>>>(x, n, out);
-    else act_copy_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, n, out);
+    if (out_bf16) cuda::launch(act_copy_kernel<true>, blocks_for(n), kThreads, 0, stream, x, n, out);
+    else cuda::launch(act_copy_kernel<false>, blocks_for(n), kThreads, 0, stream, x, n, out);
   }
   return cudaGetLastError();
 }
@@ -105,7 +110,7 @@ cudaError_t dequant_rows_launch(const DeviceLinear& w, int row0, int n_rows, voi
 
 cudaError_t round_bf16_launch(float* y, size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  round_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, n);
+  cuda::launch(round_bf16_kernel, blocks_for(n), kThreads, 0, stream, y, n);
   return cudaGetLastError();
 }
 

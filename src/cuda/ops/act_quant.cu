@@ -4,6 +4,7 @@
 // Unpacking is one thread per element.
 #include "cuda/ops/act_quant.h"
 #include "cuda/ops/device_numerics.cuh"
+#include "cuda/launch.h"
 
 namespace spw::cuda {
 namespace {
@@ -26,6 +27,7 @@ template <Kind K>
 __global__ void __launch_bounds__(kThreads)
     quant_blocks_kernel(float* x, int64_t x_stride, int64_t n_rows, int64_t n, int block, uint8_t* q,
                         int64_t q_stride, uint8_t* scale, int64_t scale_stride) {
+  pdl_enter();
   const int64_t n_blocks = n / block;
   const int64_t job = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -75,6 +77,7 @@ __global__ void __launch_bounds__(kThreads)
 template <Kind K>
 __global__ void unpack_kernel(const uint8_t* q, int64_t q_stride, const uint8_t* scale, int64_t scale_stride,
                               int64_t n_rows, int64_t n, int block, float* y, int64_t y_stride) {
+  pdl_enter();
   const int64_t job = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (job >= n_rows * n) return;
   const int64_t r = job / n, i = job % n;
@@ -102,7 +105,7 @@ Status launch_quant(const char* op, float* x, int64_t x_stride, int64_t n_rows, 
   SPW_TRY(check_shape(op, n_rows, n, block, K != Kind::kFp8));
   const int64_t jobs = n_rows * (n / block);
   if (jobs == 0) return {};
-  quant_blocks_kernel<K><<<grid_for(jobs * 32, kThreads), kThreads, 0, stream>>>(x, x_stride, n_rows, n, block, q,
+  launch(quant_blocks_kernel<K>, grid_for(jobs * 32, kThreads), kThreads, 0, stream, x, x_stride, n_rows, n, block, q,
                                                                                   q_stride, scale, scale_stride);
   return launch_status(op);
 }
@@ -112,7 +115,7 @@ Status launch_unpack(const char* op, const uint8_t* q, int64_t q_stride, const u
                      int64_t n_rows, int64_t n, int block, float* y, int64_t y_stride, cudaStream_t stream) {
   SPW_TRY(check_shape(op, n_rows, n, block, K != Kind::kFp8));
   if (n_rows == 0) return {};
-  unpack_kernel<K><<<grid_for(n_rows * n, kThreads), kThreads, 0, stream>>>(q, q_stride, scale, scale_stride, n_rows,
+  launch(unpack_kernel<K>, grid_for(n_rows * n, kThreads), kThreads, 0, stream, q, q_stride, scale, scale_stride, n_rows,
                                                                              n, block, y, y_stride);
   return launch_status(op);
 }

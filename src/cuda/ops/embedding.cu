@@ -1,6 +1,7 @@
 // embedding_gather (contract in embedding.h): one thread per output element.
 #include "cuda/ops/device_numerics.cuh"
 #include "cuda/ops/embedding.h"
+#include "cuda/launch.h"
 
 namespace spw::cuda {
 namespace {
@@ -9,6 +10,7 @@ constexpr int kThreads = 256;
 
 __global__ void embedding_gather_kernel(const float* table, int64_t vocab, int64_t d, const int32_t* tokens,
                                         int64_t n_tokens, int n_copies, float* out) {
+  pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tokens * n_copies * d) return;
   const int64_t t = i / (n_copies * d), c = i % d;
@@ -23,7 +25,7 @@ Status embedding_gather(const float* table, int64_t vocab, int64_t d, const int3
   if (d <= 0 || n_copies <= 0) return make_error("embedding_gather: d ", d, " and n_copies ", n_copies, " must be positive");
   if (n_tokens <= 0) return {};
   const int64_t n = n_tokens * n_copies * d;
-  embedding_gather_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(table, vocab, d, tokens, n_tokens, n_copies,
+  launch(embedding_gather_kernel, grid_for(n, kThreads), kThreads, 0, stream, table, vocab, d, tokens, n_tokens, n_copies,
                                                                            out);
   return launch_status("embedding_gather_kernel");
 }

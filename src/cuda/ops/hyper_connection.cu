@@ -17,6 +17,7 @@
 
 #include "cuda/ops/device_numerics.cuh"
 #include "cuda/ops/hyper_connection.h"
+#include "cuda/launch.h"
 
 namespace spw::cuda {
 namespace {
@@ -34,6 +35,7 @@ constexpr int kMixesSplit = 8;
 template <int G>
 __global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThreads)
     hc_mixes_kernel(const float* x_streams, const float* fn, int n_out, int64_t hc_d, float norm_eps, float* mixes) {
+  pdl_enter();
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   __shared__ double scratch[32];
@@ -121,6 +123,7 @@ __device__ void sinkhorn_normalize(float* m, int hc, float eps, int lane, bool r
 __global__ void __launch_bounds__(32 * kSinkhornWarps)
     hc_split_sinkhorn_kernel(const float* mixes_all, const float* scale, const float* base, int64_t n_tokens, int hc,
                              int sinkhorn_iters, float hc_eps, float* pre, float* post, float* comb) {
+  pdl_enter();
   __shared__ float matrices[kSinkhornWarps][kHcMax * kHcMax];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = int64_t(blockIdx.x) * kSinkhornWarps + warp;
@@ -159,6 +162,7 @@ template <int HC>
 __global__ void __launch_bounds__(32 * kSinkhornWarps)
     hc_split_sinkhorn_small_kernel(const float* mixes_all, const float* scale, const float* base, int64_t n_tokens,
                                    int sinkhorn_iters, float hc_eps, float* pre, float* post, float* comb) {
+  pdl_enter();
   static_assert(HC * HC <= 32);
   constexpr int nn = HC * HC;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -198,6 +202,7 @@ __global__ void __launch_bounds__(32 * kSinkhornWarps)
 
 __global__ void hc_head_pre_kernel(const float* mixes, const float* scale, const float* base, int64_t n_tokens,
                                    int hc, float hc_eps, float* pre) {
+  pdl_enter();
   const int64_t job = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (job >= n_tokens * hc) return;
   pre[job] = __fadd_rn(dev::sigmoid(mul_add(mixes[job], scale[0], base[job % hc])), hc_eps);
@@ -205,6 +210,7 @@ __global__ void hc_head_pre_kernel(const float* mixes, const float* scale, const
 
 __global__ void hc_collapse_kernel(const float* x_streams, const float* pre, int64_t n_tokens, int hc, int64_t d,
                                    bool round_out, float* y) {
+  pdl_enter();
   const int64_t job = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (job >= n_tokens * d) return;
   const int64_t t = job / d, i = job % d;
@@ -216,6 +222,7 @@ __global__ void hc_collapse_kernel(const float* x_streams, const float* pre, int
 
 __global__ void hc_expand_kernel(float* x_streams, const float* y, const float* post, const float* comb,
                                  int64_t n_tokens, int hc, int64_t d, bool round_out) {
+  pdl_enter();
   const int64_t job = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (job >= n_tokens * d) return;
   const int64_t t = job / d, i = job % d;
@@ -253,12 +260,10 @@ Status hc_mixes(const float* x_streams, const float* fn, int64_t n_tokens, int n
   // L2 n_out/G times per token). G does not change any output's summation order.
   if (n_tokens <= 16) {
     constexpr int G = 2;
-    hc_mixes_kernel<G><<<dim3(unsigned(n_tokens), unsigned((n_out + G - 1) / G), kMixesSplit), kMixesThreads, 0,
-                         stream>>>(x_streams, fn, n_out, hc_d, norm_eps, mixes);
+    launch(hc_mixes_kernel<G>, dim3(unsigned(n_tokens), unsigned((n_out + G - 1) / G), kMixesSplit), kMixesThreads, 0, stream, x_streams, fn, n_out, hc_d, norm_eps, mixes);
   } else {
     constexpr int G = 8;
-    hc_mixes_kernel<G><<<dim3(unsigned(n_tokens), unsigned((n_out + G - 1) / G), kMixesSplit), kMixesThreads, 0,
-                         stream>>>(x_streams, fn, n_out, hc_d, norm_eps, mixes);
+    launch(hc_mixes_kernel<G>, dim3(unsigned(n_tokens), unsigned((n_out + G - 1) / G), kMixesSplit), kMixesThreads, 0, stream, x_streams, fn, n_out, hc_d, norm_eps, mixes);
   }
   return launch_status("hc_mixes_kernel");
 }
@@ -271,15 +276,13 @@ Status hc_split_sinkhorn(const float* mixes, const float* scale, const float* ba
   const unsigned grid = grid_for(n_tokens, kSinkhornWarps), block = 32 * kSinkhornWarps;
   switch (hc) {
     case 4:
-      hc_split_sinkhorn_small_kernel<4>
-          <<<grid, block, 0, stream>>>(mixes, scale, base, n_tokens, sinkhorn_iters, hc_eps, pre, post, comb);
+      launch(hc_split_sinkhorn_small_kernel<4>, grid, block, 0, stream, mixes, scale, base, n_tokens, sinkhorn_iters, hc_eps, pre, post, comb);
       break;
     case 2:
-      hc_split_sinkhorn_small_kernel<2>
-          <<<grid, block, 0, stream>>>(mixes, scale, base, n_tokens, sinkhorn_iters, hc_eps, pre, post, comb);
+      launch(hc_split_sinkhorn_small_kernel<2>, grid, block, 0, stream, mixes, scale, base, n_tokens, sinkhorn_iters, hc_eps, pre, post, comb);
       break;
     default:
-      hc_split_sinkhorn_kernel<<<grid, block, 0, stream>>>(mixes, scale, base, n_tokens, hc, sinkhorn_iters, hc_eps,
+      launch(hc_split_sinkhorn_kernel, grid, block, 0, stream, mixes, scale, base, n_tokens, hc, sinkhorn_iters, hc_eps,
                                                            pre, post, comb);
   }
   return launch_status("hc_split_sinkhorn_kernel");
@@ -289,7 +292,7 @@ Status hc_head_pre(const float* mixes, const float* scale, const float* base, in
                    float* pre, cudaStream_t stream) {
   SPW_TRY(check_hc("hc_head_pre", hc));
   if (n_tokens <= 0) return {};
-  hc_head_pre_kernel<<<grid_for(n_tokens * hc, 128), 128, 0, stream>>>(mixes, scale, base, n_tokens, hc, hc_eps, pre);
+  launch(hc_head_pre_kernel, grid_for(n_tokens * hc, 128), 128, 0, stream, mixes, scale, base, n_tokens, hc, hc_eps, pre);
   return launch_status("hc_head_pre_kernel");
 }
 
@@ -297,7 +300,7 @@ Status hc_collapse(const float* x_streams, const float* pre, int64_t n_tokens, i
                    float* y, cudaStream_t stream) {
   SPW_TRY(check_hc("hc_collapse", hc));
   if (n_tokens <= 0 || d <= 0) return {};
-  hc_collapse_kernel<<<grid_for(n_tokens * d, kThreads), kThreads, 0, stream>>>(x_streams, pre, n_tokens, hc, d,
+  launch(hc_collapse_kernel, grid_for(n_tokens * d, kThreads), kThreads, 0, stream, x_streams, pre, n_tokens, hc, d,
                                                                                  round_out, y);
   return launch_status("hc_collapse_kernel");
 }
@@ -306,7 +309,7 @@ Status hc_expand(float* x_streams, const float* y, const float* post, const floa
                  int64_t d, bool round_out, cudaStream_t stream) {
   SPW_TRY(check_hc("hc_expand", hc));
   if (n_tokens <= 0 || d <= 0) return {};
-  hc_expand_kernel<<<grid_for(n_tokens * d, kThreads), kThreads, 0, stream>>>(x_streams, y, post, comb, n_tokens, hc,
+  launch(hc_expand_kernel, grid_for(n_tokens * d, kThreads), kThreads, 0, stream, x_streams, y, post, comb, n_tokens, hc,
                                                                                d, round_out);
   return launch_status("hc_expand_kernel");
 }

@@ -4,6 +4,7 @@
 //   swiglu: one thread per element.
 #include "cuda/ops/device_numerics.cuh"
 #include "cuda/ops/moe.h"
+#include "cuda/launch.h"
 
 namespace spw::cuda {
 namespace {
@@ -16,6 +17,7 @@ constexpr int kMaxTopK = 64;
 __global__ void __launch_bounds__(kThreads)
     router_kernel(const float* logits, const float* bias, const int32_t* tokens, const int32_t* tid2eid,
                   int n_experts, int top_k, float norm_eps, float route_scale, int32_t* experts, float* weights) {
+  pdl_enter();
   extern __shared__ float smem[];
   float* scores = smem;                  // [n_experts]
   float* biased = smem + n_experts;      // [n_experts]
@@ -64,7 +66,7 @@ Status launch_router(const char* op, const float* logits, const float* bias, con
   if (n_tokens <= 0) return {};
   if (n_tokens > INT32_MAX) return make_error(op, ": ", n_tokens, " tokens exceed one grid dimension");
   const size_t smem = sizeof(float) * 2 * n_experts;
-  router_kernel<<<unsigned(n_tokens), kThreads, smem, stream>>>(logits, bias, tokens, tid2eid, n_experts, top_k,
+  launch(router_kernel, unsigned(n_tokens), kThreads, smem, stream, logits, bias, tokens, tid2eid, n_experts, top_k,
                                                                 norm_eps, route_scale, experts, weights);
   return launch_status(op);
 }
@@ -72,6 +74,7 @@ Status launch_router(const char* op, const float* logits, const float* bias, con
 __global__ void swiglu_kernel(const float* g, int64_t g_stride, const float* u, int64_t u_stride,
                               const float* row_weights, int64_t n_rows, int64_t n, float limit, bool round_out,
                               float* h) {
+  pdl_enter();
   const int64_t job = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (job >= n_rows * n) return;
   const int64_t r = job / n, i = job % n;
@@ -106,7 +109,7 @@ Status swiglu(const float* g, int64_t g_stride, const float* u, int64_t u_stride
   if (n <= 0 || g_stride < n || u_stride < n)
     return make_error("swiglu: width ", n, " with strides ", g_stride, ", ", u_stride);
   if (n_rows <= 0) return {};
-  swiglu_kernel<<<grid_for(n_rows * n, 256), 256, 0, stream>>>(g, g_stride, u, u_stride, row_weights, n_rows, n, limit,
+  launch(swiglu_kernel, grid_for(n_rows * n, 256), 256, 0, stream, g, g_stride, u, u_stride, row_weights, n_rows, n, limit,
                                                                 round_out, h);
   return launch_status("swiglu_kernel");
 }

@@ -2,6 +2,7 @@
 // row for the norm: the block sums squares in f64, then every thread scales its strided elements.
 #include "cuda/ops/device_numerics.cuh"
 #include "cuda/ops/norm.h"
+#include "cuda/launch.h"
 
 namespace spw::cuda {
 namespace {
@@ -12,12 +13,14 @@ constexpr int kThreads = 256;
 constexpr int kNormThreads = 1024;
 
 __global__ void round_bf16_kernel(float* x, int64_t n) {
+  pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = dev::round_bf16(x[i]);
 }
 
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_kernel(const float* x, const float* w, float* y, int64_t d, float eps, bool round_out) {
+  pdl_enter();
   __shared__ double scratch[32];
   const float* xr = x + int64_t(blockIdx.x) * d;
   float* yr = y + int64_t(blockIdx.x) * d;
@@ -37,7 +40,7 @@ __global__ void __launch_bounds__(kNormThreads)
 
 Status round_bf16(float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return {};
-  round_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, n);
+  launch(round_bf16_kernel, grid_for(n, kThreads), kThreads, 0, stream, x, n);
   return launch_status("round_bf16_kernel");
 }
 
@@ -46,7 +49,7 @@ Status rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_
   if (d <= 0) return make_error("rms_norm: row width ", d, " must be positive");
   if (n_rows <= 0) return {};
   if (n_rows > INT32_MAX) return make_error("rms_norm: ", n_rows, " rows exceed one grid dimension");
-  rms_norm_kernel<<<unsigned(n_rows), kNormThreads, 0, stream>>>(x, w, y, d, eps, round_out);
+  launch(rms_norm_kernel, unsigned(n_rows), kNormThreads, 0, stream, x, w, y, d, eps, round_out);
   return launch_status("rms_norm_kernel");
 }
 

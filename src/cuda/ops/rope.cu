@@ -1,6 +1,7 @@
 // rope_apply (contract in rope.h): one thread per (vector, channel pair).
 #include "cuda/ops/device_numerics.cuh"
 #include "cuda/ops/rope.h"
+#include "cuda/launch.h"
 
 namespace spw::cuda {
 namespace {
@@ -9,6 +10,7 @@ constexpr int kThreads = 256;
 
 __global__ void rope_apply_kernel(float* x, int64_t n_vectors, int64_t d, int half, const float* freqs,
                                   const int64_t* positions, int64_t vectors_per_pos, bool inverse) {
+  pdl_enter();
   const int64_t job = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (job >= n_vectors * half) return;
   const int64_t v = job / half;
@@ -33,7 +35,7 @@ Status rope_apply(float* x, int64_t n_vectors, int64_t d, int d_rope, const floa
     return make_error("rope_apply: ", n_vectors, " vectors are not a multiple of ", vectors_per_pos, " per position");
   if (n_vectors <= 0) return {};
   const int half = d_rope / 2;
-  rope_apply_kernel<<<grid_for(n_vectors * half, kThreads), kThreads, 0, stream>>>(x, n_vectors, d, half, freqs,
+  launch(rope_apply_kernel, grid_for(n_vectors * half, kThreads), kThreads, 0, stream, x, n_vectors, d, half, freqs,
                                                                                     positions, vectors_per_pos, inverse);
   return launch_status("rope_apply_kernel");
 }

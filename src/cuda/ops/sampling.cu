@@ -7,7 +7,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 
-#include "cuda/cluster_launch.h"
+#include "cuda/launch.h"
 #include "cuda/ops/device_numerics.cuh"
 #include "cuda/ops/sampling.h"
 
@@ -24,6 +24,7 @@ constexpr int kSampleThreads = 512;
 // SM's bandwidth: 13.9 µs per decode step on the H200 (bench/results/engine_h200.md, session 10).
 // better() is a total order, so the winner does not depend on how the row is split or visited.
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int64_t vocab, int32_t* out) {
+  pdl_enter();
   namespace cg = cooperative_groups;
   __shared__ float scratch_v[32];
   __shared__ int scratch_i[32];
@@ -64,6 +65,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
 }
 
 __global__ void sample_init_kernel(int32_t* ids, int* offsets, int n_seqs, int vocab) {
+  pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < int64_t(n_seqs) * vocab) ids[i] = int32_t(i % vocab);
   if (i <= n_seqs) offsets[i] = int(i) * vocab;
@@ -130,6 +132,7 @@ __device__ int scan_first(const Probs& p, int n, double threshold, bool strict, 
 __global__ void __launch_bounds__(kSampleThreads)
     sample_kernel(const float* sorted_logits, const int32_t* sorted_ids, int vocab, const SampleParams* params,
                   const double* u, int32_t* out) {
+  pdl_enter();
   __shared__ SampleShared sh;
   const int64_t row = blockIdx.x;
   const float* l = sorted_logits + row * vocab;
@@ -235,7 +238,7 @@ Status sample(const float* logits, int64_t n_seqs, int64_t vocab, const SamplePa
   int* offsets = reinterpret_cast<int*>(ws + L->offsets);
   const int n = int(n_seqs * vocab);
 
-  sample_init_kernel<<<grid_for(n + 1, 256), 256, 0, stream>>>(ids_in, offsets, int(n_seqs), int(vocab));
+  launch(sample_init_kernel, grid_for(n + 1, 256), 256, 0, stream, ids_in, offsets, int(n_seqs), int(vocab));
   SPW_TRY(launch_status("sample_init_kernel"));
   size_t temp_nbytes = L->temp_nbytes;
   if (cudaError_t e = cub::DeviceSegmentedRadixSort::SortPairsDescending(
@@ -243,7 +246,7 @@ Status sample(const float* logits, int64_t n_seqs, int64_t vocab, const SamplePa
           int(sizeof(float) * 8), stream);
       e != cudaSuccess)
     return make_error("sample: CUB segmented sort: ", cudaGetErrorString(e));
-  sample_kernel<<<unsigned(n_seqs), kSampleThreads, 0, stream>>>(keys, ids_out, int(vocab), params, u, out);
+  launch(sample_kernel, unsigned(n_seqs), kSampleThreads, 0, stream, keys, ids_out, int(vocab), params, u, out);
   return launch_status("sample_kernel");
 }
 

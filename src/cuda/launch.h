@@ -1,0 +1,132 @@
+// How Spillway's own kernels are launched: programmatic dependent launch (PDL, sm_90+) on every launch,
+// optionally with thread-block clusters.
+//
+// Why PDL: a decode step is ~50 short kernels per layer, and between two dependent kernels the GPU sat
+// idle ~1.4 µs while the next grid was launched (session 10's trace: GPU busy 86 % of the step's wall
+// time). With cudaLaunchAttributeProgrammaticStreamSerialization the next kernel is launched while the
+// previous one still runs; its blocks start, do whatever does not read the previous kernel's output
+// (a GEMV issues its first weight loads), and wait in pdl_wait() for that kernel to finish.
+//
+// The contract every kernel launched through launch()/launch_clustered() keeps:
+//   - it calls pdl_wait() before it reads anything an earlier kernel of the stream wrote, and before it
+//     writes anything at all (an earlier kernel may still read it);
+//   - it calls pdl_launch_dependents() after pdl_wait(), so that at most the next kernel waits on the
+//     SMs (a trigger before the wait would let a whole chain of waiting kernels fill the SMs).
+// A kernel launched with <<<>>> (or by a library) is an ordinary stream dependency for the next one: the
+// attribute only relaxes the edge to a kernel that itself triggered. Captured into a CUDA graph, the
+// launches become programmatic edges.
+// SPW_PDL=0 in the environment, or set_pdl(false), launches without the attribute (the bench's A/B);
+// pdl_wait() then returns at once, since the previous kernel has finished.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace spw::cuda {
+
+namespace detail {
+inline bool& pdl_flag() {
+  static bool on = [] {
+    const char* env = std::getenv("SPW_PDL");
+    if (env && std::strcmp(env, "0") == 0) return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      return false;
+    return major >= 9;
+  }();
+  return on;
+}
+}  // namespace detail
+
+// Whether launches carry the PDL attribute (sm_90+ and SPW_PDL not 0).
+inline bool pdl_enabled() { return detail::pdl_flag(); }
+// Turns PDL off or back on for later launches (no effect below sm_90). CUDA graphs recorded since keep
+// the edges they were captured with.
+inline void set_pdl(bool on) {
+  if (!on) detail::pdl_flag() = false;
+  else {
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    detail::pdl_flag() = major >= 9;
+  }
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with PDL; with clusters of `cluster` blocks (cluster
+// divides grid) unless cluster is 1×1×1.
+template <typename... Params, typename... Args>
+cudaError_t launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                             dim3 cluster, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2]{};
+  unsigned n = 0;
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = cluster.x, attrs[n].val.clusterDim.y = cluster.y, attrs[n].val.clusterDim.z = cluster.z;
+    ++n;
+  }
+  if (pdl_enabled()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// A cooperative launch (every block resident at once, for cooperative_groups' grid barrier) with PDL.
+// Safe with PDL: the blocks that do not fit while the previous kernel runs start as soon as it ends.
+template <typename... Params, typename... Args>
+cudaError_t launch_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                               Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeCooperative;
+  attrs[0].val.cooperative = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  return launch_clustered(kernel, grid, block, smem, stream, dim3(1, 1, 1), std::forward<Args>(args)...);
+}
+
+#ifdef __CUDACC__
+// Waits until the kernel this one was launched after has finished and its writes are visible
+// (griddepcontrol.wait); returns at once when launched without PDL.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+// Lets the next kernel of the stream launch now (griddepcontrol.launch_dependents); its blocks wait in
+// their own pdl_wait() until this kernel has finished.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// Both, for kernels with nothing to do before their inputs are ready.
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_launch_dependents();
+}
+#endif
+
+}  // namespace spw::cuda
