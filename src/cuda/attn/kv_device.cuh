@@ -215,4 +215,64 @@ __device__ __forceinline__ void store_block(const KvRowFormat& f, const float* x
   }
 }
 
+// The same quantization by one warp over a 32·E-channel segment starting at channel seg0 (a multiple of
+// 32·E, E = max(1, block / 32)): lane l takes channels seg0 + l + 32e. A block's lanes (min(block, 32) of
+// them, aligned) share its amax by shuffles, so every value, scale and code equals store_block's; fp4
+// pairs (c, c + 1) sit on lanes (l, l + 1), and the even lane writes their byte. n_quant % (32·E) == 0 or
+// the lanes past n_quant are idle. Needs segment_warp_ok(f): a power-of-two block of 2..128 channels.
+__host__ __device__ __forceinline__ bool segment_warp_ok(const KvRowFormat& f) {
+  return f.elem == KvElem::kF32 || (f.block >= 2 && f.block <= 128 && (f.block & (f.block - 1)) == 0);
+}
+__device__ __forceinline__ void store_segment_warp(const KvRowFormat& f, const float* x, int seg0, uint8_t* row,
+                                                   int lane) {
+  if (f.elem == KvElem::kF32) {
+    float* codes = reinterpret_cast<float*>(row + code_offset(f));
+    for (int c = seg0 + lane; c < seg0 + 32 * (f.block > 32 ? f.block / 32 : 1) && c < f.n_quant; c += 32)
+      codes[c] = x[c];
+    return;
+  }
+  const int E = f.block > 32 ? f.block / 32 : 1, L = f.block < 32 ? f.block : 32;
+  constexpr int kMaxE = 4;  // blocks up to 128 channels
+  float v[kMaxE];
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < kMaxE; ++e) {
+    const int c = seg0 + lane + 32 * e;
+    v[e] = (e < E && c < f.n_quant) ? x[c] : 0.0f;
+    amax = fmaxf(amax, fabsf(v[e]));
+  }
+  for (int o = L / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  float s;
+  uint32_t scode;
+  float lim;
+  if (f.elem == KvElem::kFp8E4m3) {
+    scode = pow2_ceil_e8m0(fmaxf(amax, 1e-4f) * kInvE4m3Max);
+    s = e8m0_to_f32(scode);
+    lim = 448.0f;
+  } else if (f.scale == KvScale::kUe8m0) {
+    scode = pow2_ceil_e8m0(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) * kInvE2m1Max);
+    s = e8m0_to_f32(scode);
+    lim = 6.0f;
+  } else {
+    scode = f32_to_e4m3(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
+    s = e4m3_to_f32(scode);
+    lim = 6.0f;
+  }
+  const int c_lane = seg0 + lane;
+  if (c_lane < f.n_quant && c_lane % f.block == 0) row[scale_offset(f) + c_lane / f.block] = uint8_t(scode);
+  uint8_t* codes = row + code_offset(f);
+#pragma unroll
+  for (int e = 0; e < kMaxE; ++e) {
+    if (e >= E) break;
+    const int c = c_lane + 32 * e;
+    if (f.elem == KvElem::kFp8E4m3) {
+      if (c < f.n_quant) codes[c] = uint8_t(f32_to_e4m3(fminf(fmaxf(v[e] / s, -lim), lim)));
+    } else {
+      const uint32_t q = f32_to_e2m1(fminf(fmaxf(v[e] / s, -lim), lim));
+      const uint32_t hi = __shfl_down_sync(0xffffffffu, q, 1);
+      if (c < f.n_quant && (lane & 1) == 0) codes[c / 2] = uint8_t(q | (hi << 4));
+    }
+  }
+}
+
 }  // namespace spw::cuda::kvdev

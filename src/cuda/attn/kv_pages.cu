@@ -14,16 +14,23 @@ namespace {
 
 Error cuda_error(const char* what, cudaError_t e) { return make_error("CUDA ", what, ": ", cudaGetErrorString(e)); }
 
-// One block per row: thread b < n_quant/block quantizes scale block b; all threads copy the bf16 tail.
+// One block per row, a warp per 32·E-channel segment of the quantized channels (kvdev::store_segment_warp),
+// (other block sizes: a thread per scale block), then all threads copy the bf16 tail and zero the padding. The first version (thread b quantized scale
+// block b, a serial loop of 32 elements) took 7.4 µs per decode call on the H200 (session 11's trace).
 __global__ void kv_write_rows_kernel(KvPages kv, size_t row_nbytes, const float* __restrict__ x,
                                      const int32_t* __restrict__ seqs, const int64_t* __restrict__ rows) {
   pdl_enter();
-  const int i = blockIdx.x;
+  const int i = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
   const KvRowFormat& f = kv.fmt;
   const int d = f.n_quant + f.n_bf16;
   const float* xr = x + int64_t(i) * d;
   uint8_t* row = const_cast<uint8_t*>(kvdev::row_ptr(kv, row_nbytes, seqs[i], rows[i]));
-  for (int b = threadIdx.x; b < f.n_quant / f.block; b += blockDim.x) kvdev::store_block(f, xr, b, row);
+  const int seg = 32 * (f.block > 32 ? f.block / 32 : 1);
+  if (kvdev::segment_warp_ok(f)) {
+    for (int s0 = warp * seg; s0 < f.n_quant; s0 += n_warps * seg) kvdev::store_segment_warp(f, xr, s0, row, lane);
+  } else {  // other block sizes: a thread per scale block
+    for (int b = threadIdx.x; b < f.n_quant / f.block; b += blockDim.x) kvdev::store_block(f, xr, b, row);
+  }
   for (int c = threadIdx.x; c < f.n_bf16; c += blockDim.x) {
     const uint16_t h = kvdev::f32_to_bf16_bits(xr[f.n_quant + c]);
     row[2 * c] = uint8_t(h & 0xff);
@@ -90,7 +97,9 @@ Status kv_write_rows_cuda(const KvPages& kv, const float* x, const int32_t* seqs
                           int32_t n_rows, cudaStream_t stream) {
   if (!kv_format_supported(kv.fmt)) return make_error("kv_write_rows_cuda: unsupported row format");
   if (n_rows <= 0) return {};
-  launch(kv_write_rows_kernel, n_rows, 64, 0, stream, kv, kv_row_nbytes(kv.fmt), x, seqs, rows);
+  const int seg = 32 * (kv.fmt.block > 32 ? kv.fmt.block / 32 : 1);
+  const int warps = std::min(16, std::max(1, (kv.fmt.n_quant + seg - 1) / seg));
+  launch(kv_write_rows_kernel, n_rows, 32 * warps, 0, stream, kv, kv_row_nbytes(kv.fmt), x, seqs, rows);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch kv_write_rows_kernel", e);
   return {};
 }

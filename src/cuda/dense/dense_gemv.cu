@@ -1,10 +1,10 @@
 // Decode path of the dense linears (dense_linear.h, LinearPath::kGemv): y = x̂·Wᵀ for n_tokens ≤ 16,
-// streaming the compact weight once. Two kernels, one arithmetic:
+// streaming the compact weight once. Three kernels, one arithmetic:
 //
 // Lane l of a warp owns elements [16l, 16l+16) of every 512-wide k tile of its R rows: it dequantizes
 // them into registers (one 16-byte fp8 load, 8-byte fp4, 32-byte bf16, 64-byte f32 per row: coalesced
 // across the warp) and accumulates T·R dot products in fp32, tile after tile, element by element; a
-// warp butterfly sums the lanes at the end. Both kernels keep exactly this per-lane order, so they
+// warp butterfly sums the lanes at the end. All kernels keep exactly this per-lane order, so they
 // give bit-identical results, whatever R and the tiles per round (T is fixed by n_tokens).
 //
 // gemv_stream_kernel (1 or 2 tokens: every decode step of a single sequence): no shared memory and no
@@ -13,6 +13,8 @@
 //   register buffers), so a warp always has a round of weight loads in flight. The staged kernel
 //   below waited for each round's loads before issuing the next (a memory latency per round): 26 %
 //   of HBM bandwidth over the V4.1 decode's FP8 weights (bench/results/engine_h200.md, session 7).
+// gemv_persist_kernel (1 or 2 tokens, unsplit matrices of more than one wave of blocks): the streaming
+//   kernel's arithmetic on a grid of resident blocks, each warp streaming several row groups in a row.
 // gemv_kernel (more tokens): x̂ of a round is staged in shared memory once for the block's 8 warps
 //   (rows padded 4 floats per 16, so the 16-float chunks of consecutive lanes fall on distinct banks);
 //   each round issues all its weight loads, stages x̂ while they fly, then accumulates.
@@ -27,6 +29,10 @@
 // fold their scale into x̂ (dense_device.cuh: kFoldsScale), which the rows of a warp share.
 // Tests: tests/gpu/test_cuda_dense.cpp. Benchmark: bench/dense/bench_dense.cpp.
 #include <cooperative_groups.h>
+
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
 
 #include "cuda/launch.h"
 #include "cuda/dense/dense_device.cuh"
@@ -193,10 +199,50 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   finish_rows<R, T, S>(a, acc, wr.y, wr.row0, lane);
 }
 
-// Tiles per round of the streaming kernel: U·R = 4 chunks per buffer, two buffers in flight.
+// Tiles per round of the streaming kernels: U·R = 4 chunks per buffer, two buffers in flight.
 template <int R>
 __host__ __device__ constexpr int stream_tiles_per_round() {
   return 4 / R;
+}
+
+// acc[r][t] += the round at k0 (U tiles of R rows' chunks c) times x̂ of token t, element by element: the
+// per-lane order every GEMV kernel keeps. Tiles at or past k_end are skipped.
+template <DenseFormat F, int T, int R, int U>
+__device__ __forceinline__ void accumulate_round(const Chunk<F> (&c)[U][R], const float* x, const GemvArgs& a, int k0,
+                                                 int k_end, int lane, float (&acc)[R][T]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int k = k0 + u * kTileK + 16 * lane;
+    if (k >= k_end) break;  // later tiles of the round are past the end too
+    // Every x̂ load of the tile is issued before the first is used: token 0 always exists (n_tokens ≥ 1), and a
+    // later token past n_tokens reads token 0's row instead of being predicated off (its sums are never
+    // written). With a predicated load per float4, ptxas issued each load right before its use: four L1
+    // round trips per tile in a row (bench/results/engine_h200.md, session 10).
+    float4 xq[T][4];
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float4* xp = reinterpret_cast<const float4*>(x + static_cast<size_t>(t < a.n_tokens ? t : 0) * a.ldx + k);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) xq[t][q] = __ldg(xp + q);
+    }
+    float xv[T][16];
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        xv[t][4 * q] = xq[t][q].x, xv[t][4 * q + 1] = xq[t][q].y, xv[t][4 * q + 2] = xq[t][q].z, xv[t][4 * q + 3] = xq[t][q].w;
+      scale_x<F>(c[u][0], xv[t]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float wv[16];
+      weight_values<F>(c[u][r], wv);
+#pragma unroll
+      for (int t = 0; t < T; ++t)
+#pragma unroll
+        for (int j = 0; j < 16; ++j) acc[r][t] = fmaf(wv[j], xv[t][j], acc[r][t]);
+    }
+  }
 }
 
 template <DenseFormat F, int T, int R, int S>
@@ -221,41 +267,7 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
       }
     }
   };
-  auto compute_round = [&](const Chunk<F> (&c)[U][R], int k0) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k = k0 + u * kTileK + 16 * lane;
-      if (k >= kr.end) break;  // later tiles of the round are past the end too
-      // Every x̂ load of the tile is issued before the first is used: token 0 always exists (n_tokens ≥ 1), and a
-      // later token past n_tokens reads token 0's row instead of being predicated off (its sums are never
-      // written). With a predicated load per float4, ptxas issued each load right before its use: four L1
-      // round trips per tile in a row (bench/results/engine_h200.md, session 10).
-      float4 xq[T][4];
-#pragma unroll
-      for (int t = 0; t < T; ++t) {
-        const float4* xp = reinterpret_cast<const float4*>(x + static_cast<size_t>(t < a.n_tokens ? t : 0) * a.ldx + k);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) xq[t][q] = __ldg(xp + q);
-      }
-      float xv[T][16];
-#pragma unroll
-      for (int t = 0; t < T; ++t) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          xv[t][4 * q] = xq[t][q].x, xv[t][4 * q + 1] = xq[t][q].y, xv[t][4 * q + 2] = xq[t][q].z, xv[t][4 * q + 3] = xq[t][q].w;
-        scale_x<F>(c[u][0], xv[t]);
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float wv[16];
-        weight_values<F>(c[u][r], wv);
-#pragma unroll
-        for (int t = 0; t < T; ++t)
-#pragma unroll
-          for (int j = 0; j < 16; ++j) acc[r][t] = fmaf(wv[j], xv[t][j], acc[r][t]);
-      }
-    }
-  };
+  auto compute_round = [&](const Chunk<F> (&c)[U][R], int k0) { accumulate_round<F, T, R, U>(c, x, a, k0, kr.end, lane, acc); };
 
   // Ping-pong over two buffers (no copies): load the next round, then compute the current one.
   Chunk<F> buf0[U][R], buf1[U][R];
@@ -272,6 +284,61 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
   finish_rows<R, T, S>(a, acc, wr.y, wr.row0, lane);
 }
 
+// gemv_persist_kernel (1–2 tokens, unsplit matrices with more row blocks than the GPU holds at once:
+// wq_b, the head): a grid of the resident blocks only; warp i takes row groups i, i + W, i + 2W, ... (W
+// warps in the grid) and streams all their rounds as one sequence, loading the next round while it
+// computes this one, across row-group boundaries. The stream kernel restarts its pipeline per row group:
+// wq_b's rows are 2.5 tiles, so each warp got 3 rounds (a memory latency each) in two waves of blocks:
+// 21 µs for 42 MB on the H200 (bench/results/dense_h200.md, session 10). Same per-lane order as the others.
+template <DenseFormat F, int T, int R>
+__global__ void __launch_bounds__(kThreads) gemv_persist_kernel(GemvArgs a) {
+  constexpr int U = stream_tiles_per_round<R>(), kRoundK = U * kTileK;
+  const int lane = threadIdx.x & 31, g = blockIdx.y;
+  const void* w = static_cast<const uint8_t*>(a.w) + g * a.w_group_nbytes;
+  const float* x = a.x + static_cast<size_t>(g) * a.x_group_off;
+  float* y = a.y + static_cast<size_t>(g) * a.y_group_off;
+  const int n_warps = gridDim.x * kWarps, first = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int n_row_groups = (a.n_out + R - 1) / R, rounds = (a.n_in + kRoundK - 1) / kRoundK;
+  const int n_items = first < n_row_groups ? ((n_row_groups - 1 - first) / n_warps + 1) * rounds : 0;
+  auto row0_of = [&](int item) { return (first + (item / rounds) * n_warps) * R; };
+  auto load_item = [&](Chunk<F> (&c)[U][R], int item) {
+    const int row0 = row0_of(item), k0 = (item % rounds) * kRoundK;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = k0 + u * kTileK + 16 * lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        c[u][r] = Chunk<F>{};
+        if (item < n_items && k < a.n_in && row0 + r < a.n_out)
+          c[u][r] = load_chunk<F>(row_source<F>(w, a.scale, row0 + r, a.n_in, a.weight_block), k);
+      }
+    }
+  };
+  float acc[R][T] = {};
+  auto compute_item = [&](const Chunk<F> (&c)[U][R], int item) {
+    accumulate_round<F, T, R, U>(c, x, a, (item % rounds) * kRoundK, a.n_in, lane, acc);
+    if (item % rounds == rounds - 1) {  // the row group is complete
+      finish_rows<R, T, 1>(a, acc, y, row0_of(item), lane);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+    }
+  };
+
+  Chunk<F> buf0[U][R], buf1[U][R];
+  load_item(buf0, 0);  // weights only, before the previous kernel has finished
+  cuda::pdl_enter();
+  for (int i = 0; i < n_items;) {
+    load_item(buf1, i + 1);
+    compute_item(buf0, i);
+    if (++i >= n_items) break;
+    load_item(buf0, i + 1);
+    compute_item(buf1, i);
+    ++i;
+  }
+}
+
 int sm_count() {
   static const int n = [] {
     int dev = 0, count = 0;
@@ -280,6 +347,19 @@ int sm_count() {
     return count;
   }();
   return n;
+}
+
+// Blocks of `kernel` one SM holds at once (occupancy), looked up once per kernel.
+int resident_blocks(void (*kernel)(GemvArgs)) {
+  static std::mutex mu;
+  static std::unordered_map<void (*)(GemvArgs), int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(kernel);
+  if (it != cache.end()) return it->second;
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess || per_sm < 1) per_sm = 1;
+  cache.emplace(kernel, per_sm);
+  return per_sm;
 }
 
 // Rows per warp: as many as still give every SM `blocks_per_sm` blocks of 8 warps.
@@ -322,6 +402,14 @@ cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
     const dim3 grid((a.n_out + kWarps * R - 1) / (kWarps * R), a.n_groups, unsigned(s));
     return cuda::launch_clustered(kernel, grid, dim3(kThreads), 0, stream, dim3(1, 1, unsigned(s)), a);
   };
+  // The persistent kernel when the row blocks outnumber the resident blocks (more than one wave).
+  auto go_persist_or = [&](auto persist, auto stream_kernel, int R) {
+    const long blocks = (a.n_out + kWarps * R - 1) / (kWarps * R);
+    const int resident = resident_blocks(persist) * sm_count();
+    if (blocks * a.n_groups <= resident) return go(stream_kernel, R);
+    const dim3 grid(unsigned(std::max(1, resident / a.n_groups)), a.n_groups);
+    return cuda::launch(persist, grid, dim3(kThreads), 0, stream, a);
+  };
   if constexpr (streams<F>(T)) {
     // Two blocks per SM at least: a warp's loads are in flight continuously, so enough warps keep enough
     // bytes in flight; within that, as many rows per warp as the split rows allow (x̂ reuse).
@@ -329,9 +417,9 @@ cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
     auto go_rows = [&](auto k1, auto k2, auto k4) { return R == 4 ? go_split(k4, R) : R == 2 ? go_split(k2, R) : go_split(k1, R); };
     if (s == 4) return go_rows(gemv_stream_kernel<F, T, 1, 4>, gemv_stream_kernel<F, T, 2, 4>, gemv_stream_kernel<F, T, 4, 4>);
     if (s == 2) return go_rows(gemv_stream_kernel<F, T, 1, 2>, gemv_stream_kernel<F, T, 2, 2>, gemv_stream_kernel<F, T, 4, 2>);
-    if (R == 4) return go(gemv_stream_kernel<F, T, 4, 1>, 4);
-    if (R == 2) return go(gemv_stream_kernel<F, T, 2, 1>, 2);
-    return go(gemv_stream_kernel<F, T, 1, 1>, 1);
+    if (R == 4) return go_persist_or(gemv_persist_kernel<F, T, 4>, gemv_stream_kernel<F, T, 4, 1>, 4);
+    if (R == 2) return go_persist_or(gemv_persist_kernel<F, T, 2>, gemv_stream_kernel<F, T, 2, 1>, 2);
+    return go_persist_or(gemv_persist_kernel<F, T, 1>, gemv_stream_kernel<F, T, 1, 1>, 1);
   } else {
     // The staged kernel reads x̂ from shared memory, but a warp's 4 rows share each x̂ read and keep 4
     // chunks in flight: with one row per warp, the k-split shapes ran 1.4–2.3× slower at 4–16 tokens

@@ -35,9 +35,16 @@ constexpr int kMixesSplit = 8;
 template <int G>
 __global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThreads)
     hc_mixes_kernel(const float* x_streams, const float* fn, int n_out, int64_t hc_d, float norm_eps, float* mixes) {
-  pdl_enter();
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
+  {  // this block's slice of its G rows of fn (a weight) into L2 while the streams are still being written
+    const int64_t slice = (hc_d + kMixesSplit - 1) / kMixesSplit, lo = int64_t(cluster.block_rank()) * slice;
+    const int64_t n = lo + slice < hc_d ? slice : hc_d - lo;
+    if (blockIdx.x == 0 && n > 0)
+      for (int g = 0; g < G && int(blockIdx.y) * G + g < n_out; ++g)
+        prefetch_l2(fn + (int64_t(blockIdx.y) * G + g) * hc_d + lo, size_t(n) * sizeof(float));
+  }
+  pdl_enter();
   __shared__ double scratch[32];
   __shared__ float red[G][kMixesThreads / 32];
   __shared__ double part_ss;    // this block's Σ X² over its slice

@@ -20,6 +20,7 @@ __global__ void round_bf16_kernel(float* x, int64_t n) {
 
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_kernel(const float* x, const float* w, float* y, int64_t d, float eps, bool round_out) {
+  if (w && blockIdx.x == 0) prefetch_l2(w, size_t(d) * sizeof(float));  // the weight, while x is still being written
   pdl_enter();
   __shared__ double scratch[32];
   const float* xr = x + int64_t(blockIdx.x) * d;
