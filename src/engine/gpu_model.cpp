@@ -199,6 +199,7 @@ Status GpuModel::begin_step(GpuStep& s) {
       slots[r] = ch.seq->slot, row0s[r] = ch.row0, pos0s[r] = ch.p;
     }
   }
+  StagingBatch batch(state_->staging);  // the step's uploads as a few copies (step_arena.h)
   SPW_TRY(s.upload(s.tokens, s.tokens_d));
   SPW_TRY(s.upload(s.row_pos, s.pos));
   SPW_TRY(s.upload(slots, s.slots));
@@ -214,7 +215,8 @@ Status GpuModel::begin_step(GpuStep& s) {
     s.cand_stride = s.max_end;
     SPW_TRY(s.alloc(s.candidates, size_t(n) * s.cand_stride));
   }
-  return plan_attention(s);
+  SPW_TRY(plan_attention(s));
+  return batch.end(s.stream);
 }
 
 // Embedding, the blocks and the head of the step; logits [n_out, vocab] of rows first .. first +

@@ -40,8 +40,47 @@ Status PinnedStaging::sync(cudaStream_t stream) {
   return {};
 }
 
+Status PinnedStaging::flush_run(cudaStream_t stream) {
+  if (run_n_ == 0) return {};
+  const size_t n = run_n_;
+  run_n_ = 0;
+  SPW_CUDA_TRY(cudaMemcpyAsync(run_dst_, host_ + run_host_, n, cudaMemcpyHostToDevice, stream));
+  return {};
+}
+
+Status PinnedStaging::end_batch(cudaStream_t stream) {
+  batching_ = false;
+  return flush_run(stream);
+}
+
 Status PinnedStaging::upload_bytes(void* dst, const void* src, size_t nbytes, cudaStream_t stream) {
   if (nbytes == 0) return {};
+  if (batching_ && nbytes <= cap_) {
+    // Joins the open run when the destination is the next arena allocation: the first kAlign boundary at or
+    // after the run's end. The bytes in between are the previous allocation's padding, which no one owns,
+    // so copying staging garbage over them is harmless; any other allocation in between would start on
+    // that boundary, so the destination would be further on.
+    uint8_t* d = static_cast<uint8_t*>(dst);
+    const uintptr_t run_end = reinterpret_cast<uintptr_t>(run_dst_) + run_n_;
+    const uintptr_t next = (run_end + DeviceArena::kAlign - 1) / DeviceArena::kAlign * DeviceArena::kAlign;
+    if (run_n_ > 0 && reinterpret_cast<uintptr_t>(d) == next && run_host_ + size_t(d - run_dst_) + nbytes <= cap_) {
+      std::memcpy(host_ + run_host_ + size_t(d - run_dst_), src, nbytes);
+      run_n_ = size_t(d - run_dst_) + nbytes;
+      top_ = run_host_ + run_n_;
+      return {};
+    }
+    SPW_TRY(flush_run(stream));
+    size_t start = (top_ + 15) / 16 * 16;
+    if (start + nbytes > cap_) {
+      SPW_TRY(sync(stream));
+      start = 0;
+    }
+    std::memcpy(host_ + start, src, nbytes);
+    run_dst_ = d, run_host_ = start, run_n_ = nbytes;
+    top_ = start + nbytes;
+    return {};
+  }
+  if (batching_) SPW_TRY(flush_run(stream));
   if (nbytes > cap_) {  // larger than the whole buffer: a pageable copy on the stream, waited for
     SPW_CUDA_TRY(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream));
     return sync(stream);
@@ -59,6 +98,7 @@ Status PinnedStaging::upload_bytes(void* dst, const void* src, size_t nbytes, cu
 
 Status PinnedStaging::download_bytes(void* dst, const void* src, size_t nbytes, cudaStream_t stream) {
   if (nbytes == 0) return {};
+  if (batching_) SPW_TRY(end_batch(stream));
   if (nbytes > cap_) {
     SPW_CUDA_TRY(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream));
     return sync(stream);

@@ -1,6 +1,6 @@
 // Router and SwiGLU kernels (contract in moe.h).
-//   router: one warp per token; scores (and biased scores) in shared memory; top_k rounds of a
-//     warp argmax that skips the experts already chosen; lane 0 forms the weights in order.
+//   router: one block per token; scores (and biased scores) in shared memory; top_k rounds of a
+//     block argmax that skips the experts already chosen; thread 0 forms the weights in order.
 //   swiglu: one thread per element.
 #include "cuda/ops/device_numerics.cuh"
 #include "cuda/ops/moe.h"
@@ -9,52 +9,46 @@
 namespace spw::cuda {
 namespace {
 
+constexpr int kThreads = 128;
 constexpr int kMaxExperts = 4096;
 constexpr int kMaxTopK = 64;
 
-// bias != nullptr: biased top-k; else experts from tid2eid[tokens[t]]. One warp per token: each round of the
-// top-k is a lane-local scan plus a shuffle butterfly (better() is a total order, so every lane ends with
-// the same winner, whatever the split). The block version (128 threads, a block argmax with two barriers
-// per round) took 10 µs per decode call on the H200 (bench/results/engine_h200.md, session 11).
-__global__ void __launch_bounds__(32)
+// bias != nullptr: biased top-k; else experts from tid2eid[tokens[t]].
+__global__ void __launch_bounds__(kThreads)
     router_kernel(const float* logits, const float* bias, const int32_t* tokens, const int32_t* tid2eid,
                   int n_experts, int top_k, float norm_eps, float route_scale, int32_t* experts, float* weights) {
   pdl_enter();
   extern __shared__ float smem[];
   float* scores = smem;                  // [n_experts]
   float* biased = smem + n_experts;      // [n_experts]
+  __shared__ float scratch_v[32];
+  __shared__ int scratch_i[32];
   __shared__ int chosen[kMaxTopK];
   const int64_t t = blockIdx.x;
-  const int lane = threadIdx.x;
   const float* lt = logits + t * n_experts;
-  for (int e = lane; e < n_experts; e += 32) {
+  for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
     const float s = sqrtf(dev::softplus(lt[e]));
     scores[e] = s;
     if (bias) biased[e] = s + bias[e];
   }
-  __syncwarp();
+  __syncthreads();
   if (bias) {
     for (int k = 0; k < top_k; ++k) {
       float bv = -INFINITY;
       int bi = INT32_MAX;
-      for (int e = lane; e < n_experts; e += 32) {
+      for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
         bool taken = false;
         for (int j = 0; j < k; ++j) taken |= chosen[j] == e;
         if (!taken && dev::better(biased[e], e, bv, bi)) bv = biased[e], bi = e;
       }
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (dev::better(ov, oi, bv, bi)) bv = ov, bi = oi;
-      }
-      if (lane == 0) chosen[k] = bi;
-      __syncwarp();
+      dev::block_argmax(bv, bi, scratch_v, scratch_i);
+      if (threadIdx.x == 0) chosen[k] = bi;
+      __syncthreads();
     }
-  } else if (lane == 0) {
+  } else if (threadIdx.x == 0) {
     for (int k = 0; k < top_k; ++k) chosen[k] = tid2eid[int64_t(tokens[t]) * top_k + k];
   }
-  __syncwarp();
-  if (lane != 0) return;
+  if (threadIdx.x != 0) return;
   float sum = 0.f;
   for (int k = 0; k < top_k; ++k) sum += scores[chosen[k]];
   for (int k = 0; k < top_k; ++k) {
@@ -72,7 +66,7 @@ Status launch_router(const char* op, const float* logits, const float* bias, con
   if (n_tokens <= 0) return {};
   if (n_tokens > INT32_MAX) return make_error(op, ": ", n_tokens, " tokens exceed one grid dimension");
   const size_t smem = sizeof(float) * 2 * n_experts;
-  launch(router_kernel, unsigned(n_tokens), 32, smem, stream, logits, bias, tokens, tid2eid, n_experts, top_k,
+  launch(router_kernel, unsigned(n_tokens), kThreads, smem, stream, logits, bias, tokens, tid2eid, n_experts, top_k,
                                                                 norm_eps, route_scale, experts, weights);
   return launch_status(op);
 }
