@@ -8,7 +8,8 @@
 # Generates the model if /tmp/synth_v41_exl3 has none (bench_engine.sh's, ~90 s), then one ncu run over
 # PROFILE_COUNT (default 40) consecutive launches of those kernels after PROFILE_SKIP (default 300) of them
 # (past the 1 K-token prompt's prefill, inside the timed decode steps). Writes DIR/ncu_decode.txt and prints a
-# summary. ncu replays each profiled launch (18 passes: ~2–3 s each on the H200, session 8) and prints nothing until
+# summary. PROFILE_KERNELS (an ncu --kernel-name value) and PROFILE_SECTIONS (ncu --section flags) override
+# the kernels and sections. ncu replays each profiled launch (18 passes: ~2–3 s each on the H200, session 8) and prints nothing until
 # the application exits, so a timeout loses everything: 40 launches plus the bench under ncu took > 150 s. Budget
 # PROFILE_TIMEOUT ≥ 300 s (the default 420), or lower PROFILE_COUNT.
 set -u
@@ -21,8 +22,8 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 MODEL=/tmp/synth_v41_exl3
 [ -f $MODEL/config.json ] || python3 tools/synth/make_synthetic_model.py $MODEL --arch v41 --experts exl3 --bits 3 \
   --layers 4 --tokenizer none > "$OUT/synth.log" 2>&1
-KERNELS='regex:split_logits|split_sums|gemv_kernel|gemv_stream_kernel|exl3_moe_kernel|hc_split_sinkhorn|hc_mixes'
-SECTIONS="--section SpeedOfLight --section SchedulerStats --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis --section LaunchStats"
+KERNELS=${PROFILE_KERNELS:-'regex:split_logits|split_sums|gemv_kernel|gemv_stream_kernel|gemv_persist_kernel|exl3_moe_kernel|hc_split_sinkhorn|hc_mixes'}
+SECTIONS=${PROFILE_SECTIONS:-"--section SpeedOfLight --section SchedulerStats --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis --section LaunchStats"}
 LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64 timeout "${PROFILE_TIMEOUT:-420}" "$NCU" --kernel-name "$KERNELS" \
   --launch-skip "${PROFILE_SKIP:-300}" --launch-count "${PROFILE_COUNT:-40}" $SECTIONS \
   .exl3dev/spillway bench --model $MODEL --batches 1 --prefill 4096 --decode-steps 8 --batch-steps 2 \
