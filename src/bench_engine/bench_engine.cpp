@@ -396,7 +396,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
         std::printf("without programmatic dependent launch: failed: %s\n", plain.error().message.c_str());
       }
     } else {
-      std::printf("programmatic dependent launch: off (SPW_PDL=0 or a GPU before sm_90)\n");
+      std::printf("programmatic dependent launch: off (SPILLWAY_PDL=0 or a GPU before sm_90)\n");
     }
   }
 

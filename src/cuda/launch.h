@@ -15,7 +15,7 @@
 // A kernel launched with <<<>>> (or by a library) is an ordinary stream dependency for the next one: the
 // attribute only relaxes the edge to a kernel that itself triggered. Captured into a CUDA graph, the
 // launches become programmatic edges.
-// SPW_PDL=0 in the environment, or set_pdl(false), launches without the attribute (the bench's A/B);
+// SPILLWAY_PDL=0 in the environment, or set_pdl(false), launches without the attribute (the bench's A/B);
 // pdl_wait() then returns at once, since the previous kernel has finished.
 #pragma once
 
@@ -30,7 +30,7 @@ namespace spw::cuda {
 namespace detail {
 inline bool& pdl_flag() {
   static bool on = [] {
-    const char* env = std::getenv("SPW_PDL");
+    const char* env = std::getenv("SPILLWAY_PDL");
     if (env && std::strcmp(env, "0") == 0) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
@@ -41,7 +41,7 @@ inline bool& pdl_flag() {
 }
 }  // namespace detail
 
-// Whether launches carry the PDL attribute (sm_90+ and SPW_PDL not 0).
+// Whether launches carry the PDL attribute (sm_90+ and SPILLWAY_PDL not 0).
 inline bool pdl_enabled() { return detail::pdl_flag(); }
 // Turns PDL off or back on for later launches (no effect below sm_90). CUDA graphs recorded since keep
 // the edges they were captured with.
