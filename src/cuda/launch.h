@@ -39,6 +39,14 @@ inline bool& pdl_flag() {
   }();
   return on;
 }
+inline cudaLaunchConfig_t config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  return cfg;
+}
 }  // namespace detail
 
 // Whether launches carry the PDL attribute (sm_90+ and SPILLWAY_PDL not 0).
@@ -60,11 +68,7 @@ inline void set_pdl(bool on) {
 template <typename... Params, typename... Args>
 cudaError_t launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                              dim3 cluster, Args&&... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
+  cudaLaunchConfig_t cfg = detail::config(grid, block, smem, stream);
   cudaLaunchAttribute attrs[2]{};
   unsigned n = 0;
   if (cluster.x * cluster.y * cluster.z > 1) {
@@ -87,11 +91,7 @@ cudaError_t launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, s
 template <typename... Params, typename... Args>
 cudaError_t launch_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                Args&&... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
+  cudaLaunchConfig_t cfg = detail::config(grid, block, smem, stream);
   cudaLaunchAttribute attrs[2]{};
   attrs[0].id = cudaLaunchAttributeCooperative;
   attrs[0].val.cooperative = 1;

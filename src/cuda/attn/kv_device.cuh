@@ -175,6 +175,29 @@ __device__ __forceinline__ float load_channel(const KvRowFormat& f, const uint8_
   return e2m1_to_f32((c & 1) ? (byte >> 4) : (byte & 0xfu)) * s;
 }
 
+// A quantized block's scale from its amax: the stored code, its value s, and the clamp of x / s.
+struct BlockScale {
+  uint32_t code;
+  float s, lim;
+};
+__device__ __forceinline__ BlockScale block_scale(const KvRowFormat& f, float amax) {
+  BlockScale b;
+  if (f.elem == KvElem::kFp8E4m3) {  // fp8, ue8m0 (the only fp8 combination of the model)
+    b.code = pow2_ceil_e8m0(fmaxf(amax, 1e-4f) * kInvE4m3Max);
+    b.s = e8m0_to_f32(b.code);
+    b.lim = 448.0f;
+  } else if (f.scale == KvScale::kUe8m0) {
+    b.code = pow2_ceil_e8m0(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) * kInvE2m1Max);
+    b.s = e8m0_to_f32(b.code);
+    b.lim = 6.0f;
+  } else {
+    b.code = f32_to_e4m3(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
+    b.s = e4m3_to_f32(b.code);
+    b.lim = 6.0f;
+  }
+  return b;
+}
+
 // Quantizes scale block `b` (channels b·block ... b·block+block−1 of x) into `row`, exactly as
 // formats/quant.cpp's fake_quant_fp8 / fake_quant_fp4_ue8m0 / fake_quant_fp4_e4m3 on one block.
 __device__ __forceinline__ void store_block(const KvRowFormat& f, const float* x, int b, uint8_t* row) {
@@ -186,22 +209,9 @@ __device__ __forceinline__ void store_block(const KvRowFormat& f, const float* x
   }
   float amax = 0.0f;
   for (int i = 0; i < f.block; ++i) amax = fmaxf(amax, fabsf(x[c0 + i]));
-  float s;
-  uint32_t scode;
-  float lim;
-  if (f.elem == KvElem::kFp8E4m3) {  // fp8, ue8m0 (the only fp8 combination of the model)
-    scode = pow2_ceil_e8m0(fmaxf(amax, 1e-4f) * kInvE4m3Max);
-    s = e8m0_to_f32(scode);
-    lim = 448.0f;
-  } else if (f.scale == KvScale::kUe8m0) {
-    scode = pow2_ceil_e8m0(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) * kInvE2m1Max);
-    s = e8m0_to_f32(scode);
-    lim = 6.0f;
-  } else {
-    scode = f32_to_e4m3(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
-    s = e4m3_to_f32(scode);
-    lim = 6.0f;
-  }
+  const BlockScale bs = block_scale(f, amax);
+  const float s = bs.s, lim = bs.lim;
+  const uint32_t scode = bs.code;
   row[scale_offset(f) + b] = uint8_t(scode);
   uint8_t* codes = row + code_offset(f);
   if (f.elem == KvElem::kFp8E4m3) {
@@ -242,22 +252,9 @@ __device__ __forceinline__ void store_segment_warp(const KvRowFormat& f, const f
     amax = fmaxf(amax, fabsf(v[e]));
   }
   for (int o = L / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  float s;
-  uint32_t scode;
-  float lim;
-  if (f.elem == KvElem::kFp8E4m3) {
-    scode = pow2_ceil_e8m0(fmaxf(amax, 1e-4f) * kInvE4m3Max);
-    s = e8m0_to_f32(scode);
-    lim = 448.0f;
-  } else if (f.scale == KvScale::kUe8m0) {
-    scode = pow2_ceil_e8m0(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) * kInvE2m1Max);
-    s = e8m0_to_f32(scode);
-    lim = 6.0f;
-  } else {
-    scode = f32_to_e4m3(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
-    s = e4m3_to_f32(scode);
-    lim = 6.0f;
-  }
+  const BlockScale bs = block_scale(f, amax);
+  const float s = bs.s, lim = bs.lim;
+  const uint32_t scode = bs.code;
   const int c_lane = seg0 + lane;
   if (c_lane < f.n_quant && c_lane % f.block == 0) row[scale_offset(f) + c_lane / f.block] = uint8_t(scode);
   uint8_t* codes = row + code_offset(f);

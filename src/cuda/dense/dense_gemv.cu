@@ -88,6 +88,22 @@ struct WarpRows {
   }
 };
 
+// The round at k0 of rows row0 .. row0 + R − 1 into c: U tiles of the lane's 16-element chunks; zero chunks
+// at or past k_end and for rows at or past n_out.
+template <DenseFormat F, int U, int R>
+__device__ __forceinline__ void load_round_chunks(Chunk<F> (&c)[U][R], const RowSource<F> (&src)[R], int k0, int k_end,
+                                                  int row0, int n_out, int lane) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int k = k0 + u * kTileK + 16 * lane;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      c[u][r] = Chunk<F>{};
+      if (k < k_end && row0 + r < n_out) c[u][r] = load_chunk<F>(src[r], k);
+    }
+  }
+}
+
 // Sums acc over the warp's lanes and writes rows [row0, row0 + R) of y (lane 0). With S > 1 the block
 // holds a partial sum over its k range: the cluster's S partials of a row meet in rank 0's shared memory
 // and are added in rank order (distributed shared memory), so a row's sum depends on the split alone.
@@ -153,15 +169,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   // per-lane order as one tile per round.
   for (int k0 = kr.begin; k0 < kr.end; k0 += U * kTileK) {
     Chunk<F> chunks[U][R];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k = k0 + u * kTileK + 16 * lane;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        chunks[u][r] = Chunk<F>{};
-        if (k < kr.end && wr.row0 + r < a.n_out) chunks[u][r] = load_chunk<F>(src[r], k);
-      }
-    }
+    load_round_chunks<F, U, R>(chunks, src, k0, kr.end, wr.row0, a.n_out, lane);
 
     __syncthreads();  // the previous round's x is consumed
     for (int i = threadIdx.x; i < T * U * (kTileK / 4); i += kThreads) {
@@ -256,17 +264,7 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
   float acc[R][T] = {};
 
   // The round starting at k0 into c (zero chunks past the row's end or the last row).
-  auto load_round = [&](Chunk<F> (&c)[U][R], int k0) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k = k0 + u * kTileK + 16 * lane;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        c[u][r] = Chunk<F>{};
-        if (k < kr.end && wr.row0 + r < a.n_out) c[u][r] = load_chunk<F>(src[r], k);
-      }
-    }
-  };
+  auto load_round = [&](Chunk<F> (&c)[U][R], int k0) { load_round_chunks<F, U, R>(c, src, k0, kr.end, wr.row0, a.n_out, lane); };
   auto compute_round = [&](const Chunk<F> (&c)[U][R], int k0) { accumulate_round<F, T, R, U>(c, x, a, k0, kr.end, lane, acc); };
 
   // Ping-pong over two buffers (no copies): load the next round, then compute the current one.
@@ -302,17 +300,11 @@ __global__ void __launch_bounds__(kThreads) gemv_persist_kernel(GemvArgs a) {
   const int n_items = first < n_row_groups ? ((n_row_groups - 1 - first) / n_warps + 1) * rounds : 0;
   auto row0_of = [&](int item) { return (first + (item / rounds) * n_warps) * R; };
   auto load_item = [&](Chunk<F> (&c)[U][R], int item) {
-    const int row0 = row0_of(item), k0 = (item % rounds) * kRoundK;
+    const int row0 = row0_of(item);
+    RowSource<F> src[R];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k = k0 + u * kTileK + 16 * lane;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        c[u][r] = Chunk<F>{};
-        if (item < n_items && k < a.n_in && row0 + r < a.n_out)
-          c[u][r] = load_chunk<F>(row_source<F>(w, a.scale, row0 + r, a.n_in, a.weight_block), k);
-      }
-    }
+    for (int r = 0; r < R; ++r) src[r] = row_source<F>(w, a.scale, row0 + r, a.n_in, a.weight_block);
+    load_round_chunks<F, U, R>(c, src, (item % rounds) * kRoundK, a.n_in, row0, item < n_items ? a.n_out : 0, lane);
   };
   float acc[R][T] = {};
   auto compute_item = [&](const Chunk<F> (&c)[U][R], int item) {
