@@ -25,6 +25,13 @@ class Uploader {
     out_.owned.push_back(std::move(buf));
     return out_.owned.back().get();
   }
+  // a then b in one device buffer.
+  const void* bytes_cat(const void* a, size_t na, const void* b, size_t nb) {
+    std::vector<uint8_t> cat(na + nb);
+    std::memcpy(cat.data(), a, na);
+    std::memcpy(cat.data() + na, b, nb);
+    return bytes(cat.data(), cat.size());
+  }
   const float* f32(const std::vector<float>& v) {
     return v.empty() ? nullptr : static_cast<const float*>(bytes(v.data(), v.size() * sizeof(float)));
   }
@@ -38,16 +45,23 @@ class Uploader {
   }
   DeviceHc hc(const HcWeights& h) { return DeviceHc{f32(h.fn), f32(h.base), f32(h.scale)}; }
 
-  // The linear stored under "<stem>.weight" (+ "<stem>.scale"), in the checkpoint's own bytes.
-  DeviceLinear linear(const std::string& stem, const Linear& l) {
+  // The shape and numerics switches of a linear, without its bytes.
+  DeviceLinear describe(const Linear& l) const {
     DeviceLinear d;
-    if (l.n_out == 0 || !status_.ok()) return d;
     d.n_out = l.n_out;
     d.n_in = l.n_in;
     const bool quantized = l.kind == LinearKind::Fp8 || l.kind == LinearKind::Fp4;
     d.act_block = quantized && num_.fake_quant ? c_.act_block : 0;
     // Without bf16 activations (Numerics::exact()) x is not bf16-representable: every product in f32.
     d.f32_product = l.kind == LinearKind::F32 || !num_.bf16_activations;
+    return d;
+  }
+
+  // The linear stored under "<stem>.weight" (+ "<stem>.scale"), in the checkpoint's own bytes.
+  DeviceLinear linear(const std::string& stem, const Linear& l) {
+    if (l.n_out == 0 || !status_.ok()) return DeviceLinear{};
+    DeviceLinear d = describe(l);
+    const bool quantized = l.kind == LinearKind::Fp8 || l.kind == LinearKind::Fp4;
     const TensorInfo* t = find(stem + ".weight");
     const TensorInfo* s = find(stem + ".scale");
     const size_t n = size_t(l.n_out) * l.n_in;
@@ -82,6 +96,44 @@ class Uploader {
     return d;
   }
 
+  // Two FP8 linears that read the same input, uploaded as one stacked weight (a's rows, then b's: weights and
+  // block scales each contiguous) that da and db view; returned for stacked_linear_cuda. Only when the stack
+  // keeps every row's GEMV summation order (stack_keeps_rows) and a's rows end on a weight block; otherwise
+  // da and db are uploaded alone and the result is empty (n_out 0).
+  DeviceLinear stacked(const std::string& stem_a, const Linear& a, const std::string& stem_b, const Linear& b,
+                       DeviceLinear& da, DeviceLinear& db) {
+    const int B = c_.weight_block;
+    const TensorInfo *ta = find(stem_a + ".weight"), *sa = find(stem_a + ".scale");
+    const TensorInfo *tb = find(stem_b + ".weight"), *sb = find(stem_b + ".scale");
+    auto fp8_as_stored = [&](const Linear& l, const TensorInfo* t, const TensorInfo* sc) {
+      const size_t scale_rows = size_t(l.n_out) / B, scale_cols = (size_t(l.n_in) + B - 1) / B;
+      return l.kind == LinearKind::Fp8 && l.n_out > 0 && l.n_out % B == 0 && t && sc && t->dtype == DType::F8_E4M3 &&
+             t->nbytes == size_t(l.n_out) * l.n_in && sc->nbytes == scale_rows * scale_cols;
+    };
+    if (!status_.ok() || a.n_in != b.n_in || !fp8_as_stored(a, ta, sa) || !fp8_as_stored(b, tb, sb) ||
+        !stack_keeps_rows(a.n_out, b.n_out, a.n_in)) {
+      da = linear(stem_a, a);
+      db = linear(stem_b, b);
+      return DeviceLinear{};
+    }
+    const auto* w = static_cast<const uint8_t*>(bytes_cat(ta->data, ta->nbytes, tb->data, tb->nbytes));
+    const auto* sc = static_cast<const uint8_t*>(bytes_cat(sa->data, sa->nbytes, sb->data, sb->nbytes));
+    if (!status_.ok()) return DeviceLinear{};
+    auto view = [&](const Linear& l, const uint8_t* wp, const uint8_t* sp) {
+      DeviceLinear d = describe(l);
+      d.format = DenseFormat::kFp8, d.weight_block = B, d.w = wp, d.scale = sp;
+      return d;
+    };
+    da = view(a, w, sc);
+    db = view(b, w + ta->nbytes, sc + sa->nbytes);
+    DeviceLinear st = view(a, w, sc);
+    st.n_out = a.n_out + b.n_out;
+    for (const DeviceLinear* d : {&da, &db, &st})
+      if (Status e = linear_cuda_check(*d); !e.ok() && status_.ok())
+        status_ = make_error("upload_weights: ", stem_a, " + ", stem_b, ": ", e.error().message);
+    return st;
+  }
+
   DeviceExpert expert(const std::string& stem, const Expert& e) {
     DeviceExpert d;
     const Linear* ls[3] = {&e.w1, &e.w2, &e.w3};
@@ -93,6 +145,16 @@ class Uploader {
     d.w1 = linear(stem + "w1", e.w1);
     d.w2 = linear(stem + "w2", e.w2);
     d.w3 = linear(stem + "w3", e.w3);
+    return d;
+  }
+
+  // The shared expert: as expert(), with w1 and w3 stacked when they are FP8 (one GEMV launch in decode).
+  DeviceExpert shared_expert(const std::string& stem, const Expert& e) {
+    const Exl3Lookup lookup = [this](const std::string& n) { return find(n); };
+    if (exl3_is_stored(lookup, stem + "w1")) return expert(stem, e);
+    DeviceExpert d;
+    d.w13 = stacked(stem + "w1", e.w1, stem + "w3", e.w3, d.w1, d.w3);
+    d.w2 = linear(stem + "w2", e.w2);
     return d;
   }
 
@@ -146,9 +208,8 @@ Result<std::unique_ptr<DeviceWeights>> upload_weights(const ModelConfig& c, cons
     dl.ffn_norm = up.f32(lw.ffn_norm);
     dl.hc_attn = up.hc(lw.hc_attn);
     dl.hc_ffn = up.hc(lw.hc_ffn);
-    dl.wq_a = up.linear(p + "attn.wq_a", lw.wq_a);
+    dl.wq_a_wkv = up.stacked(p + "attn.wq_a", lw.wq_a, p + "attn.wkv", lw.wkv, dl.wq_a, dl.wkv);
     dl.wq_b = up.linear(p + "attn.wq_b", lw.wq_b);
-    dl.wkv = up.linear(p + "attn.wkv", lw.wkv);
     dl.wo_a = up.bf16(lw.wo_a.w);
     dl.wo_b = up.linear(p + "attn.wo_b", lw.wo_b);
     dl.q_norm = up.f32(lw.q_norm);
@@ -172,7 +233,7 @@ Result<std::unique_ptr<DeviceWeights>> upload_weights(const ModelConfig& c, cons
     dl.experts.resize(lw.experts.size());
     for (size_t e = 0; e < lw.experts.size(); ++e)
       dl.experts[e] = up.expert(p + "ffn.experts." + std::to_string(e) + ".", lw.experts[e]);
-    dl.shared = up.expert(p + "ffn.shared_experts.", lw.shared);
+    dl.shared = up.shared_expert(p + "ffn.shared_experts.", lw.shared);
     dl.engram_wkv = up.linear(p + "engram.wkv", lw.engram.wkv);
     SPW_TRY(up.status());
   }

@@ -32,6 +32,9 @@ struct DeviceHc {
 
 struct DeviceExpert {
   DeviceLinear w1, w2, w3;  // gate [F, d], down [d, F], up [F, d]; empty for EXL3 experts
+  // The shared expert's w1 rows then w3's, one buffer that w1 and w3 view (stacked_linear_cuda: one GEMV
+  // launch for both in decode); n_out 0 when the two are not stacked (routed experts, other formats).
+  DeviceLinear w13;
   // EXL3 experts (`spillway quantize` packs): the stored trellis, suh, svh; [0] w1, [1] w2, [2] w3.
   Exl3CudaTensor exl3[3];
   bool is_exl3() const { return exl3[0].trellis != nullptr; }
@@ -42,6 +45,7 @@ struct DeviceLayer {
   const float* ffn_norm = nullptr;
   DeviceHc hc_attn, hc_ffn;
   DeviceLinear wq_a, wq_b, wkv, wo_b;
+  DeviceLinear wq_a_wkv;  // wq_a's rows then wkv's, viewed by both (as DeviceExpert::w13); n_out 0 when not stacked
   const uint16_t* wo_a = nullptr;  // bf16 [o_groups·o_lora_rank, H·D/o_groups]
   const float* q_norm = nullptr;
   const float* kv_norm = nullptr;

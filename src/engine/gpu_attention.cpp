@@ -346,7 +346,14 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   Buf cq, q, kv;
   SPW_TRY(s.alloc(cq, size_t(n) * c.q_lora_rank));
   SPW_TRY(s.alloc(q, size_t(n) * H * D));
-  SPW_TRY(linear(s, lw.wq_a, x, n, cq.get()));                                                   // [n, q_lora]
+  SPW_TRY(s.alloc(kv, size_t(n) * D));
+  // wq_a and wkv read the same x: one GEMV launch for both when they are stacked (bit-identical rows).
+  const bool stacked = lw.wq_a_wkv.n_out > 0 && linear_uses_gemv(s.path, n);
+  if (stacked)
+    SPW_TRY(stacked_linear_cuda(lw.wq_a_wkv, lw.wq_a.n_out, x, n, cq.get(), kv.get(), s.num.bf16_activations, s.st.ws,
+                                s.stream));                                                  // [n, q_lora], [n, D]
+  else
+    SPW_TRY(linear(s, lw.wq_a, x, n, cq.get()));                                                 // [n, q_lora]
   SPW_TRY(norm(s, cq.get(), lw.q_norm, n, c.q_lora_rank));
   SPW_TRY(linear(s, lw.wq_b, cq.get(), n, q.get()));                                              // [n, H·D]
   if (!c.is_v41())  // V4: per-head weightless RMS on q
@@ -356,8 +363,7 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   SPW_TRY(s.dump("attn.q", layer, q.get(), q.size()));
 
   // Window KV of the new tokens [n, D], fake-quantized as the ring stores it.
-  SPW_TRY(s.alloc(kv, size_t(n) * D));
-  SPW_TRY(linear(s, lw.wkv, x, n, kv.get()));
+  if (!stacked) SPW_TRY(linear(s, lw.wkv, x, n, kv.get()));
   SPW_TRY(norm(s, kv.get(), lw.kv_norm, n, D));
   SPW_TRY(cuda::rope_apply(kv.get(), n, D, c.d_rope, rope, s.pos.get(), 1, false, s.stream));
   SPW_TRY(to_activation(s, kv.get(), kv.size()));

@@ -324,6 +324,73 @@ TEST_F(CudaDense, GemvTokenCountDoesNotChangeRows) {
   }
 }
 
+// Two FP8 weights on one input, stacked (rows of a, then b; scales likewise) and run in one launch
+// (stacked_linear_cuda), give outputs bit-identical to linear_cuda on each, into two outputs with their own
+// row strides and untouched guards; a bad split row is refused. The engine stacks wq_a + wkv and the shared
+// expert's w1 + w3 this way (engine/device_weights.cpp), only where stack_keeps_rows holds.
+TEST_F(CudaDense, StackedLinearMatchesTwoCalls) {
+  struct Pair {
+    int rows_a, rows_b, n_in, block;
+  };
+  const Pair pairs[] = {
+      {1280, 512, 5120, 32},   // V4.1 wq_a + wkv
+      {2304, 2304, 5120, 32},  // V4.1 shared w1 + w3
+      {1024, 512, 4096, 128},  // V4 wq_a + wkv
+      {256, 128, 160, 32},     // awkward: a partial 512-tile and a partial weight block along k
+  };
+  uint32_t seed = 900;
+  for (const Pair& pr : pairs) {
+    ASSERT_TRUE(stack_keeps_rows(pr.rows_a, pr.rows_b, pr.n_in)) << pr.rows_a << "+" << pr.rows_b;
+    std::mt19937 rng(++seed);
+    HostLinear a = make_linear(DenseFormat::kFp8, pr.rows_a, pr.n_in, pr.block, pr.block, false, rng);
+    HostLinear b = make_linear(DenseFormat::kFp8, pr.rows_b, pr.n_in, pr.block, pr.block, false, rng);
+    std::vector<uint8_t> w = a.bytes, sc = a.scale;
+    w.insert(w.end(), b.bytes.begin(), b.bytes.end());
+    sc.insert(sc.end(), b.scale.begin(), b.scale.end());
+    DevBuf dw(w), ds(sc);
+    const auto* wp = static_cast<const uint8_t*>(dw.p);
+    const auto* sp = static_cast<const uint8_t*>(ds.p);
+    DeviceLinear da = a.d, db = b.d, st = a.d;
+    da.w = wp, da.scale = sp;
+    db.w = wp + a.bytes.size(), db.scale = sp + a.scale.size();
+    st.w = wp, st.scale = sp, st.n_out = pr.rows_a + pr.rows_b;
+    for (int n : {1, 2, 5, 16}) {
+      const std::string what = "stacked " + std::to_string(pr.rows_a) + "+" + std::to_string(pr.rows_b) + "x" +
+                               std::to_string(pr.n_in) + " tokens " + std::to_string(n);
+      const std::vector<float> x = make_x(n, pr.n_in, true, rng);
+      DevBuf dx(x);
+      const std::vector<float> ya = run_linear(da, dx, n, true, ws_, LinearPath::kGemv, what + " a");
+      const std::vector<float> yb = run_linear(db, dx, n, true, ws_, LinearPath::kGemv, what + " b");
+      const size_t na = size_t(n) * pr.rows_a, nb = size_t(n) * pr.rows_b;
+      std::vector<float> out(na + nb + 3 * kGuard, kSentinel);  // guard, y_a, guard, y_b, guard
+      DevBuf dout(out);
+      float* y_a = static_cast<float*>(dout.p) + kGuard;
+      float* y_b = y_a + na + kGuard;
+      Status s = stacked_linear_cuda(st, pr.rows_a, static_cast<const float*>(dx.p), n, y_a, y_b, true, ws_, nullptr);
+      ASSERT_TRUE(s.ok()) << what << ": " << s.error().message;
+      CUDA_OK(cudaDeviceSynchronize());
+      CUDA_OK(cudaMemcpy(out.data(), dout.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < kGuard; ++i) {
+        ASSERT_EQ(out[i], kSentinel) << what << ": guard before y_a";
+        ASSERT_EQ(out[kGuard + na + i], kSentinel) << what << ": guard between y_a and y_b";
+        ASSERT_EQ(out[2 * kGuard + na + nb + i], kSentinel) << what << ": guard after y_b";
+      }
+      ASSERT_EQ(ya.size(), na);
+      ASSERT_EQ(yb.size(), nb);
+      EXPECT_EQ(std::memcmp(out.data() + kGuard, ya.data(), na * sizeof(float)), 0) << what << ": y_a differs";
+      EXPECT_EQ(std::memcmp(out.data() + 2 * kGuard + na, yb.data(), nb * sizeof(float)), 0) << what << ": y_b differs";
+    }
+    std::vector<float> x1 = make_x(1, pr.n_in, true, rng);
+    DevBuf dx1(x1), dy(std::vector<float>(size_t(st.n_out), 0.f));
+    float* y = static_cast<float*>(dy.p);
+    EXPECT_FALSE(stacked_linear_cuda(st, pr.rows_a + 1, static_cast<const float*>(dx1.p), 1, y, y + 1, true, ws_, nullptr).ok())
+        << "a split row inside a weight block is refused";
+    EXPECT_FALSE(stacked_linear_cuda(st, 0, static_cast<const float*>(dx1.p), 1, y, y, true, ws_, nullptr).ok());
+    EXPECT_FALSE(stacked_linear_cuda(st, pr.rows_a, static_cast<const float*>(dx1.p), 17, y, y, true, ws_, nullptr).ok())
+        << "more than 16 tokens is the GEMM path's";
+  }
+}
+
 // A weight scratch of 128 f32 rows of 1280: kGemm dequantizes wq_b in 256 (bf16) or 128 (f32) row chunks.
 TEST_F(CudaDense, ChunkedPrefill) {
   LinearWorkspace small;

@@ -115,7 +115,11 @@ __device__ __forceinline__ void finish_rows(const GemvArgs& a, float (&acc)[R][T
     for (int t = 0; t < T; ++t)
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], off);
-  auto store = [&](int row, int t, float v) { y[static_cast<size_t>(t) * a.ldy + row] = a.round_out ? round_bf16_dev(v) : v; };
+  auto store = [&](int row, int t, float v) {
+    if (a.round_out) v = round_bf16_dev(v);
+    if (a.split_row > 0 && row >= a.split_row) a.y2[static_cast<size_t>(t) * a.ldy2 + (row - a.split_row)] = v;
+    else y[static_cast<size_t>(t) * a.ldy + row] = v;
+  };
   if constexpr (S == 1) {
     if (lane != 0) return;
 #pragma unroll
@@ -288,8 +292,16 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
 // computes this one, across row-group boundaries. The stream kernel restarts its pipeline per row group:
 // wq_b's rows are 2.5 tiles, so each warp got 3 rounds (a memory latency each) in two waves of blocks:
 // 21 µs for 42 MB on the H200 (bench/results/dense_h200.md, session 10). Same per-lane order as the others.
+// Blocks per SM the persistent kernel is compiled for: one token of FP8 fits 80 registers without spilling,
+// three blocks per SM (94 registers unbounded: two), more weight bytes in flight for wq_b; the others two
+// (≤ 128 registers, what they took unbounded). An explicit 1 let ptxas take 155 for the bf16 head: one block.
+template <DenseFormat F, int T>
+constexpr int persist_min_blocks() {
+  return F == DenseFormat::kFp8 && T == 1 ? 3 : 2;
+}
+
 template <DenseFormat F, int T, int R>
-__global__ void __launch_bounds__(kThreads) gemv_persist_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(kThreads, persist_min_blocks<F, T>()) gemv_persist_kernel(GemvArgs a) {
   constexpr int U = stream_tiles_per_round<R>(), kRoundK = U * kTileK;
   const int lane = threadIdx.x & 31, g = blockIdx.y;
   const void* w = static_cast<const uint8_t*>(a.w) + g * a.w_group_nbytes;
@@ -438,6 +450,8 @@ cudaError_t launch_tokens(const GemvArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace
+
+int gemv_k_splits(long rows, int n_in) { return k_splits(rows, n_in); }
 
 cudaError_t gemv_launch(const GemvArgs& a, cudaStream_t stream) {
   if (a.n_tokens < 1 || a.n_tokens > 16) return cudaErrorInvalidValue;

@@ -28,8 +28,15 @@ struct GemvArgs {
   int n_groups = 1;
   size_t w_group_nbytes = 0;
   int x_group_off = 0, y_group_off = 0;
+  // A stacked weight (n_groups = 1): rows ≥ split_row > 0 are written to y2 [n_tokens, ldy2] at row − split_row.
+  int split_row = 0;
+  float* y2 = nullptr;
+  int ldy2 = 0;
 };
 cudaError_t gemv_launch(const GemvArgs& a, cudaStream_t stream);
+// The blocks a row's k range is split over (1, 2 or 4) for `rows` output rows of n_in inputs: a function of
+// the shape alone, and it decides the summation order of every row.
+int gemv_k_splits(long rows, int n_in);
 
 // out[t, ·] = fake_quant_fp8(x[t, ·], act_block) (act_block > 0) or x (act_block == 0), stored as f32
 // (out_bf16 false) or bf16 (exact when quantized). x and out [n_tokens, n_in], contiguous.

@@ -103,8 +103,9 @@ void linear_workspace_free(LinearWorkspace& ws) {
 
 namespace {
 
+// y = x̂·Wᵀ on the GEMV path; with split_row > 0 the rows from split_row on go to y2 instead (a stacked weight).
 Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y, bool round_out, LinearWorkspace& ws,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, int split_row = 0, float* y2 = nullptr) {
   const float* xq = x;
   if (w.act_block > 0) {
     if (ws.act_nbytes < sizeof(float) * static_cast<size_t>(n_tokens) * w.n_in)
@@ -115,7 +116,9 @@ Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y
   }
   densedev::GemvArgs a;
   a.format = w.format, a.w = w.w, a.scale = w.scale, a.n_out = w.n_out, a.n_in = w.n_in, a.weight_block = w.weight_block;
-  a.x = xq, a.ldx = w.n_in, a.y = y, a.ldy = w.n_out, a.n_tokens = n_tokens, a.round_out = round_out && !w.f32_product;
+  a.x = xq, a.ldx = w.n_in, a.y = y, a.ldy = split_row > 0 ? split_row : w.n_out, a.n_tokens = n_tokens;
+  a.round_out = round_out && !w.f32_product;
+  a.split_row = split_row, a.y2 = y2, a.ldy2 = w.n_out - split_row;
   if (cudaError_t e = densedev::gemv_launch(a, stream); e != cudaSuccess) return cuda_error("launch dense gemv", e);
   return {};
 }
@@ -181,6 +184,25 @@ Status linear_cuda(const DeviceLinear& w, const float* x, int n_tokens, float* y
   if (path == LinearPath::kGemv) return linear_gemv(w, x, n_tokens, y, round_out, ws, stream);
   return linear_gemm(w, x, n_tokens, y, round_out, ws, stream);
 }
+
+Status stacked_linear_cuda(const DeviceLinear& w, int split_row, const float* x, int n_tokens, float* y_a, float* y_b,
+                           bool round_out, LinearWorkspace& ws, cudaStream_t stream) {
+  SPW_TRY(linear_cuda_check(w));
+  if (n_tokens < 1) return {};
+  if (n_tokens > kGemvMaxTokens)
+    return make_error("stacked linear: the gemv path takes at most ", kGemvMaxTokens, " tokens, got ", n_tokens);
+  const int block = w.format == DenseFormat::kFp8 ? w.weight_block : 1;
+  if (split_row <= 0 || split_row >= w.n_out || split_row % block != 0)
+    return make_error("stacked linear: split row ", split_row, " of ", w.n_out, " rows (a multiple of ", block, " inside)");
+  return linear_gemv(w, x, n_tokens, y_a, round_out, ws, stream, split_row, y_b);
+}
+
+bool stack_keeps_rows(int rows_a, int rows_b, int n_in) {
+  const int s = densedev::gemv_k_splits(rows_a, n_in);
+  return s == densedev::gemv_k_splits(rows_b, n_in) && s == densedev::gemv_k_splits(long(rows_a) + rows_b, n_in);
+}
+
+bool linear_uses_gemv(LinearPath path, int n_tokens) { return resolve(path, n_tokens) == LinearPath::kGemv; }
 
 Status grouped_proj_cuda(const uint16_t* w_a, const float* o, int n_tokens, int n_groups, int rank, int per_group,
                          float* z, bool round_out, LinearWorkspace& ws, cudaStream_t stream, LinearPath path) {

@@ -84,6 +84,19 @@ Status linear_cuda_check(const DeviceLinear& w);
 Status linear_cuda(const DeviceLinear& w, const float* x, int n_tokens, float* y, bool round_out,
                    LinearWorkspace& ws, cudaStream_t stream, LinearPath path = LinearPath::kAuto);
 
+// Two linears on the same input in one GEMV launch: w holds rows [0, split_row) of one weight and then the
+// rows of the other, contiguous in every array (weights, scales), with split_row a multiple of the FP8
+// weight block. y_a [n_tokens, split_row] and y_b [n_tokens, n_out − split_row] come out bit-identical to two
+// linear_cuda calls on the kGemv path as long as stack_keeps_rows() held for the shapes: x̂ is prepared once.
+// kGemv only (n_tokens ≤ 16).
+Status stacked_linear_cuda(const DeviceLinear& w, int split_row, const float* x, int n_tokens, float* y_a, float* y_b,
+                           bool round_out, LinearWorkspace& ws, cudaStream_t stream);
+// Whether stacking an [rows_a, n_in] and an [rows_b, n_in] weight keeps every row's summation order on the GEMV
+// path (the k split is the same for the parts and the stack).
+bool stack_keeps_rows(int rows_a, int rows_b, int n_in);
+// Whether linear_cuda takes the GEMV path for this path and token count.
+bool linear_uses_gemv(LinearPath path, int n_tokens);
+
 // The grouped low-rank output projection (model/attention.cpp): for each group g < n_groups,
 // z[:, g·rank + r] = Σ_k o[:, g·per_group + k] · w_a[g·rank + r, k], fp32 accumulation, no activation
 // quant; rounded to bf16 when round_out. w_a: bf16 [n_groups·rank, per_group]; o: f32
