@@ -96,41 +96,75 @@ class Uploader {
     return d;
   }
 
-  // Two FP8 linears that read the same input, uploaded as one stacked weight (a's rows, then b's: weights and
-  // block scales each contiguous) that da and db view; returned for stacked_linear_cuda. Only when the stack
-  // keeps every row's GEMV summation order (stack_keeps_rows) and a's rows end on a weight block; otherwise
-  // da and db are uploaded alone and the result is empty (n_out 0).
-  DeviceLinear stacked(const std::string& stem_a, const Linear& a, const std::string& stem_b, const Linear& b,
-                       DeviceLinear& da, DeviceLinear& db) {
-    const int B = c_.weight_block;
-    const TensorInfo *ta = find(stem_a + ".weight"), *sa = find(stem_a + ".scale");
-    const TensorInfo *tb = find(stem_b + ".weight"), *sb = find(stem_b + ".scale");
-    auto fp8_as_stored = [&](const Linear& l, const TensorInfo* t, const TensorInfo* sc) {
-      const size_t scale_rows = size_t(l.n_out) / B, scale_cols = (size_t(l.n_in) + B - 1) / B;
-      return l.kind == LinearKind::Fp8 && l.n_out > 0 && l.n_out % B == 0 && t && sc && t->dtype == DType::F8_E4M3 &&
-             t->nbytes == size_t(l.n_out) * l.n_in && sc->nbytes == scale_rows * scale_cols;
+  // One part of a stack: the checkpoint stem, the host linear and where its device view goes.
+  struct Part {
+    std::string stem;
+    const Linear* l;
+    DeviceLinear* out;
+  };
+
+  // The linears of `parts` that the layer has (n_out > 0) as one DeviceStack (see device_weights.h): when there
+  // are at least two, all stored FP8 (whole weight blocks of rows, except the last part) or all BF16, of one
+  // LinearKind and n_in, and stack_keeps_rows holds. Otherwise each is uploaded alone and the stack is empty.
+  DeviceStack stack(const std::vector<Part>& parts) {
+    std::vector<Part> have;
+    for (const Part& p : parts)
+      if (p.l->n_out > 0) have.push_back(p);
+      else *p.out = DeviceLinear{};
+    auto alone = [&] {
+      for (const Part& p : have) *p.out = linear(p.stem, *p.l);
+      return DeviceStack{};
     };
-    if (!status_.ok() || a.n_in != b.n_in || !fp8_as_stored(a, ta, sa) || !fp8_as_stored(b, tb, sb) ||
-        !stack_keeps_rows(a.n_out, b.n_out, a.n_in)) {
-      da = linear(stem_a, a);
-      db = linear(stem_b, b);
-      return DeviceLinear{};
+    if (!status_.ok() || have.size() < 2) return alone();
+    const Linear& l0 = *have[0].l;
+    const int B = c_.weight_block;
+    const bool fp8 = l0.kind == LinearKind::Fp8;
+    std::vector<int> rows;
+    std::vector<const TensorInfo*> ws, scales;
+    for (size_t i = 0; i < have.size(); ++i) {
+      const Linear& l = *have[i].l;
+      const TensorInfo* t = find(have[i].stem + ".weight");
+      const TensorInfo* sc = fp8 ? find(have[i].stem + ".scale") : nullptr;
+      const size_t n = size_t(l.n_out) * l.n_in;
+      const bool last = i + 1 == have.size();
+      const bool as_stored =
+          fp8 ? t && sc && t->dtype == DType::F8_E4M3 && t->nbytes == n && (last || l.n_out % B == 0) &&
+                    sc->nbytes == (size_t(l.n_out) + B - 1) / B * ((size_t(l.n_in) + B - 1) / B)
+              : l.kind != LinearKind::Fp4 && t && t->dtype == DType::BF16 && t->nbytes == 2 * n;
+      if (l.kind != l0.kind || l.n_in != l0.n_in || !as_stored) return alone();
+      rows.push_back(l.n_out);
+      ws.push_back(t);
+      scales.push_back(sc);
     }
-    const auto* w = static_cast<const uint8_t*>(bytes_cat(ta->data, ta->nbytes, tb->data, tb->nbytes));
-    const auto* sc = static_cast<const uint8_t*>(bytes_cat(sa->data, sa->nbytes, sb->data, sb->nbytes));
-    if (!status_.ok()) return DeviceLinear{};
+    if (!stack_keeps_rows(rows, l0.n_in)) return alone();
+    auto cat = [&](const std::vector<const TensorInfo*>& ts) {
+      std::vector<uint8_t> all;
+      for (const TensorInfo* t : ts) all.insert(all.end(), t->data, t->data + t->nbytes);
+      return static_cast<const uint8_t*>(bytes(all.data(), all.size()));
+    };
+    const uint8_t* w = cat(ws);
+    const uint8_t* sc = fp8 ? cat(scales) : nullptr;
+    if (!status_.ok()) return DeviceStack{};
     auto view = [&](const Linear& l, const uint8_t* wp, const uint8_t* sp) {
       DeviceLinear d = describe(l);
-      d.format = DenseFormat::kFp8, d.weight_block = B, d.w = wp, d.scale = sp;
+      d.format = fp8 ? DenseFormat::kFp8 : DenseFormat::kBf16, d.weight_block = B, d.w = wp, d.scale = sp;
       return d;
     };
-    da = view(a, w, sc);
-    db = view(b, w + ta->nbytes, sc + sa->nbytes);
-    DeviceLinear st = view(a, w, sc);
-    st.n_out = a.n_out + b.n_out;
-    for (const DeviceLinear* d : {&da, &db, &st})
-      if (Status e = linear_cuda_check(*d); !e.ok() && status_.ok())
-        status_ = make_error("upload_weights: ", stem_a, " + ", stem_b, ": ", e.error().message);
+    DeviceStack st;
+    st.rows = rows;
+    st.w = view(l0, w, sc);
+    st.w.n_out = 0;
+    for (size_t i = 0; i < have.size(); ++i) {
+      *have[i].out = view(*have[i].l, w, sc);
+      w += ws[i]->nbytes;
+      if (fp8) sc += scales[i]->nbytes;
+      st.w.n_out += rows[i];
+    }
+    for (const Part& p : have)
+      if (Status e = linear_cuda_check(*p.out); !e.ok() && status_.ok())
+        status_ = make_error("upload_weights: ", p.stem, " (stacked): ", e.error().message);
+    if (Status e = linear_cuda_check(st.w); !e.ok() && status_.ok())
+      status_ = make_error("upload_weights: the stack from ", have[0].stem, ": ", e.error().message);
     return st;
   }
 
@@ -153,7 +187,8 @@ class Uploader {
     const Exl3Lookup lookup = [this](const std::string& n) { return find(n); };
     if (exl3_is_stored(lookup, stem + "w1")) return expert(stem, e);
     DeviceExpert d;
-    d.w13 = stacked(stem + "w1", e.w1, stem + "w3", e.w3, d.w1, d.w3);
+    if (e.w1.kind == LinearKind::Fp8) d.w13 = stack({{stem + "w1", &e.w1, &d.w1}, {stem + "w3", &e.w3, &d.w3}});
+    else d.w1 = linear(stem + "w1", e.w1), d.w3 = linear(stem + "w3", e.w3);
     d.w2 = linear(stem + "w2", e.w2);
     return d;
   }
@@ -208,21 +243,20 @@ Result<std::unique_ptr<DeviceWeights>> upload_weights(const ModelConfig& c, cons
     dl.ffn_norm = up.f32(lw.ffn_norm);
     dl.hc_attn = up.hc(lw.hc_attn);
     dl.hc_ffn = up.hc(lw.hc_ffn);
-    dl.wq_a_wkv = up.stacked(p + "attn.wq_a", lw.wq_a, p + "attn.wkv", lw.wkv, dl.wq_a, dl.wkv);
-    dl.wq_b = up.linear(p + "attn.wq_b", lw.wq_b);
+    dl.wq_a_wkv = up.stack({{p + "attn.wq_a", &lw.wq_a, &dl.wq_a}, {p + "attn.wkv", &lw.wkv, &dl.wkv}});
+    dl.wq_b_idx = up.stack({{p + "attn.wq_b", &lw.wq_b, &dl.wq_b}, {p + "attn.indexer.wq_b", &lw.idx_wq_b, &dl.idx_wq_b}});
     dl.wo_a = up.bf16(lw.wo_a.w);
     dl.wo_b = up.linear(p + "attn.wo_b", lw.wo_b);
     dl.q_norm = up.f32(lw.q_norm);
     dl.kv_norm = up.f32(lw.kv_norm);
     dl.attn_sink = up.f32(lw.attn_sink);
-    dl.comp_wkv = up.linear(p + "attn.compressor.wkv", lw.comp_wkv);
-    dl.comp_wgate = up.linear(p + "attn.compressor.wgate", lw.comp_wgate);
+    dl.compressors = up.stack({{p + "attn.compressor.wkv", &lw.comp_wkv, &dl.comp_wkv},
+                               {p + "attn.compressor.wgate", &lw.comp_wgate, &dl.comp_wgate},
+                               {p + "attn.indexer.compressor.wkv", &lw.idx_comp_wkv, &dl.idx_comp_wkv},
+                               {p + "attn.indexer.compressor.wgate", &lw.idx_comp_wgate, &dl.idx_comp_wgate}});
     dl.comp_ape = up.f32(lw.comp_ape);
     dl.comp_norm = up.f32(lw.comp_norm);
-    dl.idx_wq_b = up.linear(p + "attn.indexer.wq_b", lw.idx_wq_b);
     dl.idx_weights_proj = up.linear(p + "attn.indexer.weights_proj", lw.idx_weights_proj);
-    dl.idx_comp_wkv = up.linear(p + "attn.indexer.compressor.wkv", lw.idx_comp_wkv);
-    dl.idx_comp_wgate = up.linear(p + "attn.indexer.compressor.wgate", lw.idx_comp_wgate);
     dl.idx_comp_ape = up.f32(lw.idx_comp_ape);
     dl.idx_comp_norm = up.f32(lw.idx_comp_norm);
     dl.idx_wk = up.linear(p + "attn.indexer.wk", lw.idx_wk);

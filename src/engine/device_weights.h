@@ -30,11 +30,19 @@ struct DeviceHc {
   const float* scale = nullptr;  // [3]
 };
 
+// Linears that read the same input, uploaded as one weight (each part's rows in turn, in every array) that the
+// parts view: stacked_linear_cuda runs them as one GEMV launch in decode, bit-identical to a launch per part.
+// Uploaded so only when every part is stored in the same format and numerics and the stack keeps every row's
+// summation order (stack_keeps_rows); otherwise empty, and the parts are uploaded alone.
+struct DeviceStack {
+  DeviceLinear w;
+  std::vector<int> rows;  // each part's rows, in stack order
+  bool stacked() const { return w.n_out > 0; }
+};
+
 struct DeviceExpert {
   DeviceLinear w1, w2, w3;  // gate [F, d], down [d, F], up [F, d]; empty for EXL3 experts
-  // The shared expert's w1 rows then w3's, one buffer that w1 and w3 view (stacked_linear_cuda: one GEMV
-  // launch for both in decode); n_out 0 when the two are not stacked (routed experts, other formats).
-  DeviceLinear w13;
+  DeviceStack w13;          // the shared expert's w1 and w3 (FP8); empty for routed experts and other formats
   // EXL3 experts (`spillway quantize` packs): the stored trellis, suh, svh; [0] w1, [1] w2, [2] w3.
   Exl3CudaTensor exl3[3];
   bool is_exl3() const { return exl3[0].trellis != nullptr; }
@@ -45,7 +53,10 @@ struct DeviceLayer {
   const float* ffn_norm = nullptr;
   DeviceHc hc_attn, hc_ffn;
   DeviceLinear wq_a, wq_b, wkv, wo_b;
-  DeviceLinear wq_a_wkv;  // wq_a's rows then wkv's, viewed by both (as DeviceExpert::w13); n_out 0 when not stacked
+  // Stacks (DeviceStack) of the linears reading one input: wq_a and wkv (x, FP8); the compressors' wkv and wgate
+  // and the indexer compressor's, whichever the layer has (x, BF16 with f32 products); wq_b and the indexer's
+  // wq_b (the q latent, FP8).
+  DeviceStack wq_a_wkv, compressors, wq_b_idx;
   const uint16_t* wo_a = nullptr;  // bf16 [o_groups·o_lora_rank, H·D/o_groups]
   const float* q_norm = nullptr;
   const float* kv_norm = nullptr;

@@ -7,6 +7,9 @@
 // exactly as when it runs alone.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <utility>
+#include <vector>
 
 #include "cuda/attn/indexer.h"
 #include "cuda/attn/sparse_attn.h"
@@ -37,6 +40,46 @@ int latest_kv_source(const ModelConfig& c, int layer) {
   return -1;
 }
 
+// Projections that a stacked launch (DeviceStack, decode only) computed before their consumers run; null: the
+// consumer projects its input itself. Step buffers, which the consumers may modify in place.
+struct Projected {
+  float* comp_kv = nullptr;     // the compressor's wkv·x
+  float* comp_score = nullptr;  // the compressor's wgate·x
+  float* idx_kv = nullptr;      // the indexer compressor's wkv·x (V4)
+  float* idx_score = nullptr;   // the indexer compressor's wgate·x (V4)
+  float* qi = nullptr;          // the indexer's wq_b·cq (before RoPE)
+};
+
+// out = pre when a stacked launch computed it, else l·x [n, l.n_out] into a new step buffer.
+Status project(GpuStep& s, const DeviceLinear& l, const float* x, float* pre, float*& out) {
+  if (pre) {
+    out = pre;
+    return {};
+  }
+  Buf b;
+  SPW_TRY(s.alloc(b, size_t(s.n) * l.n_out));
+  SPW_TRY(linear(s, l, x, s.n, b.get()));
+  out = b.get();
+  return {};
+}
+
+// The stack's parts (those the layer has, in stack order) in one launch, each into *dst [n, n_out]: the
+// caller's buffer, or a new step buffer when *dst is null.
+Status run_stack(GpuStep& s, const DeviceStack& st, const float* x,
+                 std::initializer_list<std::pair<const DeviceLinear*, float**>> parts) {
+  std::vector<float*> ys;
+  for (const auto& [l, dst] : parts) {
+    if (l->n_out == 0) continue;
+    if (!*dst) {
+      Buf b;
+      SPW_TRY(s.alloc(b, size_t(s.n) * l->n_out));
+      *dst = b.get();
+    }
+    ys.push_back(*dst);
+  }
+  return stacked_linear_cuda(st.w, st.rows, x, s.n, ys, s.num.bf16_activations, s.st.ws, s.stream);
+}
+
 // Streams this step's projected rows through `cb` and returns the pooled entries [rp.count, d_out].
 Status compress_push(GpuStep& s, const CompressorBuffers& cb, const float* kv, const float* score, const float* ape,
                      const RatioPlan& rp, Buf& entries) {
@@ -48,18 +91,17 @@ Status compress_push(GpuStep& s, const CompressorBuffers& cb, const float* kv, c
 }
 
 // V4: runs the main compressor over the new tokens and appends finished entries to the pool.
-Status v4_compress(GpuStep& s, int layer, const float* x) {
+Status v4_compress(GpuStep& s, int layer, const float* x, const Projected& pre) {
   const ModelConfig& c = s.c;
   const DeviceLayer& lw = s.w.layers[layer];
   const CompressorBuffers& cb = s.st.comp_state[layer];
-  const int D = c.d_head, width = cb.shape.width, n = s.n;
+  const int D = c.d_head;
   const RatioPlan& e = s.ratio(cb.shape.ratio);
-  Buf kv, score, entry;
-  SPW_TRY(s.alloc(kv, size_t(n) * width));
-  SPW_TRY(s.alloc(score, size_t(n) * width));
-  SPW_TRY(linear(s, lw.comp_wkv, x, n, kv.get()));                                   // [n, width] f32
-  SPW_TRY(linear(s, lw.comp_wgate, x, n, score.get()));                              // [n, width] f32
-  SPW_TRY(compress_push(s, cb, kv.get(), score.get(), lw.comp_ape, e, entry));      // [count, D]
+  float *kv, *score;
+  Buf entry;
+  SPW_TRY(project(s, lw.comp_wkv, x, pre.comp_kv, kv));                             // [n, width] f32
+  SPW_TRY(project(s, lw.comp_wgate, x, pre.comp_score, score));                     // [n, width] f32
+  SPW_TRY(compress_push(s, cb, kv, score, lw.comp_ape, e, entry));                  // [count, D]
   if (e.count == 0) return {};
   SPW_TRY(to_activation(s, entry.get(), int64_t(e.count) * D));
   SPW_TRY(norm(s, entry.get(), lw.comp_norm, e.count, D));
@@ -72,19 +114,19 @@ Status v4_compress(GpuStep& s, int layer, const float* x) {
 
 // V4.1 KV source: latents (ratio 2 gated, ratio 1 plain), index keys from the pre-RoPE latent, then
 // the stored entry. Returns each chunk's number of new entries through `produced`.
-Status v41_compress(GpuStep& s, int layer, const float* x, std::vector<int32_t>& produced) {
+Status v41_compress(GpuStep& s, int layer, const float* x, const Projected& pre, std::vector<int32_t>& produced) {
   const ModelConfig& c = s.c;
   const DeviceLayer& lw = s.w.layers[layer];
-  const int r = c.layers[layer].compress_ratio, D = c.d_head, Di = c.index_head_dim, n = s.n;
+  const int r = c.layers[layer].compress_ratio, D = c.d_head, Di = c.index_head_dim;
   const RatioPlan& e = s.ratio(r);
-  Buf kv, score, pooled, key;
-  SPW_TRY(s.alloc(kv, size_t(n) * D));
-  SPW_TRY(linear(s, lw.comp_wkv, x, n, kv.get()));                                     // [n, D]
-  float* latent = kv.get();  // ratio 1: every row is an entry, in row order
+  Buf pooled, key;
+  float* kv;
+  SPW_TRY(project(s, lw.comp_wkv, x, pre.comp_kv, kv));                                // [n, D]
+  float* latent = kv;  // ratio 1: every row is an entry, in row order
   if (r > 1) {
-    SPW_TRY(s.alloc(score, size_t(n) * D));
-    SPW_TRY(linear(s, lw.comp_wgate, x, n, score.get()));                              // [n, D] f32
-    SPW_TRY(compress_push(s, s.st.comp_state[layer], kv.get(), score.get(), nullptr, e, pooled));  // [count, D]
+    float* score;
+    SPW_TRY(project(s, lw.comp_wgate, x, pre.comp_score, score));                      // [n, D] f32
+    SPW_TRY(compress_push(s, s.st.comp_state[layer], kv, score, nullptr, e, pooled));  // [count, D]
     SPW_TRY(to_activation(s, pooled.get(), int64_t(e.count) * D));
     latent = pooled.get();
   }
@@ -108,21 +150,23 @@ Status v41_compress(GpuStep& s, int layer, const float* x, std::vector<int32_t>&
 }
 
 // Index queries qi [n, Hi, Di] (fp4-quantized) and head weights wts [n, Hi].
-Status index_queries(GpuStep& s, const DeviceLayer& lw, const float* x, const float* cq, bool hadamard, Buf& qi,
-                     Buf& wts) {
+Status index_queries(GpuStep& s, const DeviceLayer& lw, const float* x, const float* cq, const Projected& pre,
+                     bool hadamard, Buf& qi, Buf& wts) {
   const ModelConfig& c = s.c;
   const int n = s.n, Hi = c.index_n_heads, Di = c.index_head_dim;
-  SPW_TRY(s.alloc(qi, size_t(n) * Hi * Di));
+  const size_t nq = size_t(n) * Hi * Di;
+  float* q;
+  SPW_TRY(project(s, lw.idx_wq_b, cq, pre.qi, q));                                    // [n, Hi·Di]
+  qi = Buf{q, nq};
   SPW_TRY(s.alloc(wts, size_t(n) * Hi));
-  SPW_TRY(linear(s, lw.idx_wq_b, cq, n, qi.get()));                                  // [n, Hi·Di]
-  SPW_TRY(cuda::rope_apply(qi.get(), int64_t(n) * Hi, Di, c.d_rope, s.st.rope_compress.get(), s.pos.get(), Hi, false,
+  SPW_TRY(cuda::rope_apply(q, int64_t(n) * Hi, Di, c.d_rope, s.st.rope_compress.get(), s.pos.get(), Hi, false,
                            s.stream));
-  SPW_TRY(to_activation(s, qi.get(), qi.size()));
+  SPW_TRY(to_activation(s, q, nq));
   if (hadamard) {
-    SPW_TRY(hadamard_rows_cuda(qi.get(), int64_t(n) * Hi, Di, s.stream));
-    SPW_TRY(to_activation(s, qi.get(), qi.size()));
+    SPW_TRY(hadamard_rows_cuda(q, int64_t(n) * Hi, Di, s.stream));
+    SPW_TRY(to_activation(s, q, nq));
   }
-  if (s.num.fake_quant) SPW_TRY(cuda::fake_quant_fp4_ue8m0(qi.get(), int64_t(n) * Hi, Di, Di, 32, s.stream));
+  if (s.num.fake_quant) SPW_TRY(cuda::fake_quant_fp4_ue8m0(q, int64_t(n) * Hi, Di, Di, 32, s.stream));
   SPW_TRY(linear(s, lw.idx_weights_proj, x, n, wts.get()));                          // [n, Hi]
   const float w_scale = 1.0f / std::sqrt(float(Di)) / std::sqrt(float(Hi));
   SPW_TRY(scale_cuda(wts.get(), int64_t(n) * Hi, w_scale, s.stream));
@@ -153,18 +197,18 @@ Status index_scores(GpuStep& s, const Buf& qi, const Buf& wts, int key_layer, co
 
 // V4 CSA layer: the indexer's own overlapping compressor (keys: norm, RoPE, Hadamard, fp4), then
 // the top-index_topk visible entries per token → sel [n, index_topk].
-Status v4_indexer_select(GpuStep& s, int layer, const float* x, const float* cq, DeviceSpan<int32_t>& sel) {
+Status v4_indexer_select(GpuStep& s, int layer, const float* x, const float* cq, const Projected& pre,
+                         DeviceSpan<int32_t>& sel) {
   const ModelConfig& c = s.c;
   const DeviceLayer& lw = s.w.layers[layer];
   const CompressorBuffers& cb = s.st.idx_comp_state[layer];
   const int n = s.n, Di = c.index_head_dim, K = c.index_topk;
   const RatioPlan& e = s.ratio(cb.shape.ratio);
-  Buf kv, score, entry;
-  SPW_TRY(s.alloc(kv, size_t(n) * 2 * Di));
-  SPW_TRY(s.alloc(score, size_t(n) * 2 * Di));
-  SPW_TRY(linear(s, lw.idx_comp_wkv, x, n, kv.get()));                               // [n, 2·Di] f32
-  SPW_TRY(linear(s, lw.idx_comp_wgate, x, n, score.get()));                          // [n, 2·Di] f32
-  SPW_TRY(compress_push(s, cb, kv.get(), score.get(), lw.idx_comp_ape, e, entry));  // [count, Di]
+  float *kv, *score;
+  Buf entry;
+  SPW_TRY(project(s, lw.idx_comp_wkv, x, pre.idx_kv, kv));                           // [n, 2·Di] f32
+  SPW_TRY(project(s, lw.idx_comp_wgate, x, pre.idx_score, score));                  // [n, 2·Di] f32
+  SPW_TRY(compress_push(s, cb, kv, score, lw.idx_comp_ape, e, entry));              // [count, Di]
   if (e.count > 0) {
     const int64_t m = int64_t(e.count) * Di;
     SPW_TRY(to_activation(s, entry.get(), m));
@@ -184,7 +228,7 @@ Status v4_indexer_select(GpuStep& s, int layer, const float* x, const float* cq,
     return {};
   }
   Buf qi, wts, scores;
-  SPW_TRY(index_queries(s, lw, x, cq, /*hadamard=*/true, qi, wts));
+  SPW_TRY(index_queries(s, lw, x, cq, pre, /*hadamard=*/true, qi, wts));
   SPW_TRY(s.alloc(scores, size_t(n) * in.max_entries));
   SPW_TRY(index_scores(s, qi, wts, layer, in, 0, n, scores));
   return cuda::topk_select_cuda(scores.get(), in.max_entries, in.n_entries, n, K, sel.get(), K, s.stream);
@@ -193,7 +237,7 @@ Status v4_indexer_select(GpuStep& s, int layer, const float* x, const float* cq,
 // V4.1 index source: scores over the latest published keys (Numerics::stale_index_k), the
 // candidate blocks (candidate source: publish; re-index layer: mask), top-k → s.topk. The key
 // layer is per sequence; rows of consecutive chunks that share one are scored in one launch.
-Status v41_indexer_select(GpuStep& s, int layer, const float* x, const float* cq,
+Status v41_indexer_select(GpuStep& s, int layer, const float* x, const float* cq, const Projected& pre,
                           const std::vector<int32_t>& produced) {
   const ModelConfig& c = s.c;
   const LayerPlan& plan = c.layers[layer];
@@ -234,7 +278,7 @@ Status v41_indexer_select(GpuStep& s, int layer, const float* x, const float* cq
   const int64_t len = in.max_entries;
 
   Buf qi, wts, scores;
-  SPW_TRY(index_queries(s, lw, x, cq, /*hadamard=*/false, qi, wts));
+  SPW_TRY(index_queries(s, lw, x, cq, pre, /*hadamard=*/false, qi, wts));
   SPW_TRY(s.alloc(scores, size_t(n) * len));
   for (int b0 = 0, b1; b0 < n_ch; b0 = b1) {  // [n, len]
     for (b1 = b0 + 1; b1 < n_ch && key_layer[b1] == key_layer[b0];) ++b1;
@@ -347,15 +391,23 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   SPW_TRY(s.alloc(cq, size_t(n) * c.q_lora_rank));
   SPW_TRY(s.alloc(q, size_t(n) * H * D));
   SPW_TRY(s.alloc(kv, size_t(n) * D));
-  // wq_a and wkv read the same x: one GEMV launch for both when they are stacked (bit-identical rows).
-  const bool stacked = lw.wq_a_wkv.n_out > 0 && linear_uses_gemv(s.path, n);
-  if (stacked)
-    SPW_TRY(stacked_linear_cuda(lw.wq_a_wkv, lw.wq_a.n_out, x, n, cq.get(), kv.get(), s.num.bf16_activations, s.st.ws,
-                                s.stream));                                                  // [n, q_lora], [n, D]
-  else
-    SPW_TRY(linear(s, lw.wq_a, x, n, cq.get()));                                                 // [n, q_lora]
+  // Linears that read the same input run as one GEMV launch where they are stacked (decode; bit-identical
+  // rows): wq_a and wkv; the compressors' projections of x; wq_b and the indexer's wq_b.
+  const bool gemv = linear_uses_gemv(s.path, n);
+  const bool stacked = gemv && lw.wq_a_wkv.stacked();
+  Projected pre;
+  float *cq_p = cq.get(), *kv_p = kv.get(), *q_p = q.get();
+  if (stacked) SPW_TRY(run_stack(s, lw.wq_a_wkv, x, {{&lw.wq_a, &cq_p}, {&lw.wkv, &kv_p}}));   // [n, q_lora], [n, D]
+  else SPW_TRY(linear(s, lw.wq_a, x, n, cq.get()));                                            // [n, q_lora]
+  if (gemv && lw.compressors.stacked())
+    SPW_TRY(run_stack(s, lw.compressors, x,
+                      {{&lw.comp_wkv, &pre.comp_kv}, {&lw.comp_wgate, &pre.comp_score}, {&lw.idx_comp_wkv, &pre.idx_kv},
+                       {&lw.idx_comp_wgate, &pre.idx_score}}));
   SPW_TRY(norm(s, cq.get(), lw.q_norm, n, c.q_lora_rank));
-  SPW_TRY(linear(s, lw.wq_b, cq.get(), n, q.get()));                                              // [n, H·D]
+  if (gemv && lw.wq_b_idx.stacked())
+    SPW_TRY(run_stack(s, lw.wq_b_idx, cq.get(), {{&lw.wq_b, &q_p}, {&lw.idx_wq_b, &pre.qi}}));  // [n, H·D], [n, Hi·Di]
+  else
+    SPW_TRY(linear(s, lw.wq_b, cq.get(), n, q.get()));                                          // [n, H·D]
   if (!c.is_v41())  // V4: per-head weightless RMS on q
     SPW_TRY(norm(s, q.get(), nullptr, int64_t(n) * H, D));
   SPW_TRY(cuda::rope_apply(q.get(), int64_t(n) * H, D, c.d_rope, rope, s.pos.get(), H, false, s.stream));
@@ -380,9 +432,9 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   int sel_stride = 0;
   cuda::KvPages comp = s.st.comp.view(layer);
   if (plan.attn == AttnKind::Hca || plan.attn == AttnKind::Csa) {
-    SPW_TRY(v4_compress(s, layer, x));
+    SPW_TRY(v4_compress(s, layer, x, pre));
     if (plan.attn == AttnKind::Csa) {
-      SPW_TRY(v4_indexer_select(s, layer, x, cq.get(), own_sel));
+      SPW_TRY(v4_indexer_select(s, layer, x, cq.get(), pre, own_sel));
       sel_stride = c.index_topk;
     } else {
       SPW_TRY(hca_select(s, plan.compress_ratio, own_sel, sel_stride));
@@ -390,8 +442,8 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
     sel = own_sel.get();
   } else if (plan.attn != AttnKind::Window) {
     std::vector<int32_t> produced(s.n_chunks(), 0);
-    if (plan.kv_source) SPW_TRY(v41_compress(s, layer, x, produced));
-    if (plan.index_source) SPW_TRY(v41_indexer_select(s, layer, x, cq.get(), produced));
+    if (plan.kv_source) SPW_TRY(v41_compress(s, layer, x, pre, produced));
+    if (plan.index_source) SPW_TRY(v41_indexer_select(s, layer, x, cq.get(), pre, produced));
     comp = s.st.comp.view(latest_kv_source(c, layer));
     sel = s.topk.get();
     sel_stride = c.index_topk;

@@ -40,8 +40,9 @@ Status run_expert(GpuStep& s, const DeviceExpert& e, const float* xs, int m, con
   if (exl3) {
     SPW_TRY(exl3_linear(s, e.exl3[0], xs, m, g.get()));  // [m, F]
     SPW_TRY(exl3_linear(s, e.exl3[2], xs, m, u.get()));  // [m, F]
-  } else if (e.w13.n_out > 0 && linear_uses_gemv(s.path, m)) {  // one launch, bit-identical to the two below
-    SPW_TRY(stacked_linear_cuda(e.w13, F, xs, m, g.get(), u.get(), s.num.bf16_activations, s.st.ws, s.stream));
+  } else if (e.w13.stacked() && linear_uses_gemv(s.path, m)) {  // one launch, bit-identical to the two below
+    float* const ys[] = {g.get(), u.get()};
+    SPW_TRY(stacked_linear_cuda(e.w13.w, e.w13.rows, xs, m, ys, s.num.bf16_activations, s.st.ws, s.stream));
   } else {
     SPW_TRY(linear(s, e.w1, xs, m, g.get()));  // [m, F]
     SPW_TRY(linear(s, e.w3, xs, m, u.get()));  // [m, F]

@@ -324,71 +324,101 @@ TEST_F(CudaDense, GemvTokenCountDoesNotChangeRows) {
   }
 }
 
-// Two FP8 weights on one input, stacked (rows of a, then b; scales likewise) and run in one launch
-// (stacked_linear_cuda), give outputs bit-identical to linear_cuda on each, into two outputs with their own
-// row strides and untouched guards; a bad split row is refused. The engine stacks wq_a + wkv and the shared
-// expert's w1 + w3 this way (engine/device_weights.cpp), only where stack_keeps_rows holds.
-TEST_F(CudaDense, StackedLinearMatchesTwoCalls) {
-  struct Pair {
-    int rows_a, rows_b, n_in, block;
+// Weights on one input, stacked (each part's rows in turn; scales likewise) and run in one launch
+// (stacked_linear_cuda), give outputs bit-identical to linear_cuda on each part, into outputs with their own
+// row strides and untouched guards; bad part lists are refused. The engine stacks wq_a + wkv, wq_b + the
+// indexer's wq_b, the shared expert's w1 + w3 (FP8) and up to four compressor projections (BF16, f32 products)
+// this way (engine/device_weights.cpp), only where stack_keeps_rows holds.
+TEST_F(CudaDense, StackedLinearMatchesOneCallPerPart) {
+  struct Stack {
+    DenseFormat f;
+    std::vector<int> rows;
+    int n_in, block;
+    bool f32_product;
   };
-  const Pair pairs[] = {
-      {1280, 512, 5120, 32},   // V4.1 wq_a + wkv
-      {2304, 2304, 5120, 32},  // V4.1 shared w1 + w3
-      {1024, 512, 4096, 128},  // V4 wq_a + wkv
-      {256, 128, 160, 32},     // awkward: a partial 512-tile and a partial weight block along k
+  const Stack stacks[] = {
+      {DenseFormat::kFp8, {1280, 512}, 5120, 32, false},                // V4.1 wq_a + wkv
+      {DenseFormat::kFp8, {2304, 2304}, 5120, 32, false},               // V4.1 shared w1 + w3
+      {DenseFormat::kFp8, {32768, 4096}, 1280, 32, false},              // V4.1 wq_b + indexer wq_b (persistent kernel)
+      {DenseFormat::kFp8, {1024, 512}, 4096, 128, false},               // V4 wq_a + wkv
+      {DenseFormat::kBf16, {1024, 1024, 256, 256}, 4096, 0, true},      // V4 CSA compressors + indexer compressors
+      {DenseFormat::kBf16, {512, 512}, 5120, 0, true},                  // V4.1 ratio-2 compressor
+      {DenseFormat::kFp8, {256, 128, 96}, 160, 32, false},              // awkward: partial tiles, a short last part
   };
   uint32_t seed = 900;
-  for (const Pair& pr : pairs) {
-    ASSERT_TRUE(stack_keeps_rows(pr.rows_a, pr.rows_b, pr.n_in)) << pr.rows_a << "+" << pr.rows_b;
+  for (const Stack& sk : stacks) {
+    ASSERT_TRUE(stack_keeps_rows(sk.rows, sk.n_in)) << sk.rows[0] << "+...";
     std::mt19937 rng(++seed);
-    HostLinear a = make_linear(DenseFormat::kFp8, pr.rows_a, pr.n_in, pr.block, pr.block, false, rng);
-    HostLinear b = make_linear(DenseFormat::kFp8, pr.rows_b, pr.n_in, pr.block, pr.block, false, rng);
-    std::vector<uint8_t> w = a.bytes, sc = a.scale;
-    w.insert(w.end(), b.bytes.begin(), b.bytes.end());
-    sc.insert(sc.end(), b.scale.begin(), b.scale.end());
-    DevBuf dw(w), ds(sc);
+    const int act_block = sk.f == DenseFormat::kFp8 ? sk.block : 0;
+    std::vector<HostLinear> parts;
+    std::vector<uint8_t> w, sc;
+    int total = 0;
+    for (int r : sk.rows) {
+      parts.push_back(make_linear(sk.f, r, sk.n_in, sk.block, act_block, sk.f32_product, rng));
+      w.insert(w.end(), parts.back().bytes.begin(), parts.back().bytes.end());
+      sc.insert(sc.end(), parts.back().scale.begin(), parts.back().scale.end());
+      total += r;
+    }
+    DevBuf dw(w), ds;
+    if (!sc.empty()) ds.upload(sc);
     const auto* wp = static_cast<const uint8_t*>(dw.p);
     const auto* sp = static_cast<const uint8_t*>(ds.p);
-    DeviceLinear da = a.d, db = b.d, st = a.d;
-    da.w = wp, da.scale = sp;
-    db.w = wp + a.bytes.size(), db.scale = sp + a.scale.size();
-    st.w = wp, st.scale = sp, st.n_out = pr.rows_a + pr.rows_b;
+    DeviceLinear st = parts[0].d;
+    st.w = wp, st.scale = sp, st.n_out = total;
+    for (HostLinear& h : parts) {
+      h.d.w = wp, h.d.scale = sp;
+      wp += h.bytes.size(), sp += h.scale.size();
+    }
+    std::string name = std::string(dense_format_name(sk.f)) + " stack";
+    for (int r : sk.rows) name += " " + std::to_string(r);
+    name += " x" + std::to_string(sk.n_in);
     for (int n : {1, 2, 5, 16}) {
-      const std::string what = "stacked " + std::to_string(pr.rows_a) + "+" + std::to_string(pr.rows_b) + "x" +
-                               std::to_string(pr.n_in) + " tokens " + std::to_string(n);
-      const std::vector<float> x = make_x(n, pr.n_in, true, rng);
+      const std::string what = name + ", tokens " + std::to_string(n);
+      const std::vector<float> x = make_x(n, sk.n_in, true, rng);
       DevBuf dx(x);
-      const std::vector<float> ya = run_linear(da, dx, n, true, ws_, LinearPath::kGemv, what + " a");
-      const std::vector<float> yb = run_linear(db, dx, n, true, ws_, LinearPath::kGemv, what + " b");
-      const size_t na = size_t(n) * pr.rows_a, nb = size_t(n) * pr.rows_b;
-      std::vector<float> out(na + nb + 3 * kGuard, kSentinel);  // guard, y_a, guard, y_b, guard
+      // guard, y_0, guard, y_1, ..., guard
+      size_t len = kGuard;
+      std::vector<size_t> at;
+      for (int r : sk.rows) at.push_back(len), len += size_t(n) * r + kGuard;
+      std::vector<float> out(len, kSentinel);
       DevBuf dout(out);
-      float* y_a = static_cast<float*>(dout.p) + kGuard;
-      float* y_b = y_a + na + kGuard;
-      Status s = stacked_linear_cuda(st, pr.rows_a, static_cast<const float*>(dx.p), n, y_a, y_b, true, ws_, nullptr);
+      std::vector<float*> ys;
+      for (size_t off : at) ys.push_back(static_cast<float*>(dout.p) + off);
+      Status s = stacked_linear_cuda(st, sk.rows, static_cast<const float*>(dx.p), n, ys, true, ws_, nullptr);
       ASSERT_TRUE(s.ok()) << what << ": " << s.error().message;
       CUDA_OK(cudaDeviceSynchronize());
       CUDA_OK(cudaMemcpy(out.data(), dout.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
-      for (size_t i = 0; i < kGuard; ++i) {
-        ASSERT_EQ(out[i], kSentinel) << what << ": guard before y_a";
-        ASSERT_EQ(out[kGuard + na + i], kSentinel) << what << ": guard between y_a and y_b";
-        ASSERT_EQ(out[2 * kGuard + na + nb + i], kSentinel) << what << ": guard after y_b";
+      for (size_t p = 0; p < parts.size(); ++p) {
+        const std::vector<float> y = run_linear(parts[p].d, dx, n, true, ws_, LinearPath::kGemv, what);
+        const size_t m = size_t(n) * sk.rows[p];
+        ASSERT_EQ(y.size(), m) << what;
+        EXPECT_EQ(std::memcmp(out.data() + at[p], y.data(), m * sizeof(float)), 0) << what << ": part " << p << " differs";
+        for (size_t i = 0; i < kGuard; ++i) ASSERT_EQ(out[at[p] - kGuard + i], kSentinel) << what << ": guard before part " << p;
       }
-      ASSERT_EQ(ya.size(), na);
-      ASSERT_EQ(yb.size(), nb);
-      EXPECT_EQ(std::memcmp(out.data() + kGuard, ya.data(), na * sizeof(float)), 0) << what << ": y_a differs";
-      EXPECT_EQ(std::memcmp(out.data() + 2 * kGuard + na, yb.data(), nb * sizeof(float)), 0) << what << ": y_b differs";
+      for (size_t i = 0; i < kGuard; ++i) ASSERT_EQ(out[len - kGuard + i], kSentinel) << what << ": guard after the last part";
     }
-    std::vector<float> x1 = make_x(1, pr.n_in, true, rng);
-    DevBuf dx1(x1), dy(std::vector<float>(size_t(st.n_out), 0.f));
-    float* y = static_cast<float*>(dy.p);
-    EXPECT_FALSE(stacked_linear_cuda(st, pr.rows_a + 1, static_cast<const float*>(dx1.p), 1, y, y + 1, true, ws_, nullptr).ok())
-        << "a split row inside a weight block is refused";
-    EXPECT_FALSE(stacked_linear_cuda(st, 0, static_cast<const float*>(dx1.p), 1, y, y, true, ws_, nullptr).ok());
-    EXPECT_FALSE(stacked_linear_cuda(st, pr.rows_a, static_cast<const float*>(dx1.p), 17, y, y, true, ws_, nullptr).ok())
-        << "more than 16 tokens is the GEMM path's";
+    std::vector<float> x1 = make_x(1, sk.n_in, true, rng);
+    DevBuf dx1(x1), dy(std::vector<float>(size_t(total), 0.f));
+    const float* xp = static_cast<const float*>(dx1.p);
+    std::vector<float*> ys(sk.rows.size(), static_cast<float*>(dy.p));
+    std::vector<int> wrong = sk.rows;
+    wrong.back() += 1;
+    EXPECT_FALSE(stacked_linear_cuda(st, wrong, xp, 1, ys, true, ws_, nullptr).ok()) << name << ": rows ≠ the weight's";
+    EXPECT_FALSE(stacked_linear_cuda(st, std::vector<int>{total}, xp, 1, std::vector<float*>{ys[0]}, true, ws_, nullptr).ok())
+        << name << ": one part";
+    EXPECT_FALSE(stacked_linear_cuda(st, sk.rows, xp, 1, std::span<float* const>(ys).first(1), true, ws_, nullptr).ok())
+        << name << ": fewer outputs than parts";
+    EXPECT_FALSE(stacked_linear_cuda(st, sk.rows, xp, 17, ys, true, ws_, nullptr).ok())
+        << name << ": more than 16 tokens is the GEMM path's";
+    if (sk.f == DenseFormat::kFp8) {
+      std::vector<int> inside = sk.rows;
+      inside[0] += 1, inside[1] -= 1;
+      EXPECT_FALSE(stacked_linear_cuda(st, inside, xp, 1, ys, true, ws_, nullptr).ok())
+          << name << ": a part boundary inside a weight block";
+    }
   }
+  // Parts whose k splits differ from the stack's would change the rows' sums: not stackable.
+  EXPECT_FALSE(stack_keeps_rows(std::vector<int>{32768, 512}, 5120));
 }
 
 // A weight scratch of 128 f32 rows of 1280: kGemm dequantizes wq_b in 256 (bf16) or 128 (f32) row chunks.

@@ -28,10 +28,12 @@ struct GemvArgs {
   int n_groups = 1;
   size_t w_group_nbytes = 0;
   int x_group_off = 0, y_group_off = 0;
-  // A stacked weight (n_groups = 1): rows ≥ split_row > 0 are written to y2 [n_tokens, ldy2] at row − split_row.
-  int split_row = 0;
-  float* y2 = nullptr;
-  int ldy2 = 0;
+  // A stacked weight (n_groups = 1, n_parts > 1): rows [part_row0[p], part_row0[p + 1]) are written to
+  // part_y[p] [n_tokens, part_ld[p]] at row − part_row0[p] (part_row0[0] = 0, part_y[0] = y); y and ldy unused.
+  int n_parts = 1;
+  int part_row0[kMaxStackParts] = {};
+  float* part_y[kMaxStackParts] = {};
+  int part_ld[kMaxStackParts] = {};
 };
 cudaError_t gemv_launch(const GemvArgs& a, cudaStream_t stream);
 // The blocks a row's k range is split over (1, 2 or 4) for `rows` output rows of n_in inputs: a function of

@@ -103,9 +103,9 @@ void linear_workspace_free(LinearWorkspace& ws) {
 
 namespace {
 
-// y = x̂·Wᵀ on the GEMV path; with split_row > 0 the rows from split_row on go to y2 instead (a stacked weight).
+// y = x̂·Wᵀ on the GEMV path; a stacked weight (parts > 1) writes its parts' rows to ys instead.
 Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y, bool round_out, LinearWorkspace& ws,
-                   cudaStream_t stream, int split_row = 0, float* y2 = nullptr) {
+                   cudaStream_t stream, std::span<const int> part_rows = {}, std::span<float* const> ys = {}) {
   const float* xq = x;
   if (w.act_block > 0) {
     if (ws.act_nbytes < sizeof(float) * static_cast<size_t>(n_tokens) * w.n_in)
@@ -116,9 +116,14 @@ Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y
   }
   densedev::GemvArgs a;
   a.format = w.format, a.w = w.w, a.scale = w.scale, a.n_out = w.n_out, a.n_in = w.n_in, a.weight_block = w.weight_block;
-  a.x = xq, a.ldx = w.n_in, a.y = y, a.ldy = split_row > 0 ? split_row : w.n_out, a.n_tokens = n_tokens;
+  a.x = xq, a.ldx = w.n_in, a.y = y, a.ldy = w.n_out, a.n_tokens = n_tokens;
   a.round_out = round_out && !w.f32_product;
-  a.split_row = split_row, a.y2 = y2, a.ldy2 = w.n_out - split_row;
+  if (part_rows.size() > 1) {
+    a.n_parts = static_cast<int>(part_rows.size());
+    for (int p = 0, row0 = 0; p < a.n_parts; row0 += part_rows[p++])
+      a.part_row0[p] = row0, a.part_y[p] = ys[p], a.part_ld[p] = part_rows[p];
+    a.y = ys[0], a.ldy = part_rows[0];
+  }
   if (cudaError_t e = densedev::gemv_launch(a, stream); e != cudaSuccess) return cuda_error("launch dense gemv", e);
   return {};
 }
@@ -185,21 +190,34 @@ Status linear_cuda(const DeviceLinear& w, const float* x, int n_tokens, float* y
   return linear_gemm(w, x, n_tokens, y, round_out, ws, stream);
 }
 
-Status stacked_linear_cuda(const DeviceLinear& w, int split_row, const float* x, int n_tokens, float* y_a, float* y_b,
-                           bool round_out, LinearWorkspace& ws, cudaStream_t stream) {
+Status stacked_linear_cuda(const DeviceLinear& w, std::span<const int> part_rows, const float* x, int n_tokens,
+                           std::span<float* const> ys, bool round_out, LinearWorkspace& ws, cudaStream_t stream) {
   SPW_TRY(linear_cuda_check(w));
+  if (part_rows.size() < 2 || part_rows.size() > static_cast<size_t>(kMaxStackParts) || ys.size() != part_rows.size())
+    return make_error("stacked linear: ", part_rows.size(), " parts and ", ys.size(), " outputs (2 to ", kMaxStackParts,
+                      " parts, an output each)");
+  const int block = w.format == DenseFormat::kFp8 ? w.weight_block : 1;
+  long rows = 0;
+  for (size_t p = 0; p < part_rows.size(); ++p) {
+    if (part_rows[p] < 1 || (p + 1 < part_rows.size() && part_rows[p] % block != 0))
+      return make_error("stacked linear: part ", p, " has ", part_rows[p], " rows (≥ 1, a multiple of ", block,
+                        " except the last)");
+    rows += part_rows[p];
+  }
+  if (rows != w.n_out) return make_error("stacked linear: the parts' ", rows, " rows are not the weight's ", w.n_out);
   if (n_tokens < 1) return {};
   if (n_tokens > kGemvMaxTokens)
     return make_error("stacked linear: the gemv path takes at most ", kGemvMaxTokens, " tokens, got ", n_tokens);
-  const int block = w.format == DenseFormat::kFp8 ? w.weight_block : 1;
-  if (split_row <= 0 || split_row >= w.n_out || split_row % block != 0)
-    return make_error("stacked linear: split row ", split_row, " of ", w.n_out, " rows (a multiple of ", block, " inside)");
-  return linear_gemv(w, x, n_tokens, y_a, round_out, ws, stream, split_row, y_b);
+  return linear_gemv(w, x, n_tokens, nullptr, round_out, ws, stream, part_rows, ys);
 }
 
-bool stack_keeps_rows(int rows_a, int rows_b, int n_in) {
-  const int s = densedev::gemv_k_splits(rows_a, n_in);
-  return s == densedev::gemv_k_splits(rows_b, n_in) && s == densedev::gemv_k_splits(long(rows_a) + rows_b, n_in);
+bool stack_keeps_rows(std::span<const int> part_rows, int n_in) {
+  long rows = 0;
+  for (int r : part_rows) rows += r;
+  const int s = densedev::gemv_k_splits(rows, n_in);
+  for (int r : part_rows)
+    if (densedev::gemv_k_splits(r, n_in) != s) return false;
+  return true;
 }
 
 bool linear_uses_gemv(LinearPath path, int n_tokens) { return resolve(path, n_tokens) == LinearPath::kGemv; }

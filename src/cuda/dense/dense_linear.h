@@ -37,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "base/status.h"
 
@@ -44,6 +45,9 @@ namespace spw {
 
 // How the weight is stored.
 enum class DenseFormat { kFp8, kFp4, kBf16, kF32 };
+
+// The most linears one stacked GEMV launch serves (stacked_linear_cuda).
+constexpr int kMaxStackParts = 6;
 const char* dense_format_name(DenseFormat f);
 
 struct DeviceLinear {
@@ -84,16 +88,16 @@ Status linear_cuda_check(const DeviceLinear& w);
 Status linear_cuda(const DeviceLinear& w, const float* x, int n_tokens, float* y, bool round_out,
                    LinearWorkspace& ws, cudaStream_t stream, LinearPath path = LinearPath::kAuto);
 
-// Two linears on the same input in one GEMV launch: w holds rows [0, split_row) of one weight and then the
-// rows of the other, contiguous in every array (weights, scales), with split_row a multiple of the FP8
-// weight block. y_a [n_tokens, split_row] and y_b [n_tokens, n_out − split_row] come out bit-identical to two
-// linear_cuda calls on the kGemv path as long as stack_keeps_rows() held for the shapes: x̂ is prepared once.
-// kGemv only (n_tokens ≤ 16).
-Status stacked_linear_cuda(const DeviceLinear& w, int split_row, const float* x, int n_tokens, float* y_a, float* y_b,
-                           bool round_out, LinearWorkspace& ws, cudaStream_t stream);
-// Whether stacking an [rows_a, n_in] and an [rows_b, n_in] weight keeps every row's summation order on the GEMV
-// path (the k split is the same for the parts and the stack).
-bool stack_keeps_rows(int rows_a, int rows_b, int n_in);
+// Linears that read the same input, run as one GEMV launch: w holds the parts' rows one part after the other,
+// contiguous in every array (weights, scales; all parts share format, act_block and f32_product), part p
+// having part_rows[p] rows (a multiple of the FP8 weight block, except the last). ys[p] [n_tokens, part_rows[p]]
+// come out bit-identical to a linear_cuda call per part on the kGemv path as long as stack_keeps_rows() held
+// for the shapes; x̂ is prepared once. 2 to kMaxStackParts parts; kGemv only (n_tokens ≤ 16).
+Status stacked_linear_cuda(const DeviceLinear& w, std::span<const int> part_rows, const float* x, int n_tokens,
+                           std::span<float* const> ys, bool round_out, LinearWorkspace& ws, cudaStream_t stream);
+// Whether stacking weights of part_rows rows each (n_in inputs) keeps every row's summation order on the GEMV
+// path: the k split is the same for every part and for the stack.
+bool stack_keeps_rows(std::span<const int> part_rows, int n_in);
 // Whether linear_cuda takes the GEMV path for this path and token count.
 bool linear_uses_gemv(LinearPath path, int n_tokens);
 
