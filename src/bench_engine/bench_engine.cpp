@@ -266,6 +266,8 @@ int run_engine_bench(const EngineBenchOptions& o) {
   std::printf("HBM copy bandwidth (device-to-device %d MiB, read + write bytes, best of 10): %.0f GB/s\n", o.copy_mib,
               *bw / 1e9);
   std::printf("bf16 tensor-core rate (cuBLAS GEMM 8192^3, fp32 compute, best of 10): %.1f TFLOP/s\n", *tc / 1e12);
+  std::printf("FP8 decode GEMV: %s\n", gemv_mma_enabled() ? "tensor cores (SPILLWAY_GEMV_MMA=1)"
+                                                           : "scalar weight streaming (SPILLWAY_GEMV_MMA=1: tensor cores)");
   report["device"] = {{"name", prop.name}, {"copy_bandwidth", *bw}, {"bf16_gemm_flops", *tc}};
 
   MemoryWatch mem;

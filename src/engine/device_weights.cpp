@@ -136,7 +136,9 @@ class Uploader {
       ws.push_back(t);
       scales.push_back(sc);
     }
-    if (!stack_keeps_rows(rows, l0.n_in)) return alone();
+    DeviceLinear like = describe(l0);
+    like.format = fp8 ? DenseFormat::kFp8 : DenseFormat::kBf16, like.weight_block = B;
+    if (!stack_keeps_rows(like, rows)) return alone();
     auto cat = [&](const std::vector<const TensorInfo*>& ts) {
       std::vector<uint8_t> all;
       for (const TensorInfo* t : ts) all.insert(all.end(), t->data, t->data + t->nbytes);

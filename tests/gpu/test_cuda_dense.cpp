@@ -221,6 +221,13 @@ void run_case(DenseFormat f, int n_out, int n_in, int weight_block, int act_bloc
   }
 }
 
+// Sets the FP8 decode path for a scope (dense_linear.h: set_gemv_mma), restoring the previous one.
+struct GemvMmaScope {
+  explicit GemvMmaScope(bool on) : was(gemv_mma_enabled()) { set_gemv_mma(on); }
+  ~GemvMmaScope() { set_gemv_mma(was); }
+  bool was;
+};
+
 class CudaDense : public testing::Test {
  protected:
   void SetUp() override {
@@ -234,44 +241,56 @@ class CudaDense : public testing::Test {
 
 // V4.1-Flash (fp8 32×32 weight blocks, activation blocks of 32), spec §2.3.
 TEST_F(CudaDense, V41RealShapes) {
-  const std::vector<int> tokens = {1, 4, 16, 17, 64};
-  run_case(DenseFormat::kFp8, 1280, 5120, 32, 32, false, tokens, ws_, 101);    // attn.wq_a
-  run_case(DenseFormat::kFp8, 32768, 1280, 32, 32, false, {1, 16, 17}, ws_, 102);  // attn.wq_b
-  run_case(DenseFormat::kFp8, 512, 5120, 32, 32, false, tokens, ws_, 103);     // attn.wkv
-  run_case(DenseFormat::kFp8, 5120, 8192, 32, 32, false, tokens, ws_, 104);    // attn.wo_b
-  run_case(DenseFormat::kFp8, 2304, 5120, 32, 32, false, tokens, ws_, 105);    // shared w1 / w3
-  run_case(DenseFormat::kFp8, 5120, 2304, 32, 32, false, tokens, ws_, 106);    // shared w2
-  run_case(DenseFormat::kFp8, 4096, 1280, 32, 32, false, tokens, ws_, 107);    // indexer wq_b
-  run_case(DenseFormat::kFp4, 2304, 5120, 0, 32, false, tokens, ws_, 108);     // expert w1 / w3 (MXFP4)
-  run_case(DenseFormat::kFp4, 5120, 2304, 0, 32, false, tokens, ws_, 109);     // expert w2
-  run_case(DenseFormat::kBf16, 384, 5120, 0, 0, true, tokens, ws_, 110);       // ffn.gate (router, f32 product)
-  run_case(DenseFormat::kBf16, 32, 5120, 0, 0, false, tokens, ws_, 111);       // indexer weights_proj
-  run_case(DenseFormat::kBf16, 129280, 5120, 0, 0, true, {1, 4}, ws_, 112);    // head (f32 product)
+  for (bool mma : {false, true}) {  // both FP8 decode paths (dense_linear.h: set_gemv_mma)
+    SCOPED_TRACE(mma ? "tensor-core FP8 GEMV" : "scalar FP8 GEMV");
+    GemvMmaScope scope(mma);
+    const std::vector<int> tokens = {1, 4, 16, 17, 64};
+    run_case(DenseFormat::kFp8, 1280, 5120, 32, 32, false, tokens, ws_, 101);    // attn.wq_a
+    run_case(DenseFormat::kFp8, 32768, 1280, 32, 32, false, {1, 16, 17}, ws_, 102);  // attn.wq_b
+    run_case(DenseFormat::kFp8, 512, 5120, 32, 32, false, tokens, ws_, 103);     // attn.wkv
+    run_case(DenseFormat::kFp8, 5120, 8192, 32, 32, false, tokens, ws_, 104);    // attn.wo_b
+    run_case(DenseFormat::kFp8, 2304, 5120, 32, 32, false, tokens, ws_, 105);    // shared w1 / w3
+    run_case(DenseFormat::kFp8, 5120, 2304, 32, 32, false, tokens, ws_, 106);    // shared w2
+    run_case(DenseFormat::kFp8, 4096, 1280, 32, 32, false, tokens, ws_, 107);    // indexer wq_b
+    run_case(DenseFormat::kFp4, 2304, 5120, 0, 32, false, tokens, ws_, 108);     // expert w1 / w3 (MXFP4)
+    run_case(DenseFormat::kFp4, 5120, 2304, 0, 32, false, tokens, ws_, 109);     // expert w2
+    run_case(DenseFormat::kBf16, 384, 5120, 0, 0, true, tokens, ws_, 110);       // ffn.gate (router, f32 product)
+    run_case(DenseFormat::kBf16, 32, 5120, 0, 0, false, tokens, ws_, 111);       // indexer weights_proj
+    run_case(DenseFormat::kBf16, 129280, 5120, 0, 0, true, {1, 4}, ws_, 112);    // head (f32 product)
+  }
 }
 
 // V4-Flash (fp8 128×128 weight blocks, activation blocks of 128), spec §2.2.
 TEST_F(CudaDense, V4RealShapes) {
-  const std::vector<int> tokens = {1, 3, 16, 17, 64};
-  run_case(DenseFormat::kFp8, 1024, 4096, 128, 128, false, tokens, ws_, 201);  // attn.wq_a
-  run_case(DenseFormat::kFp8, 512, 4096, 128, 128, false, tokens, ws_, 202);   // attn.wkv
-  run_case(DenseFormat::kFp8, 4096, 8192, 128, 128, false, tokens, ws_, 203);  // attn.wo_b
-  run_case(DenseFormat::kFp4, 2048, 4096, 0, 128, false, tokens, ws_, 204);    // expert w1
-  run_case(DenseFormat::kF32, 1024, 4096, 0, 0, true, tokens, ws_, 205);       // F32-stored weight
+  for (bool mma : {false, true}) {  // both FP8 decode paths (dense_linear.h: set_gemv_mma)
+    SCOPED_TRACE(mma ? "tensor-core FP8 GEMV" : "scalar FP8 GEMV");
+    GemvMmaScope scope(mma);
+    const std::vector<int> tokens = {1, 3, 16, 17, 64};
+    run_case(DenseFormat::kFp8, 1024, 4096, 128, 128, false, tokens, ws_, 201);  // attn.wq_a
+    run_case(DenseFormat::kFp8, 512, 4096, 128, 128, false, tokens, ws_, 202);   // attn.wkv
+    run_case(DenseFormat::kFp8, 4096, 8192, 128, 128, false, tokens, ws_, 203);  // attn.wo_b
+    run_case(DenseFormat::kFp4, 2048, 4096, 0, 128, false, tokens, ws_, 204);    // expert w1
+    run_case(DenseFormat::kF32, 1024, 4096, 0, 0, true, tokens, ws_, 205);       // F32-stored weight
+  }
 }
 
 TEST_F(CudaDense, AwkwardSizes) {
-  const std::vector<int> tokens = {1, 2, 3, 16, 17, 300};
-  uint32_t seed = 300;
-  for (int n_out : {1, 7, 127, 1023}) {
-    run_case(DenseFormat::kFp8, n_out, 384, 128, 128, false, tokens, ws_, ++seed);
-    run_case(DenseFormat::kFp8, n_out, 160, 128, 32, false, tokens, ws_, ++seed);  // partial 128-block in k
-    run_case(DenseFormat::kFp8, n_out, 160, 32, 32, false, tokens, ws_, ++seed);
-    run_case(DenseFormat::kFp4, n_out, 160, 0, 32, false, tokens, ws_, ++seed);
-    run_case(DenseFormat::kBf16, n_out, 48, 0, 0, false, tokens, ws_, ++seed);
-    run_case(DenseFormat::kBf16, n_out, 1040, 0, 0, true, tokens, ws_, ++seed);  // k tiles 512 + 512 + 16
-    run_case(DenseFormat::kF32, n_out, 128, 0, 0, true, tokens, ws_, ++seed);
-    run_case(DenseFormat::kFp8, n_out, 128, 128, 0, false, tokens, ws_, ++seed);  // fake quant off
-    run_case(DenseFormat::kFp8, n_out, 2080, 128, 32, false, tokens, ws_, ++seed);  // k split in 2, the second shorter
+  for (bool mma : {false, true}) {  // both FP8 decode paths (dense_linear.h: set_gemv_mma)
+    SCOPED_TRACE(mma ? "tensor-core FP8 GEMV" : "scalar FP8 GEMV");
+    GemvMmaScope scope(mma);
+    const std::vector<int> tokens = {1, 2, 3, 16, 17, 300};
+    uint32_t seed = 300;
+    for (int n_out : {1, 7, 127, 1023}) {
+      run_case(DenseFormat::kFp8, n_out, 384, 128, 128, false, tokens, ws_, ++seed);
+      run_case(DenseFormat::kFp8, n_out, 160, 128, 32, false, tokens, ws_, ++seed);  // partial 128-block in k
+      run_case(DenseFormat::kFp8, n_out, 160, 32, 32, false, tokens, ws_, ++seed);
+      run_case(DenseFormat::kFp4, n_out, 160, 0, 32, false, tokens, ws_, ++seed);
+      run_case(DenseFormat::kBf16, n_out, 48, 0, 0, false, tokens, ws_, ++seed);
+      run_case(DenseFormat::kBf16, n_out, 1040, 0, 0, true, tokens, ws_, ++seed);  // k tiles 512 + 512 + 16
+      run_case(DenseFormat::kF32, n_out, 128, 0, 0, true, tokens, ws_, ++seed);
+      run_case(DenseFormat::kFp8, n_out, 128, 128, 0, false, tokens, ws_, ++seed);  // fake quant off
+      run_case(DenseFormat::kFp8, n_out, 2080, 128, 32, false, tokens, ws_, ++seed);  // k split in 2, the second shorter
+    }
   }
 }
 
@@ -280,45 +299,49 @@ TEST_F(CudaDense, AwkwardSizes) {
 // kernel), are bit-identical, with and without a k split. Batched decode relies on this (EngineBatch's
 // decode-vs-alone tests).
 TEST_F(CudaDense, GemvTokenCountDoesNotChangeRows) {
-  struct Shape {
-    DenseFormat f;
-    int n_out, n_in, weight_block, act_block;
-    bool f32_product;
-  };
-  const Shape shapes[] = {
-      {DenseFormat::kFp8, 5120, 8192, 32, 32, false},   // V4.1 attn.wo_b: 2 rows per warp when streaming
-      {DenseFormat::kFp8, 32768, 1280, 32, 32, false},  // V4.1 attn.wq_b: 4 rows per warp, a half tile at the end
-      {DenseFormat::kFp8, 1023, 160, 128, 32, false},   // awkward: 1 row per warp, partial rows and tiles
-      {DenseFormat::kFp4, 2304, 5120, 0, 32, false},
-      {DenseFormat::kBf16, 1000, 1040, 0, 0, true},
-      {DenseFormat::kFp8, 512, 5120, 128, 128, false},  // V4.1 attn.wkv: k split over 4 blocks
-      {DenseFormat::kBf16, 300, 2080, 0, 0, true},      // k split over 2 blocks, the second shorter
-      {DenseFormat::kF32, 384, 5120, 0, 0, true},       // f32 (staged kernel at every token count), split 4
-  };
-  constexpr int kTokens = 5;
-  uint32_t seed = 700;
-  for (const Shape& sh : shapes) {
-    std::mt19937 rng(++seed);
-    HostLinear h = make_linear(sh.f, sh.n_out, sh.n_in, sh.weight_block, sh.act_block, sh.f32_product, rng);
-    DevBuf dw(h.bytes), ds;
-    if (!h.scale.empty()) ds.upload(h.scale);
-    h.d.w = dw.p, h.d.scale = static_cast<const uint8_t*>(ds.p);
-    const std::vector<float> x = make_x(kTokens, sh.n_in, true, rng);
-    const std::string what = case_name(h.d, kTokens);
-    DevBuf dx(x);
-    const std::vector<float> all = run_linear(h.d, dx, kTokens, false, ws_, LinearPath::kGemv, what);
-    ASSERT_EQ(all.size(), size_t(kTokens) * sh.n_out) << what;
-    for (int t0 = 0; t0 < kTokens; ++t0) {
-      for (int n : {1, 2}) {
-        if (t0 + n > kTokens) continue;
-        DevBuf part(std::vector<float>(x.begin() + size_t(t0) * sh.n_in, x.begin() + size_t(t0 + n) * sh.n_in));
-        const std::vector<float> y = run_linear(h.d, part, n, false, ws_, LinearPath::kGemv, what);
-        ASSERT_EQ(y.size(), size_t(n) * sh.n_out) << what;
-        size_t differ = 0;
-        for (size_t i = 0; i < y.size(); ++i)
-          differ += std::memcmp(&y[i], &all[size_t(t0) * sh.n_out + i], sizeof(float)) != 0;
-        EXPECT_EQ(differ, 0u) << what << ": tokens " << t0 << ".." << t0 + n - 1 << " alone, " << differ
-                              << " outputs differ from the 5-token call";
+  for (bool mma : {false, true}) {  // both FP8 decode paths (dense_linear.h: set_gemv_mma)
+    SCOPED_TRACE(mma ? "tensor-core FP8 GEMV" : "scalar FP8 GEMV");
+    GemvMmaScope scope(mma);
+    struct Shape {
+      DenseFormat f;
+      int n_out, n_in, weight_block, act_block;
+      bool f32_product;
+    };
+    const Shape shapes[] = {
+        {DenseFormat::kFp8, 5120, 8192, 32, 32, false},   // V4.1 attn.wo_b: 2 rows per warp when streaming
+        {DenseFormat::kFp8, 32768, 1280, 32, 32, false},  // V4.1 attn.wq_b: 4 rows per warp, a half tile at the end
+        {DenseFormat::kFp8, 1023, 160, 128, 32, false},   // awkward: 1 row per warp, partial rows and tiles
+        {DenseFormat::kFp4, 2304, 5120, 0, 32, false},
+        {DenseFormat::kBf16, 1000, 1040, 0, 0, true},
+        {DenseFormat::kFp8, 512, 5120, 128, 128, false},  // V4.1 attn.wkv: k split over 4 blocks
+        {DenseFormat::kBf16, 300, 2080, 0, 0, true},      // k split over 2 blocks, the second shorter
+        {DenseFormat::kF32, 384, 5120, 0, 0, true},       // f32 (staged kernel at every token count), split 4
+    };
+    constexpr int kTokens = 5;
+    uint32_t seed = 700;
+    for (const Shape& sh : shapes) {
+      std::mt19937 rng(++seed);
+      HostLinear h = make_linear(sh.f, sh.n_out, sh.n_in, sh.weight_block, sh.act_block, sh.f32_product, rng);
+      DevBuf dw(h.bytes), ds;
+      if (!h.scale.empty()) ds.upload(h.scale);
+      h.d.w = dw.p, h.d.scale = static_cast<const uint8_t*>(ds.p);
+      const std::vector<float> x = make_x(kTokens, sh.n_in, true, rng);
+      const std::string what = case_name(h.d, kTokens);
+      DevBuf dx(x);
+      const std::vector<float> all = run_linear(h.d, dx, kTokens, false, ws_, LinearPath::kGemv, what);
+      ASSERT_EQ(all.size(), size_t(kTokens) * sh.n_out) << what;
+      for (int t0 = 0; t0 < kTokens; ++t0) {
+        for (int n : {1, 2}) {
+          if (t0 + n > kTokens) continue;
+          DevBuf part(std::vector<float>(x.begin() + size_t(t0) * sh.n_in, x.begin() + size_t(t0 + n) * sh.n_in));
+          const std::vector<float> y = run_linear(h.d, part, n, false, ws_, LinearPath::kGemv, what);
+          ASSERT_EQ(y.size(), size_t(n) * sh.n_out) << what;
+          size_t differ = 0;
+          for (size_t i = 0; i < y.size(); ++i)
+            differ += std::memcmp(&y[i], &all[size_t(t0) * sh.n_out + i], sizeof(float)) != 0;
+          EXPECT_EQ(differ, 0u) << what << ": tokens " << t0 << ".." << t0 + n - 1 << " alone, " << differ
+                                << " outputs differ from the 5-token call";
+        }
       }
     }
   }
@@ -330,95 +353,107 @@ TEST_F(CudaDense, GemvTokenCountDoesNotChangeRows) {
 // indexer's wq_b, the shared expert's w1 + w3 (FP8) and up to four compressor projections (BF16, f32 products)
 // this way (engine/device_weights.cpp), only where stack_keeps_rows holds.
 TEST_F(CudaDense, StackedLinearMatchesOneCallPerPart) {
-  struct Stack {
-    DenseFormat f;
-    std::vector<int> rows;
-    int n_in, block;
-    bool f32_product;
-  };
-  const Stack stacks[] = {
-      {DenseFormat::kFp8, {1280, 512}, 5120, 32, false},                // V4.1 wq_a + wkv
-      {DenseFormat::kFp8, {2304, 2304}, 5120, 32, false},               // V4.1 shared w1 + w3
-      {DenseFormat::kFp8, {32768, 4096}, 1280, 32, false},              // V4.1 wq_b + indexer wq_b (persistent kernel)
-      {DenseFormat::kFp8, {1024, 512}, 4096, 128, false},               // V4 wq_a + wkv
-      {DenseFormat::kBf16, {1024, 1024, 256, 256}, 4096, 0, true},      // V4 CSA compressors + indexer compressors
-      {DenseFormat::kBf16, {512, 512}, 5120, 0, true},                  // V4.1 ratio-2 compressor
-      {DenseFormat::kFp8, {256, 128, 96}, 160, 32, false},              // awkward: partial tiles, a short last part
-  };
-  uint32_t seed = 900;
-  for (const Stack& sk : stacks) {
-    ASSERT_TRUE(stack_keeps_rows(sk.rows, sk.n_in)) << sk.rows[0] << "+...";
-    std::mt19937 rng(++seed);
-    const int act_block = sk.f == DenseFormat::kFp8 ? sk.block : 0;
-    std::vector<HostLinear> parts;
-    std::vector<uint8_t> w, sc;
-    int total = 0;
-    for (int r : sk.rows) {
-      parts.push_back(make_linear(sk.f, r, sk.n_in, sk.block, act_block, sk.f32_product, rng));
-      w.insert(w.end(), parts.back().bytes.begin(), parts.back().bytes.end());
-      sc.insert(sc.end(), parts.back().scale.begin(), parts.back().scale.end());
-      total += r;
-    }
-    DevBuf dw(w), ds;
-    if (!sc.empty()) ds.upload(sc);
-    const auto* wp = static_cast<const uint8_t*>(dw.p);
-    const auto* sp = static_cast<const uint8_t*>(ds.p);
-    DeviceLinear st = parts[0].d;
-    st.w = wp, st.scale = sp, st.n_out = total;
-    for (HostLinear& h : parts) {
-      h.d.w = wp, h.d.scale = sp;
-      wp += h.bytes.size(), sp += h.scale.size();
-    }
-    std::string name = std::string(dense_format_name(sk.f)) + " stack";
-    for (int r : sk.rows) name += " " + std::to_string(r);
-    name += " x" + std::to_string(sk.n_in);
-    for (int n : {1, 2, 5, 16}) {
-      const std::string what = name + ", tokens " + std::to_string(n);
-      const std::vector<float> x = make_x(n, sk.n_in, true, rng);
-      DevBuf dx(x);
-      // guard, y_0, guard, y_1, ..., guard
-      size_t len = kGuard;
-      std::vector<size_t> at;
-      for (int r : sk.rows) at.push_back(len), len += size_t(n) * r + kGuard;
-      std::vector<float> out(len, kSentinel);
-      DevBuf dout(out);
-      std::vector<float*> ys;
-      for (size_t off : at) ys.push_back(static_cast<float*>(dout.p) + off);
-      Status s = stacked_linear_cuda(st, sk.rows, static_cast<const float*>(dx.p), n, ys, true, ws_, nullptr);
-      ASSERT_TRUE(s.ok()) << what << ": " << s.error().message;
-      CUDA_OK(cudaDeviceSynchronize());
-      CUDA_OK(cudaMemcpy(out.data(), dout.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
-      for (size_t p = 0; p < parts.size(); ++p) {
-        const std::vector<float> y = run_linear(parts[p].d, dx, n, true, ws_, LinearPath::kGemv, what);
-        const size_t m = size_t(n) * sk.rows[p];
-        ASSERT_EQ(y.size(), m) << what;
-        EXPECT_EQ(std::memcmp(out.data() + at[p], y.data(), m * sizeof(float)), 0) << what << ": part " << p << " differs";
-        for (size_t i = 0; i < kGuard; ++i) ASSERT_EQ(out[at[p] - kGuard + i], kSentinel) << what << ": guard before part " << p;
+  for (bool mma : {false, true}) {  // both FP8 decode paths (dense_linear.h: set_gemv_mma)
+    SCOPED_TRACE(mma ? "tensor-core FP8 GEMV" : "scalar FP8 GEMV");
+    GemvMmaScope scope(mma);
+    struct Stack {
+      DenseFormat f;
+      std::vector<int> rows;
+      int n_in, block;
+      bool f32_product;
+    };
+    const Stack stacks[] = {
+        {DenseFormat::kFp8, {1280, 512}, 5120, 32, false},                // V4.1 wq_a + wkv
+        {DenseFormat::kFp8, {2304, 2304}, 5120, 32, false},               // V4.1 shared w1 + w3
+        {DenseFormat::kFp8, {32768, 4096}, 1280, 32, false},              // V4.1 wq_b + indexer wq_b (persistent kernel)
+        {DenseFormat::kFp8, {1024, 512}, 4096, 128, false},               // V4 wq_a + wkv
+        {DenseFormat::kBf16, {1024, 1024, 256, 256}, 4096, 0, true},      // V4 CSA compressors + indexer compressors
+        {DenseFormat::kBf16, {512, 512}, 5120, 0, true},                  // V4.1 ratio-2 compressor
+        {DenseFormat::kFp8, {256, 128, 96}, 160, 32, false},              // awkward: partial tiles, a short last part
+    };
+    uint32_t seed = 900;
+    for (const Stack& sk : stacks) {
+      std::mt19937 rng(++seed);
+      const int act_block = sk.f == DenseFormat::kFp8 ? sk.block : 0;
+      DeviceLinear like;
+      like.format = sk.f, like.n_in = sk.n_in, like.weight_block = sk.block, like.act_block = act_block;
+      ASSERT_TRUE(stack_keeps_rows(like, sk.rows)) << sk.rows[0] << "+...";
+      std::vector<HostLinear> parts;
+      std::vector<uint8_t> w, sc;
+      int total = 0;
+      for (int r : sk.rows) {
+        parts.push_back(make_linear(sk.f, r, sk.n_in, sk.block, act_block, sk.f32_product, rng));
+        w.insert(w.end(), parts.back().bytes.begin(), parts.back().bytes.end());
+        sc.insert(sc.end(), parts.back().scale.begin(), parts.back().scale.end());
+        total += r;
       }
-      for (size_t i = 0; i < kGuard; ++i) ASSERT_EQ(out[len - kGuard + i], kSentinel) << what << ": guard after the last part";
+      DevBuf dw(w), ds;
+      if (!sc.empty()) ds.upload(sc);
+      const auto* wp = static_cast<const uint8_t*>(dw.p);
+      const auto* sp = static_cast<const uint8_t*>(ds.p);
+      DeviceLinear st = parts[0].d;
+      st.w = wp, st.scale = sp, st.n_out = total;
+      for (HostLinear& h : parts) {
+        h.d.w = wp, h.d.scale = sp;
+        wp += h.bytes.size(), sp += h.scale.size();
+      }
+      std::string name = std::string(dense_format_name(sk.f)) + " stack";
+      for (int r : sk.rows) name += " " + std::to_string(r);
+      name += " x" + std::to_string(sk.n_in);
+      for (int n : {1, 2, 5, 16}) {
+        const std::string what = name + ", tokens " + std::to_string(n);
+        const std::vector<float> x = make_x(n, sk.n_in, true, rng);
+        DevBuf dx(x);
+        // guard, y_0, guard, y_1, ..., guard
+        size_t len = kGuard;
+        std::vector<size_t> at;
+        for (int r : sk.rows) at.push_back(len), len += size_t(n) * r + kGuard;
+        std::vector<float> out(len, kSentinel);
+        DevBuf dout(out);
+        std::vector<float*> ys;
+        for (size_t off : at) ys.push_back(static_cast<float*>(dout.p) + off);
+        Status s = stacked_linear_cuda(st, sk.rows, static_cast<const float*>(dx.p), n, ys, true, ws_, nullptr);
+        ASSERT_TRUE(s.ok()) << what << ": " << s.error().message;
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(out.data(), dout.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        for (size_t p = 0; p < parts.size(); ++p) {
+          const std::vector<float> y = run_linear(parts[p].d, dx, n, true, ws_, LinearPath::kGemv, what);
+          const size_t m = size_t(n) * sk.rows[p];
+          ASSERT_EQ(y.size(), m) << what;
+          EXPECT_EQ(std::memcmp(out.data() + at[p], y.data(), m * sizeof(float)), 0) << what << ": part " << p << " differs";
+          for (size_t i = 0; i < kGuard; ++i) ASSERT_EQ(out[at[p] - kGuard + i], kSentinel) << what << ": guard before part " << p;
+        }
+        for (size_t i = 0; i < kGuard; ++i) ASSERT_EQ(out[len - kGuard + i], kSentinel) << what << ": guard after the last part";
+      }
+      std::vector<float> x1 = make_x(1, sk.n_in, true, rng);
+      DevBuf dx1(x1), dy(std::vector<float>(size_t(total), 0.f));
+      const float* xp = static_cast<const float*>(dx1.p);
+      std::vector<float*> ys(sk.rows.size(), static_cast<float*>(dy.p));
+      std::vector<int> wrong = sk.rows;
+      wrong.back() += 1;
+      EXPECT_FALSE(stacked_linear_cuda(st, wrong, xp, 1, ys, true, ws_, nullptr).ok()) << name << ": rows ≠ the weight's";
+      EXPECT_FALSE(stacked_linear_cuda(st, std::vector<int>{total}, xp, 1, std::vector<float*>{ys[0]}, true, ws_, nullptr).ok())
+          << name << ": one part";
+      EXPECT_FALSE(stacked_linear_cuda(st, sk.rows, xp, 1, std::span<float* const>(ys).first(1), true, ws_, nullptr).ok())
+          << name << ": fewer outputs than parts";
+      EXPECT_FALSE(stacked_linear_cuda(st, sk.rows, xp, 17, ys, true, ws_, nullptr).ok())
+          << name << ": more than 16 tokens is the GEMM path's";
+      if (sk.f == DenseFormat::kFp8) {
+        std::vector<int> inside = sk.rows;
+        inside[0] += 1, inside[1] -= 1;
+        EXPECT_FALSE(stacked_linear_cuda(st, inside, xp, 1, ys, true, ws_, nullptr).ok())
+            << name << ": a part boundary inside a weight block";
+      }
     }
-    std::vector<float> x1 = make_x(1, sk.n_in, true, rng);
-    DevBuf dx1(x1), dy(std::vector<float>(size_t(total), 0.f));
-    const float* xp = static_cast<const float*>(dx1.p);
-    std::vector<float*> ys(sk.rows.size(), static_cast<float*>(dy.p));
-    std::vector<int> wrong = sk.rows;
-    wrong.back() += 1;
-    EXPECT_FALSE(stacked_linear_cuda(st, wrong, xp, 1, ys, true, ws_, nullptr).ok()) << name << ": rows ≠ the weight's";
-    EXPECT_FALSE(stacked_linear_cuda(st, std::vector<int>{total}, xp, 1, std::vector<float*>{ys[0]}, true, ws_, nullptr).ok())
-        << name << ": one part";
-    EXPECT_FALSE(stacked_linear_cuda(st, sk.rows, xp, 1, std::span<float* const>(ys).first(1), true, ws_, nullptr).ok())
-        << name << ": fewer outputs than parts";
-    EXPECT_FALSE(stacked_linear_cuda(st, sk.rows, xp, 17, ys, true, ws_, nullptr).ok())
-        << name << ": more than 16 tokens is the GEMM path's";
-    if (sk.f == DenseFormat::kFp8) {
-      std::vector<int> inside = sk.rows;
-      inside[0] += 1, inside[1] -= 1;
-      EXPECT_FALSE(stacked_linear_cuda(st, inside, xp, 1, ys, true, ws_, nullptr).ok())
-          << name << ": a part boundary inside a weight block";
-    }
+    // Parts whose k splits differ from the stack's would change the rows' sums: not stackable (the scalar kernel
+    // splits k by the rows); the tensor-core FP8 path splits by n_in alone, so any rows stack there.
+    DeviceLinear bf16;
+    bf16.format = DenseFormat::kBf16, bf16.n_in = 5120;
+    EXPECT_FALSE(stack_keeps_rows(bf16, std::vector<int>{32768, 512}));
+    DeviceLinear fp8 = bf16;
+    fp8.format = DenseFormat::kFp8, fp8.weight_block = 32, fp8.act_block = 32;
+    EXPECT_EQ(stack_keeps_rows(fp8, std::vector<int>{32768, 512}), mma);
   }
-  // Parts whose k splits differ from the stack's would change the rows' sums: not stackable.
-  EXPECT_FALSE(stack_keeps_rows(std::vector<int>{32768, 512}, 5120));
 }
 
 // A weight scratch of 128 f32 rows of 1280: kGemm dequantizes wq_b in 256 (bf16) or 128 (f32) row chunks.

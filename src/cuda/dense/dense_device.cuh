@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "cuda/dense/dense_kernels.h"
 #include "cuda/dense/dense_linear.h"
 
 namespace spw::densedev {
@@ -192,11 +193,27 @@ __device__ __forceinline__ void scale_x(const Chunk<F>& c, float* xv) {
 __device__ __forceinline__ float fp8_scale_of(float amax) {
   return pow2_ceil_dev(fmaxf(amax, 1e-4f) * static_cast<float>(1.0 / 448.0));
 }
-__device__ __forceinline__ float fake_quant_fp8_elem(float x, float s) {
+// The e4m3 code of x/s as f16 bits (every e4m3 value is an f16 value): fake_quant_fp8_elem = f16(code)·s.
+__device__ __forceinline__ uint16_t fake_quant_fp8_code(float x, float s) {
   const float v = fminf(fmaxf(__fdiv_rn(x, s), -448.0f), 448.0f);
   const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-  const __half h = __half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3));
-  return __half2float(h) * s;
+  return __nv_cvt_fp8_to_halfraw(q, __NV_E4M3).x;
+}
+__device__ __forceinline__ float fake_quant_fp8_elem(float x, float s) {
+  return __half2float(__ushort_as_half(fake_quant_fp8_code(x, s))) * s;
+}
+
+// Output (row, token t) of a GEMV: rounded to bf16 when asked, into y [n_tokens, ldy] or, for a stacked weight,
+// into the part holding the row — the last part starting at or before it (constant indices: a runtime index into
+// the parameter arrays would copy them to local memory).
+__device__ __forceinline__ void store_output(const GemvArgs& a, float* y, int row, int t, float v) {
+  if (a.round_out) v = round_bf16_dev(v);
+  float* out = y;
+  int ld = a.ldy, base = 0;
+#pragma unroll
+  for (int p = 1; p < kMaxStackParts; ++p)
+    if (p < a.n_parts && row >= a.part_row0[p]) out = a.part_y[p], ld = a.part_ld[p], base = a.part_row0[p];
+  out[static_cast<size_t>(t) * ld + (row - base)] = v;
 }
 
 }  // namespace spw::densedev

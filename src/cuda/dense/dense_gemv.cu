@@ -115,17 +115,7 @@ __device__ __forceinline__ void finish_rows(const GemvArgs& a, float (&acc)[R][T
     for (int t = 0; t < T; ++t)
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], off);
-  auto store = [&](int row, int t, float v) {
-    if (a.round_out) v = round_bf16_dev(v);
-    float* out = y;
-    int ld = a.ldy, base = 0;
-    // A stacked weight: the last part starting at or before the row (constant indices: a runtime index into
-    // the parameter arrays would copy them to local memory).
-#pragma unroll
-    for (int p = 1; p < kMaxStackParts; ++p)
-      if (p < a.n_parts && row >= a.part_row0[p]) out = a.part_y[p], ld = a.part_ld[p], base = a.part_row0[p];
-    out[static_cast<size_t>(t) * ld + (row - base)] = v;
-  };
+  auto store = [&](int row, int t, float v) { store_output(a, y, row, t, v); };
   if constexpr (S == 1) {
     if (lane != 0) return;
 #pragma unroll

@@ -34,8 +34,24 @@ struct GemvArgs {
   int part_row0[kMaxStackParts] = {};
   float* part_y[kMaxStackParts] = {};
   int part_ld[kMaxStackParts] = {};
+  // The tensor-core FP8 path (gemv_mma_launch): x̂ as f16 e4m3 codes [n_tokens, n_in] and f32 scales
+  // [n_tokens, n_in / act_block] (act_codes_launch); x is unused there.
+  const uint16_t* xc = nullptr;
+  const float* xs = nullptr;
+  int act_block = 0;
 };
 cudaError_t gemv_launch(const GemvArgs& a, cudaStream_t stream);
+
+// The tensor-core decode path of FP8 weights with activation quant (dense_gemv_mma.cu): whether a weight takes
+// it, the warps its k range is split over (a function of n_in alone: a row's summation order), and the launch.
+bool gemv_uses_mma(DenseFormat format, int weight_block, int act_block, int n_in);
+int gemv_mma_k_splits(int n_in);
+cudaError_t gemv_mma_launch(const GemvArgs& a, cudaStream_t stream);
+
+// x̂ = fake_quant_fp8(x, act_block) as codes: codes[t, i] the f16 bits of e4m3(x/s), scales[t, b] = s of block b
+// (x̂ = code·s, bit-identical to act_prepare_launch's values). x [n_tokens, n_in] contiguous.
+cudaError_t act_codes_launch(const float* x, int n_tokens, int n_in, int act_block, uint16_t* codes, float* scales,
+                             cudaStream_t stream);
 // The blocks a row's k range is split over (1, 2 or 4) for `rows` output rows of n_in inputs: a function of
 // the shape alone, and it decides the summation order of every row.
 int gemv_k_splits(long rows, int n_in);

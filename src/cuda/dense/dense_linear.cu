@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 
 #include "cuda/dense/dense_kernels.h"
 #include "cuda/dense/dense_linear.h"
@@ -20,6 +22,18 @@ Error cublas_error(const char* what, cublasStatus_t s) {
 }
 
 constexpr int kGemvMaxTokens = 16;
+
+std::atomic<bool>& gemv_mma_flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("SPILLWAY_GEMV_MMA");
+    return env && env[0] == '1';
+  }()};
+  return on;
+}
+
+bool takes_mma(const DeviceLinear& w) {
+  return w.act_block > 0 && gemv_mma_enabled() && densedev::gemv_uses_mma(w.format, w.weight_block, w.act_block, w.n_in);
+}
 
 size_t elem_nbytes(DenseFormat f) {
   switch (f) {
@@ -106,10 +120,18 @@ namespace {
 // y = x̂·Wᵀ on the GEMV path; a stacked weight (parts > 1) writes its parts' rows to ys instead.
 Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y, bool round_out, LinearWorkspace& ws,
                    cudaStream_t stream, std::span<const int> part_rows = {}, std::span<float* const> ys = {}) {
+  if (w.act_block > 0 && ws.act_nbytes < sizeof(float) * static_cast<size_t>(n_tokens) * w.n_in)
+    return make_error("dense linear: workspace too small for ", n_tokens, "x", w.n_in, " activations");
+  // FP8 with activation quant: the tensor-core kernel on x̂'s codes and scales (dense_gemv_mma.cu).
+  const bool mma = takes_mma(w);
   const float* xq = x;
-  if (w.act_block > 0) {
-    if (ws.act_nbytes < sizeof(float) * static_cast<size_t>(n_tokens) * w.n_in)
-      return make_error("dense linear: workspace too small for ", n_tokens, "x", w.n_in, " activations");
+  uint16_t* codes = static_cast<uint16_t*>(ws.act);
+  // Scales after the codes, 16-byte aligned: 2·T·n_in + 4·T·n_in/32 bytes fit the f32 x̂ the workspace holds.
+  float* scales = reinterpret_cast<float*>(static_cast<char*>(ws.act) + (2 * static_cast<size_t>(n_tokens) * w.n_in + 15) / 16 * 16);
+  if (mma) {
+    if (cudaError_t e = densedev::act_codes_launch(x, n_tokens, w.n_in, w.act_block, codes, scales, stream); e != cudaSuccess)
+      return cuda_error("launch act_codes", e);
+  } else if (w.act_block > 0) {
     if (cudaError_t e = densedev::act_prepare_launch(x, n_tokens, w.n_in, w.act_block, ws.act, false, stream); e != cudaSuccess)
       return cuda_error("launch act_quant", e);
     xq = static_cast<const float*>(ws.act);
@@ -123,6 +145,11 @@ Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y
     for (int p = 0, row0 = 0; p < a.n_parts; row0 += part_rows[p++])
       a.part_row0[p] = row0, a.part_y[p] = ys[p], a.part_ld[p] = part_rows[p];
     a.y = ys[0], a.ldy = part_rows[0];
+  }
+  if (mma) {
+    a.xc = codes, a.xs = scales, a.act_block = w.act_block;
+    if (cudaError_t e = densedev::gemv_mma_launch(a, stream); e != cudaSuccess) return cuda_error("launch fp8 mma gemv", e);
+    return {};
   }
   if (cudaError_t e = densedev::gemv_launch(a, stream); e != cudaSuccess) return cuda_error("launch dense gemv", e);
   return {};
@@ -211,7 +238,10 @@ Status stacked_linear_cuda(const DeviceLinear& w, std::span<const int> part_rows
   return linear_gemv(w, x, n_tokens, nullptr, round_out, ws, stream, part_rows, ys);
 }
 
-bool stack_keeps_rows(std::span<const int> part_rows, int n_in) {
+bool stack_keeps_rows(const DeviceLinear& w, std::span<const int> part_rows) {
+  const int n_in = w.n_in;
+  // The tensor-core path splits k by n_in alone: the same order for any rows.
+  if (takes_mma(w)) return true;
   long rows = 0;
   for (int r : part_rows) rows += r;
   const int s = densedev::gemv_k_splits(rows, n_in);
@@ -219,6 +249,9 @@ bool stack_keeps_rows(std::span<const int> part_rows, int n_in) {
     if (densedev::gemv_k_splits(r, n_in) != s) return false;
   return true;
 }
+
+bool gemv_mma_enabled() { return gemv_mma_flag().load(std::memory_order_relaxed); }
+void set_gemv_mma(bool on) { gemv_mma_flag().store(on, std::memory_order_relaxed); }
 
 bool linear_uses_gemv(LinearPath path, int n_tokens) { return resolve(path, n_tokens) == LinearPath::kGemv; }
 

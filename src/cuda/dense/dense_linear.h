@@ -95,9 +95,16 @@ Status linear_cuda(const DeviceLinear& w, const float* x, int n_tokens, float* y
 // for the shapes; x̂ is prepared once. 2 to kMaxStackParts parts; kGemv only (n_tokens ≤ 16).
 Status stacked_linear_cuda(const DeviceLinear& w, std::span<const int> part_rows, const float* x, int n_tokens,
                            std::span<float* const> ys, bool round_out, LinearWorkspace& ws, cudaStream_t stream);
-// Whether stacking weights of part_rows rows each (n_in inputs) keeps every row's summation order on the GEMV
-// path: the k split is the same for every part and for the stack.
-bool stack_keeps_rows(std::span<const int> part_rows, int n_in);
+// Whether stacking weights like w (format, n_in, blocks) of part_rows rows each keeps every row's summation order
+// on the GEMV path: the k split is the same for every part and for the stack.
+bool stack_keeps_rows(const DeviceLinear& w, std::span<const int> part_rows);
+// The decode path of FP8 weights with activation quant: the scalar weight-streaming kernel (default) or the
+// tensor-core one (dense_gemv_mma.cu; SPILLWAY_GEMV_MMA=1 at start, or set_gemv_mma). Measured on the H200
+// (bench/results/engine_h200.md, session 12): the tensor-core kernel is 1.4–4× faster at 16 tokens (V4.1 batch-16
+// decode +14 % tokens/s) but 1.3–1.8× slower at one token (batch-1 decode −2 %), hence off by default. The two
+// differ in summation order, so a process keeps one: choose before uploading weights (stacking depends on it).
+bool gemv_mma_enabled();
+void set_gemv_mma(bool on);
 // Whether linear_cuda takes the GEMV path for this path and token count.
 bool linear_uses_gemv(LinearPath path, int n_tokens);
 

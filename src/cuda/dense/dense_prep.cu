@@ -36,6 +36,23 @@ __global__ void __launch_bounds__(kThreads) act_quant_kernel(const float* __rest
   }
 }
 
+// act_quant_kernel's arithmetic, storing the codes (as f16 bits) and the block scales instead of their product.
+__global__ void __launch_bounds__(kThreads) act_codes_kernel(const float* __restrict__ x, int n_tokens, int n_in,
+                                                             int act_block, uint16_t* codes, float* scales) {
+  cuda::pdl_enter();
+  const int lane = threadIdx.x & 31;
+  const long job = static_cast<long>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  if (job >= static_cast<long>(n_tokens) * (n_in / act_block)) return;
+  const size_t base = static_cast<size_t>(job) * act_block;
+  float amax = 0.0f;
+  for (int i = lane; i < act_block; i += 32) amax = fmaxf(amax, fabsf(x[base + i]));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const float s = fp8_scale_of(amax);
+  for (int i = lane; i < act_block; i += 32) codes[base + i] = fake_quant_fp8_code(x[base + i], s);
+  if (lane == 0) scales[job] = s;
+}
+
 template <bool Bf16Out>
 __global__ void __launch_bounds__(kThreads) act_copy_kernel(const float* __restrict__ x, size_t n, void* out) {
   cuda::pdl_enter();
@@ -100,6 +117,14 @@ cudaError_t act_prepare_launch(const float* x, int n_tokens, int n_in, int act_b
     if (out_bf16) cuda::launch(act_copy_kernel<true>, blocks_for(n), kThreads, 0, stream, x, n, out);
     else cuda::launch(act_copy_kernel<false>, blocks_for(n), kThreads, 0, stream, x, n, out);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t act_codes_launch(const float* x, int n_tokens, int n_in, int act_block, uint16_t* codes, float* scales,
+                             cudaStream_t stream) {
+  const size_t jobs = static_cast<size_t>(n_tokens) * (n_in / act_block);
+  const unsigned grid = static_cast<unsigned>((jobs + kThreads / 32 - 1) / (kThreads / 32));
+  cuda::launch(act_codes_kernel, grid, kThreads, 0, stream, x, n_tokens, n_in, act_block, codes, scales);
   return cudaGetLastError();
 }
 

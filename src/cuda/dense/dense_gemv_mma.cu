@@ -1,0 +1,190 @@
+// Tensor-core decode path of the FP8 dense linears (dense_linear.h, LinearPath::kGemv) for activation-quantized
+// weights (act_block > 0): y = x̂·Wᵀ for n_tokens ≤ 16 with mma.sync m16n8k16 (f16 inputs, f32 accumulation).
+//
+// Why: x̂ = e4m3 code · 2^e per act_block and W = e4m3 code · 2^e per weight_block², so over a 32-wide k block
+// (inside both scale blocks) Σ x̂·w = (s_x·s_w)·Σ code_x·code_w. Every e4m3 value is an f16 value, so the codes go
+// into an f16 MMA exactly and their products are exact. The scalar GEMV (dense_gemv.cu) spent ~100–170 warp
+// instructions per 512 weight bytes on conversions and FMAs and issued at 0.7 per scheduler cycle, 49–55 % of the
+// HBM rate on wq_b/wo_b (bench/results/engine_h200.md, session 12); here 512 weights cost two 8-byte loads per
+// lane, eight conversions and two MMAs.
+//
+// Layout. A warp owns 16 rows (a row group) and a k range; lane (g = lane/4, t = lane%4) loads 8 bytes of rows
+// g and g + 8 at k = 32·kb + 8t. The MMA's k order is a permutation of the block's (the same for A and B): its
+// logical k 2t + j is physical 8t + j in the first MMA and 8t + 4 + j in the second (j < 4 over a0/a2 and
+// b0/b1), so B is 16 bytes of f16 codes of token g at the same k. C holds rows g, g + 8 and tokens 2t, 2t + 1
+// (+ 8 per n tile); each k block's C (zeroed) is scaled by s_w·s_x(token) into an f32 accumulator.
+// k splits: the k blocks of a row are cut into `splits` contiguous ranges (a function of n_in only), one warp
+// each; the partial sums meet in shared memory and are added in split order. So a row's result depends on n_in
+// alone — not on n_out, the token count (tokens are MMA columns, computed independently) or stacking.
+// Accuracy: exact products; f32 sums (MMA-internal over 32 k, then one per k block in k order, then the splits).
+// Tests: tests/gpu/test_cuda_dense.cpp. Benchmark: bench/dense/bench_dense.cpp.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "cuda/dense/dense_device.cuh"
+#include "cuda/dense/dense_kernels.h"
+#include "cuda/launch.h"
+
+namespace spw::densedev {
+namespace {
+
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+constexpr int kStageBlocks = 4;  // k blocks (of 32) per load stage; two stages in flight per warp
+
+// Two e4m3 codes (low byte first) as an f16x2 register (low half first): exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// NT n tiles of 8 tokens (1: ≤ 8 tokens, 2: ≤ 16). Two blocks per SM at one tile (128 registers); two tiles'
+// x̂ stages need more registers than that (ptxas spilled 512 bytes), so one block.
+template <int NT>
+__global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) gemv_mma_kernel(GemvArgs a, int splits) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+  const int rg = blockIdx.x * (kWarps / splits) + warp / splits, split = warp % splits;
+  const int n_kb = a.n_in / 32, per = (n_kb + splits - 1) / splits;
+  const int kb0 = min(n_kb, split * per), kb1 = min(n_kb, kb0 + per);
+  const int row0 = rg * 16, r_lo = row0 + g, r_hi = r_lo + 8;
+  const bool lo_ok = r_lo < a.n_out, hi_ok = r_hi < a.n_out;
+  const uint8_t* w = static_cast<const uint8_t*>(a.w);
+  const uint8_t* w_lo = w + static_cast<size_t>(lo_ok ? r_lo : 0) * a.n_in + 8 * t4;
+  const uint8_t* w_hi = w + static_cast<size_t>(hi_ok ? r_hi : 0) * a.n_in + 8 * t4;
+  const int wb_shift = __ffs(a.weight_block) - 1, ab_shift = __ffs(a.act_block) - 1;
+  const int scale_cols = (a.n_in + a.weight_block - 1) >> wb_shift, xs_cols = a.n_in >> ab_shift;
+  const uint8_t* sw_row = a.scale + static_cast<size_t>(row0 < a.n_out ? row0 >> wb_shift : 0) * scale_cols;
+
+  // A stage's weights (issued two stages ahead of their use) and its x̂ codes and scales (one stage ahead: they
+  // come from L1/L2, and the first stage's only after the previous kernel has written them).
+  struct XStage {
+    uint4 codes[kStageBlocks][NT];  // 8 f16 codes of token 8·nt + g at the lane's k
+    float s[kStageBlocks][NT][2];   // s_w·s_x of C's two columns (0 past n_tokens)
+  };
+  auto load_w = [&](uint2 (&lo)[kStageBlocks], uint2 (&hi)[kStageBlocks], int kb) {
+#pragma unroll
+    for (int i = 0; i < kStageBlocks; ++i) {
+      const int k = 32 * (kb + i);
+      lo[i] = hi[i] = make_uint2(0u, 0u);
+      if (kb + i < kb1) {
+        if (lo_ok) lo[i] = __ldg(reinterpret_cast<const uint2*>(w_lo + k));
+        if (hi_ok) hi[i] = __ldg(reinterpret_cast<const uint2*>(w_hi + k));
+      }
+    }
+  };
+  auto load_x = [&](XStage& x, int kb) {
+#pragma unroll
+    for (int i = 0; i < kStageBlocks; ++i) {
+      const int b = min(kb + i, n_kb - 1);  // past the range: any valid block (never used)
+      const float sw = e8m0_to_float(__ldg(sw_row + ((32 * b) >> wb_shift)));
+      const int xs_col = (32 * b) >> ab_shift;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int n = 8 * nt + g, n0 = 8 * nt + 2 * t4;
+        x.codes[i][nt] = n < a.n_tokens
+                             ? __ldg(reinterpret_cast<const uint4*>(a.xc + static_cast<size_t>(n) * a.n_in + 32 * b + 8 * t4))
+                             : make_uint4(0u, 0u, 0u, 0u);
+        x.s[i][nt][0] = n0 < a.n_tokens ? sw * __ldg(a.xs + static_cast<size_t>(n0) * xs_cols + xs_col) : 0.f;
+        x.s[i][nt][1] = n0 + 1 < a.n_tokens ? sw * __ldg(a.xs + static_cast<size_t>(n0 + 1) * xs_cols + xs_col) : 0.f;
+      }
+    }
+  };
+  float acc[NT][4] = {};
+  auto compute_stage = [&](const uint2 (&lo)[kStageBlocks], const uint2 (&hi)[kStageBlocks], const XStage& x, int kb) {
+#pragma unroll
+    for (int i = 0; i < kStageBlocks; ++i) {
+      if (kb + i >= kb1) break;
+      const uint32_t al0 = e4m3x2_to_f16x2(lo[i].x & 0xffffu), al1 = e4m3x2_to_f16x2(lo[i].x >> 16);
+      const uint32_t al2 = e4m3x2_to_f16x2(lo[i].y & 0xffffu), al3 = e4m3x2_to_f16x2(lo[i].y >> 16);
+      const uint32_t ah0 = e4m3x2_to_f16x2(hi[i].x & 0xffffu), ah1 = e4m3x2_to_f16x2(hi[i].x >> 16);
+      const uint32_t ah2 = e4m3x2_to_f16x2(hi[i].y & 0xffffu), ah3 = e4m3x2_to_f16x2(hi[i].y >> 16);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint4 xb = x.codes[i][nt];
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_f16(c, al0, ah0, al1, ah1, xb.x, xb.y);
+        mma_f16(c, al2, ah2, al3, ah3, xb.z, xb.w);
+        acc[nt][0] = fmaf(c[0], x.s[i][nt][0], acc[nt][0]);
+        acc[nt][1] = fmaf(c[1], x.s[i][nt][1], acc[nt][1]);
+        acc[nt][2] = fmaf(c[2], x.s[i][nt][0], acc[nt][2]);
+        acc[nt][3] = fmaf(c[3], x.s[i][nt][1], acc[nt][3]);
+      }
+    }
+  };
+
+  uint2 lo0[kStageBlocks], hi0[kStageBlocks], lo1[kStageBlocks], hi1[kStageBlocks];
+  XStage x0, x1;
+  load_w(lo0, hi0, kb0);  // weights only: issued while the previous kernel may still be writing x̂
+  cuda::pdl_enter();
+  load_x(x0, kb0);
+  for (int kb = kb0; kb < kb1;) {
+    load_w(lo1, hi1, kb + kStageBlocks);
+    load_x(x1, kb + kStageBlocks);
+    compute_stage(lo0, hi0, x0, kb);
+    if ((kb += kStageBlocks) >= kb1) break;
+    load_w(lo0, hi0, kb + kStageBlocks);
+    load_x(x0, kb + kStageBlocks);
+    compute_stage(lo1, hi1, x1, kb);
+    kb += kStageBlocks;
+  }
+
+  // The splits of a row group meet in shared memory; its first warp adds them in split order and stores.
+  __shared__ float part[kWarps][NT][4][32];
+  if (splits > 1) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) part[warp][nt][j][lane] = acc[nt][j];
+    __syncthreads();
+    if (split != 0) return;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        for (int s = 1; s < splits; ++s) acc[nt][j] += part[warp + s][nt][j][lane];
+  }
+  if (row0 >= a.n_out) return;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int n0 = 8 * nt + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = j < 2 ? r_lo : r_hi, n = n0 + (j & 1);
+      if (row < a.n_out && n < a.n_tokens) store_output(a, a.y, row, n, acc[nt][j]);
+    }
+  }
+}
+
+}  // namespace
+
+bool gemv_uses_mma(DenseFormat format, int weight_block, int act_block, int n_in) {
+  return format == DenseFormat::kFp8 && (weight_block == 32 || weight_block == 128) &&
+         (act_block == 32 || act_block == 128) && n_in % 32 == 0;
+}
+
+int gemv_mma_k_splits(int n_in) {
+  const int n_kb = n_in / 32;
+  int s = kWarps;
+  while (s > 1 && n_kb < 16 * s) s /= 2;  // at least 16 k blocks (four stages) per split where possible
+  return s;
+}
+
+cudaError_t gemv_mma_launch(const GemvArgs& a, cudaStream_t stream) {
+  if (!gemv_uses_mma(a.format, a.weight_block, a.act_block, a.n_in) || a.n_groups != 1 || !a.xc || !a.xs ||
+      a.n_tokens < 1 || a.n_tokens > 16)
+    return cudaErrorInvalidValue;
+  const int splits = gemv_mma_k_splits(a.n_in), groups_per_block = kWarps / splits;
+  const int row_groups = (a.n_out + 15) / 16;
+  const dim3 grid(unsigned((row_groups + groups_per_block - 1) / groups_per_block));
+  if (a.n_tokens <= 8) return cuda::launch(gemv_mma_kernel<1>, grid, dim3(kThreads), 0, stream, a, splits);
+  return cuda::launch(gemv_mma_kernel<2>, grid, dim3(kThreads), 0, stream, a, splits);
+}
+
+}  // namespace spw::densedev
