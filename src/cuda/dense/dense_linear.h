@@ -71,7 +71,10 @@ struct LinearWorkspace {
   void* wbuf = nullptr;        // dequantized weight rows for kGemm, wbuf_nbytes
   size_t act_nbytes = 0, wbuf_nbytes = 0;
   void* cublas = nullptr;      // cublasHandle_t
+  int* counters = nullptr;     // zeroed; the tensor-core GEMV's per-row-group arrival counters (kMaxRowGroups)
 };
+// Row groups (16 rows) the workspace's counters serve: FP8 weights of up to 1 M rows on the tensor-core GEMV.
+constexpr long kMaxRowGroups = 1L << 16;
 
 // Allocates the workspace (cudaMalloc) and a cuBLAS handle; wbuf_nbytes must hold 128 rows of the
 // widest weight (128·n_in·4 bytes for f32 products). Frees them.
