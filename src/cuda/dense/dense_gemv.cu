@@ -339,15 +339,6 @@ __global__ void __launch_bounds__(kThreads, persist_min_blocks<F, T>()) gemv_per
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, count = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 132;
-    return count;
-  }();
-  return n;
-}
 
 // Blocks of `kernel` one SM holds at once (occupancy), looked up once per kernel.
 int resident_blocks(void (*kernel)(GemvArgs)) {
@@ -446,6 +437,16 @@ cudaError_t launch_tokens(const GemvArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, count = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 132;
+    return count;
+  }();
+  return n;
+}
 
 int gemv_k_splits(long rows, int n_in) { return k_splits(rows, n_in); }
 

@@ -210,16 +210,6 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) gemv_mma_kernel(Gem
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 132;
-    return v;
-  }();
-  return n;
-}
-
 // A persistent grid: the blocks the GPU holds at once (or fewer when the items are fewer).
 template <int NT>
 cudaError_t launch_persistent(const GemvArgs& a, long items, cudaStream_t stream) {

@@ -46,6 +46,8 @@ struct GemvArgs {
   long n_counters = 0;
 };
 cudaError_t gemv_launch(const GemvArgs& a, cudaStream_t stream);
+// The device's SMs (looked up once; 132 if the query fails): the GEMV kernels size their grids by it.
+int sm_count();
 
 // The tensor-core decode path of FP8 weights with activation quant (dense_gemv_mma.cu): whether a weight takes
 // it, the 512-wide k chunks a row is summed in (a function of n_in alone: the summation order), the scratch
