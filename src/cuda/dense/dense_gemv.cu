@@ -340,18 +340,6 @@ __global__ void __launch_bounds__(kThreads, persist_min_blocks<F, T>()) gemv_per
 }
 
 
-// Blocks of `kernel` one SM holds at once (occupancy), looked up once per kernel.
-int resident_blocks(void (*kernel)(GemvArgs)) {
-  static std::mutex mu;
-  static std::unordered_map<void (*)(GemvArgs), int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(kernel);
-  if (it != cache.end()) return it->second;
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess || per_sm < 1) per_sm = 1;
-  cache.emplace(kernel, per_sm);
-  return per_sm;
-}
 
 // Rows per warp: as many as still give every SM `blocks_per_sm` blocks of 8 warps.
 int rows_per_warp(long rows, int blocks_per_sm) {
@@ -437,6 +425,19 @@ cudaError_t launch_tokens(const GemvArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace
+
+// Blocks of `kernel` one SM holds at once (occupancy), looked up once per kernel.
+int resident_blocks(void (*kernel)(GemvArgs)) {
+  static std::mutex mu;
+  static std::unordered_map<void (*)(GemvArgs), int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(kernel);
+  if (it != cache.end()) return it->second;
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess || per_sm < 1) per_sm = 1;
+  cache.emplace(kernel, per_sm);
+  return per_sm;
+}
 
 int sm_count() {
   static const int n = [] {

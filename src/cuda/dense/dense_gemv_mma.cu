@@ -213,12 +213,8 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) gemv_mma_kernel(Gem
 // A persistent grid: the blocks the GPU holds at once (or fewer when the items are fewer).
 template <int NT>
 cudaError_t launch_persistent(const GemvArgs& a, long items, cudaStream_t stream) {
-  static const int per_sm = [] {
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_mma_kernel<NT>, kThreads, 0) != cudaSuccess || n < 1) n = 1;
-    return n;
-  }();
-  const long blocks = std::min<long>(long(per_sm) * sm_count(), (items + kWarps - 1) / kWarps);
+  const long resident = long(resident_blocks(gemv_mma_kernel<NT>)) * sm_count();
+  const long blocks = std::min<long>(resident, (items + kWarps - 1) / kWarps);
   return cuda::launch(gemv_mma_kernel<NT>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, a);
 }
 

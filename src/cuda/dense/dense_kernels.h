@@ -46,8 +46,10 @@ struct GemvArgs {
   long n_counters = 0;
 };
 cudaError_t gemv_launch(const GemvArgs& a, cudaStream_t stream);
-// The device's SMs (looked up once; 132 if the query fails): the GEMV kernels size their grids by it.
+// The device's SMs (looked up once; 132 if the query fails), and the blocks of 256 threads of a GEMV kernel one SM
+// holds at once (occupancy, looked up once per kernel): the GEMV kernels size their grids by them.
 int sm_count();
+int resident_blocks(void (*kernel)(GemvArgs));
 
 // The tensor-core decode path of FP8 weights with activation quant (dense_gemv_mma.cu): whether a weight takes
 // it, the 512-wide k chunks a row is summed in (a function of n_in alone: the summation order), the scratch

@@ -14,7 +14,16 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One warp per (token, block of act_block): lanes stride the block, a butterfly max gives amax.
+// The fake-quant scale of x[base, base + act_block) (one warp: lanes stride the block, a butterfly max gives amax).
+__device__ __forceinline__ float warp_block_scale(const float* __restrict__ x, size_t base, int act_block, int lane) {
+  float amax = 0.0f;
+  for (int i = lane; i < act_block; i += 32) amax = fmaxf(amax, fabsf(x[base + i]));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  return fp8_scale_of(amax);
+}
+
+// One warp per (token, block of act_block).
 template <bool Bf16Out>
 __global__ void __launch_bounds__(kThreads) act_quant_kernel(const float* __restrict__ x, int n_tokens, int n_in,
                                                              int act_block, void* out) {
@@ -24,11 +33,7 @@ __global__ void __launch_bounds__(kThreads) act_quant_kernel(const float* __rest
   const int blocks_per_row = n_in / act_block;
   if (job >= static_cast<long>(n_tokens) * blocks_per_row) return;
   const size_t base = static_cast<size_t>(job) * act_block;  // rows are contiguous: block j of row t starts at (t·bpr + j)·B
-  float amax = 0.0f;
-  for (int i = lane; i < act_block; i += 32) amax = fmaxf(amax, fabsf(x[base + i]));
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  const float s = fp8_scale_of(amax);
+  const float s = warp_block_scale(x, base, act_block, lane);
   for (int i = lane; i < act_block; i += 32) {
     const float v = fake_quant_fp8_elem(x[base + i], s);
     if constexpr (Bf16Out) static_cast<__nv_bfloat16*>(out)[base + i] = __float2bfloat16_rn(v);
@@ -44,11 +49,7 @@ __global__ void __launch_bounds__(kThreads) act_codes_kernel(const float* __rest
   const long job = static_cast<long>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (job >= static_cast<long>(n_tokens) * (n_in / act_block)) return;
   const size_t base = static_cast<size_t>(job) * act_block;
-  float amax = 0.0f;
-  for (int i = lane; i < act_block; i += 32) amax = fmaxf(amax, fabsf(x[base + i]));
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  const float s = fp8_scale_of(amax);
+  const float s = warp_block_scale(x, base, act_block, lane);
   for (int i = lane; i < act_block; i += 32) codes[base + i] = fake_quant_fp8_code(x[base + i], s);
   if (lane == 0) scales[job] = s;
 }
