@@ -39,11 +39,6 @@ struct GemvArgs {
   const uint16_t* xc = nullptr;
   const float* xs = nullptr;
   int act_block = 0;
-  // Its scratch when a row has more than one chunk of 512 k: partial sums (gemv_mma_partials_floats) and a
-  // counter per row group (n_counters of them, zero between calls; the kernel leaves them zero).
-  float* partials = nullptr;
-  int* counters = nullptr;
-  long n_counters = 0;
 };
 cudaError_t gemv_launch(const GemvArgs& a, cudaStream_t stream);
 // The device's SMs (looked up once; 132 if the query fails), and the blocks of 256 threads of a GEMV kernel one SM
@@ -52,11 +47,9 @@ int sm_count();
 int resident_blocks(void (*kernel)(GemvArgs));
 
 // The tensor-core decode path of FP8 weights with activation quant (dense_gemv_mma.cu): whether a weight takes
-// it, the 512-wide k chunks a row is summed in (a function of n_in alone: the summation order), the scratch
-// floats a launch needs, and the launch.
+// it, the warps its k range is split over (a function of n_in alone: a row's summation order), and the launch.
 bool gemv_uses_mma(DenseFormat format, int weight_block, int act_block, int n_in);
-int gemv_mma_chunks(int n_in);
-size_t gemv_mma_partials_floats(int n_out, int n_in);
+int gemv_mma_k_splits(int n_in);
 cudaError_t gemv_mma_launch(const GemvArgs& a, cudaStream_t stream);
 
 // x̂ = fake_quant_fp8(x, act_block) as codes: codes[t, i] the f16 bits of e4m3(x/s), scales[t, b] = s of block b

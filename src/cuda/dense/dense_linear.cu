@@ -102,10 +102,6 @@ Status linear_workspace_alloc(LinearWorkspace& ws, int max_tokens, int max_in, s
   ws.wbuf_nbytes = wbuf_nbytes;
   if (cudaError_t e = cudaMalloc(&ws.act, ws.act_nbytes); e != cudaSuccess) return cuda_error("malloc linear workspace", e);
   if (cudaError_t e = cudaMalloc(&ws.wbuf, ws.wbuf_nbytes); e != cudaSuccess) return cuda_error("malloc linear workspace", e);
-  if (cudaError_t e = cudaMalloc(&ws.counters, sizeof(int) * kMaxRowGroups); e != cudaSuccess)
-    return cuda_error("malloc linear workspace", e);
-  if (cudaError_t e = cudaMemset(ws.counters, 0, sizeof(int) * kMaxRowGroups); e != cudaSuccess)
-    return cuda_error("clear linear workspace", e);
   cublasHandle_t h = nullptr;
   if (cublasStatus_t s = cublasCreate(&h); s != CUBLAS_STATUS_SUCCESS) return cublas_error("create", s);
   ws.cublas = h;
@@ -115,7 +111,6 @@ Status linear_workspace_alloc(LinearWorkspace& ws, int max_tokens, int max_in, s
 void linear_workspace_free(LinearWorkspace& ws) {
   cudaFree(ws.act);
   cudaFree(ws.wbuf);
-  cudaFree(ws.counters);
   if (ws.cublas) cublasDestroy(static_cast<cublasHandle_t>(ws.cublas));
   ws = {};
 }
@@ -152,11 +147,7 @@ Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y
     a.y = ys[0], a.ldy = part_rows[0];
   }
   if (mma) {
-    // The partial sums live in the GEMM's weight scratch (unused by the GEMV path), written and read within the launch.
-    if (sizeof(float) * densedev::gemv_mma_partials_floats(w.n_out, w.n_in) > ws.wbuf_nbytes || (w.n_out + 15) / 16 > kMaxRowGroups)
-      return make_error("dense linear: the tensor-core GEMV's scratch is too small for ", w.n_out, "x", w.n_in);
     a.xc = codes, a.xs = scales, a.act_block = w.act_block;
-    a.partials = static_cast<float*>(ws.wbuf), a.counters = ws.counters, a.n_counters = kMaxRowGroups;
     if (cudaError_t e = densedev::gemv_mma_launch(a, stream); e != cudaSuccess) return cuda_error("launch fp8 mma gemv", e);
     return {};
   }

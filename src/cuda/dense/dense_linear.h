@@ -71,10 +71,7 @@ struct LinearWorkspace {
   void* wbuf = nullptr;        // dequantized weight rows for kGemm, wbuf_nbytes
   size_t act_nbytes = 0, wbuf_nbytes = 0;
   void* cublas = nullptr;      // cublasHandle_t
-  int* counters = nullptr;     // zeroed; the tensor-core GEMV's per-row-group arrival counters (kMaxRowGroups)
 };
-// Row groups (16 rows) the workspace's counters serve: FP8 weights of up to 1 M rows on the tensor-core GEMV.
-constexpr long kMaxRowGroups = 1L << 16;
 
 // Allocates the workspace (cudaMalloc) and a cuBLAS handle; wbuf_nbytes must hold 128 rows of the
 // widest weight (128·n_in·4 bytes for f32 products). Frees them.
@@ -102,10 +99,9 @@ Status stacked_linear_cuda(const DeviceLinear& w, std::span<const int> part_rows
 // on the GEMV path: the k split is the same for every part and for the stack.
 bool stack_keeps_rows(const DeviceLinear& w, std::span<const int> part_rows);
 // The decode path of FP8 weights with activation quant: the scalar weight-streaming kernel (default) or the
-// tensor-core one (dense_gemv_mma.cu; SPILLWAY_GEMV_MMA=1 at start, or set_gemv_mma). Its first form, measured on
-// the H200 (bench/results/engine_h200.md, session 12), was 1.4–4× faster at 16 tokens (V4.1 batch-16 decode +14 %
-// tokens/s) but 1.3–1.8× slower at one token (batch-1 decode −2 %), hence off by default; the persistent form in
-// the code now (7c17b06) has not been measured yet. The two
+// tensor-core one (dense_gemv_mma.cu; SPILLWAY_GEMV_MMA=1 at start, or set_gemv_mma). Measured on the H200
+// (bench/results/engine_h200.md, session 12): the tensor-core kernel is 1.4–4× faster at 16 tokens (V4.1 batch-16
+// decode +14 % tokens/s) but 1.3–1.8× slower at one token (batch-1 decode −2 %), hence off by default. The two
 // differ in summation order, so a process keeps one: choose before uploading weights (stacking depends on it).
 bool gemv_mma_enabled();
 void set_gemv_mma(bool on);
