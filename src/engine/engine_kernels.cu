@@ -1,5 +1,7 @@
 #include "engine/engine_kernels.h"
 
+#include <cuda_bf16.h>
+
 #include <cmath>
 #include "cuda/launch.h"
 
@@ -33,10 +35,12 @@ __global__ void scatter_add_rows_kernel(float* acc, const float* y, const int32_
   *a = __fadd_rn(*a, y[i]);
 }
 
-__global__ void add_kernel(const float* a, const float* b, int64_t n, float* out) {
+__global__ void add_kernel(const float* a, const float* b, int64_t n, bool round_out, float* out) {
   cuda::pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = __fadd_rn(a[i], b[i]);
+  if (i >= n) return;
+  const float v = __fadd_rn(a[i], b[i]);
+  out[i] = round_out ? __bfloat162float(__float2bfloat16_rn(v)) : v;
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float s) {
@@ -105,9 +109,9 @@ Status scatter_add_rows_cuda(float* acc, const float* y, const int32_t* rows, in
   return launched("scatter_add_rows_cuda");
 }
 
-Status add_cuda(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream) {
+Status add_cuda(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream, bool round_out) {
   if (n == 0) return {};
-  cuda::launch(add_kernel, blocks_for(n), kThreads, 0, stream, a, b, n, out);
+  cuda::launch(add_kernel, blocks_for(n), kThreads, 0, stream, a, b, n, round_out, out);
   return launched("add_cuda");
 }
 

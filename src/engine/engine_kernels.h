@@ -7,7 +7,7 @@
 //   gather_rows_cuda:      out[j] = x[rows[j]], j < n_rows.
 //   scatter_add_rows_cuda: acc[rows[j]] += y[j]; the rows of one call must be distinct (one expert's
 //                          tokens), so calls in expert order add in the reference's order.
-//   add_cuda:              out[i] = a[i] + b[i] (out may alias a or b).
+//   add_cuda:              out[i] = a[i] + b[i] (out may alias a or b), rounded to bf16 with round_out.
 //   scale_cuda:            x[i] *= s.
 //   hadamard_rows_cuda:    ref::hadamard_rows on each row of x [n_rows, n] in place (n a power of two):
 //                          one thread per row runs the reference's butterflies in its order, then
@@ -28,7 +28,7 @@ Status gather_rows_cuda(const float* x, const int32_t* rows, int64_t n_rows, int
                         cudaStream_t stream);
 Status scatter_add_rows_cuda(float* acc, const float* y, const int32_t* rows, int64_t n_rows, int64_t d,
                              cudaStream_t stream);
-Status add_cuda(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream);
+Status add_cuda(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream, bool round_out = false);
 Status scale_cuda(float* x, int64_t n, float s, cudaStream_t stream);
 Status hadamard_rows_cuda(float* x, int64_t n_rows, int n, cudaStream_t stream);
 Status iota_select_cuda(const int64_t* visible, int64_t n_rows, int64_t stride, int32_t* sel, cudaStream_t stream);

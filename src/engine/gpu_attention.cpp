@@ -33,6 +33,22 @@ Status norm(GpuStep& s, float* x, const float* w, int64_t rows, int64_t d) {
   return cuda::rms_norm(x, w, x, rows, d, s.c.norm_eps, s.num.bf16_activations, s.stream);
 }
 
+// x[rows, d] ← RMSNorm(x)·w, RoPE on the last d_rope channels at pos[r / rows_per_pos], bf16 after each: the
+// reference's norm, to_activation, rope, to_activation in one launch.
+Status norm_rope(GpuStep& s, float* x, const float* w, int64_t rows, int64_t d, const float* freqs, const int64_t* pos,
+                 int64_t rows_per_pos) {
+  return cuda::rms_norm_rope(x, w, x, rows, d, s.c.norm_eps, s.num.bf16_activations, s.c.d_rope, freqs, pos,
+                             rows_per_pos, s.stream);
+}
+
+// RoPE of x [rows, d] (rows_per_pos vectors per position), then bf16 (to_activation); round_in: bf16 before too.
+Status rope_round(GpuStep& s, float* x, int64_t rows, int64_t d, const float* freqs, const int64_t* pos,
+                  int64_t rows_per_pos, bool inverse = false, bool round_in = false) {
+  const bool rb = s.num.bf16_activations;
+  return cuda::rope_apply_rounded(x, rows, d, s.c.d_rope, freqs, pos, rows_per_pos, inverse, round_in && rb, rb,
+                                  s.stream);
+}
+
 // The latest layer at or before `layer` that owns compressed KV (V4.1's shared compress_kv).
 int latest_kv_source(const ModelConfig& c, int layer) {
   for (int l = layer; l >= 0; --l)
@@ -104,10 +120,8 @@ Status v4_compress(GpuStep& s, int layer, const float* x, const Projected& pre) 
   SPW_TRY(compress_push(s, cb, kv, score, lw.comp_ape, e, entry));                  // [count, D]
   if (e.count == 0) return {};
   SPW_TRY(to_activation(s, entry.get(), int64_t(e.count) * D));
-  SPW_TRY(norm(s, entry.get(), lw.comp_norm, e.count, D));
-  SPW_TRY(cuda::rope_apply(entry.get(), e.count, D, c.d_rope, s.st.rope_compress.get(), e.rope_pos.get(), 1, false,
-                           s.stream));                                               // at the group's first token
-  SPW_TRY(to_activation(s, entry.get(), int64_t(e.count) * D));
+  SPW_TRY(norm_rope(s, entry.get(), lw.comp_norm, e.count, D, s.st.rope_compress.get(), e.rope_pos.get(), 1));
+                                                                                     // RoPE at the group's first token
   // fp8 on the non-RoPE channels (block 64): the pool's row format.
   return cuda::kv_write_rows_cuda(s.st.comp.view(layer), entry.get(), e.slots.get(), e.ids.get(), e.count, s.stream);
 }
@@ -137,15 +151,10 @@ Status v41_compress(GpuStep& s, int layer, const float* x, const Projected& pre,
   // Index keys [count, Di]: k_norm(wk · latent), RoPE at g·r, fp4 (ue8m0, block 32) in the pool.
   SPW_TRY(s.alloc(key, size_t(e.count) * Di));
   SPW_TRY(linear(s, lw.idx_wk, latent, e.count, key.get()));
-  SPW_TRY(norm(s, key.get(), lw.idx_k_norm, e.count, Di));
-  SPW_TRY(cuda::rope_apply(key.get(), e.count, Di, c.d_rope, s.st.rope_compress.get(), e.rope_pos.get(), 1, false,
-                           s.stream));
-  SPW_TRY(to_activation(s, key.get(), int64_t(e.count) * Di));
+  SPW_TRY(norm_rope(s, key.get(), lw.idx_k_norm, e.count, Di, s.st.rope_compress.get(), e.rope_pos.get(), 1));
   SPW_TRY(cuda::kv_write_rows_cuda(s.st.keys.view(layer), key.get(), e.slots.get(), e.ids.get(), e.count, s.stream));
   // Stored entry [count, D]: RoPE at g·r, fp4 with e4m3 scales per 16 (the pool's row format).
-  SPW_TRY(cuda::rope_apply(latent, e.count, D, c.d_rope, s.st.rope_compress.get(), e.rope_pos.get(), 1, false,
-                           s.stream));
-  SPW_TRY(to_activation(s, latent, int64_t(e.count) * D));
+  SPW_TRY(rope_round(s, latent, e.count, D, s.st.rope_compress.get(), e.rope_pos.get(), 1));
   return cuda::kv_write_rows_cuda(s.st.comp.view(layer), latent, e.slots.get(), e.ids.get(), e.count, s.stream);
 }
 
@@ -159,9 +168,7 @@ Status index_queries(GpuStep& s, const DeviceLayer& lw, const float* x, const fl
   SPW_TRY(project(s, lw.idx_wq_b, cq, pre.qi, q));                                    // [n, Hi·Di]
   qi = Buf{q, nq};
   SPW_TRY(s.alloc(wts, size_t(n) * Hi));
-  SPW_TRY(cuda::rope_apply(q, int64_t(n) * Hi, Di, c.d_rope, s.st.rope_compress.get(), s.pos.get(), Hi, false,
-                           s.stream));
-  SPW_TRY(to_activation(s, q, nq));
+  SPW_TRY(rope_round(s, q, int64_t(n) * Hi, Di, s.st.rope_compress.get(), s.pos.get(), Hi));
   if (hadamard) {
     SPW_TRY(hadamard_rows_cuda(q, int64_t(n) * Hi, Di, s.stream));
     SPW_TRY(to_activation(s, q, nq));
@@ -212,10 +219,7 @@ Status v4_indexer_select(GpuStep& s, int layer, const float* x, const float* cq,
   if (e.count > 0) {
     const int64_t m = int64_t(e.count) * Di;
     SPW_TRY(to_activation(s, entry.get(), m));
-    SPW_TRY(norm(s, entry.get(), lw.idx_comp_norm, e.count, Di));
-    SPW_TRY(cuda::rope_apply(entry.get(), e.count, Di, c.d_rope, s.st.rope_compress.get(), e.rope_pos.get(), 1,
-                             false, s.stream));
-    SPW_TRY(to_activation(s, entry.get(), m));
+    SPW_TRY(norm_rope(s, entry.get(), lw.idx_comp_norm, e.count, Di, s.st.rope_compress.get(), e.rope_pos.get(), 1));
     SPW_TRY(hadamard_rows_cuda(entry.get(), e.count, Di, s.stream));
     SPW_TRY(to_activation(s, entry.get(), m));
     SPW_TRY(cuda::kv_write_rows_cuda(s.st.keys.view(layer), entry.get(), e.slots.get(), e.ids.get(), e.count,
@@ -409,16 +413,14 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   else
     SPW_TRY(linear(s, lw.wq_b, cq.get(), n, q.get()));                                          // [n, H·D]
   if (!c.is_v41())  // V4: per-head weightless RMS on q
-    SPW_TRY(norm(s, q.get(), nullptr, int64_t(n) * H, D));
-  SPW_TRY(cuda::rope_apply(q.get(), int64_t(n) * H, D, c.d_rope, rope, s.pos.get(), H, false, s.stream));
-  SPW_TRY(to_activation(s, q.get(), q.size()));                                                  // [n, H, D]
+    SPW_TRY(norm_rope(s, q.get(), nullptr, int64_t(n) * H, D, rope, s.pos.get(), H));           // [n, H, D]
+  else
+    SPW_TRY(rope_round(s, q.get(), int64_t(n) * H, D, rope, s.pos.get(), H));                   // [n, H, D]
   SPW_TRY(s.dump("attn.q", layer, q.get(), q.size()));
 
   // Window KV of the new tokens [n, D], fake-quantized as the ring stores it.
   if (!stacked) SPW_TRY(linear(s, lw.wkv, x, n, kv.get()));
-  SPW_TRY(norm(s, kv.get(), lw.kv_norm, n, D));
-  SPW_TRY(cuda::rope_apply(kv.get(), n, D, c.d_rope, rope, s.pos.get(), 1, false, s.stream));
-  SPW_TRY(to_activation(s, kv.get(), kv.size()));
+  SPW_TRY(norm_rope(s, kv.get(), lw.kv_norm, n, D, rope, s.pos.get(), 1));
   if (s.num.fake_quant) {
     if (c.is_v41()) SPW_TRY(cuda::fake_quant_fp8(kv.get(), n, D, D, 32, s.stream));
     else SPW_TRY(cuda::fake_quant_fp8(kv.get(), n, D - c.d_rope, D, 64, s.stream));
@@ -467,9 +469,7 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
     a.scratch = attn_scratch.get(), a.scratch_floats = attn_scratch.size();
   }
   SPW_TRY(cuda::sparse_attn_cuda(a, s.stream));
-  SPW_TRY(to_activation(s, o.get(), o.size()));
-  SPW_TRY(cuda::rope_apply(o.get(), int64_t(n) * H, D, c.d_rope, rope, s.pos.get(), H, /*inverse=*/true, s.stream));
-  SPW_TRY(to_activation(s, o.get(), o.size()));
+  SPW_TRY(rope_round(s, o.get(), int64_t(n) * H, D, rope, s.pos.get(), H, /*inverse=*/true, /*round_in=*/true));
   SPW_TRY(s.dump("attn.o", layer, o.get(), o.size()));
   SPW_TRY(ring_write(s, layer, kv.get()));
 

@@ -155,6 +155,55 @@ Status collapse_and_norm(GpuStep& s, const float* streams, const float* pre, con
   return cuda::rms_norm(x, norm_w, x, s.n, s.c.d_model, s.c.norm_eps, rb, s.stream);          // [n, d]
 }
 
+// Steps of at most this many rows run the fused mHC kernels (hc_fused.cu): their expansion recomputes the
+// Sinkhorn in every block of channels, which hides behind the previous kernel in decode but would cost a
+// prefill chunk one Sinkhorn per 256 channels of every token.
+constexpr int kFusedHcMaxRows = 16;
+
+// One hyper-connection site of a layer (attention or FFN): its weights and coefficient buffers [n, hc],
+// [n, hc], [n, hc, hc].
+struct HcSite {
+  const DeviceHc& w;
+  float* pre;
+  float* post;
+  float* comb;
+};
+
+bool fused_hc(const GpuStep& s) { return cuda::hc_fused_supported(s.c.hc_mult) && s.n <= kFusedHcMaxRows; }
+
+cuda::HcPreFromMixes from_mixes(const GpuStep& s, const HcSite& site, const float* mixes) {
+  const int hc = s.c.hc_mult;
+  return {mixes, int64_t(2 + hc) * hc, site.w.scale, site.w.base, s.c.hc_eps};
+}
+
+// Before a sublayer: the site's mixes from the streams, and x[n, d] = norm(collapse(streams)) with the
+// collapse weights `carried` (V4.1: the previous sublayer's pre) or, when null, the site's own pre. Fused: two
+// launches (the site's pre, post and comb come in hc_after); else four.
+Status hc_before(GpuStep& s, const HcSite& site, const float* streams, float* mixes, const float* carried,
+                 const float* norm_w, float* x) {
+  const ModelConfig& c = s.c;
+  const int n = s.n, hc = c.hc_mult, n_mix = (2 + hc) * hc;
+  if (!fused_hc(s)) {
+    SPW_TRY(hc_coefficients(s, site.w, streams, mixes, site.pre, site.post, site.comb));
+    return collapse_and_norm(s, streams, carried ? carried : site.pre, norm_w, x);
+  }
+  SPW_TRY(cuda::hc_mixes(streams, site.w.fn, n, n_mix, int64_t(hc) * c.d_model, c.norm_eps, mixes, s.stream));
+  const cuda::HcPreFromMixes from = from_mixes(s, site, mixes);
+  return cuda::hc_collapse_norm(streams, carried, carried ? nullptr : &from, norm_w, n, hc, c.d_model, c.norm_eps,
+                                s.num.bf16_activations, x, s.stream);
+}
+
+// After a sublayer: streams ← expand(streams, y) with the site's post and comb (fused: computed here from the
+// mixes hc_before left, with the site's pre stored for a later collapse).
+Status hc_after(GpuStep& s, const HcSite& site, float* streams, const float* y, const float* mixes) {
+  const ModelConfig& c = s.c;
+  if (!fused_hc(s))
+    return cuda::hc_expand(streams, y, site.post, site.comb, s.n, c.hc_mult, c.d_model, s.num.bf16_activations,
+                           s.stream);
+  return cuda::hc_expand_sinkhorn(streams, y, from_mixes(s, site, mixes), c.hc_sinkhorn_iters, s.n, c.hc_mult,
+                                  c.d_model, s.num.bf16_activations, site.pre, s.stream);
+}
+
 }  // namespace
 
 // Checks the chunks, reserves their pages and uploads the step's per-row and per-chunk arrays.
@@ -261,28 +310,28 @@ Status GpuModel::run_step(GpuStep& s, const ForwardOptions& options, int first, 
     }
 
     // Attention sublayer.
-    SPW_TRY(hc_coefficients(s, lw.hc_attn, streams.get(), mixes.get(), pre_a.get(), post_a.get(), comb_a.get()));
-    SPW_TRY(collapse_and_norm(s, streams.get(), c.is_v41() ? carried.get() : pre_a.get(), lw.attn_norm, x.get()));
+    const HcSite attn_hc{lw.hc_attn, pre_a.get(), post_a.get(), comb_a.get()};
+    SPW_TRY(hc_before(s, attn_hc, streams.get(), mixes.get(), c.is_v41() ? carried.get() : nullptr, lw.attn_norm,
+                      x.get()));
     SPW_TRY(s.dump("attn.in", l, x.get(), x.size()));
     {
       ArenaScope scope(st.arena);
       SPW_TRY(attention(s, l, x.get(), y.get()));                                                  // [n, d]
     }
     SPW_TRY(s.dump("attn.out", l, y.get(), y.size()));
-    SPW_TRY(cuda::hc_expand(streams.get(), y.get(), post_a.get(), comb_a.get(), n, hc, d, numerics_.bf16_activations,
-                            s.stream));                                                            // [n, hc, d]
+    SPW_TRY(hc_after(s, attn_hc, streams.get(), y.get(), mixes.get()));                         // [n, hc, d]
 
     // FFN sublayer.
-    SPW_TRY(hc_coefficients(s, lw.hc_ffn, streams.get(), mixes.get(), pre_f.get(), post_f.get(), comb_f.get()));
-    SPW_TRY(collapse_and_norm(s, streams.get(), c.is_v41() ? pre_a.get() : pre_f.get(), lw.ffn_norm, x.get()));
+    const HcSite ffn_hc{lw.hc_ffn, pre_f.get(), post_f.get(), comb_f.get()};
+    SPW_TRY(hc_before(s, ffn_hc, streams.get(), mixes.get(), c.is_v41() ? pre_a.get() : nullptr, lw.ffn_norm,
+                      x.get()));
     SPW_TRY(s.dump("ffn.in", l, x.get(), x.size()));
     {
       ArenaScope scope(st.arena);
       SPW_TRY(moe(s, l, x.get(), y.get()));                                                        // [n, d]
     }
     SPW_TRY(s.dump("ffn.out", l, y.get(), y.size()));
-    SPW_TRY(cuda::hc_expand(streams.get(), y.get(), post_f.get(), comb_f.get(), n, hc, d, numerics_.bf16_activations,
-                            s.stream));                                                            // [n, hc, d]
+    SPW_TRY(hc_after(s, ffn_hc, streams.get(), y.get(), mixes.get()));                          // [n, hc, d]
     if (c.is_v41()) std::swap(carried, pre_f);
     if (options.on_layer) {
       std::vector<float> host;
@@ -295,16 +344,24 @@ Status GpuModel::run_step(GpuStep& s, const ForwardOptions& options, int first, 
   SPW_TRY(s.segment(c.n_layers));
   const float* rows = streams.get() + size_t(first) * hc_d;
   const float* head_pre = carried.get() + size_t(first) * hc;
+  const bool fused = cuda::hc_fused_supported(hc) && n_out <= kFusedHcMaxRows;
+  const cuda::HcPreFromMixes head_from{mixes.get(), hc, st.w->hc_head.scale, st.w->hc_head.base, c.hc_eps};
   if (!c.is_v41()) {
-    // [n_out, hc] mixes, then σ(mix·scale + base) + hc_eps.
+    // [n_out, hc] mixes, then σ(mix·scale + base) + hc_eps (fused: in the collapse).
     SPW_TRY(cuda::hc_mixes(rows, st.w->hc_head.fn, n_out, hc, int64_t(hc_d), c.norm_eps, mixes.get(), s.stream));
-    SPW_TRY(cuda::hc_head_pre(mixes.get(), st.w->hc_head.scale, st.w->hc_head.base, n_out, hc, c.hc_eps, pre_a.get(),
-                              s.stream));
-    head_pre = pre_a.get();
+    if (!fused)
+      SPW_TRY(cuda::hc_head_pre(mixes.get(), st.w->hc_head.scale, st.w->hc_head.base, n_out, hc, c.hc_eps,
+                                pre_a.get(), s.stream));
+    head_pre = fused ? nullptr : pre_a.get();
   }
   SPW_TRY(s.alloc(logits, size_t(n_out) * c.vocab_size));
-  SPW_TRY(cuda::hc_collapse(rows, head_pre, n_out, hc, d, numerics_.bf16_activations, x.get(), s.stream));  // [n_out, d]
-  SPW_TRY(cuda::rms_norm(x.get(), st.w->norm, x.get(), n_out, d, c.norm_eps, numerics_.bf16_activations, s.stream));
+  if (fused) {  // [n_out, d]
+    SPW_TRY(cuda::hc_collapse_norm(rows, head_pre, head_pre ? nullptr : &head_from, st.w->norm, n_out, hc, d,
+                                   c.norm_eps, numerics_.bf16_activations, x.get(), s.stream));
+  } else {
+    SPW_TRY(cuda::hc_collapse(rows, head_pre, n_out, hc, d, numerics_.bf16_activations, x.get(), s.stream));
+    SPW_TRY(cuda::rms_norm(x.get(), st.w->norm, x.get(), n_out, d, c.norm_eps, numerics_.bf16_activations, s.stream));
+  }
   return linear(s, st.w->head, x.get(), n_out, logits.get());                                     // [n_out, vocab]
 }
 

@@ -168,8 +168,7 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
   SPW_TRY(run_expert(s, lw.shared, x, n, nullptr, c.is_v41() ? c.swiglu_limit : 0.f, shared));  // [n, d]
   SPW_TRY(s.dump("moe.routed", layer, acc.get(), acc.size()));
   SPW_TRY(s.dump("moe.shared", layer, shared.get(), shared.size()));
-  SPW_TRY(add_cuda(acc.get(), shared.get(), int64_t(n) * d, out, s.stream));
-  return to_activation(s, out, int64_t(n) * d);
+  return add_cuda(acc.get(), shared.get(), int64_t(n) * d, out, s.stream, s.num.bf16_activations);  // bf16
 }
 
 Status engram(GpuStep& s, int layer, float* streams) {

@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "cuda/ops/hyper_connection.h"
+#include "cuda/ops/norm.h"
 #include "formats/dtypes.h"
 #include "ops/ref/hyper_connection.h"
 #include "ops/ref/linalg.h"
@@ -180,10 +181,78 @@ TEST(CudaOpsHc, CollapseExpandBitExact) {
   collapse_expand_case(1023, 2, 1023, true, 7);
 }
 
+// The fused decode kernels (hc_fused.cu) against the launches they replace, bit for bit: hc_collapse_norm =
+// hc_collapse + rms_norm, with pre given (V4.1's carried pre), from a sublayer's mixes (hc_split_sinkhorn's pre)
+// or from the V4 head's mixes (hc_head_pre); hc_expand_sinkhorn = hc_split_sinkhorn + hc_expand, and the pre it
+// stores is hc_split_sinkhorn's.
+void fused_case(int64_t n_tokens, int hc, int64_t d, bool round_out, int pre_source, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "fused mHC tokens=" << n_tokens << " hc=" << hc << " d=" << d
+                                  << " round_out=" << round_out << " pre " << pre_source);
+  const bool head = pre_source == 2;  // 0: given, 1: the sublayer's mixes, 2: the V4 head's mixes
+  const int n_mix = head ? hc : (2 + hc) * hc, iters = 20;
+  const float eps = 1e-6f, hc_eps = 1e-6f;
+  const std::vector<float> x = normal(size_t(n_tokens * hc * d), 0.f, 3.f, seed, true);
+  const std::vector<float> mixes = normal(size_t(n_tokens * n_mix), 0.f, 2.f, seed + 1);
+  const std::vector<float> scale = normal(3, 1.f, 0.5f, seed + 2), base = normal(size_t(n_mix), 0.f, 1.f, seed + 3);
+  const std::vector<float> given = normal(size_t(n_tokens * hc), 0.5f, 0.2f, seed + 4);
+  const std::vector<float> w = normal(size_t(d), 1.f, 0.1f, seed + 5), y = normal(size_t(n_tokens * d), 0.f, 1.f, seed + 6, true);
+  Guarded<float> dx(x), dm(mixes), ds(scale), db(base), dgiven(given), dw(w), dy(y);
+  Guarded<float> pre(size_t(n_tokens * hc)), post(size_t(n_tokens * hc)), comb(size_t(n_tokens * hc * hc));
+  Guarded<float> sep_out(size_t(n_tokens * d)), fused_out(size_t(n_tokens * d)), pre_out(size_t(n_tokens * hc));
+  Guarded<float> sep_x(x), fused_x(x);
+
+  const float* collapse_pre = dgiven.get();
+  if (pre_source == 1) {
+    SPW_ASSERT_OK(cuda::hc_split_sinkhorn(dm.get(), ds.get(), db.get(), n_tokens, hc, iters, hc_eps, pre.get(),
+                                          post.get(), comb.get(), nullptr));
+    collapse_pre = pre.get();
+  } else if (head) {
+    SPW_ASSERT_OK(cuda::hc_head_pre(dm.get(), ds.get(), db.get(), n_tokens, hc, hc_eps, pre.get(), nullptr));
+    collapse_pre = pre.get();
+  }
+  SPW_ASSERT_OK(cuda::hc_collapse(dx.get(), collapse_pre, n_tokens, hc, d, round_out, sep_out.get(), nullptr));
+  SPW_ASSERT_OK(cuda::rms_norm(sep_out.get(), dw.get(), sep_out.get(), n_tokens, d, eps, round_out, nullptr));
+  const cuda::HcPreFromMixes from{dm.get(), n_mix, ds.get(), db.get(), hc_eps};
+  SPW_ASSERT_OK(cuda::hc_collapse_norm(dx.get(), pre_source == 0 ? dgiven.get() : nullptr,
+                                       pre_source == 0 ? nullptr : &from, dw.get(), n_tokens, hc, d, eps, round_out,
+                                       fused_out.get(), nullptr));
+  EXPECT_TRUE(bits_equal(fused_out.download(), sep_out.download())) << "hc_collapse_norm";
+  EXPECT_TRUE(fused_out.guards_intact());
+  if (head) return;  // the head has no expansion
+
+  if (pre_source != 1)
+    SPW_ASSERT_OK(cuda::hc_split_sinkhorn(dm.get(), ds.get(), db.get(), n_tokens, hc, iters, hc_eps, pre.get(),
+                                          post.get(), comb.get(), nullptr));
+  SPW_ASSERT_OK(cuda::hc_expand(sep_x.get(), dy.get(), post.get(), comb.get(), n_tokens, hc, d, round_out, nullptr));
+  SPW_ASSERT_OK(cuda::hc_expand_sinkhorn(fused_x.get(), dy.get(), from, iters, n_tokens, hc, d, round_out,
+                                         pre_out.get(), nullptr));
+  EXPECT_TRUE(bits_equal(fused_x.download(), sep_x.download())) << "hc_expand_sinkhorn";
+  EXPECT_TRUE(bits_equal(pre_out.download(), pre.download())) << "hc_expand_sinkhorn's pre";
+  EXPECT_TRUE(fused_x.guards_intact());
+  EXPECT_TRUE(pre_out.guards_intact());
+}
+
+TEST(CudaOpsHc, FusedDecodeKernelsMatchSeparateLaunches) {
+  SPW_REQUIRE_GPU();
+  fused_case(1, 4, 5120, true, 0, 31);    // V4.1 decode: carried pre
+  fused_case(16, 4, 5120, true, 1, 32);   // V4 batch 16: the sublayer's pre
+  fused_case(3, 4, 4096, true, 2, 33);    // V4 head
+  fused_case(2, 4, 4096, false, 1, 34);   // f32 activations
+  fused_case(5, 2, 1000, true, 1, 35);    // hc 2, a width that is no multiple of the blocks
+  fused_case(1, 4, 3, true, 0, 36);       // narrower than a warp
+}
+
 TEST(CudaOpsHc, RejectsBadShapes) {
   EXPECT_FALSE(cuda::hc_split_sinkhorn(nullptr, nullptr, nullptr, 1, 9, 20, 1e-6f, nullptr, nullptr, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::hc_split_sinkhorn(nullptr, nullptr, nullptr, 1, 4, 0, 1e-6f, nullptr, nullptr, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::hc_collapse(nullptr, nullptr, 1, 0, 8, false, nullptr, nullptr).ok());
+  const float pre = 0.f;
+  const cuda::HcPreFromMixes from{};
+  EXPECT_FALSE(cuda::hc_collapse_norm(nullptr, &pre, nullptr, nullptr, 1, 3, 8, 1e-6f, false, nullptr, nullptr).ok())
+      << "hc 3 is not fused";
+  EXPECT_FALSE(cuda::hc_collapse_norm(nullptr, &pre, &from, nullptr, 1, 4, 8, 1e-6f, false, nullptr, nullptr).ok())
+      << "pre and the mixes both given";
+  EXPECT_FALSE(cuda::hc_expand_sinkhorn(nullptr, nullptr, from, 0, 1, 4, 8, false, nullptr, nullptr).ok());
 }
 
 }  // namespace

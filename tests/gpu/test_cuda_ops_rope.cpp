@@ -8,9 +8,11 @@
 // pair's inputs). The untouched first d − d_rope channels must be bit-identical.
 #if defined(SPW_HAVE_CUDA)
 #include <cfloat>
+#include <cstring>
 #include <iostream>
 #include <random>
 
+#include "cuda/ops/norm.h"
 #include "cuda/ops/rope.h"
 #include "formats/dtypes.h"
 #include "ops/ref/rope.h"
@@ -79,10 +81,68 @@ TEST(CudaOpsRope, AwkwardSizes) {
   rope_case(yarn(64), 3, 127, 1023, true, 2000000, 1, 15);
 }
 
+// The fused forms against the launches they replace, bit for bit (the same device operations in the same order):
+// rope_apply_rounded = round_bf16 (round_in), rope_apply, round_bf16 (round_out); rms_norm_rope = rms_norm, then
+// rope_apply_rounded with round_out (or rope_apply alone without rounding). x is not bf16-exact, so every
+// rounding shows.
+void fused_case(int64_t n_tokens, int64_t heads, int64_t d, int d_rope, bool inverse, bool round_in, bool round_out,
+                bool with_norm, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "tokens=" << n_tokens << " heads=" << heads << " d=" << d << " d_rope=" << d_rope
+                                  << " inverse=" << inverse << " round_in=" << round_in << " round_out=" << round_out
+                                  << " norm=" << with_norm);
+  const std::vector<float> freqs = ref::rope_frequencies(yarn(d_rope));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  std::vector<float> x(size_t(n_tokens * heads * d)), w(static_cast<size_t>(d));
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : w) v = 1.0f + 0.1f * nd(rng);
+  std::vector<int64_t> pos(n_tokens);
+  for (int64_t t = 0; t < n_tokens; ++t) pos[t] = 1000 * t + 77;
+  Guarded<float> fused(x), steps(x), dw(w), df(freqs);
+  Guarded<int64_t> dp(pos);
+  const int64_t rows = n_tokens * heads;
+  if (with_norm) {
+    SPW_ASSERT_OK(cuda::rms_norm_rope(fused.get(), dw.get(), fused.get(), rows, d, 1e-6f, round_out, d_rope, df.get(),
+                                      dp.get(), heads, nullptr));
+    SPW_ASSERT_OK(cuda::rms_norm(steps.get(), dw.get(), steps.get(), rows, d, 1e-6f, round_out, nullptr));
+  } else {
+    SPW_ASSERT_OK(cuda::rope_apply_rounded(fused.get(), rows, d, d_rope, df.get(), dp.get(), heads, inverse, round_in,
+                                           round_out, nullptr));
+    if (round_in) SPW_ASSERT_OK(cuda::round_bf16(steps.get(), int64_t(x.size()), nullptr));
+  }
+  SPW_ASSERT_OK(cuda::rope_apply(steps.get(), rows, d, d_rope, df.get(), dp.get(), heads, inverse, nullptr));
+  if (round_out) SPW_ASSERT_OK(cuda::round_bf16(steps.get(), int64_t(x.size()), nullptr));
+  const std::vector<float> a = fused.download(), b = steps.download();
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0u) << differ << " of " << a.size() << " outputs differ from the separate launches";
+  if (round_in || round_out) {
+    size_t unrounded = 0;
+    for (float v : a) unrounded += round_bf16(v) != v;
+    EXPECT_EQ(unrounded, 0u) << "outputs not bf16";
+  }
+  EXPECT_TRUE(fused.guards_intact());
+}
+
+TEST(CudaOpsRope, FusedRoundingAndNormMatchSeparateLaunches) {
+  SPW_REQUIRE_GPU();
+  fused_case(1, 64, 512, 64, false, false, true, false, 21);   // V4.1 q after wq_b
+  fused_case(3, 64, 512, 64, true, true, true, false, 22);     // attention output: round, inverse RoPE, round
+  fused_case(2, 64, 128, 64, false, false, true, false, 23);   // indexer q
+  fused_case(5, 3, 34, 16, true, true, false, false, 24);      // round_in alone, an odd pair count before the rope
+  fused_case(4, 1, 512, 64, false, false, true, true, 25);     // kv: norm, RoPE, bf16
+  fused_case(2, 64, 512, 64, false, false, true, true, 26);    // V4 q: weightless per-head norm (weighted here)
+  fused_case(3, 1, 128, 64, false, false, false, true, 27);    // f32 activations: no rounding
+  fused_case(1, 1, 5000, 64, false, false, true, true, 28);    // rows wider than the norm's block
+}
+
 TEST(CudaOpsRope, RejectsBadShapes) {
   EXPECT_FALSE(cuda::rope_apply(nullptr, 4, 64, 63, nullptr, nullptr, 1, false, nullptr).ok());   // odd d_rope
   EXPECT_FALSE(cuda::rope_apply(nullptr, 4, 32, 64, nullptr, nullptr, 1, false, nullptr).ok());   // d_rope > d
   EXPECT_FALSE(cuda::rope_apply(nullptr, 5, 64, 64, nullptr, nullptr, 2, false, nullptr).ok());   // 5 % 2
+  EXPECT_FALSE(cuda::rope_apply_rounded(nullptr, 4, 65, 64, nullptr, nullptr, 1, false, false, true, nullptr).ok());  // odd d
+  EXPECT_FALSE(cuda::rms_norm_rope(nullptr, nullptr, nullptr, 4, 64, 1e-6f, true, 66, nullptr, nullptr, 1, nullptr).ok());
+  EXPECT_FALSE(cuda::rms_norm_rope(nullptr, nullptr, nullptr, 5, 64, 1e-6f, true, 64, nullptr, nullptr, 2, nullptr).ok());
 }
 
 }  // namespace

@@ -203,6 +203,15 @@ __device__ __forceinline__ float fake_quant_fp8_elem(float x, float s) {
   return __half2float(__ushort_as_half(fake_quant_fp8_code(x, s))) * s;
 }
 
+// The fake-quant scale of x[base, base + act_block) (one warp: lanes stride the block, a butterfly max gives amax).
+__device__ __forceinline__ float warp_block_scale(const float* __restrict__ x, size_t base, int act_block, int lane) {
+  float amax = 0.0f;
+  for (int i = lane; i < act_block; i += 32) amax = fmaxf(amax, fabsf(x[base + i]));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  return fp8_scale_of(amax);
+}
+
 // Output (row, token t) of a GEMV: rounded to bf16 when asked, into y [n_tokens, ldy] or, for a stacked weight,
 // into the part holding the row — the last part starting at or before it (constant indices: a runtime index into
 // the parameter arrays would copy them to local memory).

@@ -14,15 +14,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// The fake-quant scale of x[base, base + act_block) (one warp: lanes stride the block, a butterfly max gives amax).
-__device__ __forceinline__ float warp_block_scale(const float* __restrict__ x, size_t base, int act_block, int lane) {
-  float amax = 0.0f;
-  for (int i = lane; i < act_block; i += 32) amax = fmaxf(amax, fabsf(x[base + i]));
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  return fp8_scale_of(amax);
-}
-
 // One warp per (token, block of act_block).
 template <bool Bf16Out>
 __global__ void __launch_bounds__(kThreads) act_quant_kernel(const float* __restrict__ x, int n_tokens, int n_in,

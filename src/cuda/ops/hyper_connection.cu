@@ -16,6 +16,7 @@
 #include <cooperative_groups.h>
 
 #include "cuda/ops/device_numerics.cuh"
+#include "cuda/ops/hc_device.cuh"
 #include "cuda/ops/hyper_connection.h"
 #include "cuda/launch.h"
 
@@ -95,8 +96,7 @@ __global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThre
   cluster.sync();  // block 0 has read the others' shared memory before they exit
 }
 
-// a·b + c rounded twice, as the reference computes it without FMA.
-__device__ inline float mul_add(float a, float b, float c) { return __fadd_rn(__fmul_rn(a, b), c); }
+using hcdev::mul_add;
 
 constexpr int kSinkhornWarps = 4;  // tokens per block
 constexpr int kHcElemsPerLane = (kHcMax * kHcMax + 31) / 32;
@@ -160,51 +160,22 @@ __global__ void __launch_bounds__(32 * kSinkhornWarps)
   for (int e = lane; e < nn; e += 32) comb[t * nn + e] = m[e];
 }
 
-// The same computation for small hc (hc² ≤ 32: V4 and V4.1 have hc = 4) with the matrix in registers: lane
-// e = j·HC + k holds element (j, k), and each row / column sum gathers its HC terms by shuffles, in the
-// reference's order (0 + m₀ + m₁ + ...): the same operations as hc_split_sinkhorn_kernel. The
-// shared-memory version spends most of its time on dependent shared-memory round trips (16 µs per decode
-// call on the H200, session 7's trace, for 40 normalisations of a 4 × 4 matrix).
+// The same computation for small hc (hc² ≤ 32: V4 and V4.1 have hc = 4) with the matrix in registers
+// (hc_device.cuh: split_sinkhorn_warp): the same operations as hc_split_sinkhorn_kernel. The shared-memory
+// version spends most of its time on dependent shared-memory round trips (16 µs per decode call on the H200,
+// session 7's trace, for 40 normalisations of a 4 × 4 matrix).
 template <int HC>
 __global__ void __launch_bounds__(32 * kSinkhornWarps)
     hc_split_sinkhorn_small_kernel(const float* mixes_all, const float* scale, const float* base, int64_t n_tokens,
                                    int sinkhorn_iters, float hc_eps, float* pre, float* post, float* comb) {
   pdl_enter();
-  static_assert(HC * HC <= 32);
-  constexpr int nn = HC * HC;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = int64_t(blockIdx.x) * kSinkhornWarps + warp;
   if (t >= n_tokens) return;  // the whole warp
-  const float* mixes = mixes_all + t * (2 + HC) * HC;
-  const int e = lane < nn ? lane : 0;  // this lane's element (lanes ≥ nn compute on a copy, store nothing)
-  if (lane < HC) {
-    pre[t * HC + lane] = __fadd_rn(dev::sigmoid(mul_add(mixes[lane], scale[0], base[lane])), hc_eps);
-    post[t * HC + lane] = 2.0f * dev::sigmoid(mul_add(mixes[HC + lane], scale[1], base[HC + lane]));
-  }
-  // Softmax over k of row j: max, then Σ exp in k order, then exp / Σ + eps.
-  float m = mul_add(mixes[2 * HC + e], scale[2], base[2 * HC + e]);
-  const int row0 = (e / HC) * HC, col = e % HC;
-  float mx = -INFINITY;
-#pragma unroll
-  for (int kk = 0; kk < HC; ++kk) mx = fmaxf(mx, __shfl_sync(0xffffffffu, m, row0 + kk));
-  m = dev::exp_f32(m - mx);
-  float sum = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < HC; ++kk) sum += __shfl_sync(0xffffffffu, m, row0 + kk);
-  m = m / sum + hc_eps;
-  for (int it = 0; it < sinkhorn_iters; ++it) {
-    if (it > 0) {  // rows (the first pass normalises columns only)
-      float s = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < HC; ++kk) s += __shfl_sync(0xffffffffu, m, row0 + kk);
-      m /= (s + hc_eps);
-    }
-    float s = 0.f;
-#pragma unroll
-    for (int jj = 0; jj < HC; ++jj) s += __shfl_sync(0xffffffffu, m, jj * HC + col);
-    m /= (s + hc_eps);
-  }
-  if (lane < nn) comb[t * nn + lane] = m;
+  float p, q, c;
+  hcdev::split_sinkhorn_warp<HC>(mixes_all + t * (2 + HC) * HC, scale, base, sinkhorn_iters, hc_eps, lane, p, q, c);
+  if (lane < HC) pre[t * HC + lane] = p, post[t * HC + lane] = q;
+  if (lane < HC * HC) comb[t * HC * HC + lane] = c;
 }
 
 __global__ void hc_head_pre_kernel(const float* mixes, const float* scale, const float* base, int64_t n_tokens,

@@ -24,7 +24,7 @@
 // Limits: hc ≤ 8 (V4 and V4.1 use 4); n_tokens < 2^31, n_out ≤ 131070.
 // Speed: hc_mixes is a per-token GEMV (fn re-read from L2 for every token); for long prefill chunks
 // a GEMM over tokens would read fn once. The other three are memory-bound element-wise passes.
-// Tests: tests/gpu/test_cuda_ops_hc.cpp.
+// Tests: tests/gpu/test_cuda_ops_hc.cpp (the fused forms against the separate launches too).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -51,5 +51,28 @@ Status hc_collapse(const float* x_streams, const float* pre, int64_t n_tokens, i
 
 Status hc_expand(float* x_streams, const float* y, const float* post, const float* comb, int64_t n_tokens, int hc,
                  int64_t d, bool round_out, cudaStream_t stream);
+
+// Fused forms for a decode step (hc_fused.cu), bit-identical to the separate launches; hc 2 or 4 only
+// (hc_fused_supported), n_tokens ≤ 65535.
+//   hc_collapse_norm:   y[t] = rms_norm(Σ_j pre[t, j]·X_t[j], norm_w), round_out rounding after the collapse and
+//                       after the norm — hc_collapse then rms_norm. pre is given, or (from) computed from the
+//                       mixes as hc_split_sinkhorn / hc_head_pre do (pre_j = σ(mix_j·scale₀ + base_j) + eps).
+//   hc_expand_sinkhorn: hc_split_sinkhorn of from's mixes, then hc_expand with its post and comb; pre_out (may
+//                       be null) receives its pre. The mixes must have been written two or more launches before
+//                       this one on the stream (it reads them before waiting on the previous kernel).
+// The mixes of token t start at mixes + t·mix_stride.
+struct HcPreFromMixes {
+  const float* mixes = nullptr;
+  int64_t mix_stride = 0;
+  const float* scale = nullptr;
+  const float* base = nullptr;
+  float hc_eps = 0.f;
+};
+bool hc_fused_supported(int hc);
+Status hc_collapse_norm(const float* x_streams, const float* pre, const HcPreFromMixes* from, const float* norm_w,
+                        int64_t n_tokens, int hc, int64_t d, float norm_eps, bool round_out, float* y,
+                        cudaStream_t stream);
+Status hc_expand_sinkhorn(float* x_streams, const float* y, const HcPreFromMixes& from, int sinkhorn_iters,
+                          int64_t n_tokens, int hc, int64_t d, bool round_out, float* pre_out, cudaStream_t stream);
 
 }  // namespace spw::cuda

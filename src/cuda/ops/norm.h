@@ -26,4 +26,12 @@ Status round_bf16(float* x, int64_t n, cudaStream_t stream);
 Status rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t d, float eps, bool round_out,
                 cudaStream_t stream);
 
+// rms_norm, then RoPE on each row's last d_rope channels (rope.h; row r at positions[r / rows_per_pos], forward),
+// then, with round_out, bf16 again: the reference's norm, to_activation, rope, to_activation in one launch,
+// bit-identical to rms_norm followed by rope_apply_rounded(round_out = true) (and without round_out, to rms_norm
+// and rope_apply).
+Status rms_norm_rope(const float* x, const float* w, float* y, int64_t n_rows, int64_t d, float eps, bool round_out,
+                     int d_rope, const float* freqs, const int64_t* positions, int64_t rows_per_pos,
+                     cudaStream_t stream);
+
 }  // namespace spw::cuda

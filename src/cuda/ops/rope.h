@@ -24,4 +24,11 @@ namespace spw::cuda {
 Status rope_apply(float* x, int64_t n_vectors, int64_t d, int d_rope, const float* freqs, const int64_t* positions,
                   int64_t vectors_per_pos, bool inverse, cudaStream_t stream);
 
+// rope_apply with the bf16 rounding around it in the same launch: round_in rounds every channel of each vector
+// before the rotation, round_out after it — the reference's to_activation before and after the RoPE, bit for bit
+// (ops/ref/linalg.h round_bf16), in one pass instead of up to three. With either, d must be even.
+Status rope_apply_rounded(float* x, int64_t n_vectors, int64_t d, int d_rope, const float* freqs,
+                          const int64_t* positions, int64_t vectors_per_pos, bool inverse, bool round_in,
+                          bool round_out, cudaStream_t stream);
+
 }  // namespace spw::cuda
