@@ -460,6 +460,7 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   cuda::SparseAttnArgs a;
   a.q = q.get(), a.sink = lw.attn_sink, a.n_q = n, a.n_heads = H, a.d_head = D, a.window = W;
   a.scale = 1.0f / std::sqrt(float(D)), a.round_p_bf16 = s.num.bf16_activations;
+  a.q_bf16 = s.num.bf16_activations;  // q was rounded after its RoPE
   a.q_seq = s.slots.get(), a.q_pos = s.pos.get(), a.chunk_pos0 = s.pos0s.get(), a.chunk_row0 = s.row0s.get();
   a.chunk_kv = kv.get(), a.ring = s.st.ring.view(layer), a.sel = sel, a.sel_stride = sel_stride, a.comp = comp;
   a.out = o.get();

@@ -11,7 +11,9 @@
 // Tolerance, relative to max|kv|: 1e-4 without the bf16 rounding of p (only the dot-product summation
 // order and expf vs glibc exp differ, ~1e-6); 4e-3 with it, because a p_j within an ulp of a bf16
 // rounding boundary can round the other way (2^-8 relative on that row's weight, Σ weights ≤ 1).
-// Guards around the output, no NaN. Built into spw_gpu_tests; scripts/gpu_test.sh runs it.
+// The tensor-core path (bf16 q and p̃) against the same reference and tolerance: its products are exact, only
+// the order of its f32 sums differs. Guards around the output, no NaN. Built into spw_gpu_tests;
+// scripts/gpu_test.sh runs it.
 #if defined(SPW_HAVE_CUDA)
 #include <gtest/gtest.h>
 
@@ -195,6 +197,26 @@ void run_case(const Case& c, bool round_p, uint32_t seed) {
   EXPECT_EQ(differ, 0u) << c.name << ": split path differs from one block in " << differ << " values, first at " << first
                         << ": " << (first < split.size() ? split[first] : 0.f) << " vs "
                         << (first < split.size() ? one_block[first] : 0.f);
+
+  // The tensor-core path (bf16 q and p̃, d_head % 64 == 0): the same products summed in another order, so the
+  // reference's tolerance; refused where its inputs are not bf16.
+  DevBuf<float> dout_mma(want.size(), 3.0e38f);
+  a.out = dout_mma.get();
+  a.path = cuda::SparseAttnPath::kTensorCore;
+  a.q_bf16 = true;
+  st = cuda::sparse_attn_cuda(a, nullptr);
+  if (round_p && D % 64 == 0) {
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dout_mma.expect_guards("tensor-core attention output");
+    attn_test::expect_close(dout_mma.download(), want, atol, std::string(c.name) + " (tensor cores)");
+  } else {
+    EXPECT_FALSE(st.ok()) << c.name << ": the tensor-core path took " << (round_p ? "d_head " + std::to_string(D) : "exact p");
+  }
+  a.q_bf16 = false;
+  EXPECT_FALSE(cuda::sparse_attn_cuda(a, nullptr).ok()) << c.name << ": tensor cores with q not bf16";
+  a.path = cuda::SparseAttnPath::kSplit;
+  a.out = dout_split.get();
 
   // Scratch one float short is refused, not overrun.
   a.scratch_floats = scratch.size() - 1;

@@ -347,52 +347,6 @@ TEST_F(CudaDense, GemvTokenCountDoesNotChangeRows) {
   }
 }
 
-// The scalar GEMV kernels quantize x themselves as they stage it (dense_kernels.h: GemvArgs::act_block): their
-// outputs are bit-identical to the same weight without activation quant fed x̂ = fake_quant_fp8(x) from the CPU
-// reference (formats/quant.h), on every kernel: streaming (1–2 tokens, k unsplit and split in 2 and 4), persistent
-// (wq_b, the V4.1 wo_b), staged (5 and 16 tokens), with activation blocks of 32 and 128 and partial tiles.
-TEST_F(CudaDense, GemvQuantizesActivationsLikeTheReference) {
-  struct Shape {
-    DenseFormat f;
-    int n_out, n_in, weight_block, act_block;
-  };
-  const Shape shapes[] = {
-      {DenseFormat::kFp8, 5120, 8192, 32, 32},     // V4.1 attn.wo_b
-      {DenseFormat::kFp8, 32768, 1280, 32, 32},    // V4.1 attn.wq_b (persistent kernel)
-      {DenseFormat::kFp8, 512, 5120, 128, 128},    // V4 attn.wkv: k split over 4 blocks
-      {DenseFormat::kFp8, 1280, 5120, 32, 32},     // V4.1 attn.wq_a
-      {DenseFormat::kFp8, 1023, 2080, 128, 128},   // awkward: partial rows, a short last split
-      {DenseFormat::kFp8, 127, 160, 32, 32},       // a partial tile only
-      {DenseFormat::kFp4, 2304, 5120, 0, 32},      // MXFP4 expert w1
-      {DenseFormat::kFp4, 4096, 2048, 0, 128},     // V4 expert w2
-  };
-  uint32_t seed = 1500;
-  for (const Shape& sh : shapes) {
-    std::mt19937 rng(++seed);
-    HostLinear h = make_linear(sh.f, sh.n_out, sh.n_in, sh.weight_block, sh.act_block, false, rng);
-    DevBuf dw(h.bytes), ds;
-    if (!h.scale.empty()) ds.upload(h.scale);
-    h.d.w = dw.p, h.d.scale = static_cast<const uint8_t*>(ds.p);
-    DeviceLinear prequantized = h.d;
-    prequantized.act_block = 0;
-    for (int n : {1, 2, 5, 16}) {
-      const std::string what = case_name(h.d, n);
-      const std::vector<float> x = make_x(n, sh.n_in, false, rng);
-      std::vector<float> xq = x;
-      for (int t = 0; t < n; ++t) fake_quant_fp8(xq.data() + size_t(t) * sh.n_in, sh.n_in, sh.act_block);
-      ASSERT_NE(std::memcmp(x.data(), xq.data(), x.size() * sizeof(float)), 0) << what << ": the quantization changes x";
-      DevBuf dx(x), dxq(xq);
-      const std::vector<float> y = run_linear(h.d, dx, n, true, ws_, LinearPath::kGemv, what);
-      const std::vector<float> r = run_linear(prequantized, dxq, n, true, ws_, LinearPath::kGemv, what + " (x̂ given)");
-      ASSERT_EQ(y.size(), size_t(n) * sh.n_out) << what;
-      ASSERT_EQ(r.size(), y.size()) << what;
-      size_t differ = 0;
-      for (size_t i = 0; i < y.size(); ++i) differ += std::memcmp(&y[i], &r[i], sizeof(float)) != 0;
-      EXPECT_EQ(differ, 0u) << what << ": " << differ << " outputs differ from the GEMV of the reference's x̂";
-    }
-  }
-}
-
 // Weights on one input, stacked (each part's rows in turn; scales likewise) and run in one launch
 // (stacked_linear_cuda), give outputs bit-identical to linear_cuda on each part, into outputs with their own
 // row strides and untouched guards; bad part lists are refused. The engine stacks wq_a + wkv, wq_b + the

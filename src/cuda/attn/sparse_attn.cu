@@ -29,6 +29,7 @@
 #include "cuda/attn/sparse_attn.h"
 
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -110,10 +111,11 @@ __device__ RowKind resolve_row(const SparseAttnArgs& a, const QueryRows& qr, int
   return kComp;
 }
 
-// Shared memory of one segment: its rows dequantized [kSegRows, d] f32, their stored bytes [kSegRows,
-// raw_words] (staged before they are decoded), their kinds and addresses.
+// Shared memory of one segment: its rows dequantized [kSegRows, d] f32 (row stride ld ≥ d), their stored bytes
+// [kSegRows, raw_words] (staged before they are decoded), their kinds and addresses.
 struct SegmentTile {
   float* rows;
+  int ld;
   uint32_t* raw;
   int raw_words;
   const void** ptrs;
@@ -126,16 +128,17 @@ __host__ __device__ inline int raw_row_words(size_t ring_nbytes, size_t comp_nby
   return int((ring_nbytes > comp_nbytes ? ring_nbytes : comp_nbytes) / 4);
 }
 
-__host__ __device__ inline size_t tile_smem_bytes(int d, int raw_words) {
-  return sizeof(const void*) * kSegRows + sizeof(float) * size_t(kSegRows) * size_t(d) +
+__host__ __device__ inline size_t tile_smem_bytes(int d, int raw_words, int ld = 0) {
+  return sizeof(const void*) * kSegRows + sizeof(float) * size_t(kSegRows) * size_t(ld > d ? ld : d) +
          sizeof(uint32_t) * size_t(kSegRows) * size_t(raw_words) + kSegRows;
 }
 
 // Carves a SegmentTile out of `smem` (pointers first for their alignment); returns the first byte after it.
-__device__ unsigned char* carve_tile(unsigned char* smem, int d, int raw_words, SegmentTile& t) {
+__device__ unsigned char* carve_tile(unsigned char* smem, int d, int raw_words, SegmentTile& t, int ld = 0) {
   t.ptrs = reinterpret_cast<const void**>(smem);
   t.rows = reinterpret_cast<float*>(t.ptrs + kSegRows);
-  t.raw = reinterpret_cast<uint32_t*>(t.rows + size_t(kSegRows) * d);
+  t.ld = ld > d ? ld : d;
+  t.raw = reinterpret_cast<uint32_t*>(t.rows + size_t(kSegRows) * t.ld);
   t.raw_words = raw_words;
   t.kinds = reinterpret_cast<uint8_t*>(t.raw + size_t(kSegRows) * raw_words);
   return t.kinds + kSegRows;
@@ -162,7 +165,7 @@ __device__ __forceinline__ void stage_rows(const SegmentTile& t, int d, size_t r
     if (kind == kSkipped) continue;
     const int words = kind == kF32 ? d : int((kind == kRing ? ring_nbytes : comp_nbytes) / 4);
     const uint32_t* src = static_cast<const uint32_t*>(t.ptrs[r]);
-    uint32_t* dst = kind == kF32 ? reinterpret_cast<uint32_t*>(t.rows + size_t(r) * d) : t.raw + size_t(r) * t.raw_words;
+    uint32_t* dst = kind == kF32 ? reinterpret_cast<uint32_t*>(t.rows + size_t(r) * t.ld) : t.raw + size_t(r) * t.raw_words;
     for (int w = lane; w < words; w += 32) cp_async4(dst + w, src + w);
   }
 }
@@ -207,7 +210,7 @@ __device__ void decode_rows(const SparseAttnArgs& a, const Layouts& layouts, con
     if (kind == kSkipped || kind == kF32) continue;  // f32 rows are in place already
     const kvdev::RowLayout l = layout_of(layouts, kind);
     const uint8_t* row = reinterpret_cast<const uint8_t*>(t.raw + size_t(r) * t.raw_words);
-    float* dst = t.rows + size_t(r) * d;
+    float* dst = t.rows + size_t(r) * t.ld;
     if (l.elem == KvElem::kF32) dequant_row<CPL, KvElem::kF32>(l, row, dst, d, lane);  // an unquantized ring
     else if (l.elem == KvElem::kFp8E4m3) dequant_row<CPL, KvElem::kFp8E4m3>(l, row, dst, d, lane);
     else dequant_row<CPL, KvElem::kFp4E2m1>(l, row, dst, d, lane);
@@ -248,7 +251,7 @@ __device__ void load_segment_shared(const SparseAttnArgs& a, const Layouts& layo
   for (int r = warp; r < kSegRows; r += warps) {
     const int owner = r % csize;
     if (owner == rank || t.kinds[r] == kSkipped) continue;
-    float4* dst = reinterpret_cast<float4*>(t.rows + size_t(r) * a.d_head);
+    float4* dst = reinterpret_cast<float4*>(t.rows + size_t(r) * t.ld);
     const float4* src = cluster.map_shared_rank(dst, owner);
     float4 v[kVecs];
 #pragma unroll
@@ -281,7 +284,7 @@ __device__ __forceinline__ void tile_logits(const SegmentTile& t, int r0, const 
   float acc[kLogitRows];
 #pragma unroll
   for (int n = 0; n < kLogitRows; ++n) {
-    const float* row = t.rows + size_t(r0 + n) * d;
+    const float* row = t.rows + size_t(r0 + n) * t.ld;
     acc[n] = 0.f;
 #pragma unroll
     for (int k = 0; k < CPL; ++k) {
@@ -315,7 +318,7 @@ __device__ __forceinline__ void segment_sums(const SegmentTile& t, P p, bool rou
       const float pj = p(r);
       chunk_den += pj;
       const float pv = round_p ? kvdev::bf16_round(pj) : pj;
-      const float* row = t.rows + size_t(r) * d;
+      const float* row = t.rows + size_t(r) * t.ld;
 #pragma unroll
       for (int k = 0; k < CPL; ++k) {
         const int c = lane + 32 * k;
@@ -528,6 +531,156 @@ __global__ void __launch_bounds__(512) split_combine_kernel(SparseAttnArgs a, Sp
   }
 }
 
+// ---------------------------------------------------------------------------------------------------
+// Tensor cores (prefill and large batches): one block per (16 heads, query), the heads being the m16 tile of
+// mma.m16n8k16 (bf16 inputs, f32 accumulation). Pass 1: S = Q·Kᵀ per segment (warp w < 4: rows 8w..8w+7 of
+// the segment, over all of d), logits into shared memory; then each head's max and Σ p_j (a warp per two
+// heads); pass 2: O += P̃·V per segment (warp w: output channels [w·d/8, (w+1)·d/8)). Exact inputs: q is bf16
+// (SparseAttnArgs::q_bf16), every stored row value is bf16-representable (e4m3·2^k, e2m1·e4m3, bf16) and p̃ is
+// bf16 (round_p_bf16), so each product is exact and only the order of the f32 sums differs from the other paths.
+
+constexpr int kMmaHeads = 16, kMmaWarps = 8, kMmaThreads = 32 * kMmaWarps;
+constexpr int kMmaRowPad = 8;  // f32 tile row stride d + 8: the pass-1 fragment loads are conflict-free
+constexpr int kMmaQPad = 4, kMmaPLd = kSegRows / 2 + 4;  // words per row of q and p̃ (bf16 pairs), padded
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// c += A·B for one m16n8k16 tile: a0..a3 A's fragment (rows g, g + 8; k pairs 2t, 2t + 8), b0, b1 B's (k pairs 2t,
+// 2t + 8; column g), c rows g and g + 8 at columns 2t, 2t + 1 (g = lane / 4, t = lane % 4).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__host__ __device__ inline int64_t mma_logit_ld(int64_t max_rows) { return (max_rows + kSegRows - 1) / kSegRows * kSegRows; }
+
+// Shared memory: the tile (padded rows), q [16, d/2 + 4] bf16 pairs, logits [16, mma_logit_ld], p̃ [16, kMmaPLd]
+// bf16 pairs, then each head's max and denominator.
+__host__ __device__ inline size_t mma_smem_bytes(int d, int raw_words, int64_t max_rows) {
+  const size_t tile = (tile_smem_bytes(d, raw_words, d + kMmaRowPad) + 15) / 16 * 16;
+  return tile + 4 * kMmaHeads * size_t(d / 2 + kMmaQPad) + 4 * kMmaHeads * size_t(mma_logit_ld(max_rows)) +
+         4 * kMmaHeads * kMmaPLd + 4 * 2 * kMmaHeads;
+}
+
+template <int CPL>
+__global__ void __launch_bounds__(kMmaThreads, 1) sparse_attn_mma_kernel(SparseAttnArgs a, Layouts layouts,
+                                                                      size_t ring_nbytes, size_t comp_nbytes,
+                                                                      int64_t max_rows) {
+  constexpr int NT = CPL / 2;  // n8 tiles of output channels per warp at most (d ≤ 32·CPL = 64·NT)
+  pdl_enter();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int i = blockIdx.y, h0 = blockIdx.x * kMmaHeads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int d = a.d_head, nt = d / 64, g = lane >> 2, tg = lane & 3;
+  SegmentTile t;
+  unsigned char* p = carve_tile(smem_raw, d, raw_row_words(ring_nbytes, comp_nbytes), t, d + kMmaRowPad);
+  p = smem_raw + (p - smem_raw + 15) / 16 * 16;
+  const int q_ld = d / 2 + kMmaQPad;
+  const int64_t l_ld = mma_logit_ld(max_rows);
+  uint32_t* qs = reinterpret_cast<uint32_t*>(p);
+  float* logits = reinterpret_cast<float*>(qs + kMmaHeads * q_ld);
+  uint32_t* ps = reinterpret_cast<uint32_t*>(logits + kMmaHeads * l_ld);
+  float* head_max = reinterpret_cast<float*>(ps + kMmaHeads * kMmaPLd);
+  float* head_den = head_max + kMmaHeads;
+
+  const QueryRows qr = query_rows(a, i, ring_nbytes, comp_nbytes);
+  for (int e = threadIdx.x; e < kMmaHeads * (d / 2); e += blockDim.x) {  // q as bf16 pairs, zero past n_heads
+    const int h = e / (d / 2), c = 2 * (e % (d / 2));
+    float2 v = make_float2(0.f, 0.f);
+    if (h0 + h < a.n_heads) v = *reinterpret_cast<const float2*>(a.q + (int64_t(i) * a.n_heads + h0 + h) * d + c);
+    qs[h * q_ld + c / 2] = pack_bf16(v.x, v.y);
+  }
+
+  // Pass 1: logits (−∞ for skipped rows and rows past the query's end). load_segment's first barrier orders q.
+  for (int64_t seg0 = 0; seg0 < qr.n_rows; seg0 += kSegRows) {
+    load_segment<CPL>(a, layouts, qr, seg0, t);
+    if (warp >= kSegRows / 8) continue;
+    const int n0 = 8 * warp;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    const float* brow = t.rows + size_t(n0 + g) * t.ld + 2 * tg;
+    const uint32_t* qa = qs + g * q_ld + tg;
+    for (int k0 = 0; k0 < d; k0 += 16) {
+      const float2 x = *reinterpret_cast<const float2*>(brow + k0), y = *reinterpret_cast<const float2*>(brow + k0 + 8);
+      mma_bf16(c, qa[k0 / 2], qa[8 * q_ld + k0 / 2], qa[k0 / 2 + 4], qa[8 * q_ld + k0 / 2 + 4], pack_bf16(x.x, x.y),
+               pack_bf16(y.x, y.y));
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = g + 8 * (e >> 1), r = n0 + 2 * tg + (e & 1);
+      const bool skip = seg0 + r >= qr.n_rows || t.kinds[r] == kSkipped;
+      logits[h * l_ld + seg0 + r] = skip ? -INFINITY : c[e] * a.scale;
+    }
+  }
+  __syncthreads();
+
+  // Each head's max and Σ p_j (f32, lane-strided then a butterfly): warp w takes heads 2w and 2w + 1.
+  for (int hh = 0; hh < kMmaHeads / kMmaWarps; ++hh) {
+    const int h = warp * (kMmaHeads / kMmaWarps) + hh;
+    const float* lh = logits + h * l_ld;
+    float m = -INFINITY;
+    for (int64_t r = lane; r < qr.n_rows; r += 32) m = fmaxf(m, lh[r]);
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float den = 0.f;
+    if (m != -INFINITY)
+      for (int64_t r = lane; r < qr.n_rows; r += 32) den += expf(lh[r] - m);
+    for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
+    if (lane == 0) head_max[h] = m, head_den[h] = den;
+  }
+  __syncthreads();
+
+  // Pass 2: O[16 heads, this warp's channels] += P̃·V, segment by segment.
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  const int ch0 = warp * (d / kMmaWarps);
+  for (int64_t seg0 = 0; seg0 < qr.n_rows; seg0 += kSegRows) {
+    load_segment<CPL>(a, layouts, qr, seg0, t);  // its first barrier also publishes head_max
+    for (int r = warp; r < kSegRows; r += kMmaWarps)  // a skipped row's p̃ is 0, and 0·(stale bytes) must stay 0
+      if (t.kinds[r] == kSkipped)
+        for (int c = lane; c < d; c += 32) t.rows[size_t(r) * t.ld + c] = 0.f;
+    for (int e = threadIdx.x; e < kMmaHeads * (kSegRows / 2); e += blockDim.x) {
+      const int h = e / (kSegRows / 2), r = 2 * (e % (kSegRows / 2));
+      const float m = head_max[h];
+      auto pj = [&](int rr) {
+        const int64_t j = seg0 + rr;
+        return m == -INFINITY || j >= qr.n_rows ? 0.f : expf(logits[h * l_ld + j] - m);
+      };
+      ps[h * kMmaPLd + r / 2] = pack_bf16(pj(r), pj(r + 1));  // p̃ = bf16(p)
+    }
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < kSegRows; ks += 16) {
+      const uint32_t* pa = ps + g * kMmaPLd + ks / 2 + tg;
+      const uint32_t a0 = pa[0], a1 = pa[8 * kMmaPLd], a2 = pa[4], a3 = pa[8 * kMmaPLd + 4];
+      const float* v = t.rows + size_t(ks + 2 * tg) * t.ld + ch0 + g;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        if (j >= nt) break;
+        const float* vj = v + 8 * j;
+        mma_bf16(acc[j], a0, a1, a2, a3, pack_bf16(vj[0], vj[t.ld]), pack_bf16(vj[8 * t.ld], vj[9 * t.ld]));
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    if (j >= nt) break;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = g + 8 * (e >> 1), c = ch0 + 8 * j + 2 * tg + (e & 1);
+      if (h0 + h >= a.n_heads) continue;
+      const float m = head_max[h];
+      const float v = m == -INFINITY ? 0.f : acc[j][e] / (head_den[h] + expf(a.sink[h0 + h] - m));
+      a.out[(int64_t(i) * a.n_heads + h0 + h) * d + c] = v;  // no rows: only the sink, the output is zero
+    }
+  }
+}
+
 // Channels per lane the kernels are compiled for: the smallest of 4, 8, 16, 32 holding d_head / 32.
 int channels_per_lane(int d) {
   int cpl = 4;
@@ -592,6 +745,24 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   const int cpl = channels_per_lane(a.d_head);
   int warps = std::min(kMaxHeadsPerBlock, int(a.n_heads));
 
+  // Tensor cores where the inputs are bf16 values and the shape fits (prefill; large batches).
+  const size_t mma_smem = mma_smem_bytes(a.d_head, raw_words, max_rows);
+  const bool mma_ok = a.q_bf16 && a.round_p_bf16 && a.d_head % 64 == 0 && mma_smem <= kMaxSmem;
+  if (a.path == SparseAttnPath::kTensorCore && !mma_ok)
+    return make_error("sparse_attn_cuda: the tensor-core path needs bf16 q and p, d_head % 64 == 0 and ", mma_smem,
+                      " bytes of shared memory (", kMaxSmem, " available)");
+  if (!split && mma_ok && a.path != SparseAttnPath::kOneBlock) {
+    const dim3 grid(unsigned((a.n_heads + kMmaHeads - 1) / kMmaHeads), unsigned(a.n_q));
+    return with_channels_per_lane(cpl, [&](auto k) -> Status {
+      constexpr int CPL = decltype(k)::value;
+      SPW_TRY(set_smem(reinterpret_cast<const void*>(sparse_attn_mma_kernel<CPL>), mma_smem,
+                       "sparse_attn_mma_kernel shared memory"));
+      launch(sparse_attn_mma_kernel<CPL>, grid, kMmaThreads, mma_smem, stream, a, layouts, ring_nbytes, comp_nbytes,
+             max_rows);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch sparse_attn_mma_kernel", e);
+      return {};
+    });
+  }
   if (!split) {
     // Fewer heads per block when their logits would not fit (V4's ratio-128 layers at long context).
     while (warps > 1 && one_block_smem_bytes(a.d_head, raw_words, max_rows, warps) > kMaxSmem) warps = (warps + 1) / 2;

@@ -21,7 +21,10 @@
 // a segment of 32 rows, segments in order, all by row index (so padding rows change nothing); results
 // differ from the CPU only by summation order and expf vs exp, never depend on the other queries of the
 // call, and are bit-identical between the two paths (one block per (head, query), or split over
-// segments for decode-sized calls when the caller gives scratch).
+// segments for decode-sized calls when the caller gives scratch). A third path (kTensorCore; kAuto's
+// choice for the calls the split path does not take when q_bf16 and round_p_bf16 hold and d_head % 64 == 0)
+// multiplies on tensor cores: exact bf16 products, f32 sums in another order (its own results are
+// deterministic and per query too; it differs from the others by that order only).
 // Limits: d_head ≤ 1024 (formats as kv_format_supported), n_heads ≥ 1.
 // Tests: tests/gpu/test_cuda_attn_sparse.cpp.
 #pragma once
@@ -43,7 +46,7 @@ constexpr int kSparseAttnMaxRows = 10 * 1024;
 // per sequence, 64 heads, 132 SMs) when scratch is given.
 constexpr int kSparseAttnSplitMaxBlocks = 512;
 
-enum class SparseAttnPath { kAuto, kOneBlock, kSplit };
+enum class SparseAttnPath { kAuto, kOneBlock, kSplit, kTensorCore };
 
 // Floats of scratch the split path needs (max_rows = window + sel_stride).
 size_t sparse_attn_split_scratch_floats(int n_q, int n_heads, int d_head, int64_t max_rows);
@@ -56,6 +59,8 @@ struct SparseAttnArgs {
   int32_t n_q = 0, n_heads = 0, d_head = 0, window = 0;
   float scale = 0.f;            // 1/√d_head in the model
   bool round_p_bf16 = true;
+  bool q_bf16 = false;          // q holds bf16 values: with round_p_bf16 and d_head % 64 == 0, kAuto's
+                                // non-split calls take the tensor-core path
   // Per query.
   const int32_t* q_seq = nullptr;       // [n_q] sequence (row of the page tables)
   const int64_t* q_pos = nullptr;       // [n_q]

@@ -31,10 +31,8 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <map>
 #include <mutex>
 #include <unordered_map>
-#include <utility>
 
 #include "cuda/launch.h"
 #include "cuda/dense/dense_device.cuh"
@@ -154,18 +152,6 @@ __device__ __forceinline__ void finish_rows(const GemvArgs& a, float (&acc)[R][T
   }
 }
 
-// fake_quant_fp8 of 4 consecutive elements of an act_block (which divides 128), where the warp's 32 lanes hold 128
-// consecutive elements of one token and block starts fall on lane multiples of act_block/4: the block's amax is a
-// butterfly over those lanes. Masked elements are zeros of a wholly masked block (the k range ends on a block
-// boundary), so they stay zero. act_quant_kernel's arithmetic, bit for bit.
-__device__ __forceinline__ float4 fake_quant_fp8_quad(float4 v, int act_block) {
-  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-  for (int off = 1; off < act_block / 4; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  const float s = fp8_scale_of(amax);
-  return make_float4(fake_quant_fp8_elem(v.x, s), fake_quant_fp8_elem(v.y, s), fake_quant_fp8_elem(v.z, s),
-                     fake_quant_fp8_elem(v.w, s));
-}
-
 template <DenseFormat F, int T, int R, int S>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   cuda::pdl_enter();
@@ -190,7 +176,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
       const int t = i / (U * kTileK / 4), c = (i % (U * kTileK / 4)) * 4;
       float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
       if (t < a.n_tokens && k0 + c < kr.end) v = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * a.ldx + k0 + c);
-      if (a.act_block > 0) v = fake_quant_fp8_quad(v, a.act_block);
       *reinterpret_cast<float4*>(&xs[t][c + (c / 16) * 4]) = v;
     }
     __syncthreads();
@@ -228,58 +213,32 @@ __host__ __device__ constexpr int stream_tiles_per_round() {
   return 4 / R;
 }
 
-// x̂ of tokens 0..T−1 over a block's k range [k_begin, k_begin + k_len) in shared memory (the streaming kernels):
-// element j of token t at xs[t·pad + j + (j/16)·4], pad = x_stage_pad(k_len), so the 16-float chunks of consecutive
-// lanes fall on distinct banks. Token rows past n_tokens repeat token 0 (their sums are never written). With
-// a.act_block > 0, x is the raw activation and x̂ = fake_quant_fp8(x, act_block): act_quant_kernel's arithmetic, one
-// warp per block of act_block (the range starts on a block boundary: it is whole 512-wide tiles or ends at n_in,
-// and act_block divides 128). Else x̂ = x. One staging per block replaces a separate quantization launch per linear.
-__host__ __device__ constexpr int x_stage_pad(int k_len) { return k_len / 16 * 20; }
-
-template <int T>
-__device__ __forceinline__ void stage_x(const GemvArgs& a, const float* __restrict__ x, int k_begin, int k_len,
-                                        float* xs) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pad = x_stage_pad(k_len);
-  auto row = [&](int t) { return x + static_cast<size_t>(t < a.n_tokens ? t : 0) * a.ldx + k_begin; };
-  if (a.act_block > 0) {
-    const int per_row = k_len / a.act_block;
-    for (int job = warp; job < T * per_row; job += kWarps) {
-      const int t = job / per_row, j0 = (job % per_row) * a.act_block;
-      const float* src = row(t) + j0;
-      const float s = warp_block_scale(src, 0, a.act_block, lane);
-      for (int i = lane; i < a.act_block; i += 32) {
-        const int j = j0 + i;
-        xs[t * pad + j + (j >> 4) * 4] = fake_quant_fp8_elem(src[i], s);
-      }
-    }
-  } else {
-    const int quads = k_len / 4;
-    for (int i = threadIdx.x; i < T * quads; i += kThreads) {
-      const int t = i / quads, j = (i % quads) * 4;
-      *reinterpret_cast<float4*>(xs + t * pad + j + (j >> 4) * 4) = *reinterpret_cast<const float4*>(row(t) + j);
-    }
-  }
-  __syncthreads();
-}
-
-// acc[r][t] += the round at k0 (U tiles of R rows' chunks c) times x̂ of token t (staged by stage_x from k_base),
-// element by element: the per-lane order every GEMV kernel keeps. Tiles at or past k_end are skipped.
+// acc[r][t] += the round at k0 (U tiles of R rows' chunks c) times x̂ of token t, element by element: the
+// per-lane order every GEMV kernel keeps. Tiles at or past k_end are skipped.
 template <DenseFormat F, int T, int R, int U>
-__device__ __forceinline__ void accumulate_round(const Chunk<F> (&c)[U][R], const float* xs, int pad, int k_base,
-                                                 int k0, int k_end, int lane, float (&acc)[R][T]) {
+__device__ __forceinline__ void accumulate_round(const Chunk<F> (&c)[U][R], const float* x, const GemvArgs& a, int k0,
+                                                 int k_end, int lane, float (&acc)[R][T]) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int k = k0 + u * kTileK + 16 * lane;
     if (k >= k_end) break;  // later tiles of the round are past the end too
+    // Every x̂ load of the tile is issued before the first is used: token 0 always exists (n_tokens ≥ 1), and a
+    // later token past n_tokens reads token 0's row instead of being predicated off (its sums are never
+    // written). With a predicated load per float4, ptxas issued each load right before its use: four L1
+    // round trips per tile in a row (bench/results/engine_h200.md, session 10).
+    float4 xq[T][4];
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float4* xp = reinterpret_cast<const float4*>(x + static_cast<size_t>(t < a.n_tokens ? t : 0) * a.ldx + k);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) xq[t][q] = __ldg(xp + q);
+    }
     float xv[T][16];
 #pragma unroll
     for (int t = 0; t < T; ++t) {
-      const float4* xp = reinterpret_cast<const float4*>(xs + t * pad + ((k - k_base) >> 4) * 20);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float4 v = xp[q];
-        xv[t][4 * q] = v.x, xv[t][4 * q + 1] = v.y, xv[t][4 * q + 2] = v.z, xv[t][4 * q + 3] = v.w;
-      }
+      for (int q = 0; q < 4; ++q)
+        xv[t][4 * q] = xq[t][q].x, xv[t][4 * q + 1] = xq[t][q].y, xv[t][4 * q + 2] = xq[t][q].z, xv[t][4 * q + 3] = xq[t][q].w;
       scale_x<F>(c[u][0], xv[t]);
     }
 #pragma unroll
@@ -300,22 +259,18 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
   const int lane = threadIdx.x & 31;
   const WarpRows<F, R, S> wr(a);
   const KRange& kr = wr.kr;
+  const float* x = wr.x;
   const RowSource<F>(&src)[R] = wr.src;
   float acc[R][T] = {};
-  extern __shared__ __align__(16) float xs[];  // [T][x_stage_pad(k range)]
-  const int pad = x_stage_pad(kr.end - kr.begin);
 
   // The round starting at k0 into c (zero chunks past the row's end or the last row).
   auto load_round = [&](Chunk<F> (&c)[U][R], int k0) { load_round_chunks<F, U, R>(c, src, k0, kr.end, wr.row0, a.n_out, lane); };
-  auto compute_round = [&](const Chunk<F> (&c)[U][R], int k0) {
-    accumulate_round<F, T, R, U>(c, xs, pad, kr.begin, k0, kr.end, lane, acc);
-  };
+  auto compute_round = [&](const Chunk<F> (&c)[U][R], int k0) { accumulate_round<F, T, R, U>(c, x, a, k0, kr.end, lane, acc); };
 
   // Ping-pong over two buffers (no copies): load the next round, then compute the current one.
   Chunk<F> buf0[U][R], buf1[U][R];
-  load_round(buf0, kr.begin);  // weights only: issued while the previous kernel may still be writing x
+  load_round(buf0, kr.begin);  // weights only: issued while the previous kernel may still be writing x̂
   cuda::pdl_enter();
-  stage_x<T>(a, wr.x, kr.begin, kr.end - kr.begin, xs);
   for (int k0 = kr.begin; k0 < kr.end;) {
     load_round(buf1, k0 + kRoundK);
     compute_round(buf0, k0);
@@ -360,10 +315,8 @@ __global__ void __launch_bounds__(kThreads, persist_min_blocks<F, T>()) gemv_per
     load_round_chunks<F, U, R>(c, src, (item % rounds) * kRoundK, a.n_in, row0, item < n_items ? a.n_out : 0, lane);
   };
   float acc[R][T] = {};
-  extern __shared__ __align__(16) float xs[];  // [T][x_stage_pad(n_in)]
-  const int pad = x_stage_pad(a.n_in);
   auto compute_item = [&](const Chunk<F> (&c)[U][R], int item) {
-    accumulate_round<F, T, R, U>(c, xs, pad, 0, (item % rounds) * kRoundK, a.n_in, lane, acc);
+    accumulate_round<F, T, R, U>(c, x, a, (item % rounds) * kRoundK, a.n_in, lane, acc);
     if (item % rounds == rounds - 1) {  // the row group is complete
       finish_rows<R, T, 1>(a, acc, y, row0_of(item), lane);
 #pragma unroll
@@ -376,7 +329,6 @@ __global__ void __launch_bounds__(kThreads, persist_min_blocks<F, T>()) gemv_per
   Chunk<F> buf0[U][R], buf1[U][R];
   load_item(buf0, 0);  // weights only, before the previous kernel has finished
   cuda::pdl_enter();
-  stage_x<T>(a, x, 0, a.n_in, xs);
   for (int i = 0; i < n_items;) {
     load_item(buf1, i + 1);
     compute_item(buf0, i);
@@ -417,93 +369,49 @@ constexpr bool streams(int n_tokens) {
   return F != DenseFormat::kF32 && n_tokens <= 2;
 }
 
-// The largest dynamic shared memory a block may opt into (227 KiB on the H200), looked up once.
-size_t smem_optin() {
-  static const size_t n = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-      return size_t(48) << 10;
-    return size_t(v);
-  }();
-  return n;
-}
-
-// Lets `kernel` take `smem` bytes of dynamic shared memory: past the default 48 KiB the limit is raised once per
-// kernel, as far as needed.
-cudaError_t allow_smem(const void* kernel, size_t smem) {
-  if (smem <= (size_t(48) << 10)) return cudaSuccess;
-  static std::mutex mu;
-  static std::unordered_map<const void*, size_t> raised;
-  std::lock_guard<std::mutex> lock(mu);
-  size_t& cur = raised[kernel];
-  if (cur >= smem) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  if (e == cudaSuccess) cur = smem;
-  return e;
-}
-
-// Bytes of the streaming kernels' staged x̂ (stage_x) for a block's k range of up to k_len.
-template <int T>
-size_t x_stage_bytes(int k_len) {
-  return sizeof(float) * T * static_cast<size_t>(x_stage_pad(k_len));
-}
-
 template <DenseFormat F, int T>
 cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
   const long rows = static_cast<long>(a.n_out) * a.n_groups;
-  const int s = k_splits(rows, a.n_in);
-  // Streaming kernels stage x̂ of their k range (the split's share of whole tiles) in dynamic shared memory.
-  const int split_len = std::min(a.n_in, ((a.n_in + kTileK - 1) / kTileK + s - 1) / s * kTileK);
-  const size_t smem = x_stage_bytes<T>(s == 1 ? a.n_in : split_len);
-  auto go = [&](auto kernel, int R, size_t bytes) {
+  auto go = [&](auto kernel, int R) {
     const dim3 grid((a.n_out + kWarps * R - 1) / (kWarps * R), a.n_groups);
-    if (cudaError_t e = allow_smem(reinterpret_cast<const void*>(kernel), bytes); e != cudaSuccess) return e;
-    return cuda::launch(kernel, grid, dim3(kThreads), bytes, stream, a);
+    return cuda::launch(kernel, grid, dim3(kThreads), 0, stream, a);
   };
-  auto go_split = [&](auto kernel, int R, size_t bytes) {  // a cluster of s blocks along z
+  const int s = k_splits(rows, a.n_in);
+  auto go_split = [&](auto kernel, int R) {  // a cluster of s blocks along z
     const dim3 grid((a.n_out + kWarps * R - 1) / (kWarps * R), a.n_groups, unsigned(s));
-    if (cudaError_t e = allow_smem(reinterpret_cast<const void*>(kernel), bytes); e != cudaSuccess) return e;
-    return cuda::launch_clustered(kernel, grid, dim3(kThreads), bytes, stream, dim3(1, 1, unsigned(s)), a);
+    return cuda::launch_clustered(kernel, grid, dim3(kThreads), 0, stream, dim3(1, 1, unsigned(s)), a);
   };
   // The persistent kernel when the row blocks outnumber the resident blocks (more than one wave).
   auto go_persist_or = [&](auto persist, auto stream_kernel, int R) {
     const long blocks = (a.n_out + kWarps * R - 1) / (kWarps * R);
-    if (cudaError_t e = allow_smem(reinterpret_cast<const void*>(persist), smem); e != cudaSuccess) return e;
-    const int resident = resident_blocks(persist, smem) * sm_count();
-    if (blocks * a.n_groups <= resident) return go(stream_kernel, R, smem);
+    const int resident = resident_blocks(persist) * sm_count();
+    if (blocks * a.n_groups <= resident) return go(stream_kernel, R);
     const dim3 grid(unsigned(std::max(1, resident / a.n_groups)), a.n_groups);
-    return cuda::launch(persist, grid, dim3(kThreads), smem, stream, a);
-  };
-  // The staged kernel reads x̂ from shared memory, but a warp's 4 rows share each x̂ read and keep 4
-  // chunks in flight: with one row per warp, the k-split shapes ran 1.4–2.3× slower at 4–16 tokens
-  // (bench/results/dense_h200.md, session 10). Rows per warp 1 or 4 only when split (fewer kernels).
-  auto staged = [&]() {
-    if (s > 1) {
-      const bool four = rows * s >= 4L * kWarps * sm_count();
-      if (s == 4) return four ? go_split(gemv_kernel<F, T, 4, 4>, 4, 0) : go_split(gemv_kernel<F, T, 1, 4>, 1, 0);
-      return four ? go_split(gemv_kernel<F, T, 4, 2>, 4, 0) : go_split(gemv_kernel<F, T, 1, 2>, 1, 0);
-    }
-    const int R = rows_per_warp(rows, 1);
-    if (R == 4) return go(gemv_kernel<F, T, 4, 1>, 4, 0);
-    if (R == 2) return go(gemv_kernel<F, T, 2, 1>, 2, 0);
-    return go(gemv_kernel<F, T, 1, 1>, 1, 0);
+    return cuda::launch(persist, grid, dim3(kThreads), 0, stream, a);
   };
   if constexpr (streams<F>(T)) {
-    // A k range too long to stage (none in V4 or V4.1: at most 80 KiB) takes the staged kernel, x̂ per round.
-    if (smem + (size_t(1) << 10) > smem_optin()) return staged();
     // Two blocks per SM at least: a warp's loads are in flight continuously, so enough warps keep enough
     // bytes in flight; within that, as many rows per warp as the split rows allow (x̂ reuse).
     const int R = rows_per_warp(rows * s, 2);
-    auto go_rows = [&](auto k1, auto k2, auto k4) {
-      return R == 4 ? go_split(k4, R, smem) : R == 2 ? go_split(k2, R, smem) : go_split(k1, R, smem);
-    };
+    auto go_rows = [&](auto k1, auto k2, auto k4) { return R == 4 ? go_split(k4, R) : R == 2 ? go_split(k2, R) : go_split(k1, R); };
     if (s == 4) return go_rows(gemv_stream_kernel<F, T, 1, 4>, gemv_stream_kernel<F, T, 2, 4>, gemv_stream_kernel<F, T, 4, 4>);
     if (s == 2) return go_rows(gemv_stream_kernel<F, T, 1, 2>, gemv_stream_kernel<F, T, 2, 2>, gemv_stream_kernel<F, T, 4, 2>);
     if (R == 4) return go_persist_or(gemv_persist_kernel<F, T, 4>, gemv_stream_kernel<F, T, 4, 1>, 4);
     if (R == 2) return go_persist_or(gemv_persist_kernel<F, T, 2>, gemv_stream_kernel<F, T, 2, 1>, 2);
     return go_persist_or(gemv_persist_kernel<F, T, 1>, gemv_stream_kernel<F, T, 1, 1>, 1);
   } else {
-    return staged();
+    // The staged kernel reads x̂ from shared memory, but a warp's 4 rows share each x̂ read and keep 4
+    // chunks in flight: with one row per warp, the k-split shapes ran 1.4–2.3× slower at 4–16 tokens
+    // (bench/results/dense_h200.md, session 10). Rows per warp 1 or 4 only when split (fewer kernels).
+    if (s > 1) {
+      const bool four = rows * s >= 4L * kWarps * sm_count();
+      if (s == 4) return four ? go_split(gemv_kernel<F, T, 4, 4>, 4) : go_split(gemv_kernel<F, T, 1, 4>, 1);
+      return four ? go_split(gemv_kernel<F, T, 4, 2>, 4) : go_split(gemv_kernel<F, T, 1, 2>, 1);
+    }
+    const int R = rows_per_warp(rows, 1);
+    if (R == 4) return go(gemv_kernel<F, T, 4, 1>, 4);
+    if (R == 2) return go(gemv_kernel<F, T, 2, 1>, 2);
+    return go(gemv_kernel<F, T, 1, 1>, 1);
   }
 }
 
@@ -518,18 +426,16 @@ cudaError_t launch_tokens(const GemvArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-// Blocks of `kernel` one SM holds at once with `smem` bytes of dynamic shared memory (occupancy), looked up once
-// per kernel and size.
-int resident_blocks(void (*kernel)(GemvArgs), size_t smem) {
+// Blocks of `kernel` one SM holds at once (occupancy), looked up once per kernel.
+int resident_blocks(void (*kernel)(GemvArgs)) {
   static std::mutex mu;
-  static std::map<std::pair<void (*)(GemvArgs), size_t>, int> cache;
+  static std::unordered_map<void (*)(GemvArgs), int> cache;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(kernel, smem);
-  auto it = cache.find(key);
+  auto it = cache.find(kernel);
   if (it != cache.end()) return it->second;
   int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess || per_sm < 1) per_sm = 1;
-  cache.emplace(key, per_sm);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess || per_sm < 1) per_sm = 1;
+  cache.emplace(kernel, per_sm);
   return per_sm;
 }
 

@@ -13,9 +13,7 @@ namespace spw::densedev {
 
 // The weight-streaming product of the decode path. Group g = 0..n_groups−1 reads the weight at
 // byte offset g·w_group_nbytes, x at g·x_group_off and writes y at g·y_group_off (n_groups = 1 for a
-// plain linear). x [n_tokens ≤ 16, ldx] f32, y [n_tokens, ldy]. The scalar kernels (gemv_launch) multiply by
-// x̂ = fake_quant_fp8(x, act_block) when act_block > 0 (it must divide 128; they quantize x as they stage it),
-// else by x as given.
+// plain linear). x̂ [n_tokens ≤ 16, ldx] f32 (already quantized), y [n_tokens, ldy].
 struct GemvArgs {
   DenseFormat format = DenseFormat::kBf16;
   const void* w = nullptr;
@@ -36,18 +34,17 @@ struct GemvArgs {
   int part_row0[kMaxStackParts] = {};
   float* part_y[kMaxStackParts] = {};
   int part_ld[kMaxStackParts] = {};
-  int act_block = 0;
   // The tensor-core FP8 path (gemv_mma_launch): x̂ as f16 e4m3 codes [n_tokens, n_in] and f32 scales
   // [n_tokens, n_in / act_block] (act_codes_launch); x is unused there.
   const uint16_t* xc = nullptr;
   const float* xs = nullptr;
+  int act_block = 0;
 };
 cudaError_t gemv_launch(const GemvArgs& a, cudaStream_t stream);
 // The device's SMs (looked up once; 132 if the query fails), and the blocks of 256 threads of a GEMV kernel one SM
-// holds at once with `smem` bytes of dynamic shared memory (occupancy, looked up once per kernel and size): the GEMV
-// kernels size their grids by them.
+// holds at once (occupancy, looked up once per kernel): the GEMV kernels size their grids by them.
 int sm_count();
-int resident_blocks(void (*kernel)(GemvArgs), size_t smem = 0);
+int resident_blocks(void (*kernel)(GemvArgs));
 
 // The tensor-core decode path of FP8 weights with activation quant (dense_gemv_mma.cu): whether a weight takes
 // it, the warps its k range is split over (a function of n_in alone: a row's summation order), and the launch.

@@ -120,14 +120,10 @@ namespace {
 // y = x̂·Wᵀ on the GEMV path; a stacked weight (parts > 1) writes its parts' rows to ys instead.
 Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y, bool round_out, LinearWorkspace& ws,
                    cudaStream_t stream, std::span<const int> part_rows = {}, std::span<float* const> ys = {}) {
-  // FP8 with activation quant: the tensor-core kernel on x̂'s codes and scales (dense_gemv_mma.cu). Else the scalar
-  // kernels, which quantize x themselves where the act block divides 128 (every V4 / V4.1 linear: 128), or x̂ from
-  // a quantization launch into the workspace.
-  const bool mma = takes_mma(w);
-  const bool quant_in_kernel = !mma && w.act_block > 0 && 128 % w.act_block == 0;
-  const bool prepared = w.act_block > 0 && !quant_in_kernel;
-  if ((prepared || mma) && ws.act_nbytes < sizeof(float) * static_cast<size_t>(n_tokens) * w.n_in)
+  if (w.act_block > 0 && ws.act_nbytes < sizeof(float) * static_cast<size_t>(n_tokens) * w.n_in)
     return make_error("dense linear: workspace too small for ", n_tokens, "x", w.n_in, " activations");
+  // FP8 with activation quant: the tensor-core kernel on x̂'s codes and scales (dense_gemv_mma.cu).
+  const bool mma = takes_mma(w);
   const float* xq = x;
   uint16_t* codes = static_cast<uint16_t*>(ws.act);
   // Scales after the codes, 16-byte aligned: 2·T·n_in + 4·T·n_in/32 bytes fit the f32 x̂ the workspace holds.
@@ -135,7 +131,7 @@ Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y
   if (mma) {
     if (cudaError_t e = densedev::act_codes_launch(x, n_tokens, w.n_in, w.act_block, codes, scales, stream); e != cudaSuccess)
       return cuda_error("launch act_codes", e);
-  } else if (prepared) {
+  } else if (w.act_block > 0) {
     if (cudaError_t e = densedev::act_prepare_launch(x, n_tokens, w.n_in, w.act_block, ws.act, false, stream); e != cudaSuccess)
       return cuda_error("launch act_quant", e);
     xq = static_cast<const float*>(ws.act);
@@ -144,7 +140,6 @@ Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y
   a.format = w.format, a.w = w.w, a.scale = w.scale, a.n_out = w.n_out, a.n_in = w.n_in, a.weight_block = w.weight_block;
   a.x = xq, a.ldx = w.n_in, a.y = y, a.ldy = w.n_out, a.n_tokens = n_tokens;
   a.round_out = round_out && !w.f32_product;
-  a.act_block = quant_in_kernel ? w.act_block : 0;
   if (part_rows.size() > 1) {
     a.n_parts = static_cast<int>(part_rows.size());
     for (int p = 0, row0 = 0; p < a.n_parts; row0 += part_rows[p++])
