@@ -532,14 +532,14 @@ __global__ void __launch_bounds__(512) split_combine_kernel(SparseAttnArgs a, Sp
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Tensor cores (prefill and large batches): one block per (16 heads, query), the heads being the m16 tile of
-// mma.m16n8k16 (bf16 inputs, f32 accumulation). Pass 1: S = Q·Kᵀ per segment (warp w < 4: rows 8w..8w+7 of
-// the segment, over all of d), logits into shared memory; then each head's max and Σ p_j (a warp per two
-// heads); pass 2: O += P̃·V per segment (warp w: output channels [w·d/8, (w+1)·d/8)). Exact inputs: q is bf16
+// Tensor cores (prefill and large batches): one block per (16 or 32 heads, query), the heads being the m16
+// tiles of mma.m16n8k16 (bf16 inputs, f32 accumulation). Pass 1: S = Q·Kᵀ per segment (warp w: head tile w / 4,
+// rows 8·(w % 4) .. + 7 of the segment, over all of d), logits into shared memory; then each head's max and
+// Σ p_j; pass 2: O += P̃·V per segment (warp w: output channels [w·d/8, (w+1)·d/8) of every head). Exact inputs: q is bf16
 // (SparseAttnArgs::q_bf16), every stored row value is bf16-representable (e4m3·2^k, e2m1·e4m3, bf16) and p̃ is
 // bf16 (round_p_bf16), so each product is exact and only the order of the f32 sums differs from the other paths.
 
-constexpr int kMmaHeads = 16, kMmaWarps = 8, kMmaThreads = 32 * kMmaWarps;
+constexpr int kMmaWarps = 8, kMmaThreads = 32 * kMmaWarps;
 constexpr int kMmaRowPad = 8;  // f32 tile row stride d + 8: the pass-1 fragment loads are conflict-free
 constexpr int kMmaQPad = 4, kMmaPLd = kSegRows / 2 + 4;  // words per row of q and p̃ (bf16 pairs), padded
 
@@ -561,22 +561,23 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
 
 __host__ __device__ inline int64_t mma_logit_ld(int64_t max_rows) { return (max_rows + kSegRows - 1) / kSegRows * kSegRows; }
 
-// Shared memory: the tile (padded rows), q [16, d/2 + 4] bf16 pairs, logits [16, mma_logit_ld], p̃ [16, kMmaPLd]
-// bf16 pairs, then each head's max and denominator.
-__host__ __device__ inline size_t mma_smem_bytes(int d, int raw_words, int64_t max_rows) {
-  const size_t tile = (tile_smem_bytes(d, raw_words, d + kMmaRowPad) + 15) / 16 * 16;
-  return tile + 4 * kMmaHeads * size_t(d / 2 + kMmaQPad) + 4 * kMmaHeads * size_t(mma_logit_ld(max_rows)) +
-         4 * kMmaHeads * kMmaPLd + 4 * 2 * kMmaHeads;
+// Shared memory for blocks of 16·mt heads: the tile (padded rows), q [heads, d/2 + 4] bf16 pairs, logits [heads,
+// mma_logit_ld], p̃ [heads, kMmaPLd] bf16 pairs, then each head's max and denominator.
+__host__ __device__ inline size_t mma_smem_bytes(int d, int raw_words, int64_t max_rows, int mt) {
+  const size_t heads = 16 * size_t(mt), tile = (tile_smem_bytes(d, raw_words, d + kMmaRowPad) + 15) / 16 * 16;
+  return tile + 4 * heads * (size_t(d / 2 + kMmaQPad) + size_t(mma_logit_ld(max_rows)) + kMmaPLd + 2);
 }
 
-template <int CPL>
+// MT m16 tiles of heads per block (1 or 2): two halve the row decoding per query, if their logits fit.
+template <int CPL, int MT>
 __global__ void __launch_bounds__(kMmaThreads, 1) sparse_attn_mma_kernel(SparseAttnArgs a, Layouts layouts,
                                                                       size_t ring_nbytes, size_t comp_nbytes,
                                                                       int64_t max_rows) {
   constexpr int NT = CPL / 2;  // n8 tiles of output channels per warp at most (d ≤ 32·CPL = 64·NT)
+  constexpr int kHeads = 16 * MT;
   pdl_enter();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int i = blockIdx.y, h0 = blockIdx.x * kMmaHeads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int i = blockIdx.y, h0 = blockIdx.x * kHeads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int d = a.d_head, nt = d / 64, g = lane >> 2, tg = lane & 3;
   SegmentTile t;
   unsigned char* p = carve_tile(smem_raw, d, raw_row_words(ring_nbytes, comp_nbytes), t, d + kMmaRowPad);
@@ -584,27 +585,28 @@ __global__ void __launch_bounds__(kMmaThreads, 1) sparse_attn_mma_kernel(SparseA
   const int q_ld = d / 2 + kMmaQPad;
   const int64_t l_ld = mma_logit_ld(max_rows);
   uint32_t* qs = reinterpret_cast<uint32_t*>(p);
-  float* logits = reinterpret_cast<float*>(qs + kMmaHeads * q_ld);
-  uint32_t* ps = reinterpret_cast<uint32_t*>(logits + kMmaHeads * l_ld);
-  float* head_max = reinterpret_cast<float*>(ps + kMmaHeads * kMmaPLd);
-  float* head_den = head_max + kMmaHeads;
+  float* logits = reinterpret_cast<float*>(qs + kHeads * q_ld);
+  uint32_t* ps = reinterpret_cast<uint32_t*>(logits + kHeads * l_ld);
+  float* head_max = reinterpret_cast<float*>(ps + kHeads * kMmaPLd);
+  float* head_den = head_max + kHeads;
 
   const QueryRows qr = query_rows(a, i, ring_nbytes, comp_nbytes);
-  for (int e = threadIdx.x; e < kMmaHeads * (d / 2); e += blockDim.x) {  // q as bf16 pairs, zero past n_heads
+  for (int e = threadIdx.x; e < kHeads * (d / 2); e += blockDim.x) {  // q as bf16 pairs, zero past n_heads
     const int h = e / (d / 2), c = 2 * (e % (d / 2));
     float2 v = make_float2(0.f, 0.f);
     if (h0 + h < a.n_heads) v = *reinterpret_cast<const float2*>(a.q + (int64_t(i) * a.n_heads + h0 + h) * d + c);
     qs[h * q_ld + c / 2] = pack_bf16(v.x, v.y);
   }
 
-  // Pass 1: logits (−∞ for skipped rows and rows past the query's end). load_segment's first barrier orders q.
+  // Pass 1: logits (−∞ for skipped rows and rows past the query's end); warp w: head tile w / 4, rows 8·(w % 4)
+  // .. + 7 of the segment, over all of d. load_segment's first barrier orders q.
   for (int64_t seg0 = 0; seg0 < qr.n_rows; seg0 += kSegRows) {
     load_segment<CPL>(a, layouts, qr, seg0, t);
-    if (warp >= kSegRows / 8) continue;
-    const int n0 = 8 * warp;
+    const int mt = warp / (kSegRows / 8), n0 = 8 * (warp % (kSegRows / 8));
+    if (mt >= MT) continue;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     const float* brow = t.rows + size_t(n0 + g) * t.ld + 2 * tg;
-    const uint32_t* qa = qs + g * q_ld + tg;
+    const uint32_t* qa = qs + (16 * mt + g) * q_ld + tg;
     for (int k0 = 0; k0 < d; k0 += 16) {
       const float2 x = *reinterpret_cast<const float2*>(brow + k0), y = *reinterpret_cast<const float2*>(brow + k0 + 8);
       mma_bf16(c, qa[k0 / 2], qa[8 * q_ld + k0 / 2], qa[k0 / 2 + 4], qa[8 * q_ld + k0 / 2 + 4], pack_bf16(x.x, x.y),
@@ -612,16 +614,16 @@ __global__ void __launch_bounds__(kMmaThreads, 1) sparse_attn_mma_kernel(SparseA
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int h = g + 8 * (e >> 1), r = n0 + 2 * tg + (e & 1);
+      const int h = 16 * mt + g + 8 * (e >> 1), r = n0 + 2 * tg + (e & 1);
       const bool skip = seg0 + r >= qr.n_rows || t.kinds[r] == kSkipped;
       logits[h * l_ld + seg0 + r] = skip ? -INFINITY : c[e] * a.scale;
     }
   }
   __syncthreads();
 
-  // Each head's max and Σ p_j (f32, lane-strided then a butterfly): warp w takes heads 2w and 2w + 1.
-  for (int hh = 0; hh < kMmaHeads / kMmaWarps; ++hh) {
-    const int h = warp * (kMmaHeads / kMmaWarps) + hh;
+  // Each head's max and Σ p_j (f32, lane-strided then a butterfly): warp w takes heads 2·MT·w .. + 2·MT − 1.
+  for (int hh = 0; hh < kHeads / kMmaWarps; ++hh) {
+    const int h = warp * (kHeads / kMmaWarps) + hh;
     const float* lh = logits + h * l_ld;
     float m = -INFINITY;
     for (int64_t r = lane; r < qr.n_rows; r += 32) m = fmaxf(m, lh[r]);
@@ -634,17 +636,19 @@ __global__ void __launch_bounds__(kMmaThreads, 1) sparse_attn_mma_kernel(SparseA
   }
   __syncthreads();
 
-  // Pass 2: O[16 heads, this warp's channels] += P̃·V, segment by segment.
-  float acc[NT][4];
+  // Pass 2: O[heads, this warp's channels] += P̃·V, segment by segment.
+  float acc[MT][NT][4];
 #pragma unroll
-  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
   const int ch0 = warp * (d / kMmaWarps);
   for (int64_t seg0 = 0; seg0 < qr.n_rows; seg0 += kSegRows) {
-    load_segment<CPL>(a, layouts, qr, seg0, t);  // its first barrier also publishes head_max
+    load_segment<CPL>(a, layouts, qr, seg0, t);
     for (int r = warp; r < kSegRows; r += kMmaWarps)  // a skipped row's p̃ is 0, and 0·(stale bytes) must stay 0
       if (t.kinds[r] == kSkipped)
         for (int c = lane; c < d; c += 32) t.rows[size_t(r) * t.ld + c] = 0.f;
-    for (int e = threadIdx.x; e < kMmaHeads * (kSegRows / 2); e += blockDim.x) {
+    for (int e = threadIdx.x; e < kHeads * (kSegRows / 2); e += blockDim.x) {
       const int h = e / (kSegRows / 2), r = 2 * (e % (kSegRows / 2));
       const float m = head_max[h];
       auto pj = [&](int rr) {
@@ -656,29 +660,37 @@ __global__ void __launch_bounds__(kMmaThreads, 1) sparse_attn_mma_kernel(SparseA
     __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < kSegRows; ks += 16) {
-      const uint32_t* pa = ps + g * kMmaPLd + ks / 2 + tg;
-      const uint32_t a0 = pa[0], a1 = pa[8 * kMmaPLd], a2 = pa[4], a3 = pa[8 * kMmaPLd + 4];
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        const uint32_t* pm = ps + (16 * m + g) * kMmaPLd + ks / 2 + tg;
+        pa[m][0] = pm[0], pa[m][1] = pm[8 * kMmaPLd], pa[m][2] = pm[4], pa[m][3] = pm[8 * kMmaPLd + 4];
+      }
       const float* v = t.rows + size_t(ks + 2 * tg) * t.ld + ch0 + g;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         if (j >= nt) break;
         const float* vj = v + 8 * j;
-        mma_bf16(acc[j], a0, a1, a2, a3, pack_bf16(vj[0], vj[t.ld]), pack_bf16(vj[8 * t.ld], vj[9 * t.ld]));
+        const uint32_t b0 = pack_bf16(vj[0], vj[t.ld]), b1 = pack_bf16(vj[8 * t.ld], vj[9 * t.ld]);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) mma_bf16(acc[m][j], pa[m][0], pa[m][1], pa[m][2], pa[m][3], b0, b1);
       }
     }
   }
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    if (j >= nt) break;
+  for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = g + 8 * (e >> 1), c = ch0 + 8 * j + 2 * tg + (e & 1);
-      if (h0 + h >= a.n_heads) continue;
-      const float m = head_max[h];
-      const float v = m == -INFINITY ? 0.f : acc[j][e] / (head_den[h] + expf(a.sink[h0 + h] - m));
-      a.out[(int64_t(i) * a.n_heads + h0 + h) * d + c] = v;  // no rows: only the sink, the output is zero
+    for (int j = 0; j < NT; ++j) {
+      if (j >= nt) break;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = 16 * m + g + 8 * (e >> 1), c = ch0 + 8 * j + 2 * tg + (e & 1);
+        if (h0 + h >= a.n_heads) continue;
+        const float hm = head_max[h];
+        const float v = hm == -INFINITY ? 0.f : acc[m][j][e] / (head_den[h] + expf(a.sink[h0 + h] - hm));
+        a.out[(int64_t(i) * a.n_heads + h0 + h) * d + c] = v;  // no rows: only the sink, the output is zero
+      }
     }
-  }
 }
 
 // Channels per lane the kernels are compiled for: the smallest of 4, 8, 16, 32 holding d_head / 32.
@@ -745,22 +757,25 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   const int cpl = channels_per_lane(a.d_head);
   int warps = std::min(kMaxHeadsPerBlock, int(a.n_heads));
 
-  // Tensor cores where the inputs are bf16 values and the shape fits (prefill; large batches).
-  const size_t mma_smem = mma_smem_bytes(a.d_head, raw_words, max_rows);
+  // Tensor cores where the inputs are bf16 values and the shape fits (prefill; large batches): 32 heads per block
+  // where there are more than 16 and their logits fit, else 16.
+  const int mt = a.n_heads > 16 && mma_smem_bytes(a.d_head, raw_words, max_rows, 2) <= kMaxSmem ? 2 : 1;
+  const size_t mma_smem = mma_smem_bytes(a.d_head, raw_words, max_rows, mt);
   const bool mma_ok = a.q_bf16 && a.round_p_bf16 && a.d_head % 64 == 0 && mma_smem <= kMaxSmem;
   if (a.path == SparseAttnPath::kTensorCore && !mma_ok)
     return make_error("sparse_attn_cuda: the tensor-core path needs bf16 q and p, d_head % 64 == 0 and ", mma_smem,
                       " bytes of shared memory (", kMaxSmem, " available)");
   if (!split && mma_ok && a.path != SparseAttnPath::kOneBlock) {
-    const dim3 grid(unsigned((a.n_heads + kMmaHeads - 1) / kMmaHeads), unsigned(a.n_q));
+    const dim3 grid(unsigned((a.n_heads + 16 * mt - 1) / (16 * mt)), unsigned(a.n_q));
     return with_channels_per_lane(cpl, [&](auto k) -> Status {
       constexpr int CPL = decltype(k)::value;
-      SPW_TRY(set_smem(reinterpret_cast<const void*>(sparse_attn_mma_kernel<CPL>), mma_smem,
-                       "sparse_attn_mma_kernel shared memory"));
-      launch(sparse_attn_mma_kernel<CPL>, grid, kMmaThreads, mma_smem, stream, a, layouts, ring_nbytes, comp_nbytes,
-             max_rows);
-      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch sparse_attn_mma_kernel", e);
-      return {};
+      auto go = [&](auto kernel) -> Status {
+        SPW_TRY(set_smem(reinterpret_cast<const void*>(kernel), mma_smem, "sparse_attn_mma_kernel shared memory"));
+        launch(kernel, grid, kMmaThreads, mma_smem, stream, a, layouts, ring_nbytes, comp_nbytes, max_rows);
+        if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch sparse_attn_mma_kernel", e);
+        return {};
+      };
+      return mt == 2 ? go(sparse_attn_mma_kernel<CPL, 2>) : go(sparse_attn_mma_kernel<CPL, 1>);
     });
   }
   if (!split) {
