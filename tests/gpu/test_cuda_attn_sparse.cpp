@@ -213,7 +213,23 @@ void run_case(const Case& c, bool round_p, uint32_t seed) {
   } else {
     EXPECT_FALSE(st.ok()) << c.name << ": the tensor-core path took " << (round_p ? "d_head " + std::to_string(D) : "exact p");
   }
+  // The split path on tensor cores (the decode path where kAuto splits), same tolerance, with its scratch.
+  DevBuf<float> dout_split_mma(want.size(), 3.0e38f);
+  a.out = dout_split_mma.get();
+  a.path = cuda::SparseAttnPath::kSplitTensorCore;
+  st = cuda::sparse_attn_cuda(a, nullptr);
+  if (round_p && D % 64 == 0) {
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dout_split_mma.expect_guards("tensor-core split attention output");
+    scratch.expect_guards("split scratch (tensor cores)");
+    attn_test::expect_close(dout_split_mma.download(), want, atol, std::string(c.name) + " (split, tensor cores)");
+  } else {
+    EXPECT_FALSE(st.ok()) << c.name << ": the tensor-core split path took " << (round_p ? "d_head " + std::to_string(D) : "exact p");
+  }
   a.q_bf16 = false;
+  EXPECT_FALSE(cuda::sparse_attn_cuda(a, nullptr).ok()) << c.name << ": split tensor cores with q not bf16";
+  a.path = cuda::SparseAttnPath::kTensorCore;
   EXPECT_FALSE(cuda::sparse_attn_cuda(a, nullptr).ok()) << c.name << ": tensor cores with q not bf16";
   a.path = cuda::SparseAttnPath::kSplit;
   a.out = dout_split.get();

@@ -693,6 +693,160 @@ __global__ void __launch_bounds__(kMmaThreads, 1) sparse_attn_mma_kernel(SparseA
     }
 }
 
+// The split path on tensor cores (decode-sized calls with the tensor-core path's inputs): one block per (16 heads,
+// query, segment), the blocks of a (query, segment) a cluster sharing the decoded rows (load_segment_shared), then
+// split_combine_kernel as for the scalar split. Logits: warp w < 4 the segment's rows 8w .. 8w + 7 (the one-block
+// kernel's fragment loop); sums: p̃ from the query's max, O_seg = P̃·V per warp's channels from zero, Σ p in row
+// order. The segments meet in the combine in order.
+
+// Shared memory: the tile (padded rows), q [16, d/2 + 4] bf16 pairs, logits [16, kSegRows], p̃ [16, kMmaPLd], each
+// head's max.
+__host__ __device__ inline size_t split_mma_smem_bytes(int d, int raw_words) {
+  const size_t tile = (tile_smem_bytes(d, raw_words, d + kMmaRowPad) + 15) / 16 * 16;
+  return tile + 4 * 16 * (size_t(d / 2 + kMmaQPad) + kSegRows + kMmaPLd + 1);
+}
+
+struct SplitMmaBlock {
+  QueryRows qr;
+  int64_t seg0;
+  SegmentTile t;
+  uint32_t* qs;
+  float* lg;
+  uint32_t* ps;
+  float* hm;
+  int h0, q_ld;
+};
+
+__device__ SplitMmaBlock split_mma_block(const SparseAttnArgs& a, unsigned char* smem, size_t ring_nbytes,
+                                         size_t comp_nbytes) {
+  SplitMmaBlock b;
+  b.qr = query_rows(a, blockIdx.y, ring_nbytes, comp_nbytes);
+  b.seg0 = int64_t(blockIdx.z) * kSegRows;
+  b.h0 = int(blockIdx.x) * 16;
+  b.q_ld = a.d_head / 2 + kMmaQPad;
+  unsigned char* p = carve_tile(smem, a.d_head, raw_row_words(ring_nbytes, comp_nbytes), b.t, a.d_head + kMmaRowPad);
+  p = smem + (p - smem + 15) / 16 * 16;
+  b.qs = reinterpret_cast<uint32_t*>(p);
+  b.lg = reinterpret_cast<float*>(b.qs + 16 * b.q_ld);
+  b.ps = reinterpret_cast<uint32_t*>(b.lg + 16 * kSegRows);
+  b.hm = reinterpret_cast<float*>(b.ps + 16 * kMmaPLd);
+  return b;
+}
+
+template <int CPL>
+__global__ void __launch_bounds__(kMmaThreads, 1) split_logits_mma_kernel(SparseAttnArgs a, Layouts layouts,
+                                                                       SplitScratch s, size_t ring_nbytes,
+                                                                       size_t comp_nbytes) {
+  pdl_enter();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = a.d_head;
+  const int g = lane >> 2, tg = lane & 3;
+  const SplitMmaBlock b = split_mma_block(a, smem_raw, ring_nbytes, comp_nbytes);
+  if (b.seg0 >= b.qr.n_rows) return;  // the whole cluster: its blocks share (query, segment)
+  for (int e = threadIdx.x; e < 16 * (d / 2); e += blockDim.x) {  // q as bf16 pairs, zero past n_heads
+    const int h = e / (d / 2), c = 2 * (e % (d / 2));
+    float2 v = make_float2(0.f, 0.f);
+    if (b.h0 + h < a.n_heads) v = *reinterpret_cast<const float2*>(a.q + (int64_t(i) * a.n_heads + b.h0 + h) * d + c);
+    b.qs[h * b.q_ld + c / 2] = pack_bf16(v.x, v.y);
+  }
+  load_segment_shared<CPL>(a, layouts, b.qr, b.seg0, b.t);  // its barriers also publish q
+  if (warp < kSegRows / 8) {
+    const int n0 = 8 * warp;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    const float* brow = b.t.rows + size_t(n0 + g) * b.t.ld + 2 * tg;
+    const uint32_t* qa = b.qs + g * b.q_ld + tg;
+    for (int k0 = 0; k0 < d; k0 += 16) {
+      const float2 x = *reinterpret_cast<const float2*>(brow + k0), y = *reinterpret_cast<const float2*>(brow + k0 + 8);
+      mma_bf16(c, qa[k0 / 2], qa[8 * b.q_ld + k0 / 2], qa[k0 / 2 + 4], qa[8 * b.q_ld + k0 / 2 + 4], pack_bf16(x.x, x.y),
+               pack_bf16(y.x, y.y));
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = g + 8 * (e >> 1), r = n0 + 2 * tg + (e & 1);
+      const bool skip = b.seg0 + r >= b.qr.n_rows || b.t.kinds[r] == kSkipped;
+      b.lg[h * kSegRows + r] = skip ? -INFINITY : c[e] * a.scale;
+    }
+  }
+  __syncthreads();
+  for (int h = warp; h < 16; h += kMmaWarps) {  // a warp per head: the rows' logits and their max
+    if (b.h0 + h >= a.n_heads) continue;
+    const int64_t qh = int64_t(i) * a.n_heads + b.h0 + h;
+    const float l = b.lg[h * kSegRows + lane];
+    if (b.seg0 + lane < b.qr.n_rows) s.logits[qh * s.max_rows + b.seg0 + lane] = l;
+    float m = l;
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0) s.seg_max[qh * s.n_seg + seg] = m;
+  }
+}
+
+template <int CPL>
+__global__ void __launch_bounds__(kMmaThreads, 1) split_sums_mma_kernel(SparseAttnArgs a, Layouts layouts,
+                                                                     SplitScratch s, size_t ring_nbytes,
+                                                                     size_t comp_nbytes) {
+  constexpr int NT = CPL / 2;
+  pdl_enter();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = a.d_head;
+  const int g = lane >> 2, tg = lane & 3, nt = d / 64;
+  const SplitMmaBlock b = split_mma_block(a, smem_raw, ring_nbytes, comp_nbytes);
+  if (b.seg0 >= b.qr.n_rows) return;
+  for (int h = warp; h < 16; h += kMmaWarps) {  // each head's max over the query's segments (query_max)
+    const float m = b.h0 + h < a.n_heads
+                        ? query_max(s, int64_t(i) * a.n_heads + b.h0 + h, segments_of(b.qr.n_rows), lane)
+                        : -INFINITY;
+    if (lane == 0) b.hm[h] = m;
+  }
+  load_segment_shared<CPL>(a, layouts, b.qr, b.seg0, b.t);  // its barriers also publish the maxima
+  for (int r = warp; r < kSegRows; r += kMmaWarps)  // a skipped row's p̃ is 0, and 0·(stale bytes) must stay 0
+    if (b.t.kinds[r] == kSkipped)
+      for (int c = lane; c < d; c += 32) b.t.rows[size_t(r) * b.t.ld + c] = 0.f;
+  for (int e = threadIdx.x; e < 16 * kSegRows; e += blockDim.x) {  // p of every (head, row)
+    const int h = e / kSegRows, r = e % kSegRows;
+    const float m = b.hm[h];
+    const bool none = m == -INFINITY || b.seg0 + r >= b.qr.n_rows || b.h0 + h >= a.n_heads;
+    b.lg[h * kSegRows + r] =
+        none ? 0.f : expf(s.logits[(int64_t(i) * a.n_heads + b.h0 + h) * s.max_rows + b.seg0 + r] - m);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < 16 * (kSegRows / 2); e += blockDim.x) {  // p̃ = bf16(p) as pairs
+    const int h = e / (kSegRows / 2), r = 2 * (e % (kSegRows / 2));
+    b.ps[h * kMmaPLd + r / 2] = pack_bf16(b.lg[h * kSegRows + r], b.lg[h * kSegRows + r + 1]);
+  }
+  for (int h = warp; h < 16; h += kMmaWarps) {  // Σ p of the segment, rows in order
+    if (b.h0 + h >= a.n_heads || lane != 0) continue;
+    float den = 0.f;
+    for (int r = 0; r < kSegRows; ++r) den += b.lg[h * kSegRows + r];
+    s.seg_den[(int64_t(i) * a.n_heads + b.h0 + h) * s.n_seg + seg] = den;
+  }
+  __syncthreads();
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  const int ch0 = warp * (d / kMmaWarps);
+#pragma unroll
+  for (int ks = 0; ks < kSegRows; ks += 16) {
+    const uint32_t* pa = b.ps + g * kMmaPLd + ks / 2 + tg;
+    const uint32_t a0 = pa[0], a1 = pa[8 * kMmaPLd], a2 = pa[4], a3 = pa[8 * kMmaPLd + 4];
+    const float* v = b.t.rows + size_t(ks + 2 * tg) * b.t.ld + ch0 + g;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      if (j >= nt) break;
+      const float* vj = v + 8 * j;
+      mma_bf16(acc[j], a0, a1, a2, a3, pack_bf16(vj[0], vj[b.t.ld]), pack_bf16(vj[8 * b.t.ld], vj[9 * b.t.ld]));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    if (j >= nt) break;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = g + 8 * (e >> 1), c = ch0 + 8 * j + 2 * tg + (e & 1);
+      if (b.h0 + h >= a.n_heads || b.hm[h] == -INFINITY) continue;  // the combine writes zeros
+      s.seg_sum[((int64_t(i) * a.n_heads + b.h0 + h) * s.n_seg + seg) * d + c] = acc[j][e];
+    }
+  }
+}
+
 // Channels per lane the kernels are compiled for: the smallest of 4, 8, 16, 32 holding d_head / 32.
 int channels_per_lane(int d) {
   int cpl = 4;
@@ -743,7 +897,7 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
     return make_error("sparse_attn_cuda: window + sel_stride = ", max_rows, " rows, limit ", kSparseAttnMaxRows);
   if (a.n_q > 65535) return make_error("sparse_attn_cuda: ", a.n_q, " queries exceed one grid dimension (65535)");
   const size_t need = sparse_attn_split_scratch_floats(a.n_q, a.n_heads, a.d_head, max_rows);
-  bool split = a.path == SparseAttnPath::kSplit;
+  bool split = a.path == SparseAttnPath::kSplit || a.path == SparseAttnPath::kSplitTensorCore;
   if (a.path == SparseAttnPath::kAuto) split = a.scratch && sparse_attn_uses_split(a.n_q, a.n_heads);
   if (split && (!a.scratch || a.scratch_floats < need))
     return make_error("sparse_attn_cuda: the split path needs ", need, " floats of scratch, given ", a.scratch_floats);
@@ -798,6 +952,12 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
 
   SplitScratch s;
   s.max_rows = max_rows;
+  // The split path on tensor cores under the tensor-core path's conditions (kSplit keeps the scalar kernels).
+  const bool split_mma_ok = a.q_bf16 && a.round_p_bf16 && a.d_head % 64 == 0 &&
+                            split_mma_smem_bytes(a.d_head, raw_words) <= kMaxSmem;
+  if (a.path == SparseAttnPath::kSplitTensorCore && !split_mma_ok)
+    return make_error("sparse_attn_cuda: the tensor-core split path needs bf16 q and p and d_head % 64 == 0");
+  const bool split_mma = split_mma_ok && a.path != SparseAttnPath::kSplit;
   s.n_seg = segments_of(max_rows);
   const int64_t qh = int64_t(a.n_q) * a.n_heads;
   s.logits = a.scratch;
@@ -805,6 +965,29 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   s.seg_den = s.seg_max + qh * s.n_seg;
   s.seg_sum = s.seg_den + qh * s.n_seg;
   if (s.n_seg > 65535) return make_error("sparse_attn_cuda: ", s.n_seg, " segments exceed one grid dimension");
+  if (split_mma) {
+    const dim3 grid(unsigned((a.n_heads + 15) / 16), unsigned(a.n_q), unsigned(s.n_seg));
+    const size_t smem = split_mma_smem_bytes(a.d_head, raw_words);
+    return with_channels_per_lane(cpl, [&](auto k) -> Status {
+      constexpr int CPL = decltype(k)::value;
+      SPW_TRY(set_smem(reinterpret_cast<const void*>(split_logits_mma_kernel<CPL>), smem, "split_logits_mma_kernel shared memory"));
+      SPW_TRY(set_smem(reinterpret_cast<const void*>(split_sums_mma_kernel<CPL>), smem, "split_sums_mma_kernel shared memory"));
+      unsigned csize = 1;  // the head tiles of a (query, segment) as one cluster, as below
+      while (csize < 8 && grid.x % (2 * csize) == 0 && a.d_head % 4 == 0) csize *= 2;
+      const dim3 block(kMmaThreads), cluster(csize, 1, 1);
+      if (cudaError_t e = launch_clustered(split_logits_mma_kernel<CPL>, grid, block, smem, stream, cluster, a, layouts,
+                                           s, ring_nbytes, comp_nbytes);
+          e != cudaSuccess)
+        return cuda_error("launch split_logits_mma_kernel", e);
+      if (cudaError_t e = launch_clustered(split_sums_mma_kernel<CPL>, grid, block, smem, stream, cluster, a, layouts,
+                                           s, ring_nbytes, comp_nbytes);
+          e != cudaSuccess)
+        return cuda_error("launch split_sums_mma_kernel", e);
+      launch(split_combine_kernel, dim3(unsigned(a.n_heads), unsigned(a.n_q)), 512, 0, stream, a, s);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch split_combine_kernel", e);
+      return {};
+    });
+  }
   const dim3 grid(unsigned((a.n_heads + warps - 1) / warps), unsigned(a.n_q), unsigned(s.n_seg));
   const size_t smem = tile_smem_bytes(a.d_head, raw_words);
   return with_channels_per_lane(cpl, [&](auto k) -> Status {

@@ -24,7 +24,9 @@
 // segments for decode-sized calls when the caller gives scratch). A third path (kTensorCore; kAuto's
 // choice for the calls the split path does not take when q_bf16 and round_p_bf16 hold and d_head % 64 == 0)
 // multiplies on tensor cores: exact bf16 products, f32 sums in another order (its own results are
-// deterministic and per query too; it differs from the others by that order only).
+// deterministic and per query too; it differs from the others by that order only). Under the same conditions
+// kAuto's split calls run on tensor cores too (kSplitTensorCore; kSplit forces the scalar kernels), with the
+// segments' sums in yet another order.
 // Limits: d_head ≤ 1024 (formats as kv_format_supported), n_heads ≥ 1.
 // Tests: tests/gpu/test_cuda_attn_sparse.cpp.
 #pragma once
@@ -46,7 +48,7 @@ constexpr int kSparseAttnMaxRows = 10 * 1024;
 // per sequence, 64 heads, 132 SMs) when scratch is given.
 constexpr int kSparseAttnSplitMaxBlocks = 512;
 
-enum class SparseAttnPath { kAuto, kOneBlock, kSplit, kTensorCore };
+enum class SparseAttnPath { kAuto, kOneBlock, kSplit, kTensorCore, kSplitTensorCore };
 
 // Floats of scratch the split path needs (max_rows = window + sel_stride).
 size_t sparse_attn_split_scratch_floats(int n_q, int n_heads, int d_head, int64_t max_rows);
