@@ -957,7 +957,10 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
                             split_mma_smem_bytes(a.d_head, raw_words) <= kMaxSmem;
   if (a.path == SparseAttnPath::kSplitTensorCore && !split_mma_ok)
     return make_error("sparse_attn_cuda: the tensor-core split path needs bf16 q and p and d_head % 64 == 0");
-  const bool split_mma = split_mma_ok && a.path != SparseAttnPath::kSplit;
+  // Only on request for now: in the engine it moved the V4 golden model's layer 2 (HCA) off the CPU reference in
+  // EngineGolden.V4TeacherForcedLayers (77.9 % of values within 2 bf16 ulps, 99.9 % with the scalar split), while
+  // every CudaAttnSparse case passes; not yet understood (bench/results/engine_h200.md, session 13).
+  const bool split_mma = split_mma_ok && a.path == SparseAttnPath::kSplitTensorCore;
   s.n_seg = segments_of(max_rows);
   const int64_t qh = int64_t(a.n_q) * a.n_heads;
   s.logits = a.scratch;

@@ -24,9 +24,8 @@
 // segments for decode-sized calls when the caller gives scratch). A third path (kTensorCore; kAuto's
 // choice for the calls the split path does not take when q_bf16 and round_p_bf16 hold and d_head % 64 == 0)
 // multiplies on tensor cores: exact bf16 products, f32 sums in another order (its own results are
-// deterministic and per query too; it differs from the others by that order only). Under the same conditions
-// kAuto's split calls run on tensor cores too (kSplitTensorCore; kSplit forces the scalar kernels), with the
-// segments' sums in yet another order.
+// deterministic and per query too; it differs from the others by that order only). kSplitTensorCore runs
+// the split path on tensor cores under the same conditions (on request only: see sparse_attn.cu).
 // Limits: d_head ≤ 1024 (formats as kv_format_supported), n_heads ≥ 1.
 // Tests: tests/gpu/test_cuda_attn_sparse.cpp.
 #pragma once
