@@ -312,6 +312,25 @@ TEST(CudaAttnSparse, AwkwardShapes) {
   run_case(b, true, 19);
 }
 
+// The shape of the V4 golden model's HCA layer (4 heads × 128, 64 RoPE channels, window 128, one selection slot that
+// is often −1), where the tensor-core split path moved the engine's teacher-forced layer off the CPU (session 13):
+// a prefill chunk below the window, a first-token decode with nothing selected, a decode with the token in the ring.
+TEST(CudaAttnSparse, V4GoldenHcaShape) {
+  SPW_REQUIRE_GPU();
+  Case c;
+  c.name = "v4 golden hca";
+  c.v41 = false, c.n_heads = 4, c.d_head = 128, c.window = 128, c.sel_stride = 1;
+  SeqSpec chunk;
+  chunk.p = 100, chunk.n = 17, chunk.n_entries = 1, chunk.n_sel = 1;
+  SeqSpec first;
+  first.p = 0, first.n = 1, first.n_entries = 0, first.n_sel = 0;
+  SeqSpec ring;
+  ring.p = 200, ring.n = 1, ring.n_entries = 1, ring.n_sel = 1, ring.ring_has_chunk = true;
+  c.seqs = {chunk, first, ring};
+  run_case(c, true, 21);
+  run_case(c, false, 22);
+}
+
 }  // namespace
 }  // namespace spw
 #endif  // SPW_HAVE_CUDA
