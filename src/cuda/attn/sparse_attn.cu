@@ -388,21 +388,8 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   const size_t smem = tile_smem_bytes(a.d_head, raw_words);
   return with_channels_per_lane(cpl, [&](auto k) -> Status {
     constexpr int CPL = decltype(k)::value;
-    SPW_TRY(set_smem(reinterpret_cast<const void*>(split_logits_kernel<CPL>), smem, "split_logits_kernel shared memory"));
-    SPW_TRY(set_smem(reinterpret_cast<const void*>(split_sums_kernel<CPL>), smem, "split_sums_kernel shared memory"));
-    // The head groups of a (query, segment) as one cluster (load_segment_shared): the largest power of two
-    // ≤ 8 dividing the head groups, when rows are whole float4s.
-    unsigned csize = 1;
-    while (csize < 8 && grid.x % (2 * csize) == 0 && a.d_head % 4 == 0) csize *= 2;
-    const dim3 block(unsigned(32 * warps)), cluster(csize, 1, 1);
-    if (cudaError_t e = launch_clustered(split_logits_kernel<CPL>, grid, block, smem, stream, cluster, a, layouts, s,
-                                         ring_nbytes, comp_nbytes);
-        e != cudaSuccess)
-      return cuda_error("launch split_logits_kernel", e);
-    if (cudaError_t e = launch_clustered(split_sums_kernel<CPL>, grid, block, smem, stream, cluster, a, layouts, s,
-                                         ring_nbytes, comp_nbytes);
-        e != cudaSuccess)
-      return cuda_error("launch split_sums_kernel", e);
+    SPW_TRY(launch_split_pair(split_logits_kernel<CPL>, split_sums_kernel<CPL>, grid, dim3(unsigned(32 * warps)), smem,
+                              stream, a, layouts, s, ring_nbytes, comp_nbytes, "split attention"));
     launch(split_combine_kernel, dim3(unsigned(a.n_heads), unsigned(a.n_q)), 512, 0, stream, a, s);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch split_combine_kernel", e);
     return {};

@@ -331,20 +331,8 @@ Status launch_split_attn_mma(const SparseAttnArgs& a, const Layouts& layouts, co
   const size_t smem = split_mma_smem_bytes(a.d_head, raw_row_words(ring_nbytes, comp_nbytes));
   return with_channels_per_lane(channels_per_lane(a.d_head), [&](auto k) -> Status {
     constexpr int CPL = decltype(k)::value;
-    SPW_TRY(set_smem(reinterpret_cast<const void*>(split_logits_mma_kernel<CPL>), smem, "split_logits_mma_kernel shared memory"));
-    SPW_TRY(set_smem(reinterpret_cast<const void*>(split_sums_mma_kernel<CPL>), smem, "split_sums_mma_kernel shared memory"));
-    unsigned csize = 1;  // the head tiles of a (query, segment) as one cluster (load_segment_shared)
-    while (csize < 8 && grid.x % (2 * csize) == 0 && a.d_head % 4 == 0) csize *= 2;
-    const dim3 block(kMmaThreads), cluster(csize, 1, 1);
-    if (cudaError_t e = launch_clustered(split_logits_mma_kernel<CPL>, grid, block, smem, stream, cluster, a, layouts, s,
-                                         ring_nbytes, comp_nbytes);
-        e != cudaSuccess)
-      return cuda_error("launch split_logits_mma_kernel", e);
-    if (cudaError_t e = launch_clustered(split_sums_mma_kernel<CPL>, grid, block, smem, stream, cluster, a, layouts, s,
-                                         ring_nbytes, comp_nbytes);
-        e != cudaSuccess)
-      return cuda_error("launch split_sums_mma_kernel", e);
-    return {};
+    return launch_split_pair(split_logits_mma_kernel<CPL>, split_sums_mma_kernel<CPL>, grid, dim3(kMmaThreads), smem,
+                             stream, a, layouts, s, ring_nbytes, comp_nbytes, "split attention on tensor cores");
   });
 }
 

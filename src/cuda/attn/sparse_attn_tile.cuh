@@ -284,6 +284,27 @@ inline Status set_smem(const void* kernel, size_t smem, const char* name) {
 }
 
 
+// The split path's logits and sums kernels over grid (head groups, queries, segments): the head groups of a
+// (query, segment) as one cluster (load_segment_shared), the largest power of two ≤ 8 dividing them, when rows are
+// whole float4s. `what` names the kernels in errors.
+template <class LogitsKernel, class SumsKernel>
+Status launch_split_pair(LogitsKernel logits, SumsKernel sums, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                         const SparseAttnArgs& a, const Layouts& layouts, const SplitScratch& s, size_t ring_nbytes,
+                         size_t comp_nbytes, const char* what) {
+  SPW_TRY(set_smem(reinterpret_cast<const void*>(logits), smem, what));
+  SPW_TRY(set_smem(reinterpret_cast<const void*>(sums), smem, what));
+  unsigned csize = 1;
+  while (csize < 8 && grid.x % (2 * csize) == 0 && a.d_head % 4 == 0) csize *= 2;
+  const dim3 cluster(csize, 1, 1);
+  if (cudaError_t e = launch_clustered(logits, grid, block, smem, stream, cluster, a, layouts, s, ring_nbytes, comp_nbytes);
+      e != cudaSuccess)
+    return cuda_error(what, e);
+  if (cudaError_t e = launch_clustered(sums, grid, block, smem, stream, cluster, a, layouts, s, ring_nbytes, comp_nbytes);
+      e != cudaSuccess)
+    return cuda_error(what, e);
+  return {};
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The tensor-core paths (sparse_attn_mma.cu).
 
