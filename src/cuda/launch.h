@@ -9,7 +9,10 @@
 //
 // The contract every kernel launched through launch()/launch_clustered() keeps:
 //   - it calls pdl_wait() before it reads anything an earlier kernel of the stream wrote, and before it
-//     writes anything at all (an earlier kernel may still read it);
+//     writes anything at all (an earlier kernel may still read it). One exception, taken knowingly: data
+//     written two or more launches back may be read before the wait, through L2 (ld.cg), because the
+//     previous kernel had passed its own wait on that writer before this one could start
+//     (hc_expand_sinkhorn reads the mixes so, and says so where it is declared);
 //   - it calls pdl_launch_dependents() after pdl_wait(), so that at most the next kernel waits on the
 //     SMs (a trigger before the wait would let a whole chain of waiting kernels fill the SMs).
 // A kernel launched with <<<>>> (or by a library) is an ordinary stream dependency for the next one: the

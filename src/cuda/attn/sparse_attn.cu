@@ -36,6 +36,7 @@
 #include <cmath>
 
 #include "cuda/attn/sparse_attn_tile.cuh"
+#include "cuda/launch.h"  // the kernels here keep its PDL contract (tests/python/test_pdl_contract.py)
 
 namespace spw::cuda {
 

@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda/attn/sparse_attn_tile.cuh"
+#include "cuda/launch.h"  // the kernels here keep its PDL contract (tests/python/test_pdl_contract.py)
 
 namespace spw::cuda::attn {
 namespace {
