@@ -208,7 +208,7 @@ static void bench_prefill(cudaEvent_t e0, cudaEvent_t e1) {
     CK(cudaFree(y));
   }
   std::printf("\nPrefill, one expert matrix, K=3 mul1 (tokens/s; TFLOP/s on 2·m·k·n)\n");
-  std::printf("| k×n | m | decode-once + cuBLAS µs | tok/s | TFLOP/s | 16-token kernel chunks µs | tok/s | dense bf16 cuBLAS µs | tok/s | EXL3 best vs dense |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| k×n | m | decode-once + cuBLAS µs | tok/s | TFLOP/s | kernel, 16-row launches µs | kernel, 64-row launches µs | tok/s | dense bf16 cuBLAS µs | tok/s | EXL3 best vs dense |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (auto [k, n] : {std::pair<int64_t, int64_t>{5120, 2304}, {2304, 5120}}) {
     const int K = 3;
     std::vector<uint16_t> tr(size_t(k / 16) * (n / 16) * 16 * K), sv(std::max(k, n));
@@ -236,14 +236,18 @@ static void bench_prefill(cudaEvent_t e0, cudaEvent_t e1) {
     Exl3PrefillWorkspace pws;
     Exl3CudaWorkspace gws;
     if (!exl3_prefill_workspace_alloc(pws, k, n, max_m).ok() || !exl3_cuda_workspace_alloc(gws, k, n).ok()) std::exit(1);
-    for (int64_t m : {64, 512, 4096}) {
+    for (int64_t m : {16, 32, 64, 128, 512, 4096}) {
       const double us_p = time_it(5, [&] { (void)exl3_prefill_cuda(t, x, m, y, pws); });
-      const double us_c = time_it(m >= 4096 ? 2 : 5, [&] { (void)exl3_gemm_cuda(t, x, m, y, gws, nullptr, Exl3GemmPath::kXSmem); });
+      gws.rows_per_launch = 16;  // the bulk kernel in 16-row launches (each tile decoded once per 16 rows)
+      const double us_c = time_it(m >= 4096 ? 2 : 5, [&] { (void)exl3_gemm_cuda(t, x, m, y, gws, nullptr, Exl3GemmPath::kBulk); });
+      gws.rows_per_launch = 0;   // 64-row launches (the default)
+      const double us_c64 = time_it(m >= 4096 ? 2 : 5, [&] { (void)exl3_gemm_cuda(t, x, m, y, gws, nullptr, Exl3GemmPath::kBulk); });
       const double us_d = time_it(5, [&] { dense_gemm(m, k, n, wd, xd, y); });
       const double flop = 2.0 * m * k * n;
-      std::printf("| %lldx%lld | %lld | %.1f | %.0f | %.1f | %.1f | %.0f | %.1f | %.0f | %.2f× |\n", (long long)k,
-                  (long long)n, (long long)m, us_p, m / (us_p * 1e-6), flop / (us_p * 1e-6) / 1e12, us_c,
-                  m / (us_c * 1e-6), us_d, m / (us_d * 1e-6), us_d / std::min(us_p, us_c));
+      const double best = std::min({us_p, us_c, us_c64});
+      std::printf("| %lldx%lld | %lld | %.1f | %.0f | %.1f | %.1f | %.1f | %.0f | %.1f | %.0f | %.2f× |\n", (long long)k,
+                  (long long)n, (long long)m, us_p, m / (us_p * 1e-6), flop / (us_p * 1e-6) / 1e12, us_c, us_c64,
+                  m / (us_c64 * 1e-6), us_d, m / (us_d * 1e-6), us_d / best);
     }
     exl3_prefill_workspace_free(pws);
     exl3_cuda_workspace_free(gws);

@@ -151,15 +151,32 @@ __device__ __forceinline__ LaneWindow lane_window(int lane) {
 //   x0/x1: token g's fp16 pairs at k 2t4 and 2t4+8 of this tile; x2/x3 the same for token g+8 (M16).
 //   Accumulator layout ("tile accumulators"): c_lo[0] = y[token 2t4][col g], c_lo[1] = y[2t4+1][g],
 //   c_lo[2] = y[2t4][g+8], c_lo[3] = y[2t4+1][g+8]; c_hi the same for tokens 8 + 2t4 (+1).
+// The lane's A fragment of one tile, decoded: w[0..3] are the mma's a0..a3 (see tile_mma).
+template <int K, int CB>
+__device__ __forceinline__ void tile_fragment(uint32_t A, uint32_t B, uint32_t C, int off, uint32_t (&w)[4]) {
+  uint32_t s[8];
+  lane_states<K>(A, B, C, off, s);
+  w[0] = decode2<CB>(s[0], s[1]);
+  w[2] = decode2<CB>(s[2], s[3]);
+  w[1] = decode2<CB>(s[4], s[5]);
+  w[3] = decode2<CB>(s[6], s[7]);
+}
+
 template <int K, int CB, bool M16>
 __device__ __forceinline__ void tile_mma(uint32_t A, uint32_t B, uint32_t C, int off, uint32_t x0, uint32_t x1,
                                          uint32_t x2, uint32_t x3, float (&c_lo)[4], float (&c_hi)[4]) {
-  uint32_t s[8];
-  lane_states<K>(A, B, C, off, s);
-  const uint32_t w0 = decode2<CB>(s[0], s[1]), w1 = decode2<CB>(s[2], s[3]);
-  const uint32_t w2 = decode2<CB>(s[4], s[5]), w3 = decode2<CB>(s[6], s[7]);
-  mma16816(c_lo, w0, w2, w1, w3, x0, x1);
-  if constexpr (M16) mma16816(c_hi, w0, w2, w1, w3, x2, x3);
+  uint32_t w[4];
+  tile_fragment<K, CB>(A, B, C, off, w);
+  mma16816(c_lo, w[0], w[1], w[2], w[3], x0, x1);
+  if constexpr (M16) mma16816(c_hi, w[0], w[1], w[2], w[3], x2, x3);
+}
+
+// Four 8×8 fp16 matrices from shared memory (ldmatrix.x4): lanes 8i..8i+7 give the row addresses of
+// matrix i (16-byte aligned); r[i] is the lane's pair (row lane/4, columns 2·(lane%4)..+1) of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(unsigned addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
 // Shape of a warp ring (exl3_moe.cu): kStages stages of kStageTiles tiles, all in flight at once.

@@ -21,31 +21,32 @@ namespace {
 using namespace exl3dev;
 
 constexpr int kThreads = 256;
+constexpr int kMaxRows = 64;  // rows of x per launch of the bulk path (the workspace holds that many)
 
-// Partial sums of one warp's 16-column strip (tile accumulators, exl3_device.cuh: tile_mma) go into
-// the fp32 workspace; the last block of the column group to arrive applies the output Hadamard, svh
-// and bias, writes y and zeroes its workspace slice again. All threads of the block call this;
-// `has_strip` is false for threads that computed nothing (the bulk path's producer warp).
-template <bool M16>
-__device__ __forceinline__ void finish_column_group(const float (&c_lo)[4], const float (&c_hi)[4], bool has_strip,
-                                                    int tn, const uint16_t* __restrict__ svh,
+// Partial sums of one warp's 16-column strip (tile accumulators of G 8-token groups, exl3_device.cuh:
+// tile_mma; group h holds tokens 8h..8h+7) go into the fp32 workspace; the last block of the column
+// group to arrive applies the output Hadamard, svh and bias, writes y and zeroes its workspace slice
+// again. All threads of the block call this; `has_strip` is false for threads that computed nothing
+// (the bulk path's producer warp).
+template <int G>
+__device__ __forceinline__ void finish_column_group(const float (*c)[4], bool has_strip, int tn,
+                                                    const uint16_t* __restrict__ svh,
                                                     const uint16_t* __restrict__ bias, float* __restrict__ y,
                                                     float* acc, uint32_t* counters, int n, int m) {
-  constexpr int kRows = M16 ? 16 : 8;
+  constexpr int kRows = 8 * G;
   __shared__ bool is_last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t4 = lane & 3, g = lane >> 2;
   const int col = tn * 16 + g;
   if (has_strip) {
 #pragma unroll
-    for (int h = 0; h < (M16 ? 2 : 1); ++h) {
-      const float* c = h ? c_hi : c_lo;
+    for (int h = 0; h < G; ++h) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int tok = 8 * h + 2 * t4 + j;
         if (tok < m) {
-          atomicAdd(acc + tok * n + col, c[j]);
-          atomicAdd(acc + tok * n + col + 8, c[2 + j]);
+          atomicAdd(acc + tok * n + col, c[h][j]);
+          atomicAdd(acc + tok * n + col + 8, c[h][2 + j]);
         }
       }
     }
@@ -129,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_xsmem_kernel(
   const size_t tile_stride = static_cast<size_t>(n_tn) * kWords;
   const LaneWindow lw = lane_window<K>(lane);
   const int t4 = lane & 3, g = lane >> 2;
-  float c_lo[4] = {0.f, 0.f, 0.f, 0.f}, c_hi[4] = {0.f, 0.f, 0.f, 0.f};
+  float c[2][4] = {};
   const int n_tiles = klen / 16;  // multiple of 8
 #pragma unroll 1
   for (int it = 0; it < n_tiles; it += 8) {
@@ -151,12 +152,12 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_xsmem_kernel(
         x2 = *reinterpret_cast<const uint32_t*>(xr + 8 * ld);
         x3 = *reinterpret_cast<const uint32_t*>(xr + 8 * ld + 8);
       }
-      tile_mma<K, CB, M16>(A[u], B[u], C[u], lw.off, x0, x1, x2, x3, c_lo, c_hi);
+      tile_mma<K, CB, M16>(A[u], B[u], C[u], lw.off, x0, x1, x2, x3, c[0], c[1]);
     }
   }
 
   // 3. Partial sums into the workspace; the last block of this column group finishes it.
-  finish_column_group<M16>(c_lo, c_hi, true, tn, svh, bias, y, acc, counters, n, m);
+  finish_column_group<M16 ? 2 : 1>(c, true, tn, svh, bias, y, acc, counters, n, m);
 }
 
 
@@ -166,18 +167,23 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_xsmem_kernel(
 // slots and ~kBulkStages·kBulkStageKt·256·K bytes per block stay in flight while the 8 consumer
 // warps decode. full[s] completes when a stage's bytes have landed; empty[s] when all 8 consumer
 // warps are done with it. Grid as kXSmem; 288 threads.
+// G = 8-token groups per launch (1, 2 or 8): every tile is decoded once and multiplied with all
+// 8·G rows of x, so a prefill chunk of 64 tokens decodes the tensor once instead of four times.
+// For G ≥ 2 the x fragments come from shared memory by ldmatrix (two groups per ldmatrix.x4).
 constexpr int kBulkStages = 4, kBulkStageKt = 8;  // stages in the ring, k-tiles per stage
 constexpr int kBulkThreads = kThreads + 32;
 template <int K>
 __host__ __device__ constexpr int bulk_ring_bytes() {
   return kBulkStages * kBulkStageKt * 8 * 8 * K * 4;
 }
-template <int K, int CB, bool M16>
+constexpr int bulk_ring_bytes_host(int K) { return kBulkStages * kBulkStageKt * 8 * 8 * K * 4; }
+template <int K, int CB, int G>
 __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
     const uint16_t* __restrict__ trellis, const uint16_t* __restrict__ suh, const uint16_t* __restrict__ svh,
     const uint16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y, float* acc,
     uint32_t* counters, int k, int n, int m, int kpb) {
-  constexpr int kRows = M16 ? 16 : 8;
+  static_assert(G == 1 || G % 2 == 0, "groups come in pairs past the first");
+  constexpr int kRows = 8 * G;
   constexpr int kWords = 8 * K;               // uint32 per tile
   constexpr int kRowWords = 8 * kWords;       // one k-tile row of the column group
   constexpr int kStageWords = kBulkStageKt * kRowWords;
@@ -185,7 +191,7 @@ __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
   uint32_t* ring = reinterpret_cast<uint32_t*>(smem_raw);
   half* xs = reinterpret_cast<half*>(smem_raw + bulk_ring_bytes<K>());
   __shared__ __align__(8) uint64_t full[kBulkStages], empty[kBulkStages];
-  const int ld = kpb + 8;
+  const int ld = kpb + 8;  // halves; rows 16 bytes apart mod 128, so ldmatrix rows hit distinct banks
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int k0 = blockIdx.y * kpb, klen = min(kpb, k - k0);
   const int n_stages = klen / (16 * kBulkStageKt);  // klen is a multiple of 128
@@ -217,7 +223,7 @@ __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
   rotate_slice<kRows>(x, suh, xs, ld, k, k0, klen, m);
   __syncthreads();
 
-  float c_lo[4] = {0.f, 0.f, 0.f, 0.f}, c_hi[4] = {0.f, 0.f, 0.f, 0.f};
+  float c[G][4] = {};
   if (producer) {
     if (lane == 0)
       for (int st = kBulkStages; st < n_stages; ++st) {
@@ -227,31 +233,40 @@ __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
   } else {
     const LaneWindow lw = lane_window<K>(lane);
     const int t4 = lane & 3, g = lane >> 2;
+    // ldmatrix row of this lane (G ≥ 2): token (lane/16)·8 + lane%8 of a 16-token pair of groups, k offset
+    // 8·((lane/8)%2) within the tile; matrices 0..3 = (group 2i, k 0-7), (2i, k 8-15), (2i+1, ...), (2i+1, ...).
+    const unsigned xs_lane =
+        smem_addr(xs) + 2u * static_cast<unsigned>((((lane >> 4) * 8 + (lane & 7)) * ld) + ((lane >> 3) & 1) * 8);
 #pragma unroll 1
     for (int st = 0; st < n_stages; ++st) {
       const int slot = st % kBulkStages;
       mbar_wait(&full[slot], (st / kBulkStages) & 1);
       const uint32_t* tw = ring + slot * kStageWords + warp * kWords;
-      const half* xr = xs + g * ld + st * kBulkStageKt * 16 + 2 * t4;
+      const int kcol = st * kBulkStageKt * 16;  // the stage's first k within the slice
 #pragma unroll
       for (int r = 0; r < kBulkStageKt; ++r) {
         const uint32_t* t = tw + r * kRowWords;
-        const half* xrr = xr + r * 16;
-        const uint32_t x0 = *reinterpret_cast<const uint32_t*>(xrr);
-        const uint32_t x1 = *reinterpret_cast<const uint32_t*>(xrr + 8);
-        uint32_t x2 = 0, x3 = 0;
-        if constexpr (M16) {
-          x2 = *reinterpret_cast<const uint32_t*>(xrr + 8 * ld);
-          x3 = *reinterpret_cast<const uint32_t*>(xrr + 8 * ld + 8);
+        uint32_t w[4];
+        tile_fragment<K, CB>(t[lw.wa], t[lw.wb], t[lw.wc], lw.off, w);
+        if constexpr (G == 1) {
+          const half* xrr = xs + g * ld + kcol + r * 16 + 2 * t4;
+          mma16816(c[0], w[0], w[1], w[2], w[3], *reinterpret_cast<const uint32_t*>(xrr),
+                   *reinterpret_cast<const uint32_t*>(xrr + 8));
+        } else {
+#pragma unroll
+          for (int pg = 0; pg < G / 2; ++pg) {
+            uint32_t xf[4];
+            ldmatrix_x4(xs_lane + 2u * static_cast<unsigned>(pg * 16 * ld + kcol + r * 16), xf);
+            mma16816(c[2 * pg], w[0], w[1], w[2], w[3], xf[0], xf[1]);
+            mma16816(c[2 * pg + 1], w[0], w[1], w[2], w[3], xf[2], xf[3]);
+          }
         }
-        tile_mma<K, CB, M16>(t[lw.wa], t[lw.wb], t[lw.wc], lw.off, x0, x1, x2, x3, c_lo, c_hi);
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[slot]);
     }
   }
-  finish_column_group<M16>(c_lo, c_hi, !producer, blockIdx.x * 8 + (producer ? 0 : warp), svh, bias, y, acc, counters, n,
-                           m);
+  finish_column_group<G>(c, !producer, blockIdx.x * 8 + (producer ? 0 : warp), svh, bias, y, acc, counters, n, m);
 }
 
 using XSmemKernel = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, const float*, float*,
@@ -277,9 +292,14 @@ Fn pick_kernel(int K, int cb, bool m16) {
   }
   return nullptr;
 }
+// The bulk kernel's instances by 8-token groups: m16 = false → G = 1, true → G = 2; BulkPick64: G = 8.
 template <int K, int CB, bool M16>
 struct BulkPick {
-  static constexpr XSmemKernel fn = exl3_gemm_bulk_kernel<K, CB, M16>;
+  static constexpr XSmemKernel fn = exl3_gemm_bulk_kernel<K, CB, M16 ? 2 : 1>;
+};
+template <int K, int CB, bool>
+struct BulkPick64 {
+  static constexpr XSmemKernel fn = exl3_gemm_bulk_kernel<K, CB, 8>;
 };
 template <int K, int CB, bool M16>
 struct XSmemPick {
@@ -306,7 +326,7 @@ bool exl3_cuda_supports(const Exl3CudaTensor& t) {
 }
 
 Status exl3_cuda_workspace_alloc(Exl3CudaWorkspace& ws, int64_t max_k, int64_t max_n) {
-  const size_t acc_bytes = sizeof(float) * 16 * max_n, cnt_bytes = sizeof(uint32_t) * (max_n / 128 + 1);
+  const size_t acc_bytes = sizeof(float) * kMaxRows * max_n, cnt_bytes = sizeof(uint32_t) * (max_n / 128 + 1);
   if (cudaError_t e = cudaMalloc(&ws.acc, acc_bytes); e != cudaSuccess) return cuda_error("malloc workspace", e);
   if (cudaError_t e = cudaMalloc(&ws.counters, cnt_bytes); e != cudaSuccess) return cuda_error("malloc workspace", e);
   if (cudaError_t e = cudaMemset(ws.acc, 0, acc_bytes); e != cudaSuccess) return cuda_error("memset workspace", e);
@@ -354,21 +374,24 @@ Status gemm_xsmem(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, 
   return {};
 }
 
-// Path kBulk: as kXSmem, with the bulk-copy ring (exl3_gemm_bulk_kernel).
+// Path kBulk: as kXSmem, with the bulk-copy ring (exl3_gemm_bulk_kernel); up to 64 rows per launch.
 Status gemm_bulk(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, cudaStream_t s) {
   const int64_t n_groups = t.n / 128, k_blocks = t.k / 128;
-  const int64_t want = (ws.blocks_per_sm > 0 ? ws.blocks_per_sm : 4) * sm_count();
-  int64_t splits = std::min<int64_t>(k_blocks, std::max<int64_t>(1, (want + n_groups - 1) / n_groups));
-  int64_t per = std::min<int64_t>(kMaxKBlocksPerSplit, (k_blocks + splits - 1) / splits);
-  splits = (k_blocks + per - 1) / per;
-  const int kpb = static_cast<int>(per * 128);
   const int K = t.bits.ka();
-  for (int64_t c = 0; c < m; c += 16) {
-    const int mc = static_cast<int>(std::min<int64_t>(16, m - c));
-    const bool m16 = mc > 8;
-    XSmemKernel fn = pick_kernel<XSmemKernel, BulkPick>(K, static_cast<int>(t.codebook), m16);
-    const size_t smem = static_cast<size_t>(kBulkStages) * kBulkStageKt * 8 * 8 * K * 4 +
-                        sizeof(__half) * (m16 ? 16 : 8) * (kpb + 8);
+  const int64_t rows_per_launch = ws.rows_per_launch == 16 ? 16 : kMaxRows;
+  for (int64_t c = 0; c < m; c += rows_per_launch) {
+    const int mc = static_cast<int>(std::min<int64_t>(rows_per_launch, m - c));
+    const int G = mc > 16 ? 8 : mc > 8 ? 2 : 1;
+    // 64 rows of x take 66 KB of shared memory per 512 k: slices of ≤ 512 k, about two blocks per SM.
+    const int64_t max_per = G == 8 ? 4 : kMaxKBlocksPerSplit;
+    const int64_t want = (ws.blocks_per_sm > 0 ? ws.blocks_per_sm : G == 8 ? 2 : 4) * sm_count();
+    int64_t splits = std::min<int64_t>(k_blocks, std::max<int64_t>(1, (want + n_groups - 1) / n_groups));
+    int64_t per = std::min<int64_t>(max_per, (k_blocks + splits - 1) / splits);
+    splits = (k_blocks + per - 1) / per;
+    const int kpb = static_cast<int>(per * 128);
+    XSmemKernel fn = G == 8 ? pick_kernel<XSmemKernel, BulkPick64>(K, static_cast<int>(t.codebook), false)
+                            : pick_kernel<XSmemKernel, BulkPick>(K, static_cast<int>(t.codebook), G == 2);
+    const size_t smem = static_cast<size_t>(bulk_ring_bytes_host(K)) + sizeof(__half) * 8 * G * (kpb + 8);
     if (Status st = set_smem(reinterpret_cast<const void*>(fn), smem); !st.ok()) return st;
     fn<<<dim3(static_cast<unsigned>(n_groups), static_cast<unsigned>(splits)), kBulkThreads, smem, s>>>(
         t.trellis, t.suh, t.svh, t.bias, x + c * t.k, y + c * t.n, ws.acc, ws.counters, static_cast<int>(t.k),

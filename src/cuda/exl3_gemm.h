@@ -1,7 +1,7 @@
 // y = x·W for EXL3 linears on NVIDIA GPUs (sm_90; portable to sm_120), straight from the trellis.
 //
 // What it computes: y[m][n] = x[m][k]·W + bias, W = diag(suh)·Hk·Ŵ·Hn·diag(svh) (formats/exl3.h).
-// Per chunk of 16 tokens, each block rotates its k slice of x into shared memory, xr = fp16(had128(x∘suh)),
+// Per chunk of tokens (≤ 64 on the kBulk path, ≤ 16 on kXSmem), each block rotates its k slice of x into shared memory, xr = fp16(had128(x∘suh)),
 // then the trellis product (two paths, see Exl3GemmPath): each warp walks one 16-column strip over the
 // slice, decoding every 16×16 trellis tile in registers (a lane's 8 positions are exactly its
 // mma.m16n8k16 A fragment, spec §1.4) while the next tiles are already in flight, and multiplies on
@@ -10,10 +10,10 @@
 // workspace slice again (no memset between calls). For many tokens, exl3_prefill.h is faster.
 //
 // Contract: all pointers are device pointers. x [m][k] fp32, y [m][n] fp32 (overwritten, no aliasing
-// with x). Workspace (exl3_cuda_workspace_alloc): acc ≥ 16·n floats and counters ≥ n/128 uint32, zero
+// with x). Workspace (exl3_cuda_workspace_alloc): acc ≥ 64·n floats and counters ≥ n/128 uint32, zero
 // before the first call and left zero after every call; one workspace per stream (concurrent launches
 // must not share one).
-// Limits: integer K 2..6, every codebook, k and n multiples of 128, any m ≥ 1 (chunks of 16 tokens).
+// Limits: integer K 2..6, every codebook, k and n multiples of 128, any m ≥ 1 (chunks of 64 or 16 tokens).
 // Accuracy: Ŵ exact; x is rounded once to fp16 after its rotation (as exllamav3 does), products and
 // sums in fp32 ⇒ ~3e-4 relative RMS error against exl3_matmul_ref.
 // Tests: tests/gpu/test_exl3_cuda.cpp. Benchmark: bench/exl3/bench_exl3.cu (scripts/gpu_test.sh).
@@ -38,12 +38,15 @@ struct Exl3CudaTensor {
 };
 
 struct Exl3CudaWorkspace {
-  float* acc = nullptr;         // ≥ 16·n floats, zeroed once
+  float* acc = nullptr;         // ≥ 64·n floats, zeroed once
   uint32_t* counters = nullptr; // ≥ n/128, zeroed once
   int64_t capacity_k = 0, capacity_n = 0;
   // Launch shape: k splits are chosen for about this many blocks per SM (0 = the tuned default, 4;
   // bench_exl3 sweeps it).
   int blocks_per_sm = 0;
+  // Rows of x per launch of the kBulk path: 64 (0, the default: every tile decoded once per 64 rows)
+  // or 16 (the earlier chunking, kept for bench_exl3's comparison).
+  int rows_per_launch = 0;
 };
 
 // Whether exl3_gemm_cuda handles this tensor (K, codebook, shape).

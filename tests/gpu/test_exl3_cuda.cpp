@@ -1,6 +1,7 @@
 // spw_cuda EXL3 GEMM (cuda/exl3_gemm.h) against the fp64 reference exl3_matmul_ref: V4.1 expert shapes
-// (5120×2304, 2304×5120), 4096×2048, 8192×8192 and awkward ones, K 2..6, every codebook, m 1..64
-// (incl. 9..16 rows and several 16-token chunks), bias on/off, both kernel paths (Exl3GemmPath). Output guard regions must keep their
+// (5120×2304, 2304×5120), 4096×2048, 8192×8192 and awkward ones, K 2..6, every codebook, m 1..100
+// (incl. 9..16 rows, several 16-token chunks and a 64-row launch plus a remainder), bias on/off, both
+// kernel paths (Exl3GemmPath) and the bulk path's 16- and 64-row launches. Output guard regions must keep their
 // sentinel, no NaN, and a second identical call must agree to 1e-5 (the self-cleaning workspace; fp32
 // atomics make the summation order, hence the last bits, vary between calls).
 // Tolerance: RMS error ≤ 2e-3·RMS(y), max ≤ 2e-2·RMS(y) — x is rounded to fp16 once after its
@@ -55,8 +56,11 @@ void run_case(int64_t k, int64_t n, int K, Exl3Codebook cb, int64_t m, bool with
   float* dy = upload(yh);
   Exl3CudaWorkspace ws;
   ASSERT_TRUE(exl3_cuda_workspace_alloc(ws, k, n).ok());
-  for (Exl3GemmPath path : {Exl3GemmPath::kXSmem, Exl3GemmPath::kBulk}) {
-  SCOPED_TRACE(exl3_gemm_path_name(path));
+  // kXSmem; kBulk with 64 rows per launch (the default); kBulk with 16 rows per launch.
+  for (int variant = 0; variant < 3; ++variant) {
+  const Exl3GemmPath path = variant == 0 ? Exl3GemmPath::kXSmem : Exl3GemmPath::kBulk;
+  ws.rows_per_launch = variant == 2 ? 16 : 0;
+  SCOPED_TRACE(testing::Message() << exl3_gemm_path_name(path) << " rows per launch " << ws.rows_per_launch);
   std::vector<float> first;
   for (int rep = 0; rep < 2; ++rep) {
     auto st = exl3_gemm_cuda(d, dx, m, dy + guard, ws, nullptr, path);
@@ -113,6 +117,8 @@ TEST(Exl3Cuda, AwkwardSizes) {
   run_case(384, 640, 5, Exl3Codebook::k3Inst, 17, false, 22);
   run_case(1152, 128, 6, Exl3Codebook::kMul1, 33, true, 23);
   run_case(128, 1920, 4, Exl3Codebook::kMcg, 9, false, 24);
+  run_case(640, 384, 3, Exl3Codebook::kMul1, 100, true, 25);   // a 64-row launch, then 36 rows
+  run_case(2304, 512, 6, Exl3Codebook::k3Inst, 70, false, 26);  // K=6's ring next to 64 rows of x
 }
 
 TEST(Exl3Cuda, RejectsUnsupported) {
