@@ -14,6 +14,7 @@
 
 #include "cuda/exl3_device.cuh"
 #include "cuda/exl3_gemm.h"
+#include "cuda/ops/device_numerics.cuh"  // round_bf16, as the engine's to_activation rounds
 
 namespace spw {
 namespace {
@@ -27,18 +28,39 @@ constexpr int kMaxRows = 64;  // rows of x per launch of the bulk path (the work
 // tile_mma; group h holds tokens 8h..8h+7) go into the fp32 workspace; the last block of the column
 // group to arrive applies the output Hadamard, svh and bias, writes y and zeroes its workspace slice
 // again. All threads of the block call this; `has_strip` is false for threads that computed nothing
-// (the bulk path's producer warp).
+// (the bulk path's producer warp). G = 8 needs stage_smem: 32 KB of shared memory no warp reads any more.
 template <int G>
 __device__ __forceinline__ void finish_column_group(const float (*c)[4], bool has_strip, int tn,
                                                     const uint16_t* __restrict__ svh,
                                                     const uint16_t* __restrict__ bias, float* __restrict__ y,
-                                                    float* acc, uint32_t* counters, int n, int m) {
+                                                    float* acc, uint32_t* counters, int n, int m, bool round_out,
+                                                    void* stage_smem = nullptr) {
   constexpr int kRows = 8 * G;
   __shared__ bool is_last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t4 = lane & 3, g = lane >> 2;
   const int col = tn * 16 + g;
-  if (has_strip) {
+  if constexpr (G == 8) {
+    // 64 rows: the block's [64][128] partial goes through shared memory (the ring's and x slice's
+    // space, free once every warp is done) and into acc as float4 atomics, a quarter of the scalar ones.
+    __syncthreads();
+    float* stage = reinterpret_cast<float*>(stage_smem);
+    if (has_strip)
+#pragma unroll
+      for (int h = 0; h < G; ++h)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int tok = 8 * h + 2 * t4 + j, sc = (tn % 8) * 16 + g;
+          stage[tok * 128 + sc] = c[h][j];
+          stage[tok * 128 + sc + 8] = c[h][2 + j];
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < m * 32; i += blockDim.x) {
+      const int tok = i >> 5, c4 = i & 31;
+      atomicAdd(reinterpret_cast<float4*>(acc + static_cast<size_t>(tok) * n + blockIdx.x * 128) + c4,
+                reinterpret_cast<const float4*>(stage + tok * 128)[c4]);
+    }
+  } else if (has_strip) {
 #pragma unroll
     for (int h = 0; h < G; ++h) {
 #pragma unroll
@@ -68,7 +90,7 @@ __device__ __forceinline__ void finish_column_group(const float (*c)[4], bool ha
       const int c = blockIdx.x * 128 + lane + 32 * e;
       float r = v[e] * __half2float(__ushort_as_half(svh[c]));
       if (bias) r += __half2float(__ushort_as_half(bias[c]));
-      y[static_cast<size_t>(row) * n + c] = r;
+      y[static_cast<size_t>(row) * n + c] = round_out ? cuda::dev::round_bf16(r) : r;
       __stcg(a + lane + 32 * e, 0.0f);
     }
   }
@@ -109,7 +131,7 @@ template <int K, int CB, bool M16>
 __global__ void __launch_bounds__(kThreads) exl3_gemm_xsmem_kernel(
     const uint16_t* __restrict__ trellis, const uint16_t* __restrict__ suh, const uint16_t* __restrict__ svh,
     const uint16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y, float* acc,
-    uint32_t* counters, int k, int n, int m, int kpb) {
+    uint32_t* counters, int k, int n, int m, int kpb, bool round_out) {
   constexpr int kRows = M16 ? 16 : 8;
   constexpr int kWords = 8 * K;  // uint32 per tile
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -157,7 +179,7 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_xsmem_kernel(
   }
 
   // 3. Partial sums into the workspace; the last block of this column group finishes it.
-  finish_column_group<M16 ? 2 : 1>(c, true, tn, svh, bias, y, acc, counters, n, m);
+  finish_column_group<M16 ? 2 : 1>(c, true, tn, svh, bias, y, acc, counters, n, m, round_out);
 }
 
 
@@ -181,7 +203,7 @@ template <int K, int CB, int G>
 __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
     const uint16_t* __restrict__ trellis, const uint16_t* __restrict__ suh, const uint16_t* __restrict__ svh,
     const uint16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y, float* acc,
-    uint32_t* counters, int k, int n, int m, int kpb) {
+    uint32_t* counters, int k, int n, int m, int kpb, bool round_out) {
   static_assert(G == 1 || G % 2 == 0, "groups come in pairs past the first");
   constexpr int kRows = 8 * G;
   constexpr int kWords = 8 * K;               // uint32 per tile
@@ -217,10 +239,22 @@ __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
       bulk_copy(ring + slot * kStageWords + r * kRowWords,
                 src + static_cast<size_t>(st * kBulkStageKt + r) * row_stride, kRowWords * 4, &full[slot]);
   };
-  // The first stages fly while the block rotates x.
+  // The first stages fly while the block rotates x (or, for 64 rows, copies its slice of the rotated x
+  // that exl3_rotate_rows_kernel wrote once for all column groups: rotating 64 rows per block cost more
+  // than the block's decode).
   if (producer && lane == 0)
     for (int st = 0; st < kBulkStages && st < n_stages; ++st) issue(st);
-  rotate_slice<kRows>(x, suh, xs, ld, k, k0, klen, m);
+  if constexpr (G == 8) {
+    const __half* xr = reinterpret_cast<const __half*>(x);
+    const int pieces = klen / 8;  // 16-byte pieces per row
+    for (int i = threadIdx.x; i < m * pieces; i += blockDim.x) {
+      const int row = i / pieces, p = i % pieces;
+      cp_async16(smem_addr(xs + row * ld + p * 8), xr + static_cast<size_t>(row) * k + k0 + p * 8);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+  } else {
+    rotate_slice<kRows>(x, suh, xs, ld, k, k0, klen, m);
+  }
   __syncthreads();
 
   float c[G][4] = {};
@@ -266,11 +300,24 @@ __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
       if (lane == 0) mbar_arrive(&empty[slot]);
     }
   }
-  finish_column_group<G>(c, !producer, blockIdx.x * 8 + (producer ? 0 : warp), svh, bias, y, acc, counters, n, m);
+  finish_column_group<G>(c, !producer, blockIdx.x * 8 + (producer ? 0 : warp), svh, bias, y, acc, counters, n, m, round_out,
+                         smem_raw);  // ring + x slice: ≥ 33 KB for any K and slice
+}
+
+// xr[row][i] = fp16(had128(x[row][i] · suh[i])) for rows < m, one warp per (row, 128-block): the input of
+// the 64-row bulk kernel, rotated once instead of once per column group.
+__global__ void __launch_bounds__(kThreads) exl3_rotate_rows_kernel(const float* __restrict__ x,
+                                                                    const uint16_t* __restrict__ suh,
+                                                                    __half* __restrict__ xr, int k, int m) {
+  const int job = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5), nblk = k / 128;
+  if (job >= m * nblk) return;
+  const int row = job / nblk, b = job % nblk;
+  rotate_block(x + static_cast<size_t>(row) * k + b * 128, suh + b * 128, xr + static_cast<size_t>(row) * k + b * 128,
+               threadIdx.x & 31);
 }
 
 using XSmemKernel = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, const float*, float*,
-                             float*, uint32_t*, int, int, int, int);
+                             float*, uint32_t*, int, int, int, int, bool);
 
 // The (K, codebook, 16-row) instance of a kernel template; nullptr for K outside 2..6.
 template <class Fn, template <int, int, bool> class Pick>
@@ -331,6 +378,8 @@ Status exl3_cuda_workspace_alloc(Exl3CudaWorkspace& ws, int64_t max_k, int64_t m
   if (cudaError_t e = cudaMalloc(&ws.counters, cnt_bytes); e != cudaSuccess) return cuda_error("malloc workspace", e);
   if (cudaError_t e = cudaMemset(ws.acc, 0, acc_bytes); e != cudaSuccess) return cuda_error("memset workspace", e);
   if (cudaError_t e = cudaMemset(ws.counters, 0, cnt_bytes); e != cudaSuccess) return cuda_error("memset workspace", e);
+  if (cudaError_t e = cudaMalloc(&ws.xr, sizeof(__half) * kMaxRows * max_k); e != cudaSuccess)
+    return cuda_error("malloc workspace", e);
   ws.capacity_k = max_k;
   ws.capacity_n = max_n;
   return {};
@@ -339,6 +388,7 @@ Status exl3_cuda_workspace_alloc(Exl3CudaWorkspace& ws, int64_t max_k, int64_t m
 void exl3_cuda_workspace_free(Exl3CudaWorkspace& ws) {
   cudaFree(ws.acc);
   cudaFree(ws.counters);
+  cudaFree(ws.xr);
   ws = {};
 }
 
@@ -353,7 +403,8 @@ Status set_smem(const void* fn, size_t smem) {
 }
 
 // Path kXSmem: one launch per 16 rows; blocks rotate x themselves (exl3_gemm_xsmem_kernel).
-Status gemm_xsmem(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, cudaStream_t s) {
+Status gemm_xsmem(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, cudaStream_t s,
+                  bool round_out) {
   const int64_t n_groups = t.n / 128, k_blocks = t.k / 128;
   const int64_t want = (ws.blocks_per_sm > 0 ? ws.blocks_per_sm : 4) * sm_count();
   int64_t splits = std::min<int64_t>(k_blocks, std::max<int64_t>(1, (want + n_groups - 1) / n_groups));
@@ -368,14 +419,15 @@ Status gemm_xsmem(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, 
     if (Status st = set_smem(reinterpret_cast<const void*>(fn), smem); !st.ok()) return st;
     fn<<<dim3(static_cast<unsigned>(n_groups), static_cast<unsigned>(splits)), kThreads, smem, s>>>(
         t.trellis, t.suh, t.svh, t.bias, x + c * t.k, y + c * t.n, ws.acc, ws.counters, static_cast<int>(t.k),
-        static_cast<int>(t.n), mc, kpb);
+        static_cast<int>(t.n), mc, kpb, round_out);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch exl3_gemm_xsmem_kernel", e);
   }
   return {};
 }
 
 // Path kBulk: as kXSmem, with the bulk-copy ring (exl3_gemm_bulk_kernel); up to 64 rows per launch.
-Status gemm_bulk(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, cudaStream_t s) {
+Status gemm_bulk(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, cudaStream_t s,
+                 bool round_out) {
   const int64_t n_groups = t.n / 128, k_blocks = t.k / 128;
   const int K = t.bits.ka();
   const int64_t rows_per_launch = ws.rows_per_launch == 16 ? 16 : kMaxRows;
@@ -393,9 +445,17 @@ Status gemm_bulk(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, E
                             : pick_kernel<XSmemKernel, BulkPick>(K, static_cast<int>(t.codebook), G == 2);
     const size_t smem = static_cast<size_t>(bulk_ring_bytes_host(K)) + sizeof(__half) * 8 * G * (kpb + 8);
     if (Status st = set_smem(reinterpret_cast<const void*>(fn), smem); !st.ok()) return st;
+    const float* xin = x + c * t.k;
+    if (G == 8) {  // the 64-row kernel reads x rotated once (exl3_rotate_rows_kernel)
+      const unsigned jobs = static_cast<unsigned>(mc * k_blocks), per_block = kThreads / 32;
+      exl3_rotate_rows_kernel<<<(jobs + per_block - 1) / per_block, kThreads, 0, s>>>(xin, t.suh, static_cast<__half*>(ws.xr),
+                                                                                       static_cast<int>(t.k), mc);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch exl3_rotate_rows_kernel", e);
+      xin = reinterpret_cast<const float*>(ws.xr);
+    }
     fn<<<dim3(static_cast<unsigned>(n_groups), static_cast<unsigned>(splits)), kBulkThreads, smem, s>>>(
-        t.trellis, t.suh, t.svh, t.bias, x + c * t.k, y + c * t.n, ws.acc, ws.counters, static_cast<int>(t.k),
-        static_cast<int>(t.n), mc, kpb);
+        t.trellis, t.suh, t.svh, t.bias, xin, y + c * t.n, ws.acc, ws.counters, static_cast<int>(t.k),
+        static_cast<int>(t.n), mc, kpb, round_out);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch exl3_gemm_bulk_kernel", e);
   }
   return {};
@@ -413,7 +473,7 @@ const char* exl3_gemm_path_name(Exl3GemmPath p) {
 }
 
 Status exl3_gemm_cuda(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws, void* stream,
-                      Exl3GemmPath path) {
+                      Exl3GemmPath path, bool round_out_bf16) {
   if (!exl3_cuda_supports(t))
     return make_error("exl3_gemm_cuda: unsupported tensor (K=", t.bits.k_x2 / 2.0, " ", exl3_codebook_name(t.codebook),
                       " k=", t.k, " n=", t.n, "); supported: integer K 2..6, k and n multiples of 128");
@@ -423,7 +483,8 @@ Status exl3_gemm_cuda(const Exl3CudaTensor& t, const float* x, int64_t m, float*
   if (m < 1) return make_error("exl3_gemm_cuda: m=", m);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // kAuto = kBulk: the faster of the two in the last H200 measurement (bench/results/exl3_h200.md).
-  return path == Exl3GemmPath::kXSmem ? gemm_xsmem(t, x, m, y, ws, s) : gemm_bulk(t, x, m, y, ws, s);
+  return path == Exl3GemmPath::kXSmem ? gemm_xsmem(t, x, m, y, ws, s, round_out_bf16)
+                                      : gemm_bulk(t, x, m, y, ws, s, round_out_bf16);
 }
 
 }  // namespace spw

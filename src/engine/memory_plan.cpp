@@ -68,7 +68,7 @@ size_t step_arena_nbytes(const ModelConfig& c, int64_t n, int64_t T) {
                        + std::max<int64_t>(c.index_topk, T / std::max<int64_t>(1, min_ratio) + 1)        // sel
                        + 2 + int64_t(c.o_groups) * c.o_lora_rank;  // ring rows, z
   const int64_t moe = E + 3 * K + d                        // router logits, weights, experts, acc
-                      + 2 * d + 3 * F + 3                  // one routed expert's rows (host dispatch)
+                      + 2 * d + 3 * F + 3 + 2 * K          // one routed expert's rows; all experts' row lists (host dispatch)
                       + K * (3 * F + d + 4)                // device dispatch: every (row, slot) pair
                       + 3 * F + d;                         // shared expert
   const int64_t n_in = int64_t(c.engram_max_ngram - 1) * c.engram_n_heads * c.engram_head_dim;
