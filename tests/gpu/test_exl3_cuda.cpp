@@ -121,6 +121,52 @@ TEST(Exl3Cuda, AwkwardSizes) {
   run_case(2304, 512, 6, Exl3Codebook::k3Inst, 70, false, 26);  // K=6's ring next to 64 rows of x
 }
 
+// round_out_bf16 must equal rounding the unrounded output afterwards, bit for bit (the engine relies on
+// it), for a 1-row and a 64-row launch.
+TEST(Exl3Cuda, RoundedOutputIsBf16OfUnrounded) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  const int64_t k = 256, n = 128;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<uint16_t> trellis(static_cast<size_t>(k / 16) * (n / 16) * 16 * 3), suh(k), svh(n);
+  for (auto& w : trellis) w = rng() & 0xffff;
+  for (auto& v : suh) v = exl3_f64_to_f16(0.03 * nd(rng));
+  for (auto& v : svh) v = exl3_f64_to_f16(1 + 0.2 * nd(rng));
+  Exl3CudaTensor d;
+  d.trellis = upload(trellis), d.suh = upload(suh), d.svh = upload(svh);
+  d.k = k, d.n = n, d.bits.k_x2 = 6, d.codebook = Exl3Codebook::kMul1;
+  Exl3CudaWorkspace ws;
+  ASSERT_TRUE(exl3_cuda_workspace_alloc(ws, k, n).ok());
+  for (int64_t m : {1, 40}) {
+    std::vector<float> x(m * k);
+    for (auto& v : x) v = nd(rng);
+    float* dx = upload(x);
+    std::vector<float> yh(m * n);
+    float* dy = upload(yh);
+    // k = 256 is at most two k splits: two fp32 addends sum the same in either order, so both calls
+    // see the same unrounded values.
+    std::vector<float> plain(m * n), rounded(m * n);
+    ASSERT_TRUE(exl3_gemm_cuda(d, dx, m, dy, ws, nullptr, Exl3GemmPath::kBulk, false).ok());
+    ASSERT_EQ(cudaMemcpy(plain.data(), dy, plain.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_TRUE(exl3_gemm_cuda(d, dx, m, dy, ws, nullptr, Exl3GemmPath::kBulk, true).ok());
+    ASSERT_EQ(cudaMemcpy(rounded.data(), dy, rounded.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    int rounded_away = 0;
+    for (int64_t i = 0; i < m * n; ++i) {
+      uint32_t b;
+      std::memcpy(&b, &plain[i], 4);
+      b = ((b + 0x7fffu + ((b >> 16) & 1u)) >> 16) << 16;  // round to nearest even bf16
+      float want;
+      std::memcpy(&want, &b, 4);
+      ASSERT_EQ(rounded[i], want) << "m=" << m << " i=" << i;
+      rounded_away += rounded[i] != plain[i];
+    }
+    EXPECT_GT(rounded_away, m * n / 2) << "the rounding did nothing";
+    cudaFree(dx), cudaFree(dy);
+  }
+  exl3_cuda_workspace_free(ws);
+  cudaFree(const_cast<uint16_t*>(d.trellis)), cudaFree(const_cast<uint16_t*>(d.suh)), cudaFree(const_cast<uint16_t*>(d.svh));
+}
+
 TEST(Exl3Cuda, RejectsUnsupported) {
   Exl3CudaTensor d;
   d.k = 256, d.n = 256, d.bits.k_x2 = 5, d.codebook = Exl3Codebook::kMul1;
