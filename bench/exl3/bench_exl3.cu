@@ -249,6 +249,16 @@ static void bench_prefill(cudaEvent_t e0, cudaEvent_t e1) {
                   (long long)n, (long long)m, us_p, m / (us_p * 1e-6), flop / (us_p * 1e-6) / 1e12, us_c, us_c64,
                   m / (us_c64 * 1e-6), us_d, m / (us_d * 1e-6), us_d / best);
     }
+    // The 64-row launch's k split (blocks_per_sm sets how many k slices share a column group: fewer slices,
+    // fewer float4 atomics, but fewer blocks in flight).
+    std::printf("|   (64-row launch at m=64 by k split:");
+    for (int bps : {1, 2, 3, 4}) {
+      gws.blocks_per_sm = bps;
+      const double us = time_it(5, [&] { (void)exl3_gemm_cuda(t, x, 64, y, gws, nullptr, Exl3GemmPath::kBulk); });
+      std::printf(" %d blocks/SM %.1f µs%s", bps, us, bps < 4 ? "," : ")");
+    }
+    std::printf(" | | | | | | | | | | |\n");
+    gws.blocks_per_sm = 0;
     exl3_prefill_workspace_free(pws);
     exl3_cuda_workspace_free(gws);
     for (void* p : {(void*)dtr, (void*)suh, (void*)svh, (void*)x, (void*)y, wd, xd}) CK(cudaFree(p));

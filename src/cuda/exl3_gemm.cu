@@ -434,8 +434,9 @@ Status gemm_bulk(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, E
   for (int64_t c = 0; c < m; c += rows_per_launch) {
     const int mc = static_cast<int>(std::min<int64_t>(rows_per_launch, m - c));
     const int G = mc > 16 ? 8 : mc > 8 ? 2 : 1;
-    // 64 rows of x take 66 KB of shared memory per 512 k: slices of ≤ 512 k, about two blocks per SM.
-    const int64_t max_per = G == 8 ? 4 : kMaxKBlocksPerSplit;
+    // 64 rows of x take 66 KB of shared memory per 512 k: slices of ≤ 1024 k (≤ 181 KB with the ring),
+    // about two blocks per SM by default.
+    const int64_t max_per = G == 8 ? 8 : kMaxKBlocksPerSplit;
     const int64_t want = (ws.blocks_per_sm > 0 ? ws.blocks_per_sm : G == 8 ? 2 : 4) * sm_count();
     int64_t splits = std::min<int64_t>(k_blocks, std::max<int64_t>(1, (want + n_groups - 1) / n_groups));
     int64_t per = std::min<int64_t>(max_per, (k_blocks + splits - 1) / splits);

@@ -74,6 +74,30 @@ TEST(CudaOpsHc, MixesAwkwardSizes) {
   mixes_case(1023, 3, 300, 1e-6f, 15);
 }
 
+// A token's mixes must not depend on how many tokens share the call (decode steps and prefill chunks
+// take different kernels: hc_mixes_kernel per token, hc_mixes_rows_kernel for long chunks): bit-identical
+// to the same token computed alone.
+TEST(CudaOpsHc, MixesIndependentOfTokenCount) {
+  SPW_REQUIRE_GPU();
+  for (int64_t hc_d : {int64_t(4 * 5120), int64_t(4 * 4096), int64_t(1000)}) {
+    SCOPED_TRACE(testing::Message() << "hc_d=" << hc_d);
+    const int64_t n_tokens = 37;  // 4 full blocks of 8 rows and a partial one
+    const int n_out = 24;
+    const std::vector<float> x = normal(size_t(n_tokens * hc_d), 0.f, 1.5f, 41, true);
+    const std::vector<float> fn = normal(size_t(n_out * hc_d), 0.f, 0.02f, 42);
+    Guarded<float> dx(x), dfn(fn), all{size_t(n_tokens * n_out)}, one{size_t(n_out)};
+    SPW_ASSERT_OK(cuda::hc_mixes(dx.get(), dfn.get(), n_tokens, n_out, hc_d, 1e-6f, all.get(), nullptr));
+    const std::vector<float> got = all.download();
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      SPW_ASSERT_OK(cuda::hc_mixes(dx.get() + t * hc_d, dfn.get(), 1, n_out, hc_d, 1e-6f, one.get(), nullptr));
+      const std::vector<float> alone = one.download();
+      ASSERT_TRUE(bits_equal(std::vector<float>(got.begin() + t * n_out, got.begin() + (t + 1) * n_out), alone))
+          << "token " << t;
+    }
+    EXPECT_TRUE(all.guards_intact());
+  }
+}
+
 void split_case(int64_t n_tokens, int hc, int iters, float hc_eps, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << "hc_split_sinkhorn tokens=" << n_tokens << " hc=" << hc << " iters=" << iters);
   const int n_mix = (2 + hc) * hc;

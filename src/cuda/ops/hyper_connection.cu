@@ -96,6 +96,87 @@ __global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThre
   cluster.sync();  // block 0 has read the others' shared memory before they exit
 }
 
+// hc_mixes for long chunks: the same cluster split as hc_mixes_kernel, but a block keeps its slice of
+// the G weight rows in registers and walks kMixesRows tokens, so fn is read from L2 once per kMixesRows
+// tokens instead of once per token. Every token's products, additions and reductions are those of
+// hc_mixes_kernel, in the same order: the results are bit-identical (CudaOpsHc.MixesIndependentOfTokenCount).
+// Measured (H200, 4096-token V4.1 chunk, session 14): 2.09 → 1.96 ms per call, so re-reading fn was not
+// what made the call slow; the per-token reductions and cluster syncs are the suspects (not profiled).
+constexpr int kMixesRows = 8;
+constexpr int kMixesMaxIter = 10;  // slice ≤ 10 · kMixesThreads inputs (hc·d ≤ 20480, V4.1 at hc 4) keeps fn in registers
+
+template <int G>
+__global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThreads)
+    hc_mixes_rows_kernel(const float* x_streams, const float* fn, int64_t n_tokens, int n_out, int64_t hc_d,
+                         float norm_eps, float* mixes) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  __shared__ double scratch[32];
+  __shared__ float red[G][kMixesThreads / 32];
+  __shared__ double part_ss[kMixesRows];
+  __shared__ float part_acc[kMixesRows][G];
+  const int o0 = int(blockIdx.y) * G;
+  const unsigned rank = cluster.block_rank();
+  const int64_t slice = (hc_d + kMixesSplit - 1) / kMixesSplit;
+  const int64_t lo = int64_t(rank) * slice, hi = lo + slice < hc_d ? lo + slice : hc_d;
+  float w[kMixesMaxIter][G];
+#pragma unroll
+  for (int it = 0; it < kMixesMaxIter; ++it) {
+    const int64_t i = lo + threadIdx.x + int64_t(it) * kMixesThreads;
+#pragma unroll
+    for (int g = 0; g < G; ++g) w[it][g] = i < hi && o0 + g < n_out ? fn[int64_t(o0 + g) * hc_d + i] : 0.f;
+  }
+  pdl_enter();  // fn is a weight, read before the wait; the streams come from the previous kernel
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  const int64_t t0 = int64_t(blockIdx.x) * kMixesRows;
+  for (int r = 0; r < kMixesRows && t0 + r < n_tokens; ++r) {
+    const float* x = x_streams + (t0 + r) * hc_d;
+    double ss = 0.0;
+    float acc[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) acc[g] = 0.f;
+#pragma unroll
+    for (int it = 0; it < kMixesMaxIter; ++it) {
+      const int64_t i = lo + threadIdx.x + int64_t(it) * kMixesThreads;
+      if (i >= hi) break;
+      const float xv = x[i];
+      ss += double(xv) * xv;
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        if (o0 + g < n_out) acc[g] += w[it][g] * xv;
+    }
+    ss = dev::block_sum(ss, scratch);  // syncs before it reuses scratch, so red below is free again too
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float v = acc[g];
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) red[g][warp] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < G) {
+      float v = 0.f;
+      for (int wi = 0; wi < n_warps; ++wi) v += red[threadIdx.x][wi];
+      part_acc[r][threadIdx.x] = v;
+    }
+    if (threadIdx.x == 0) part_ss[r] = ss;
+  }
+  cluster.sync();  // every block's partials are written
+  if (rank == 0 && threadIdx.x < G * kMixesRows) {
+    const int r = threadIdx.x / G, g = threadIdx.x % G;
+    if (t0 + r < n_tokens && o0 + g < n_out) {
+      double ss_all = 0.0;
+      float v = 0.f;
+      for (unsigned q = 0; q < kMixesSplit; ++q) {
+        ss_all += cluster.map_shared_rank(part_ss, q)[r];
+        v += cluster.map_shared_rank(&part_acc[0][0], q)[r * G + g];
+      }
+      const float inv = 1.0f / sqrtf(float(ss_all / double(hc_d)) + norm_eps);
+      mixes[(t0 + r) * n_out + o0 + g] = v * inv;
+    }
+  }
+  cluster.sync();  // block 0 has read the others' shared memory before they exit
+}
+
 using hcdev::mul_add;
 
 constexpr int kSinkhornWarps = 4;  // tokens per block
@@ -239,6 +320,10 @@ Status hc_mixes(const float* x_streams, const float* fn, int64_t n_tokens, int n
   if (n_tokens <= 16) {
     constexpr int G = 2;
     launch(hc_mixes_kernel<G>, dim3(unsigned(n_tokens), unsigned((n_out + G - 1) / G), kMixesSplit), kMixesThreads, 0, stream, x_streams, fn, n_out, hc_d, norm_eps, mixes);
+  } else if ((hc_d + kMixesSplit - 1) / kMixesSplit <= int64_t(kMixesMaxIter) * kMixesThreads) {
+    constexpr int G = 8;
+    launch(hc_mixes_rows_kernel<G>, dim3(unsigned((n_tokens + kMixesRows - 1) / kMixesRows), unsigned((n_out + G - 1) / G), kMixesSplit),
+           kMixesThreads, 0, stream, x_streams, fn, n_tokens, n_out, hc_d, norm_eps, mixes);
   } else {
     constexpr int G = 8;
     launch(hc_mixes_kernel<G>, dim3(unsigned(n_tokens), unsigned((n_out + G - 1) / G), kMixesSplit), kMixesThreads, 0, stream, x_streams, fn, n_out, hc_d, norm_eps, mixes);
