@@ -305,15 +305,16 @@ __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
 }
 
 // xr[row][i] = fp16(had128(x[row][i] · suh[i])) for rows < m, one warp per (row, 128-block): the input of
-// the 64-row bulk kernel, rotated once instead of once per column group.
+// the 64-row bulk kernel, rotated once instead of once per column group (exl3_rotate_rows_cuda).
 __global__ void __launch_bounds__(kThreads) exl3_rotate_rows_kernel(const float* __restrict__ x,
                                                                     const uint16_t* __restrict__ suh,
-                                                                    __half* __restrict__ xr, int k, int m) {
-  const int job = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5), nblk = k / 128;
+                                                                    __half* __restrict__ xr, int k, int64_t m) {
+  const int64_t job = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  const int nblk = k / 128;
   if (job >= m * nblk) return;
-  const int row = job / nblk, b = job % nblk;
-  rotate_block(x + static_cast<size_t>(row) * k + b * 128, suh + b * 128, xr + static_cast<size_t>(row) * k + b * 128,
-               threadIdx.x & 31);
+  const int64_t row = job / nblk;
+  const int b = static_cast<int>(job % nblk);
+  rotate_block(x + row * k + b * 128, suh + b * 128, xr + row * k + b * 128, threadIdx.x & 31);
 }
 
 using XSmemKernel = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, const float*, float*,
@@ -447,11 +448,8 @@ Status gemm_bulk(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, E
     const size_t smem = static_cast<size_t>(bulk_ring_bytes_host(K)) + sizeof(__half) * 8 * G * (kpb + 8);
     if (Status st = set_smem(reinterpret_cast<const void*>(fn), smem); !st.ok()) return st;
     const float* xin = x + c * t.k;
-    if (G == 8) {  // the 64-row kernel reads x rotated once (exl3_rotate_rows_kernel)
-      const unsigned jobs = static_cast<unsigned>(mc * k_blocks), per_block = kThreads / 32;
-      exl3_rotate_rows_kernel<<<(jobs + per_block - 1) / per_block, kThreads, 0, s>>>(xin, t.suh, static_cast<__half*>(ws.xr),
-                                                                                       static_cast<int>(t.k), mc);
-      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch exl3_rotate_rows_kernel", e);
+    if (G == 8) {  // the 64-row kernel reads x rotated once
+      if (Status st = exl3_rotate_rows_cuda(xin, t.suh, ws.xr, t.k, mc, s); !st.ok()) return st;
       xin = reinterpret_cast<const float*>(ws.xr);
     }
     fn<<<dim3(static_cast<unsigned>(n_groups), static_cast<unsigned>(splits)), kBulkThreads, smem, s>>>(
@@ -463,6 +461,14 @@ Status gemm_bulk(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, E
 }
 
 }  // namespace
+
+Status exl3_rotate_rows_cuda(const float* x, const uint16_t* suh, void* xr, int64_t k, int64_t m, void* stream) {
+  const int64_t jobs = m * (k / 128), per_block = kThreads / 32;
+  exl3_rotate_rows_kernel<<<static_cast<unsigned>((jobs + per_block - 1) / per_block), kThreads, 0,
+                            static_cast<cudaStream_t>(stream)>>>(x, suh, static_cast<__half*>(xr), static_cast<int>(k), m);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch exl3_rotate_rows_kernel", e);
+  return {};
+}
 
 const char* exl3_gemm_path_name(Exl3GemmPath p) {
   switch (p) {

@@ -74,4 +74,8 @@ const char* exl3_gemm_path_name(Exl3GemmPath p);
 Status exl3_gemm_cuda(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, Exl3CudaWorkspace& ws,
                       void* stream = nullptr, Exl3GemmPath path = Exl3GemmPath::kAuto, bool round_out_bf16 = false);
 
+// xr [m][k] fp16 = fp16(had128(x ∘ suh)) per row and 128-block: the input rotation every path applies
+// (the 64-row launches and exl3_prefill_cuda take it from here). Device pointers; k a multiple of 128.
+Status exl3_rotate_rows_cuda(const float* x, const uint16_t* suh, void* xr, int64_t k, int64_t m, void* stream);
+
 }  // namespace spw

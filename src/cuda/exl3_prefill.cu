@@ -40,18 +40,6 @@ __global__ void __launch_bounds__(kThreads) exl3_decode_t_kernel(const uint16_t*
   row_g8[4] = decode2<CB>(s[6], s[7]);
 }
 
-// xr[row][·] = fp16(had128(x[row][·] ∘ suh)); one warp per (row, 128-block).
-__global__ void __launch_bounds__(kThreads) exl3_rotate_in_kernel(const float* __restrict__ x,
-                                                                  const uint16_t* __restrict__ suh, __half* xr,
-                                                                  int k, int64_t m) {
-  const int64_t job = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
-  const int nblk = k / 128;
-  if (job >= m * nblk) return;
-  const int64_t row = job / nblk;
-  const int b = static_cast<int>(job % nblk);
-  rotate_block(x + row * k + b * 128, suh + b * 128, xr + row * k + b * 128, threadIdx.x & 31);
-}
-
 // y[row][·] = had128(y[row][·]) ∘ svh + bias, in place; one warp per (row, 128-block).
 __global__ void __launch_bounds__(kThreads) exl3_rotate_out_kernel(float* y, const uint16_t* __restrict__ svh,
                                                                    const uint16_t* __restrict__ bias, int n,
@@ -140,9 +128,7 @@ Status exl3_prefill_cuda(const Exl3CudaTensor& t, const float* x, int64_t m, flo
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (Status st = exl3_decode_transposed_cuda(t, ws.w_t, stream); !st.ok()) return st;
   const int k = static_cast<int>(t.k), n = static_cast<int>(t.n);
-  exl3_rotate_in_kernel<<<blocks_for(m * (k / 128)), kThreads, 0, s>>>(x, t.suh, reinterpret_cast<__half*>(ws.xr), k,
-                                                                       m);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch exl3_rotate_in_kernel", e);
+  if (Status st = exl3_rotate_rows_cuda(x, t.suh, ws.xr, k, m, stream); !st.ok()) return st;
   // Column-major view: zᵀ [n, m] = (Ŵᵀ stored [n][k], i.e. Ŵ col-major k×n)ᵀ · (xr stored [m][k] = col-major k×m).
   cublasHandle_t h = static_cast<cublasHandle_t>(ws.cublas);
   if (cublasStatus_t st = cublasSetStream(h, s); st != CUBLAS_STATUS_SUCCESS) return cublas_error("set stream", st);

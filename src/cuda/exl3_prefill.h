@@ -4,7 +4,7 @@
 // (prefill section), together with a dense bf16 cuBLAS GEMM of the same shape.
 //
 // What it computes: the same product as exl3_gemm_cuda (formats/exl3.h: W = diag(suh)·Hk·Ŵ·Hn·diag(svh)):
-//   xr = fp16(had128(x ∘ suh))            [m, k]   exl3_rotate (shared with the ring path)
+//   xr = fp16(had128(x ∘ suh))            [m, k]   exl3_rotate_rows_cuda (exl3_gemm.h; the 64-row launches use it too)
 //   Ŵᵀ = decode(trellis)                  [n, k]   fp16, exact (every codebook value is an fp16)
 //   z  = xr · Ŵ                           [m, n]   cuBLAS, fp16 inputs, fp32 accumulation and output
 //   y  = had128(z) ∘ svh + bias           [m, n]   in place

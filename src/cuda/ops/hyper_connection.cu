@@ -2,7 +2,8 @@
 //   hc_mixes: grid (token, group of G outputs, slice): a cluster of kMixesSplit blocks per (token, group)
 //     strides over the token's hc·d inputs, a slice per block, summing X² in f64 and the G dot products
 //     in f32; blocks reduce, then block 0 of the cluster adds the slices in rank order (distributed
-//     shared memory). G = 2 for decode-sized calls, 8 for long chunks. The first version (a warp per
+//     shared memory). G = 2 for decode-sized calls, 8 for long chunks, whose blocks walk 8 tokens each
+//     with the weights in registers (hc_mixes_rows_kernel, same order). The first version (a warp per
 //     output, 3 blocks per decode token) took 135 µs per call on the H200; the second (one 1024-thread
 //     block per group) 12 µs.
 //   hc_split_sinkhorn: one warp per token; the hc × hc matrix in shared memory; lane j does row j's
@@ -32,6 +33,25 @@ constexpr int kThreads = 256;
 // of the batch.
 constexpr int kMixesThreads = 256;
 constexpr int kMixesSplit = 8;
+
+// The block's G dot products: each warp's partials by shuffles, then thread g < G adds the warps' sums in
+// warp order into out[g]. Both hc_mixes kernels reduce through this, so their orders are the same.
+template <int G>
+__device__ __forceinline__ void block_dot_sums(const float (&acc)[G], float (&red)[G][kMixesThreads / 32], float* out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float v = acc[g];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) red[g][warp] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    float v = 0.f;
+    for (int w = 0; w < n_warps; ++w) v += red[threadIdx.x][w];
+    out[threadIdx.x] = v;
+  }
+}
 
 template <int G>
 __global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThreads)
@@ -68,19 +88,7 @@ __global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThre
       if (o0 + g < n_out) acc[g] += fn[int64_t(o0 + g) * hc_d + i] * xv;
   }
   ss = dev::block_sum(ss, scratch);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float v = acc[g];
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0) red[g][warp] = v;
-  }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    float v = 0.f;
-    for (int w = 0; w < n_warps; ++w) v += red[threadIdx.x][w];
-    part_acc[threadIdx.x] = v;
-  }
+  block_dot_sums<G>(acc, red, part_acc);
   if (threadIdx.x == 0) part_ss = ss;
   cluster.sync();  // every block's partials are written
   if (rank == 0 && threadIdx.x < G && o0 + int(threadIdx.x) < n_out) {
@@ -127,7 +135,6 @@ __global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThre
     for (int g = 0; g < G; ++g) w[it][g] = i < hi && o0 + g < n_out ? fn[int64_t(o0 + g) * hc_d + i] : 0.f;
   }
   pdl_enter();  // fn is a weight, read before the wait; the streams come from the previous kernel
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
   const int64_t t0 = int64_t(blockIdx.x) * kMixesRows;
   for (int r = 0; r < kMixesRows && t0 + r < n_tokens; ++r) {
     const float* x = x_streams + (t0 + r) * hc_d;
@@ -145,19 +152,8 @@ __global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThre
       for (int g = 0; g < G; ++g)
         if (o0 + g < n_out) acc[g] += w[it][g] * xv;
     }
-    ss = dev::block_sum(ss, scratch);  // syncs before it reuses scratch, so red below is free again too
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float v = acc[g];
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0) red[g][warp] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x < G) {
-      float v = 0.f;
-      for (int wi = 0; wi < n_warps; ++wi) v += red[threadIdx.x][wi];
-      part_acc[r][threadIdx.x] = v;
-    }
+    ss = dev::block_sum(ss, scratch);  // syncs before it reuses scratch, so red is free again too
+    block_dot_sums<G>(acc, red, part_acc[r]);
     if (threadIdx.x == 0) part_ss[r] = ss;
   }
   cluster.sync();  // every block's partials are written
