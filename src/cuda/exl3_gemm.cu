@@ -194,11 +194,9 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_xsmem_kernel(
 // For G ≥ 2 the x fragments come from shared memory by ldmatrix (two groups per ldmatrix.x4).
 constexpr int kBulkStages = 4, kBulkStageKt = 8;  // stages in the ring, k-tiles per stage
 constexpr int kBulkThreads = kThreads + 32;
-template <int K>
-__host__ __device__ constexpr int bulk_ring_bytes() {
-  return kBulkStages * kBulkStageKt * 8 * 8 * K * 4;
-}
-constexpr int bulk_ring_bytes_host(int K) { return kBulkStages * kBulkStageKt * 8 * 8 * K * 4; }
+__host__ __device__ constexpr int bulk_ring_bytes(int K) { return kBulkStages * kBulkStageKt * 8 * 8 * K * 4; }
+// x: the fp32 rows, except for G = 8, where it is the fp16 rows exl3_rotate_rows_cuda already rotated
+// (one signature for all instances, so pick_kernel serves them all).
 template <int K, int CB, int G>
 __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
     const uint16_t* __restrict__ trellis, const uint16_t* __restrict__ suh, const uint16_t* __restrict__ svh,
@@ -211,7 +209,7 @@ __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
   constexpr int kStageWords = kBulkStageKt * kRowWords;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint32_t* ring = reinterpret_cast<uint32_t*>(smem_raw);
-  half* xs = reinterpret_cast<half*>(smem_raw + bulk_ring_bytes<K>());
+  half* xs = reinterpret_cast<half*>(smem_raw + bulk_ring_bytes(K));
   __shared__ __align__(8) uint64_t full[kBulkStages], empty[kBulkStages];
   const int ld = kpb + 8;  // halves; rows 16 bytes apart mod 128, so ldmatrix rows hit distinct banks
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -445,7 +443,7 @@ Status gemm_bulk(const Exl3CudaTensor& t, const float* x, int64_t m, float* y, E
     const int kpb = static_cast<int>(per * 128);
     XSmemKernel fn = G == 8 ? pick_kernel<XSmemKernel, BulkPick64>(K, static_cast<int>(t.codebook), false)
                             : pick_kernel<XSmemKernel, BulkPick>(K, static_cast<int>(t.codebook), G == 2);
-    const size_t smem = static_cast<size_t>(bulk_ring_bytes_host(K)) + sizeof(__half) * 8 * G * (kpb + 8);
+    const size_t smem = static_cast<size_t>(bulk_ring_bytes(K)) + sizeof(__half) * 8 * G * (kpb + 8);
     if (Status st = set_smem(reinterpret_cast<const void*>(fn), smem); !st.ok()) return st;
     const float* xin = x + c * t.k;
     if (G == 8) {  // the 64-row kernel reads x rotated once
