@@ -371,13 +371,23 @@ bool exl3_cuda_supports(const Exl3CudaTensor& t) {
          t.n % 128 == 0 && t.trellis && t.suh && t.svh;
 }
 
+namespace {
+size_t acc_nbytes(int64_t max_n) { return sizeof(float) * kMaxRows * max_n; }
+size_t counters_nbytes(int64_t max_n) { return sizeof(uint32_t) * (max_n / 128 + 1); }
+size_t xr_nbytes(int64_t max_k) { return sizeof(__half) * kMaxRows * max_k; }
+}  // namespace
+
+size_t exl3_cuda_workspace_nbytes(int64_t max_k, int64_t max_n) {
+  return acc_nbytes(max_n) + counters_nbytes(max_n) + xr_nbytes(max_k);
+}
+
 Status exl3_cuda_workspace_alloc(Exl3CudaWorkspace& ws, int64_t max_k, int64_t max_n) {
-  const size_t acc_bytes = sizeof(float) * kMaxRows * max_n, cnt_bytes = sizeof(uint32_t) * (max_n / 128 + 1);
+  const size_t acc_bytes = acc_nbytes(max_n), cnt_bytes = counters_nbytes(max_n);
   if (cudaError_t e = cudaMalloc(&ws.acc, acc_bytes); e != cudaSuccess) return cuda_error("malloc workspace", e);
   if (cudaError_t e = cudaMalloc(&ws.counters, cnt_bytes); e != cudaSuccess) return cuda_error("malloc workspace", e);
   if (cudaError_t e = cudaMemset(ws.acc, 0, acc_bytes); e != cudaSuccess) return cuda_error("memset workspace", e);
   if (cudaError_t e = cudaMemset(ws.counters, 0, cnt_bytes); e != cudaSuccess) return cuda_error("memset workspace", e);
-  if (cudaError_t e = cudaMalloc(&ws.xr, sizeof(__half) * kMaxRows * max_k); e != cudaSuccess)
+  if (cudaError_t e = cudaMalloc(&ws.xr, xr_nbytes(max_k)); e != cudaSuccess)
     return cuda_error("malloc workspace", e);
   ws.capacity_k = max_k;
   ws.capacity_n = max_n;

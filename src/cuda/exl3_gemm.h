@@ -55,6 +55,8 @@ struct Exl3CudaWorkspace {
 // Whether exl3_gemm_cuda handles this tensor (K, codebook, shape).
 bool exl3_cuda_supports(const Exl3CudaTensor& t);
 
+// Device bytes of a workspace for tensors up to max_k rows and max_n columns (what the alloc below takes).
+size_t exl3_cuda_workspace_nbytes(int64_t max_k, int64_t max_n);
 // Allocates and zeroes a workspace for tensors up to k rows and n columns (cudaMalloc); frees it.
 Status exl3_cuda_workspace_alloc(Exl3CudaWorkspace& ws, int64_t max_k, int64_t max_n);
 void exl3_cuda_workspace_free(Exl3CudaWorkspace& ws);

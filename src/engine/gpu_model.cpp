@@ -548,7 +548,7 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
   const int max_in = max_linear_in(c);
   SPW_TRY(linear_workspace_alloc(st.ws, step_max_rows(options.budget), max_in,
                                  std::max(size_t(64) << 20, size_t(128) * max_in * sizeof(float))));
-  const int64_t exl3_width = (std::max<int64_t>(c.d_model, c.d_expert) + 127) / 128 * 128;
+  const int64_t exl3_width = exl3_workspace_width(c);  // the plan counts this workspace
   SPW_TRY(exl3_cuda_workspace_alloc(st.exl3_ws, exl3_width, exl3_width));
   st.expert_tables.resize(c.n_layers);
   st.exl3_moe.resize(c.n_layers);

@@ -4,6 +4,7 @@
 
 #include "cuda/attn/kv_pages.h"
 #include "cuda/attn/sparse_attn.h"
+#include "cuda/exl3_gemm.h"
 
 namespace spw::engine {
 namespace {
@@ -86,6 +87,10 @@ size_t step_arena_nbytes(const ModelConfig& c, int64_t n, int64_t T) {
   return f32_nbytes(n * per_row) + attn_split + (size_t(1) << 20);
 }
 
+int64_t exl3_workspace_width(const ModelConfig& c) {
+  return (std::max<int64_t>(c.d_model, c.d_expert) + 127) / 128 * 128;
+}
+
 MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quantized_kv) {
   MemoryPlan plan;
   WeightBytes& w = plan.weights;
@@ -161,11 +166,12 @@ MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quanti
   plan.state_nbytes = size_t(S) * comp_states + 3 * size_t(S) * c.n_layers * plan.max_pages_per_seq * sizeof(int32_t);
 
   // Workspace: the dense-linear workspace (activations + 128 dequantized weight rows, at least the
-  // 64 MiB the dense library defaults to) and the step arena.
+  // 64 MiB the dense library defaults to), the step arena and the EXL3 GEMM workspace (always allocated).
   const int64_t n = step_max_rows(budget), max_in = max_linear_in(c);
   const size_t linear_ws = f32_nbytes(n * max_in) + std::max(size_t(64) << 20, f32_nbytes(128 * max_in));
   plan.step_arena_nbytes = step_arena_nbytes(c, n, T);
-  plan.workspace_nbytes = linear_ws + plan.step_arena_nbytes;
+  const int64_t exl3_w = exl3_workspace_width(c);
+  plan.workspace_nbytes = linear_ws + plan.step_arena_nbytes + exl3_cuda_workspace_nbytes(exl3_w, exl3_w);
   // Staging: the per-row arrays of a step and the page-table rows of a decode batch; larger copies
   // (all-logits downloads, test hooks) synchronise and reuse it.
   plan.staging_host_nbytes = size_t(4) << 20;

@@ -57,7 +57,8 @@ struct MemoryPlan {
   WeightBytes weights;
   KvPlan kv;
   size_t state_nbytes = 0;        // compressor states and page tables of max_seqs sequences
-  size_t workspace_nbytes = 0;    // linear workspace + step arena
+  size_t workspace_nbytes = 0;    // linear workspace + step arena + EXL3 GEMM workspace (not the fused
+                                  // EXL3 MoE's, ~6 MB at V4.1 width, allocated only for EXL3 experts)
   size_t step_arena_nbytes = 0;   // the step's activations at step_max_rows rows (GpuModel's arena)
   size_t staging_host_nbytes = 0;  // pinned host staging of the step's copies (host memory)
   size_t engram_tables_host_nbytes = 0;
@@ -79,6 +80,10 @@ size_t step_arena_nbytes(const ModelConfig& c, int64_t n_rows, int64_t max_conte
 
 // Widest input of a linear or of the grouped output projection (sizes the linear workspace).
 int max_linear_in(const ModelConfig& c);
+
+// Width (k and n capacity) of the EXL3 GEMM workspace GpuModel allocates: max(d_model, d_expert), rounded
+// up to 128.
+int64_t exl3_workspace_width(const ModelConfig& c);
 
 // The row formats of the three pools: the reference's compact precisions when the numerics fake-
 // quantize KV (Numerics::fake_quant), else unquantized f32 rows (Numerics::exact()).
