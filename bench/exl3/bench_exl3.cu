@@ -3,7 +3,8 @@
 // ratio to the roofline trellis_bytes / bandwidth, and the CPU kernel (spw_cpu) on the same tensors.
 // Then the fused MoE decode kernel on one synthetic V4.1 layer (384 experts of 5120→2304→5120, K=3 mul1,
 // random trellis), different random experts every call, against the roofline of the selected experts'
-// trellis bytes, and against the same work done as 18·T separate exl3_gemm_cuda calls. Then prefill on the
+// trellis bytes, and against the same work done as 18·T separate exl3_gemm_cuda calls; that layer's expert
+// GEMMs for 64..4096 tokens, grouped launches vs per-expert calls (the engine's host dispatch). Then prefill on the
 // V4.1 expert shapes: decode-once + cuBLAS (exl3_prefill_cuda) vs the small-batch kernel in 16-token chunks
 // vs a dense bf16 cuBLAS GEMM of the same shape, with the bf16 tensor-core rate of a large square GEMM.
 // Usage: bench_exl3 DIR [iters] [gpu]   (DIR holds *.safetensors, one EXL3 linear each, prefix = file
@@ -21,6 +22,7 @@
 
 #include "cpu/exl3_gemm.h"
 #include "cuda/exl3_gemm.h"
+#include "cuda/exl3_grouped.h"
 #include "cuda/exl3_moe.h"
 #include "cuda/exl3_prefill.h"
 
@@ -47,6 +49,88 @@ __global__ void read_kernel(const float4* p, size_t n, float* out) {
     s += v.x + v.y + v.z + v.w;
   }
   if (s == 1234.5f) *out = s;  // keeps the loads alive
+}
+
+// One layer's three expert projections for T tokens with uniform random routing (distinct experts per
+// token), as the engine's host dispatch runs them: grouped launches (cuda/exl3_grouped.h: rotation +
+// one launch per row class and projection) vs three exl3_gemm_cuda calls per expert on its rows.
+// Timing only (no SwiGLU between the projections, inputs of any content).
+static void bench_grouped(const Exl3CudaMoeLayer& layer, const std::vector<Exl3CudaExpert>& table,
+                          Exl3CudaWorkspace& gws, cudaEvent_t e0, cudaEvent_t e1) {
+  const int E = layer.n_experts, topk = 6;
+  const int64_t d = layer.d, f = layer.f, W = std::max(d, f);
+  std::printf("\nOne layer's expert GEMMs under host dispatch (w1, w3, w2 of every routed expert; uniform random routing)\n");
+  std::printf("| tokens | pairs | items (≤8 / ≤16 / ≤64 rows) | grouped ms | per-expert ms | speed-up |\n|---|---|---|---|---|---|\n");
+  std::mt19937 rng(11);
+  for (int T : {64, 512, 4096}) {
+    const int64_t P = int64_t(T) * topk;
+    std::vector<int32_t> count(E, 0), first(E + 1, 0);
+    for (int t = 0; t < T; ++t) {
+      std::vector<int32_t> perm(E);
+      for (int e = 0; e < E; ++e) perm[e] = e;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int j = 0; j < topk; ++j) ++count[perm[j]];
+    }
+    for (int e = 0; e < E; ++e) first[e + 1] = first[e] + count[e];
+    std::vector<int32_t> row_expert(P);
+    for (int e = 0; e < E; ++e)
+      for (int r = first[e]; r < first[e + 1]; ++r) row_expert[r] = e;
+    const Exl3GroupPlan plan = exl3_group_plan(first);
+    int32_t *d_re, *d_rows;
+    Exl3GroupItem* d_items;
+    void* xr;
+    float *xin, *yout;
+    uint32_t* counters;
+    std::vector<int32_t> rows(P);
+    for (int64_t r = 0; r < P; ++r) rows[r] = int32_t(r % T);
+    CK(cudaMalloc(&d_re, P * 4));
+    CK(cudaMalloc(&d_rows, P * 4));
+    CK(cudaMalloc(&d_items, plan.items.size() * sizeof(Exl3GroupItem)));
+    CK(cudaMalloc(&xr, P * W * 2));
+    CK(cudaMalloc(&xin, P * W * 4));
+    CK(cudaMalloc(&yout, P * W * 4));
+    CK(cudaMalloc(&counters, plan.items.size() * (W / 128) * 4));
+    CK(cudaMemset(xin, 0, P * W * 4));
+    CK(cudaMemcpy(d_re, row_expert.data(), P * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_rows, rows.data(), P * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_items, plan.items.data(), plan.items.size() * sizeof(Exl3GroupItem), cudaMemcpyHostToDevice));
+    auto grouped = [&] {
+      for (int q = 0; q < 3; ++q) {
+        Status st = exl3_rotate_grouped_cuda(layer, q, xin, q < 2 ? d_rows : nullptr, d_re, P, xr, nullptr);
+        if (st.ok()) st = exl3_grouped_gemm_cuda(layer, q, plan, d_items, xr, yout, nullptr, P, counters, true, nullptr);
+        if (!st.ok()) { std::fprintf(stderr, "%s\n", st.error().message.c_str()); std::exit(1); }
+      }
+    };
+    auto per_expert = [&] {
+      for (int e = 0; e < E; ++e) {
+        const int m = count[e];
+        if (m == 0) continue;
+        for (int q = 0; q < 3; ++q) {
+          Exl3CudaTensor ct;
+          ct.trellis = table[e].trellis[q], ct.suh = table[e].suh[q], ct.svh = table[e].svh[q];
+          ct.k = q == 2 ? f : d, ct.n = q == 2 ? d : f, ct.bits = layer.bits, ct.codebook = layer.codebook;
+          (void)exl3_gemm_cuda(ct, xin + int64_t(first[e]) * W, m, yout + int64_t(first[e]) * W, gws, nullptr,
+                               Exl3GemmPath::kAuto, true);
+        }
+      }
+    };
+    auto time_ms = [&](auto&& fn, int reps) {
+      fn();
+      CK(cudaDeviceSynchronize());
+      float ms;
+      CK(cudaEventRecord(e0));
+      for (int i = 0; i < reps; ++i) fn();
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      return double(ms) / reps;
+    };
+    const int reps = T >= 4096 ? 3 : 10;
+    const double g_ms = time_ms(grouped, reps), p_ms = time_ms(per_expert, reps);
+    std::printf("| %d | %lld | %d / %d / %d | %.3f | %.3f | %.2f× |\n", T, (long long)P, plan.n[0], plan.n[1], plan.n[2],
+                g_ms, p_ms, p_ms / g_ms);
+    for (void* p : {(void*)d_re, (void*)d_rows, (void*)d_items, xr, (void*)xin, (void*)yout, (void*)counters}) CK(cudaFree(p));
+  }
 }
 
 // One synthetic V4.1 MoE layer: fused kernel vs roofline and vs separate GEMV calls.
@@ -162,6 +246,7 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
     std::printf("| %d | %.1f | %.2f | %.0f | %.1f%% | %.2f |\n", T, distinct, us, bytes / (us * 1e-6) / 1e9,
                 100.0 * (bytes / read_bw) / (us * 1e-6), gus);
   }
+  bench_grouped(layer, table, gws, e0, e1);
   exl3_cuda_moe_workspace_free(ws);
   exl3_cuda_workspace_free(gws);
 }

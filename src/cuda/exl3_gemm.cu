@@ -12,116 +12,16 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/exl3_bulk.cuh"
 #include "cuda/exl3_device.cuh"
 #include "cuda/exl3_gemm.h"
-#include "cuda/ops/device_numerics.cuh"  // round_bf16, as the engine's to_activation rounds
 
 namespace spw {
 namespace {
 
 using namespace exl3dev;
 
-constexpr int kThreads = 256;
 constexpr int kMaxRows = 64;  // rows of x per launch of the bulk path (the workspace holds that many)
-
-// Partial sums of one warp's 16-column strip (tile accumulators of G 8-token groups, exl3_device.cuh:
-// tile_mma; group h holds tokens 8h..8h+7) go into the fp32 workspace; the last block of the column
-// group to arrive applies the output Hadamard, svh and bias, writes y and zeroes its workspace slice
-// again. All threads of the block call this; `has_strip` is false for threads that computed nothing
-// (the bulk path's producer warp). G = 8 needs stage_smem: 32 KB of shared memory no warp reads any more.
-template <int G>
-__device__ __forceinline__ void finish_column_group(const float (*c)[4], bool has_strip, int tn,
-                                                    const uint16_t* __restrict__ svh,
-                                                    const uint16_t* __restrict__ bias, float* __restrict__ y,
-                                                    float* acc, uint32_t* counters, int n, int m, bool round_out,
-                                                    void* stage_smem = nullptr) {
-  constexpr int kRows = 8 * G;
-  __shared__ bool is_last;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int t4 = lane & 3, g = lane >> 2;
-  const int col = tn * 16 + g;
-  if constexpr (G == 8) {
-    // 64 rows: the block's [64][128] partial goes through shared memory (the ring's and x slice's
-    // space, free once every warp is done) and into acc as float4 atomics, a quarter of the scalar ones.
-    __syncthreads();
-    float* stage = reinterpret_cast<float*>(stage_smem);
-    if (has_strip)
-#pragma unroll
-      for (int h = 0; h < G; ++h)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int tok = 8 * h + 2 * t4 + j, sc = (tn % 8) * 16 + g;
-          stage[tok * 128 + sc] = c[h][j];
-          stage[tok * 128 + sc + 8] = c[h][2 + j];
-        }
-    __syncthreads();
-    for (int i = threadIdx.x; i < m * 32; i += blockDim.x) {
-      const int tok = i >> 5, c4 = i & 31;
-      atomicAdd(reinterpret_cast<float4*>(acc + static_cast<size_t>(tok) * n + blockIdx.x * 128) + c4,
-                reinterpret_cast<const float4*>(stage + tok * 128)[c4]);
-    }
-  } else if (has_strip) {
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int tok = 8 * h + 2 * t4 + j;
-        if (tok < m) {
-          atomicAdd(acc + tok * n + col, c[h][j]);
-          atomicAdd(acc + tok * n + col + 8, c[h][2 + j]);
-        }
-      }
-    }
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  for (int row = warp; row < m && row < kRows; row += blockDim.x / 32) {
-    float* a = acc + static_cast<size_t>(row) * n + blockIdx.x * 128;
-    float v[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = __ldcg(a + lane + 32 * e);
-    had128_warp(v, lane);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int c = blockIdx.x * 128 + lane + 32 * e;
-      float r = v[e] * __half2float(__ushort_as_half(svh[c]));
-      if (bias) r += __half2float(__ushort_as_half(bias[c]));
-      y[static_cast<size_t>(row) * n + c] = round_out ? cuda::dev::round_bf16(r) : r;
-      __stcg(a + lane + 32 * e, 0.0f);
-    }
-  }
-  if (threadIdx.x == 0) counters[blockIdx.x] = 0;
-}
-
-// xs[row][i] = fp16(had128(x[row][k0 + i] · suh[k0 + i])) for i < klen, rows < kRows (rows ≥ m zero),
-// row stride ld halves; all warps of the block share the 128-blocks.
-template <int kRows>
-__device__ __forceinline__ void rotate_slice(const float* __restrict__ x, const uint16_t* __restrict__ suh, half* xs,
-                                             int ld, int k, int k0, int klen, int m) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
-  const int nblk = klen / 128;
-  for (int job = warp; job < kRows * nblk; job += n_warps) {
-    const int row = job / nblk, b = job % nblk;
-    half* dst = xs + row * ld + b * 128;
-    float v[4];
-    if (row < m) {
-      const float* src = x + static_cast<size_t>(row) * k + k0 + b * 128;
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        v[e] = src[lane + 32 * e] * __half2float(__ushort_as_half(suh[k0 + b * 128 + lane + 32 * e]));
-      had128_warp(v, lane);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[e] = 0.0f;
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dst[lane + 32 * e] = __float2half_rn(v[e]);
-  }
-}
 
 // Path kXSmem (the first kernel): each block rotates its k-slice of x into shared memory itself (no
 // second launch), then each warp loads its strip's tiles in 8-tile register batches and decodes them.
@@ -179,22 +79,18 @@ __global__ void __launch_bounds__(kThreads) exl3_gemm_xsmem_kernel(
   }
 
   // 3. Partial sums into the workspace; the last block of this column group finishes it.
-  finish_column_group<M16 ? 2 : 1>(c, true, tn, svh, bias, y, acc, counters, n, m, round_out);
+  BulkBlock b;
+  b.svh = svh, b.bias = bias, b.y = y, b.acc = acc, b.counter = counters + blockIdx.x;
+  b.k = k, b.n = n, b.m = m, b.kpb = kpb, b.group = blockIdx.x, b.split = blockIdx.y, b.n_splits = gridDim.y;
+  b.round_out = round_out;
+  finish_column_group<M16 ? 2 : 1>(b, c, true, tn);
 }
 
 
-// Path kBulk: like kXSmem, but the trellis reaches shared memory by bulk copies (cp.async.bulk on the
-// TMA engine), issued by a ninth, producer warp into a kBulkStages-deep ring: one copy moves the
-// 8 tiles of a k-tile row of the column group (256·K contiguous bytes), so loads cost almost no issue
-// slots and ~kBulkStages·kBulkStageKt·256·K bytes per block stay in flight while the 8 consumer
-// warps decode. full[s] completes when a stage's bytes have landed; empty[s] when all 8 consumer
-// warps are done with it. Grid as kXSmem; 288 threads.
-// G = 8-token groups per launch (1, 2 or 8): every tile is decoded once and multiplied with all
-// 8·G rows of x, so a prefill chunk of 64 tokens decodes the tensor once instead of four times.
-// For G ≥ 2 the x fragments come from shared memory by ldmatrix (two groups per ldmatrix.x4).
-constexpr int kBulkStages = 4, kBulkStageKt = 8;  // stages in the ring, k-tiles per stage
-constexpr int kBulkThreads = kThreads + 32;
-__host__ __device__ constexpr int bulk_ring_bytes(int K) { return kBulkStages * kBulkStageKt * 8 * 8 * K * 4; }
+// Path kBulk: like kXSmem, but the trellis reaches shared memory by bulk copies from a producer warp
+// (exl3_bulk.cuh: bulk_gemm_block), so loads cost almost no issue slots. Grid as kXSmem; 288 threads.
+// G = 8-token groups per launch (1, 2 or 8): every tile is decoded once and multiplied with all 8·G
+// rows of x, so a prefill chunk of 64 tokens decodes the tensor once instead of four times.
 // x: the fp32 rows, except for G = 8, where it is the fp16 rows exl3_rotate_rows_cuda already rotated
 // (one signature for all instances, so pick_kernel serves them all).
 template <int K, int CB, int G>
@@ -202,104 +98,13 @@ __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
     const uint16_t* __restrict__ trellis, const uint16_t* __restrict__ suh, const uint16_t* __restrict__ svh,
     const uint16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y, float* acc,
     uint32_t* counters, int k, int n, int m, int kpb, bool round_out) {
-  static_assert(G == 1 || G % 2 == 0, "groups come in pairs past the first");
-  constexpr int kRows = 8 * G;
-  constexpr int kWords = 8 * K;               // uint32 per tile
-  constexpr int kRowWords = 8 * kWords;       // one k-tile row of the column group
-  constexpr int kStageWords = kBulkStageKt * kRowWords;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  uint32_t* ring = reinterpret_cast<uint32_t*>(smem_raw);
-  half* xs = reinterpret_cast<half*>(smem_raw + bulk_ring_bytes(K));
-  __shared__ __align__(8) uint64_t full[kBulkStages], empty[kBulkStages];
-  const int ld = kpb + 8;  // halves; rows 16 bytes apart mod 128, so ldmatrix rows hit distinct banks
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int k0 = blockIdx.y * kpb, klen = min(kpb, k - k0);
-  const int n_stages = klen / (16 * kBulkStageKt);  // klen is a multiple of 128
-  const int n_tn = n / 16;
-  const bool producer = warp == kThreads / 32;
-
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < kBulkStages; ++st) {
-      mbar_init(&full[st], 1);
-      mbar_init(&empty[st], kThreads / 32);
-    }
-    mbar_fence_init();
-  }
-  __syncthreads();
-
-  const char* src = reinterpret_cast<const char*>(trellis) +
-                    (static_cast<size_t>(k0 / 16) * n_tn + blockIdx.x * 8) * kWords * 4;
-  const size_t row_stride = static_cast<size_t>(n_tn) * kWords * 4;
-  auto issue = [&](int st) {  // producer lane 0 only
-    const int slot = st % kBulkStages;
-    mbar_expect_tx(&full[slot], kStageWords * 4);
-    for (int r = 0; r < kBulkStageKt; ++r)
-      bulk_copy(ring + slot * kStageWords + r * kRowWords,
-                src + static_cast<size_t>(st * kBulkStageKt + r) * row_stride, kRowWords * 4, &full[slot]);
-  };
-  // The first stages fly while the block rotates x (or, for 64 rows, copies its slice of the rotated x
-  // that exl3_rotate_rows_kernel wrote once for all column groups: rotating 64 rows per block cost more
-  // than the block's decode).
-  if (producer && lane == 0)
-    for (int st = 0; st < kBulkStages && st < n_stages; ++st) issue(st);
-  if constexpr (G == 8) {
-    const __half* xr = reinterpret_cast<const __half*>(x);
-    const int pieces = klen / 8;  // 16-byte pieces per row
-    for (int i = threadIdx.x; i < m * pieces; i += blockDim.x) {
-      const int row = i / pieces, p = i % pieces;
-      cp_async16(smem_addr(xs + row * ld + p * 8), xr + static_cast<size_t>(row) * k + k0 + p * 8);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-  } else {
-    rotate_slice<kRows>(x, suh, xs, ld, k, k0, klen, m);
-  }
-  __syncthreads();
-
-  float c[G][4] = {};
-  if (producer) {
-    if (lane == 0)
-      for (int st = kBulkStages; st < n_stages; ++st) {
-        mbar_wait(&empty[st % kBulkStages], (st / kBulkStages - 1) & 1);
-        issue(st);
-      }
-  } else {
-    const LaneWindow lw = lane_window<K>(lane);
-    const int t4 = lane & 3, g = lane >> 2;
-    // ldmatrix row of this lane (G ≥ 2): token (lane/16)·8 + lane%8 of a 16-token pair of groups, k offset
-    // 8·((lane/8)%2) within the tile; matrices 0..3 = (group 2i, k 0-7), (2i, k 8-15), (2i+1, ...), (2i+1, ...).
-    const unsigned xs_lane =
-        smem_addr(xs) + 2u * static_cast<unsigned>((((lane >> 4) * 8 + (lane & 7)) * ld) + ((lane >> 3) & 1) * 8);
-#pragma unroll 1
-    for (int st = 0; st < n_stages; ++st) {
-      const int slot = st % kBulkStages;
-      mbar_wait(&full[slot], (st / kBulkStages) & 1);
-      const uint32_t* tw = ring + slot * kStageWords + warp * kWords;
-      const int kcol = st * kBulkStageKt * 16;  // the stage's first k within the slice
-#pragma unroll
-      for (int r = 0; r < kBulkStageKt; ++r) {
-        const uint32_t* t = tw + r * kRowWords;
-        uint32_t w[4];
-        tile_fragment<K, CB>(t[lw.wa], t[lw.wb], t[lw.wc], lw.off, w);
-        if constexpr (G == 1) {
-          const half* xrr = xs + g * ld + kcol + r * 16 + 2 * t4;
-          mma16816(c[0], w[0], w[1], w[2], w[3], *reinterpret_cast<const uint32_t*>(xrr),
-                   *reinterpret_cast<const uint32_t*>(xrr + 8));
-        } else {
-#pragma unroll
-          for (int pg = 0; pg < G / 2; ++pg) {
-            uint32_t xf[4];
-            ldmatrix_x4(xs_lane + 2u * static_cast<unsigned>(pg * 16 * ld + kcol + r * 16), xf);
-            mma16816(c[2 * pg], w[0], w[1], w[2], w[3], xf[0], xf[1]);
-            mma16816(c[2 * pg + 1], w[0], w[1], w[2], w[3], xf[2], xf[3]);
-          }
-        }
-      }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[slot]);
-    }
-  }
-  finish_column_group<G>(c, !producer, blockIdx.x * 8 + (producer ? 0 : warp), svh, bias, y, acc, counters, n, m, round_out,
-                         smem_raw);  // ring + x slice: ≥ 33 KB for any K and slice
+  BulkBlock b;
+  b.trellis = trellis, b.suh = suh, b.svh = svh, b.bias = bias, b.x = x, b.y = y, b.acc = acc;
+  b.counter = counters + blockIdx.x;
+  b.k = k, b.n = n, b.m = m, b.kpb = kpb, b.group = blockIdx.x, b.split = blockIdx.y, b.n_splits = gridDim.y;
+  b.round_out = round_out;
+  bulk_gemm_block<K, CB, G, G == 8>(b, smem_raw);
 }
 
 // xr[row][i] = fp16(had128(x[row][i] · suh[i])) for rows < m, one warp per (row, 128-block): the input of

@@ -5,10 +5,16 @@
 //    reference_rounding); both read the expert ids from device memory, no host round trip
 //    (moe_dispatch.h);
 //  - host dispatch (prefill chunks): the per-expert token lists are built on the host
-//    and each routed expert is three linear calls on its gathered tokens — dense (MXFP4) or EXL3
-//    (cuda/exl3_gemm.h) — which read each expert's weights once per chunk.
+//    and each routed expert is three linear calls on its gathered tokens (dense experts, MXFP4), or
+//    every expert's projection at once in grouped EXL3 launches (cuda/exl3_grouped.h); either way
+//    each expert's weights are read once per 64 of its tokens.
 // Both add a token's experts in ascending expert order. Engram: host hashing, device gather from the
 // mapped host tables and device gate (engram_kernels.h).
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
+
+#include "cuda/exl3_grouped.h"
 #include "cuda/ops/act_quant.h"
 #include "cuda/ops/moe.h"
 #include "engine/engine_kernels.h"
@@ -96,6 +102,70 @@ Status routed_host(GpuStep& s, int layer, const float* x, const DeviceSpan<int32
   return {};
 }
 
+// EXL3 experts under host dispatch (cuda/exl3_grouped.h): the rows sorted by expert as above, then each
+// projection is one grouped launch per row class over all experts instead of three per expert (a
+// 4096-token chunk made ~1,150 expert launches per V4.1 layer, plus the remainders of experts past 64
+// rows). The down projection writes each (token, slot) pair's row, and moe_combine_cuda adds a token's
+// slots in ascending expert id: the per-expert path's numerics up to the fp32 order of the sums inside
+// each projection. SPILLWAY_EXL3_GROUPED=0 keeps the per-expert path (docs/settings.md).
+bool exl3_grouped_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("SPILLWAY_EXL3_GROUPED");
+    return !(env && std::string_view(env) == "0");
+  }();
+  return on;
+}
+
+Status routed_exl3_grouped(GpuStep& s, int layer, const float* x, const DeviceSpan<int32_t>& experts,
+                           const Buf& weights, float* acc) {
+  const ModelConfig& c = s.c;
+  const Exl3CudaMoeLayer& L = s.st.exl3_moe[layer].layer;
+  const int n = s.n, E = c.n_experts, K = c.top_k;
+  const int64_t d = L.d, F = L.f, P = int64_t(n) * K, width = std::max(d, F);
+  const bool rb = s.num.bf16_activations;
+  std::vector<int32_t> ex;
+  std::vector<float> wt;
+  SPW_TRY(s.download(experts.get(), experts.size(), ex));
+  SPW_TRY(s.download(weights.get(), weights.size(), wt));
+  // Counting sort by expert: sorted row `at` is token rows_of[at]'s slot, pair pair_of[at] = token·K + slot.
+  std::vector<int32_t> first(E + 1, 0);
+  for (int32_t e : ex) ++first[e + 1];
+  for (int e = 0; e < E; ++e) first[e + 1] += first[e];
+  std::vector<int32_t> rows_of(P), pair_of(P), expert_of(P), fill(first.begin(), first.end() - 1);
+  std::vector<float> weights_of(P);
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k < K; ++k) {
+      const int32_t p = i * K + k, e = ex[p], at = fill[e]++;
+      rows_of[at] = i, pair_of[at] = p, expert_of[at] = e, weights_of[at] = wt[p];
+    }
+  const Exl3GroupPlan plan = exl3_group_plan(first);
+  DeviceSpan<int32_t> rows, pairs, row_expert;
+  DeviceSpan<Exl3GroupItem> items;
+  DeviceSpan<uint16_t> xr;  // fp16 rotated rows
+  DeviceSpan<uint32_t> counters;
+  Buf rw, g, u, ys;
+  SPW_TRY(s.upload(rows_of, rows));
+  SPW_TRY(s.upload(pair_of, pairs));
+  SPW_TRY(s.upload(expert_of, row_expert));
+  SPW_TRY(s.upload(weights_of, rw));
+  SPW_TRY(s.upload(plan.items, items));
+  SPW_TRY(s.alloc(xr, size_t(P) * width));
+  SPW_TRY(s.alloc(counters, std::max<size_t>(1, plan.items.size() * size_t(width / 128))));
+  SPW_TRY(s.alloc(g, size_t(P) * F));
+  SPW_TRY(s.alloc(u, size_t(P) * F));
+  SPW_TRY(s.alloc(ys, size_t(P) * d));
+  // Exl3CudaExpert's projections: 0 = w1 (gate), 1 = w3 (up), 2 = w2 (down).
+  SPW_TRY(exl3_rotate_grouped_cuda(L, 0, x, rows.get(), row_expert.get(), P, xr.get(), s.stream));
+  SPW_TRY(exl3_grouped_gemm_cuda(L, 0, plan, items.get(), xr.get(), g.get(), nullptr, P, counters.get(), rb, s.stream));
+  SPW_TRY(exl3_rotate_grouped_cuda(L, 1, x, rows.get(), row_expert.get(), P, xr.get(), s.stream));
+  SPW_TRY(exl3_grouped_gemm_cuda(L, 1, plan, items.get(), xr.get(), u.get(), nullptr, P, counters.get(), rb, s.stream));
+  SPW_TRY(cuda::swiglu(g.get(), F, u.get(), F, rw.get(), P, F, c.swiglu_limit, rb, g.get(), s.stream));  // h = g
+  SPW_TRY(exl3_rotate_grouped_cuda(L, 2, g.get(), nullptr, row_expert.get(), P, xr.get(), s.stream));
+  SPW_TRY(exl3_grouped_gemm_cuda(L, 2, plan, items.get(), xr.get(), ys.get(), pairs.get(), P, counters.get(), rb,
+                                 s.stream));                                   // [P, d] in (token, slot) order
+  return moe_combine_cuda(ys.get(), experts.get(), n, K, d, acc, s.stream);  // [n, d]
+}
+
 // Dispatch on the device: every (token, slot) pair p = t·K + j through its expert (grouped GEMVs,
 // moe_dispatch.h), then each token's pairs summed in expert order into acc [n, d].
 Status routed_device(GpuStep& s, int layer, const float* x, const DeviceSpan<int32_t>& experts, const Buf& weights,
@@ -165,7 +235,9 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
   // Dispatch and experts → acc [n, d].
   Buf acc, shared;
   SPW_TRY(s.alloc(acc, size_t(n) * d));
-  if (!use_device_dispatch(s, layer))
+  if (!use_device_dispatch(s, layer) && s.st.exl3_moe[layer].ready() && exl3_grouped_enabled())
+    SPW_TRY(routed_exl3_grouped(s, layer, x, experts, weights, acc.get()));
+  else if (!use_device_dispatch(s, layer))
     SPW_TRY(routed_host(s, layer, x, experts, weights, acc.get()));
   else if (s.st.expert_tables[layer].ready())
     SPW_TRY(routed_device(s, layer, x, experts, weights, acc.get()));

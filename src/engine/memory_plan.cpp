@@ -68,9 +68,12 @@ size_t step_arena_nbytes(const ModelConfig& c, int64_t n, int64_t T) {
                        + 2 * T + T / std::max(1, c.candidate_block_size) + 4 + c.candidate_topk_blocks  // scores
                        + std::max<int64_t>(c.index_topk, T / std::max<int64_t>(1, min_ratio) + 1)        // sel
                        + 2 + int64_t(c.o_groups) * c.o_lora_rank;  // ring rows, z
+  const int64_t W = exl3_workspace_width(c);
   const int64_t moe = E + 3 * K + d                        // router logits, weights, experts, acc
                       + 2 * d + 3 * F + 3 + 2 * K          // one routed expert's rows; all experts' row lists (host dispatch)
-                      + K * (3 * F + d + 4)                // device dispatch: every (row, slot) pair
+                      // every (row, slot) pair: device dispatch (g, u, h, ys), or grouped EXL3 launches
+                      // (g, u, ys, fp16 rotated rows, row lists and items, arrival counters)
+                      + K * std::max(3 * F + d + 4, 2 * F + d + W / 2 + W / 128 + 6)
                       + 3 * F + d;                         // shared expert
   const int64_t n_in = int64_t(c.engram_max_ngram - 1) * c.engram_n_heads * c.engram_head_dim;
   const int64_t engram = c.engram_layers.empty() ? 0 : n_in + (hc + 1) * d + 2 * c.engram_n_heads * c.engram_max_ngram;

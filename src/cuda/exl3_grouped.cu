@@ -1,0 +1,173 @@
+// Grouped EXL3 GEMMs over the experts of one MoE layer (contract: exl3_grouped.h). The block body is
+// the one-tensor kBulk path's (exl3_bulk.cuh); this file adds the item lookup, the grouped input
+// rotation and the launch plan.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "cuda/exl3_bulk.cuh"
+#include "cuda/exl3_device.cuh"
+#include "cuda/exl3_grouped.h"
+
+namespace spw {
+namespace {
+
+using namespace exl3dev;
+
+// k-blocks (of 128) per slice: a 64-row block keeps 2 per SM with 512 k (ring + 66 KB of x), the
+// smaller row classes take 1024 k per block and fewer atomics.
+constexpr int kSliceBlocks64 = 4, kSliceBlocksSmall = 8;
+constexpr unsigned kMaxGridZ = 65535;
+
+int64_t proj_k(const Exl3CudaMoeLayer& l, int proj) { return proj == 2 ? l.f : l.d; }
+int64_t proj_n(const Exl3CudaMoeLayer& l, int proj) { return proj == 2 ? l.d : l.f; }
+
+// Block (column group, k slice, item): the item's rows of its expert's projection.
+template <int K, int CB, int G>
+__global__ void __launch_bounds__(kBulkThreads) exl3_grouped_kernel(const Exl3CudaExpert* __restrict__ experts, int proj,
+                                                                    const Exl3GroupItem* __restrict__ items,
+                                                                    const __half* __restrict__ xr, float* y,
+                                                                    const int32_t* __restrict__ y_rows,
+                                                                    uint32_t* counters, int k, int n, int kpb,
+                                                                    bool round_out) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const Exl3GroupItem it = items[blockIdx.z];
+  const Exl3CudaExpert& e = experts[it.expert];
+  BulkBlock b;
+  b.trellis = e.trellis[proj], b.svh = e.svh[proj], b.bias = e.bias[proj];
+  b.x = xr + static_cast<size_t>(it.row0) * k;
+  b.y = y, b.acc = y, b.clean_acc = false;  // partial sums meet in y itself, zeroed by the call
+  b.row_map = y_rows, b.row0 = it.row0;
+  b.counter = counters + static_cast<size_t>(blockIdx.z) * gridDim.x + blockIdx.x;
+  b.k = k, b.n = n, b.m = it.m, b.kpb = kpb, b.group = blockIdx.x, b.split = blockIdx.y, b.n_splits = gridDim.y;
+  b.round_out = round_out;
+  bulk_gemm_block<K, CB, G, true>(b, smem_raw);
+}
+
+// One warp per (row, 128-block): xr[r] = fp16(had128(x[src(r)] ∘ suh of row r's expert)).
+__global__ void __launch_bounds__(kThreads) exl3_rotate_grouped_kernel(const Exl3CudaExpert* __restrict__ experts,
+                                                                       int proj, const float* __restrict__ x,
+                                                                       const int32_t* __restrict__ x_rows,
+                                                                       const int32_t* __restrict__ row_expert,
+                                                                       __half* __restrict__ xr, int k, int64_t rows) {
+  const int64_t job = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  const int nblk = k / 128;
+  if (job >= rows * nblk) return;
+  const int64_t r = job / nblk;
+  const int blk = static_cast<int>(job % nblk);
+  const int64_t src = x_rows ? x_rows[r] : r;
+  const uint16_t* suh = experts[row_expert[r]].suh[proj];
+  rotate_block(x + src * k + blk * 128, suh + blk * 128, xr + r * k + blk * 128, threadIdx.x & 31);
+}
+
+using GroupedKernel = void (*)(const Exl3CudaExpert*, int, const Exl3GroupItem*, const __half*, float*,
+                               const int32_t*, uint32_t*, int, int, int, bool);
+
+template <int K, int CB>
+GroupedKernel pick_g(int G) {
+  return G == 8 ? exl3_grouped_kernel<K, CB, 8> : G == 2 ? exl3_grouped_kernel<K, CB, 2> : exl3_grouped_kernel<K, CB, 1>;
+}
+template <int K>
+GroupedKernel pick_cb(int cb, int G) {
+  return cb == 0 ? pick_g<K, 0>(G) : cb == 1 ? pick_g<K, 1>(G) : pick_g<K, 2>(G);
+}
+GroupedKernel pick(int K, int cb, int G) {
+  switch (K) {
+    case 2: return pick_cb<2>(cb, G);
+    case 3: return pick_cb<3>(cb, G);
+    case 4: return pick_cb<4>(cb, G);
+    case 5: return pick_cb<5>(cb, G);
+    case 6: return pick_cb<6>(cb, G);
+  }
+  return nullptr;
+}
+
+Error cuda_error(const char* what, cudaError_t e) { return make_error("CUDA ", what, ": ", cudaGetErrorString(e)); }
+
+Status check_layer(const Exl3CudaMoeLayer& layer, int proj, const char* who) {
+  if (!exl3_cuda_moe_supports(layer))
+    return make_error(who, ": unsupported layer (K=", layer.bits.k_x2 / 2.0, " d=", layer.d, " f=", layer.f,
+                      "); supported: integer K 2..6, d and f multiples of 128");
+  if (proj < 0 || proj > 2) return make_error(who, ": projection ", proj, " (0 = w1, 1 = w3, 2 = w2)");
+  return {};
+}
+
+}  // namespace
+
+Exl3GroupPlan exl3_group_plan(const std::vector<int32_t>& first) {
+  Exl3GroupPlan plan;
+  std::vector<Exl3GroupItem> by_class[3];
+  for (size_t e = 0; e + 1 < first.size(); ++e) {
+    const int32_t m = first[e + 1] - first[e];
+    if (m <= 0) continue;
+    const int32_t pieces = (m + 63) / 64, base = m / pieces, extra = m % pieces;
+    int32_t row = first[e];
+    for (int32_t p = 0; p < pieces; ++p) {
+      Exl3GroupItem it;
+      it.expert = static_cast<int32_t>(e), it.row0 = row, it.m = base + (p < extra ? 1 : 0);
+      row += it.m;
+      by_class[it.m <= 8 ? 0 : it.m <= 16 ? 1 : 2].push_back(it);
+    }
+  }
+  for (int c = 0; c < 3; ++c) {
+    plan.n[c] = static_cast<int>(by_class[c].size());
+    plan.items.insert(plan.items.end(), by_class[c].begin(), by_class[c].end());
+  }
+  return plan;
+}
+
+Status exl3_rotate_grouped_cuda(const Exl3CudaMoeLayer& layer, int proj, const float* x, const int32_t* x_rows,
+                                const int32_t* row_expert, int64_t rows, void* xr, void* stream) {
+  SPW_TRY(check_layer(layer, proj, "exl3_rotate_grouped_cuda"));
+  if (rows < 1) return {};
+  const int64_t k = proj_k(layer, proj);
+  const int64_t jobs = rows * (k / 128), per_block = kThreads / 32;
+  exl3_rotate_grouped_kernel<<<static_cast<unsigned>((jobs + per_block - 1) / per_block), kThreads, 0,
+                               static_cast<cudaStream_t>(stream)>>>(layer.experts, proj, x, x_rows, row_expert,
+                                                                    static_cast<__half*>(xr), static_cast<int>(k), rows);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch exl3_rotate_grouped_kernel", e);
+  return {};
+}
+
+Status exl3_grouped_gemm_cuda(const Exl3CudaMoeLayer& layer, int proj, const Exl3GroupPlan& plan,
+                              const Exl3GroupItem* items, const void* xr, float* y, const int32_t* y_rows,
+                              int64_t y_rows_total, uint32_t* counters, bool round_out_bf16, void* stream) {
+  SPW_TRY(check_layer(layer, proj, "exl3_grouped_gemm_cuda"));
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t k = proj_k(layer, proj), n = proj_n(layer, proj), n_groups = n / 128, k_blocks = k / 128;
+  const int64_t n_items = static_cast<int64_t>(plan.items.size());
+  if (cudaError_t e = cudaMemsetAsync(y, 0, sizeof(float) * y_rows_total * n, s); e != cudaSuccess)
+    return cuda_error("memset grouped output", e);
+  if (n_items == 0) return {};
+  if (cudaError_t e = cudaMemsetAsync(counters, 0, sizeof(uint32_t) * n_items * n_groups, s); e != cudaSuccess)
+    return cuda_error("memset grouped counters", e);
+  const int K = layer.bits.ka(), cb = static_cast<int>(layer.codebook);
+  int64_t first_item = 0;
+  for (int c = 0; c < 3; ++c) {
+    const int G = c == 0 ? 1 : c == 1 ? 2 : 8;
+    const int64_t max_per = G == 8 ? kSliceBlocks64 : kSliceBlocksSmall;
+    int64_t splits = (k_blocks + max_per - 1) / max_per;
+    const int64_t per = (k_blocks + splits - 1) / splits;
+    splits = (k_blocks + per - 1) / per;
+    const int kpb = static_cast<int>(per * 128);
+    GroupedKernel fn = pick(K, cb, G);
+    const size_t smem = static_cast<size_t>(bulk_ring_bytes(K)) + sizeof(__half) * 8 * G * (kpb + 8);
+    if (cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void*>(fn),
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        e != cudaSuccess)
+      return cuda_error("set shared memory", e);
+    for (int64_t done = 0; done < plan.n[c]; done += kMaxGridZ) {
+      const int64_t z = std::min<int64_t>(kMaxGridZ, plan.n[c] - done), at = first_item + done;
+      fn<<<dim3(static_cast<unsigned>(n_groups), static_cast<unsigned>(splits), static_cast<unsigned>(z)), kBulkThreads,
+           smem, s>>>(layer.experts, proj, items + at, static_cast<const __half*>(xr), y, y_rows,
+                      counters + at * n_groups, static_cast<int>(k), static_cast<int>(n), kpb, round_out_bf16);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("launch exl3_grouped_kernel", e);
+    }
+    first_item += plan.n[c];
+  }
+  return {};
+}
+
+}  // namespace spw

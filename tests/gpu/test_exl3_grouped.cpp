@@ -1,0 +1,228 @@
+// Grouped EXL3 GEMMs (cuda/exl3_grouped.h) against the per-expert path they replace: every expert's
+// rows gathered on the host and run through exl3_gemm_cuda (itself tested against the fp64 reference
+// in test_exl3_cuda.cpp). Experts get 0, 1, 7, 9, 16, 17, 64, 70 and 130 rows, so all three row
+// classes, the 64-row cut (70 → 35 + 35, 130 → 44 + 43 + 43) and an unused expert are covered; rows are
+// gathered through a random x_rows and scattered through a random y_rows into a larger y (the rows
+// nobody maps must stay zero). Every codebook, K = 2..4 and 6, with and without bias.
+// Tolerance: both paths add the same fp32 products; the k-slice partial sums meet by atomics in
+// another order, so outputs may differ in the last bits of the sum: |Δ| ≤ 1e-5·max(|y|, RMS of y).
+// With bf16 rounding, such a difference can flip one rounding: within one bf16 ulp, ≥ 99 % identical.
+// Built into spw_gpu_tests (not run by ctest); scripts/gpu_test.sh runs it on the GPU machine.
+#if defined(SPW_HAVE_CUDA)
+#include "cuda/exl3_gemm.h"
+#include "cuda/exl3_grouped.h"
+#include "gpu_test_util.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace spw {
+namespace {
+
+using gpu_test::have_gpu;
+using gpu_test::upload;
+
+TEST(Exl3Grouped, PlanCutsExpertsIntoEqualPiecesByClass) {
+  // Experts with 0, 5, 8, 9, 16, 17, 64, 65, 130 rows.
+  const std::vector<int32_t> counts = {0, 5, 8, 9, 16, 17, 64, 65, 130};
+  std::vector<int32_t> first(counts.size() + 1, 0);
+  for (size_t e = 0; e < counts.size(); ++e) first[e + 1] = first[e] + counts[e];
+  const Exl3GroupPlan p = exl3_group_plan(first);
+  EXPECT_EQ(p.n[0], 2);  // 5, 8
+  EXPECT_EQ(p.n[1], 2);  // 9, 16
+  EXPECT_EQ(p.n[2], 7);  // 17, 64, 33 + 32, 44 + 43 + 43
+  ASSERT_EQ(int(p.items.size()), p.n[0] + p.n[1] + p.n[2]);
+  std::vector<int32_t> covered(first.back(), 0);
+  for (int i = 0; i < int(p.items.size()); ++i) {
+    const Exl3GroupItem& it = p.items[i];
+    const int cls = i < p.n[0] ? 0 : i < p.n[0] + p.n[1] ? 1 : 2;
+    EXPECT_GE(it.m, 1);
+    EXPECT_LE(it.m, cls == 0 ? 8 : cls == 1 ? 16 : 64) << "item " << i;
+    EXPECT_GT(it.m, cls == 0 ? 0 : cls == 1 ? 8 : 16) << "item " << i;
+    EXPECT_GE(it.row0, first[it.expert]);
+    EXPECT_LE(it.row0 + it.m, first[it.expert + 1]);
+    for (int r = 0; r < it.m; ++r) ++covered[it.row0 + r];
+  }
+  for (int32_t c : covered) EXPECT_EQ(c, 1);  // every row in exactly one item
+  // The 65-row expert: 33 + 32, never 64 + 1.
+  for (const Exl3GroupItem& it : p.items)
+    if (it.expert == 7) EXPECT_TRUE(it.m == 33 || it.m == 32) << it.m;
+}
+
+std::vector<uint16_t> random_tensor(Exl3Tensor& t, int64_t k, int64_t n, int K, Exl3Codebook cb, bool bias,
+                                    std::mt19937& rng) {
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<uint16_t> trellis(size_t(k / 16) * (n / 16) * 16 * K);
+  for (auto& w : trellis) w = rng() & 0xffff;
+  t.k = k, t.n = n, t.bits.k_x2 = 2 * K, t.codebook = cb;
+  t.suh.resize(k), t.svh.resize(n);
+  for (auto& v : t.suh) v = exl3_f64_to_f16(0.03 * nd(rng));
+  for (auto& v : t.svh) v = exl3_f64_to_f16(((rng() & 1) ? 1 : -1) * (1 + 0.2 * nd(rng)));
+  t.bias.clear();
+  if (bias) {
+    t.bias.resize(n);
+    for (auto& v : t.bias) v = exl3_f64_to_f16(0.1 * nd(rng));
+  }
+  return trellis;
+}
+
+float bf16_ulp(float v) {
+  if (v == 0.f) return 0.f;
+  int e = 0;
+  std::frexp(v, &e);
+  return std::ldexp(1.0f, e - 8);
+}
+
+void grouped_vs_per_expert(int K, Exl3Codebook cb, bool bias, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "K=" << K << " cb=" << exl3_codebook_name(cb) << " bias=" << bias);
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  const int64_t d = 256, f = 384;
+  const std::vector<int32_t> counts = {1, 0, 7, 9, 16, 17, 64, 70, 130};
+  const int E = int(counts.size());
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0, 1);
+
+  // Experts [e][w1, w3, w2] on the device, and their table.
+  std::vector<Exl3Tensor> host(E * 3);
+  std::vector<std::vector<uint16_t>> trellis(E * 3);
+  std::vector<Exl3CudaTensor> dev(E * 3);
+  std::vector<Exl3CudaExpert> table(E);
+  std::vector<void*> owned;
+  for (int e = 0; e < E; ++e)
+    for (int q = 0; q < 3; ++q) {
+      const int i = e * 3 + q;
+      trellis[i] = random_tensor(host[i], q < 2 ? d : f, q < 2 ? f : d, K, cb, bias, rng);
+      dev[i].trellis = upload(trellis[i]), dev[i].suh = upload(host[i].suh), dev[i].svh = upload(host[i].svh);
+      dev[i].bias = bias ? upload(host[i].bias) : nullptr;
+      dev[i].k = host[i].k, dev[i].n = host[i].n, dev[i].bits = host[i].bits, dev[i].codebook = cb;
+      table[e].trellis[q] = dev[i].trellis, table[e].suh[q] = dev[i].suh, table[e].svh[q] = dev[i].svh;
+      table[e].bias[q] = dev[i].bias;
+      owned.insert(owned.end(), {(void*)dev[i].trellis, (void*)dev[i].suh, (void*)dev[i].svh, (void*)dev[i].bias});
+    }
+  Exl3CudaMoeLayer layer;
+  layer.experts = upload(table), layer.n_experts = E, layer.d = d, layer.f = f;
+  layer.bits.k_x2 = 2 * K, layer.codebook = cb;
+  owned.push_back((void*)layer.experts);
+
+  // Sorted rows: expert e owns first[e] .. first[e + 1]; each gathers source rows through x_rows and
+  // lands at y_rows in a y with 5 extra rows nobody maps.
+  std::vector<int32_t> first(E + 1, 0);
+  for (int e = 0; e < E; ++e) first[e + 1] = first[e] + counts[e];
+  const int64_t P = first[E], n_src = 320, y_total = P + 5;  // n_src ≥ P: w2 reads P rows of xsrc
+  std::vector<int32_t> row_expert(P), x_rows(P), y_rows(y_total);
+  for (int e = 0; e < E; ++e)
+    for (int r = first[e]; r < first[e + 1]; ++r) row_expert[r] = e;
+  for (auto& r : x_rows) r = int32_t(rng() % n_src);
+  std::iota(y_rows.begin(), y_rows.end(), 0);
+  std::shuffle(y_rows.begin(), y_rows.end(), rng);
+  const Exl3GroupPlan plan = exl3_group_plan(first);
+
+  std::vector<float> xsrc(n_src * std::max(d, f));
+  for (auto& v : xsrc) v = nd(rng);
+  float* dxsrc = upload(xsrc);
+  int32_t* d_row_expert = upload(row_expert);
+  int32_t* d_x_rows = upload(x_rows);
+  int32_t* d_y_rows = upload(y_rows);
+  Exl3GroupItem* d_items = upload(plan.items);
+  void* xr = nullptr;
+  float* dy = nullptr;
+  uint32_t* counters = nullptr;
+  ASSERT_EQ(cudaMalloc(&xr, sizeof(uint16_t) * P * std::max(d, f)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dy, sizeof(float) * y_total * std::max(d, f)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&counters, sizeof(uint32_t) * plan.items.size() * (std::max(d, f) / 128)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(counters, 0xff, sizeof(uint32_t) * plan.items.size() * (std::max(d, f) / 128)), cudaSuccess);
+  Exl3CudaWorkspace ws;
+  ASSERT_TRUE(exl3_cuda_workspace_alloc(ws, std::max(d, f), std::max(d, f)).ok());
+  float *dxe = nullptr, *dye = nullptr;
+  ASSERT_EQ(cudaMalloc(&dxe, sizeof(float) * 130 * std::max(d, f)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dye, sizeof(float) * 130 * std::max(d, f)), cudaSuccess);
+
+  // w1 and w3 gather their rows from xsrc [n_src][d]; w2 reads xsrc [P][f] in sorted order (no gather),
+  // as the engine's down projection reads h. All three scatter through y_rows (the engine does so for w2:
+  // its outputs go to the (token, slot) order of the combine).
+  for (int proj = 0; proj < 3; ++proj)
+    for (bool round : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "proj=" << proj << " round=" << round);
+      const int64_t k = proj == 2 ? f : d, n = proj == 2 ? d : f;
+      const bool gather = proj != 2;
+      ASSERT_TRUE(exl3_rotate_grouped_cuda(layer, proj, dxsrc, gather ? d_x_rows : nullptr, d_row_expert, P, xr, nullptr).ok());
+      auto st = exl3_grouped_gemm_cuda(layer, proj, plan, d_items, xr, dy, d_y_rows, y_total, counters, round, nullptr);
+      ASSERT_TRUE(st.ok()) << st.error().message;
+      std::vector<float> got(y_total * n);
+      ASSERT_EQ(cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+
+      std::vector<float> want(y_total * n, 0.f);
+      for (int e = 0; e < E; ++e) {
+        const int m = counts[e];
+        if (m == 0) continue;
+        std::vector<float> xe(m * k);
+        for (int r = 0; r < m; ++r) {
+          const int64_t src = gather ? x_rows[first[e] + r] : first[e] + r;
+          std::copy_n(xsrc.begin() + src * k, k, xe.begin() + r * k);
+        }
+        ASSERT_EQ(cudaMemcpy(dxe, xe.data(), xe.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_TRUE(exl3_gemm_cuda(dev[e * 3 + proj], dxe, m, dye, ws, nullptr, Exl3GemmPath::kAuto, round).ok());
+        std::vector<float> ye(m * n);
+        ASSERT_EQ(cudaMemcpy(ye.data(), dye, ye.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        for (int r = 0; r < m; ++r) std::copy_n(ye.begin() + r * n, n, want.begin() + int64_t(y_rows[first[e] + r]) * n);
+      }
+      double ss = 0;
+      for (float v : want) ss += double(v) * v;
+      const double rms = std::sqrt(ss / double(P * n));
+      ASSERT_GT(rms, 0.0);
+      std::vector<bool> mapped(y_total, false);
+      for (int64_t r = 0; r < P; ++r) mapped[y_rows[r]] = true;
+      int64_t identical = 0, far = 0, first_far = -1;
+      for (int64_t i = 0; i < y_total * n; ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << "output " << i;
+        if (!mapped[i / n]) {  // rows nobody maps: the call's zeroes, untouched
+          EXPECT_EQ(got[i], 0.f) << "unmapped y row " << i / n;
+          continue;
+        }
+        if (got[i] == want[i]) {
+          ++identical;
+          continue;
+        }
+        const float tol = round ? bf16_ulp(std::max(std::fabs(want[i]), std::fabs(got[i])))
+                                : float(1e-5 * std::max<double>(std::fabs(want[i]), rms));
+        if (std::fabs(got[i] - want[i]) > tol) {
+          ++far;
+          if (first_far < 0) first_far = i;
+        }
+      }
+      EXPECT_EQ(far, 0) << "first at " << first_far << " (row " << first_far / n << "): grouped " << got[first_far]
+                        << ", per expert " << want[first_far];
+      if (round) EXPECT_GE(double(identical) / double(y_total * n), 0.99);
+    }
+  exl3_cuda_workspace_free(ws);
+  for (void* p : owned) cudaFree(p);
+  for (void* p : {(void*)dxsrc, (void*)d_row_expert, (void*)d_x_rows, (void*)d_y_rows, (void*)d_items, xr, (void*)dy,
+                  (void*)counters, (void*)dxe, (void*)dye})
+    cudaFree(p);
+}
+
+TEST(Exl3Grouped, MatchesPerExpertK3Mul1) { grouped_vs_per_expert(3, Exl3Codebook::kMul1, false, 11); }
+TEST(Exl3Grouped, MatchesPerExpertK2McgBias) { grouped_vs_per_expert(2, Exl3Codebook::kMcg, true, 12); }
+TEST(Exl3Grouped, MatchesPerExpertK4ThreeInst) { grouped_vs_per_expert(4, Exl3Codebook::k3Inst, false, 13); }
+TEST(Exl3Grouped, MatchesPerExpertK6Mul1Bias) { grouped_vs_per_expert(6, Exl3Codebook::kMul1, true, 14); }
+
+TEST(Exl3Grouped, RejectsUnsupportedLayers) {
+  Exl3CudaMoeLayer layer;  // no table
+  Exl3GroupPlan plan;
+  EXPECT_FALSE(exl3_grouped_gemm_cuda(layer, 0, plan, nullptr, nullptr, nullptr, nullptr, 0, nullptr, false, nullptr).ok());
+  layer.experts = reinterpret_cast<const Exl3CudaExpert*>(16), layer.n_experts = 1, layer.d = 256, layer.f = 384;
+  layer.bits.k_x2 = 6;
+  EXPECT_FALSE(exl3_rotate_grouped_cuda(layer, 3, nullptr, nullptr, nullptr, 1, nullptr, nullptr).ok());  // no projection 3
+  layer.f = 200;  // not a multiple of 128
+  EXPECT_FALSE(exl3_grouped_gemm_cuda(layer, 0, plan, nullptr, nullptr, nullptr, nullptr, 0, nullptr, false, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace spw
+#endif
