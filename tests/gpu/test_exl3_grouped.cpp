@@ -4,9 +4,11 @@
 // classes, the 64-row cut (70 → 35 + 35, 130 → 44 + 43 + 43) and an unused expert are covered; rows are
 // gathered through a random x_rows and scattered through a random y_rows into a larger y (the rows
 // nobody maps must stay zero). Every codebook, K = 2..4 and 6, with and without bias.
-// Tolerance: both paths add the same fp32 products; the k-slice partial sums meet by atomics in
-// another order, so outputs may differ in the last bits of the sum: |Δ| ≤ 1e-5·max(|y|, RMS of y).
-// With bf16 rounding, such a difference can flip one rounding: within one bf16 ulp, ≥ 99 % identical.
+// Tolerance: both paths add the same fp32 products, but in other groupings (the k slices differ: the
+// per-expert launches split k for one matrix's parallelism, the grouped ones barely) and their partial
+// sums meet by atomics in any order: |Δ| ≤ 1e-5·max(|y|, RMS of y). With bf16 rounding such a
+// difference can flip a rounding: one bf16 ulp more, and ≥ 95 % of the values bit-identical (98.4 %
+// measured on the H200; near-zero outputs, sums of cancelling terms, flip most).
 // Built into spw_gpu_tests (not run by ctest); scripts/gpu_test.sh runs it on the GPU machine.
 #if defined(SPW_HAVE_CUDA)
 #include "cuda/exl3_gemm.h"
@@ -189,8 +191,8 @@ void grouped_vs_per_expert(int K, Exl3Codebook cb, bool bias, uint32_t seed) {
           ++identical;
           continue;
         }
-        const float tol = round ? bf16_ulp(std::max(std::fabs(want[i]), std::fabs(got[i])))
-                                : float(1e-5 * std::max<double>(std::fabs(want[i]), rms));
+        const float tol = float(1e-5 * std::max<double>(std::fabs(want[i]), rms)) +
+                          (round ? bf16_ulp(std::max(std::fabs(want[i]), std::fabs(got[i]))) : 0.f);
         if (std::fabs(got[i] - want[i]) > tol) {
           ++far;
           if (first_far < 0) first_far = i;
@@ -198,7 +200,7 @@ void grouped_vs_per_expert(int K, Exl3Codebook cb, bool bias, uint32_t seed) {
       }
       EXPECT_EQ(far, 0) << "first at " << first_far << " (row " << first_far / n << "): grouped " << got[first_far]
                         << ", per expert " << want[first_far];
-      if (round) EXPECT_GE(double(identical) / double(y_total * n), 0.99);
+      if (round) EXPECT_GE(double(identical) / double(y_total * n), 0.95);
     }
   exl3_cuda_workspace_free(ws);
   for (void* p : owned) cudaFree(p);
