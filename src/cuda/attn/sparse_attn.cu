@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "cuda/attn/sparse_attn_tile.cuh"
 #include "cuda/launch.h"  // the kernels here keep its PDL contract (tests/python/test_pdl_contract.py)
@@ -303,6 +304,18 @@ size_t sparse_attn_split_scratch_floats(int n_q, int n_heads, int d_head, int64_
   return size_t(qh * (max_rows + n_seg * (2 + d_head)));
 }
 
+namespace {
+// SPILLWAY_ATTN_MMA=0 keeps kAuto off the tensor-core path (docs/settings.md): the scalar kernels sum in the
+// CPU reference's row order, for A/B checks of the tensor cores' summation against a trained model.
+bool mma_allowed_by_env() {
+  static const bool on = [] {
+    const char* env = std::getenv("SPILLWAY_ATTN_MMA");
+    return !(env && env[0] == '0' && env[1] == '\0');
+  }();
+  return on;
+}
+}  // namespace
+
 bool sparse_attn_uses_split(int n_q, int n_heads) { return int64_t(n_q) * n_heads <= kSparseAttnSplitMaxBlocks; }
 
 Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
@@ -341,7 +354,7 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   if (a.path == SparseAttnPath::kTensorCore && !mma_ok)
     return make_error("sparse_attn_cuda: the tensor-core path needs bf16 q and p, d_head % 64 == 0 and ", mma_smem,
                       " bytes of shared memory (", kMaxSmem, " available)");
-  if (!split && mma_ok && a.path != SparseAttnPath::kOneBlock)
+  if (!split && mma_ok && a.path != SparseAttnPath::kOneBlock && (a.path != SparseAttnPath::kAuto || mma_allowed_by_env()))
     return launch_attn_mma(a, layouts, ring_nbytes, comp_nbytes, max_rows, mt, mma_smem, stream);
   if (!split) {
     // Fewer heads per block when their logits would not fit (V4's ratio-128 layers at long context).
