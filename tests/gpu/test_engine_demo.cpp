@@ -1,12 +1,19 @@
 // GpuModel (engine/gpu_model.h) on the trained demo model (models/demo, V4.1 architecture, MXFP4
 // experts) and on an EXL3 pack of it made by `spillway quantize` (quantize/quantize_model.h, CUDA
 // quantizer), against the CPU reference Model on the same checkpoint with the same numerics.
-// Unlike the random-weight golden models (test_engine_golden.cpp: a one-ulp change there flips a third
-// of the top-1s), a trained model's next-token distribution is peaked, so top-1 agreement is a stable
-// measure: every position of a real text prompt must agree (100 %), and the logits must stay close.
-// Tolerance: max |Δlogit| ≤ 0.25 and mean |Δlogit| ≤ 0.02 for MXFP4 (f32 summation order and bf16
-// activation rounding flips, measured on the device: see the printout); for EXL3 experts the GPU rounds
-// the rotated activation to fp16 once per linear (the CPU keeps f32), so ≤ 0.5 / 0.05.
+// Bounds in the reference numerics (bf16 activations, FP8 fake quant): the GPU may differ from the CPU no
+// more than the CPU differs from itself when ±1 bf16 ulp is added to 0.01 % of its stream values before
+// every layer (reference_noise.h), measured in the same test on the same prompt and tokens: worst of three
+// seeds, plus a margin for the noise of that estimate (one top-1 disagreement, 25 % on max and mean
+// |Δlogit|). Why not a fixed bound: a one-ulp change flips a bf16 rounding or an FP8 quant step now and
+// then, and the flip grows through the layers: on this model the CPU against itself so lands at 94–96/98
+// top-1, max |Δlogit| 0.69–0.76, mean 0.030–0.034 (measured here, 2026-12-04); the GPU, which adds in
+// another order everywhere, at 95–97/98, max 0.67, mean 0.024–0.028 (H200). The earlier fixed bounds
+// (100 %, 0.25) sat below that floor and failed for every implementation. A real departure (a wrong
+// row, rounding point or quant rule) moves the mean |Δlogit| by far more. Exact numerics (f32 throughout)
+// leave nothing to flip: there, 100 % top-1 and max |Δlogit| ≤ 1e-3.
+// EXL3 experts: the GPU rounds the rotated activation to fp16 once per linear (the CPU keeps f32); the
+// noise floor is the pack's own, measured the same way.
 #if defined(SPW_HAVE_CUDA)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -23,6 +30,7 @@
 #include "quantize/quantize_model.h"
 #include "tokenizer/tokenizer.h"
 #include "gpu_test_util.h"
+#include "reference_noise.h"
 
 namespace spw {
 namespace {
@@ -47,6 +55,22 @@ struct Compared {
   int n_rows = 0, top1_equal = 0;
   double max_abs = 0, mean_abs = 0;
 };
+
+// The GPU's gap against the CPU's own noise floor on the same model, prompt and tokens (see the top).
+void expect_within_noise_floor(const std::string& dir, const std::vector<int32_t>& prompt, const Compared& gpu) {
+  auto cpu = load_model(dir, Numerics::reference());
+  ASSERT_TRUE(cpu.ok()) << cpu.error().message;
+  const gpu_test::FreeRun base = gpu_test::free_run(**cpu, prompt, {}, 0.0, 0);
+  const gpu_test::LogitGap floor = gpu_test::noise_floor(**cpu, prompt, base, 1e-4, {1u, 2u, 3u});
+  std::printf("  %s: CPU noise floor (±1 bf16 ulp on 0.01%% of the streams, worst of 3): top-1 %d/%d, max |Δlogit| "
+              "%.4f, mean %.5f\n", dir.c_str(), floor.top1_equal, floor.n_rows, floor.max_abs, floor.mean_abs);
+  ASSERT_EQ(floor.n_rows, gpu.n_rows);
+  EXPECT_GE(gpu.top1_equal, floor.top1_equal - 1);
+  EXPECT_LE(gpu.max_abs, 1.25 * floor.max_abs);
+  EXPECT_LE(gpu.mean_abs, 1.25 * floor.mean_abs);
+  // The floor itself is not wild: most top-1s survive the noise (a broken reference would not).
+  EXPECT_GE(floor.top1_equal, floor.n_rows * 9 / 10);
+}
 
 // Prefill of the whole prompt on both engines, all logits, then 8 greedy decode steps (the CPU's
 // choice fed to both).
@@ -99,9 +123,7 @@ TEST(EngineDemo, TrainedModelMatchesCpu) {
   const std::vector<int32_t> prompt = prompt_ids();
   ASSERT_GT(prompt.size(), 40u);
   const Compared r = compare(kDemo, prompt);
-  EXPECT_EQ(r.top1_equal, r.n_rows);
-  EXPECT_LE(r.max_abs, 0.25);
-  EXPECT_LE(r.mean_abs, 0.02);
+  expect_within_noise_floor(kDemo, prompt, r);
 }
 
 // Exact numerics on both engines (no bf16 rounding, no fake quant: f32 KV rows and products): nothing
@@ -140,9 +162,7 @@ TEST(EngineDemo, Exl3PackMatchesCpuAndIsSmaller) {
   ASSERT_TRUE(q->complete);
 
   const Compared r = compare(out, prompt_ids());
-  EXPECT_EQ(r.top1_equal, r.n_rows);
-  EXPECT_LE(r.max_abs, 0.5);
-  EXPECT_LE(r.mean_abs, 0.05);
+  expect_within_noise_floor(out, prompt_ids(), r);
 
   // The experts went up as EXL3 trellis (3 bits), not as f32 copies: the pack's device weights are
   // smaller than the MXFP4 original's (4.25 bits).

@@ -57,6 +57,7 @@
 #include "../golden/golden_fixture.h"
 #include "engine/gpu_model.h"
 #include "gpu_test_util.h"
+#include "reference_noise.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -65,6 +66,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using gpu_test::have_gpu;
+using gpu_test::FreeRun;
+using gpu_test::free_run;
+using gpu_test::perturb;
 
 const std::string kDemo = std::string(SPW_SOURCE_DIR) + "/models/demo";
 constexpr double kMinWithin2Ulps = 0.99;
@@ -157,17 +161,6 @@ std::string demo_without_engram() {
   t["engram_num_embeddings"] = nlohmann::json::array();
   std::ofstream(dir / "config.json") << j.dump(2);
   return dir.string();
-}
-
-// ±1 bf16 ulp on a random `share` of the values.
-void perturb(std::vector<float>& x, double share, std::mt19937& rng) {
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  for (float& v : x) {
-    if (v == 0.f || !std::isfinite(v) || u(rng) >= share) continue;
-    uint32_t bits = std::bit_cast<uint32_t>(v);
-    bits = u(rng) < 0.5 ? bits + 0x10000u : bits - 0x10000u;  // one bf16 ulp up or down in magnitude
-    v = std::bit_cast<float>(bits);
-  }
 }
 
 // The engine compared with the CPU reference: one forward call of its own sequence.
@@ -324,44 +317,6 @@ TEST(EngineDiag, DISABLED_GoldenV4CpuNoiseTeacherForced) {
   std::vector<int32_t> prompt, decode;
   golden_p17("v4", prompt, decode);
   cpu_noise_teacher_forced(golden::fixture_dir("v4") + "/model", prompt, decode, "golden-v4 cpu-noise");
-}
-
-struct FreeRun {
-  std::vector<float> logits;  // prefill rows, then one row per decode step
-  std::vector<int32_t> picks;
-};
-
-// Prompt (all logits) then 8 decode steps fed `feed` (or the run's own greedy picks when empty).
-// share > 0: that share of the streams ±1 bf16 ulp before every layer of every call; share < 0: one
-// value (picked by the seed) +1 bf16 ulp before layer 0 of the prompt only.
-FreeRun free_run(const Model& m, const std::vector<int32_t>& prompt, const std::vector<int32_t>& feed, double share,
-                 uint32_t seed) {
-  FreeRun r;
-  std::mt19937 rng(seed);
-  SequenceState s = m.new_sequence();
-  ForwardOptions o;
-  o.all_logits = true;
-  bool single_done = false;
-  if (share > 0) o.before_layer = [&](int, std::vector<float>& x) { perturb(x, share, rng); };
-  if (share < 0)
-    o.before_layer = [&](int, std::vector<float>& x) {
-      if (single_done) return;
-      single_done = true;
-      float& v = x[(size_t(seed) * 104729u) % x.size()];
-      v = std::bit_cast<float>(std::bit_cast<uint32_t>(v) + 0x10000u);
-    };
-  const int vocab = int(m.config().vocab_size);
-  std::vector<int32_t> step = prompt;
-  for (int it = 0; it < 9; ++it) {
-    auto out = m.forward(s, step, o);
-    EXPECT_TRUE(out.ok()) << out.error().message;
-    if (!out.ok()) return r;
-    r.logits.insert(r.logits.end(), out->begin(), out->end());
-    const int pick = argmax(out->data() + out->size() - vocab, vocab);
-    r.picks.push_back(pick);
-    step = {feed.empty() ? pick : feed[it]};
-  }
-  return r;
 }
 
 // Prints how far a perturbed CPU run lands from the unperturbed one (same numerics).
