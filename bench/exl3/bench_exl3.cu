@@ -96,7 +96,7 @@ static void bench_grouped(const Exl3CudaMoeLayer& layer, const std::vector<Exl3C
     CK(cudaMemcpy(d_items, plan.items.data(), plan.items.size() * sizeof(Exl3GroupItem), cudaMemcpyHostToDevice));
     auto grouped = [&] {
       for (int q = 0; q < 3; ++q) {
-        Status st = exl3_rotate_grouped_cuda(layer, q, xin, q < 2 ? d_rows : nullptr, d_re, P, xr, nullptr);
+        Status st = exl3_rotate_grouped_cuda(layer, q, xin, q < 2 ? d_rows : nullptr, 1, d_re, P, xr, nullptr);
         if (st.ok()) st = exl3_grouped_gemm_cuda(layer, q, plan, d_items, xr, yout, nullptr, P, counters, true, nullptr);
         if (!st.ok()) { std::fprintf(stderr, "%s\n", st.error().message.c_str()); std::exit(1); }
       }
@@ -196,7 +196,17 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
   CK(cudaMemcpy(idx, ih.data(), ih.size() * 4, cudaMemcpyHostToDevice));
   std::printf("\nFused MoE decode, one V4.1 layer (%d experts, d=%lld, f=%lld, K=%d %s, top-%d; random experts per call)\n",
               E, (long long)d, (long long)f, K, exl3_codebook_name(cb), topk);
-  std::printf("| tokens | distinct experts/call (mean) | fused µs | trellis GB/s | vs read-bw roofline | 18·T GEMV calls µs |\n|---|---|---|---|---|---|\n");
+  std::printf("| tokens | distinct experts/call (mean) | fused µs | trellis GB/s | vs read-bw roofline | 18·T GEMV calls µs | grouped pairs µs |\n|---|---|---|---|---|---|---|\n");
+  // The grouped decode form (the engine's default since session 15): rotations and one grouped launch per
+  // projection with an item per (token, slot) pair; its SwiGLU and combine launches are not included.
+  void* pxr;
+  float *pg, *pu, *py;
+  uint32_t* pcnt;
+  CK(cudaMalloc(&pxr, max_t * topk * std::max(d, f) * 2));
+  CK(cudaMalloc(&pg, max_t * topk * f * 4));
+  CK(cudaMalloc(&pu, max_t * topk * f * 4));
+  CK(cudaMalloc(&py, max_t * topk * d * 4));
+  CK(cudaMalloc(&pcnt, max_t * topk * (std::max(d, f) / 128) * 4));
   for (int T : {1, 2, 4, 8}) {
     double distinct = 0;
     for (int s = 0; s < n_sets; ++s) {
@@ -243,9 +253,30 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
     CK(cudaEventSynchronize(e1));
     CK(cudaEventElapsedTime(&ms, e0, e1));
     const double gus = ms * 1e3 / giters;
-    std::printf("| %d | %.1f | %.2f | %.0f | %.1f%% | %.2f |\n", T, distinct, us, bytes / (us * 1e-6) / 1e9,
-                100.0 * (bytes / read_bw) / (us * 1e-6), gus);
+    auto pairs = [&](int i) {
+      const int s = i % n_sets;
+      const int32_t* ids = idx + s * max_t * topk;
+      const int P = T * topk;
+      Status st = exl3_rotate_grouped_cuda(layer, 0, x, nullptr, topk, ids, P, pxr, nullptr);
+      if (st.ok()) st = exl3_grouped_pairs_gemm_cuda(layer, 0, ids, P, pxr, pg, pcnt, true, nullptr);
+      if (st.ok()) st = exl3_rotate_grouped_cuda(layer, 1, x, nullptr, topk, ids, P, pxr, nullptr);
+      if (st.ok()) st = exl3_grouped_pairs_gemm_cuda(layer, 1, ids, P, pxr, pu, pcnt, true, nullptr);
+      if (st.ok()) st = exl3_rotate_grouped_cuda(layer, 2, pg, nullptr, 1, ids, P, pxr, nullptr);
+      if (st.ok()) st = exl3_grouped_pairs_gemm_cuda(layer, 2, ids, P, pxr, py, pcnt, true, nullptr);
+      if (!st.ok()) { std::fprintf(stderr, "%s\n", st.error().message.c_str()); std::exit(1); }
+    };
+    for (int i = 0; i < 10; ++i) pairs(i);
+    CK(cudaDeviceSynchronize());
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < iters; ++i) pairs(i);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    const double pus = ms * 1e3 / iters;
+    std::printf("| %d | %.1f | %.2f | %.0f | %.1f%% | %.2f | %.2f |\n", T, distinct, us, bytes / (us * 1e-6) / 1e9,
+                100.0 * (bytes / read_bw) / (us * 1e-6), gus, pus);
   }
+  for (void* p : {pxr, (void*)pg, (void*)pu, (void*)py, (void*)pcnt}) CK(cudaFree(p));
   bench_grouped(layer, table, gws, e0, e1);
   exl3_cuda_moe_workspace_free(ws);
   exl3_cuda_workspace_free(gws);

@@ -44,14 +44,22 @@ struct Exl3GroupPlan {
 // first: E + 1 offsets (host), expert e's sorted rows are first[e] .. first[e + 1].
 Exl3GroupPlan exl3_group_plan(const std::vector<int32_t>& first);
 
-// xr[r] = fp16(had128(x[src(r)] ∘ suh_e)) per 128-block, src(r) = x_rows ? x_rows[r] : r, e = row_expert[r].
-// x [*][k] fp32 with k the projection's input width (d for w1/w3, f for w2).
+// xr[r] = fp16(had128(x[src(r)] ∘ suh_e)) per 128-block, src(r) = x_rows ? x_rows[r] : r / x_div,
+// e = row_expert[r] (rows with e < 0 are skipped). x [*][k] fp32 with k the projection's input width (d for
+// w1/w3, f for w2). x_div = top_k turns (token, slot) pairs into their token's row.
 Status exl3_rotate_grouped_cuda(const Exl3CudaMoeLayer& layer, int proj, const float* x, const int32_t* x_rows,
-                                const int32_t* row_expert, int64_t rows, void* xr, void* stream);
+                                int x_div, const int32_t* row_expert, int64_t rows, void* xr, void* stream);
 
 // items: the plan's items uploaded in the same order (device); plan gives the class counts (host).
 Status exl3_grouped_gemm_cuda(const Exl3CudaMoeLayer& layer, int proj, const Exl3GroupPlan& plan,
                               const Exl3GroupItem* items, const void* xr, float* y, const int32_t* y_rows,
                               int64_t y_rows_total, uint32_t* counters, bool round_out_bf16, void* stream);
+
+// Decode steps (device dispatch: nothing from the host, CUDA-graph capturable): one item per (token, slot)
+// pair p of one row, xr row p → y row p, expert pair_experts[p] (the router's [T][top_k] ids; < 0: the
+// slot is skipped and its row stays zero). y [n_pairs][n] overwritten; counters ≥ n_pairs · n/128.
+Status exl3_grouped_pairs_gemm_cuda(const Exl3CudaMoeLayer& layer, int proj, const int32_t* pair_experts,
+                                    int64_t n_pairs, const void* xr, float* y, uint32_t* counters, bool round_out_bf16,
+                                    void* stream);
 
 }  // namespace spw

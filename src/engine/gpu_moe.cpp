@@ -155,15 +155,53 @@ Status routed_exl3_grouped(GpuStep& s, int layer, const float* x, const DeviceSp
   SPW_TRY(s.alloc(u, size_t(P) * F));
   SPW_TRY(s.alloc(ys, size_t(P) * d));
   // Exl3CudaExpert's projections: 0 = w1 (gate), 1 = w3 (up), 2 = w2 (down).
-  SPW_TRY(exl3_rotate_grouped_cuda(L, 0, x, rows.get(), row_expert.get(), P, xr.get(), s.stream));
+  SPW_TRY(exl3_rotate_grouped_cuda(L, 0, x, rows.get(), 1, row_expert.get(), P, xr.get(), s.stream));
   SPW_TRY(exl3_grouped_gemm_cuda(L, 0, plan, items.get(), xr.get(), g.get(), nullptr, P, counters.get(), rb, s.stream));
-  SPW_TRY(exl3_rotate_grouped_cuda(L, 1, x, rows.get(), row_expert.get(), P, xr.get(), s.stream));
+  SPW_TRY(exl3_rotate_grouped_cuda(L, 1, x, rows.get(), 1, row_expert.get(), P, xr.get(), s.stream));
   SPW_TRY(exl3_grouped_gemm_cuda(L, 1, plan, items.get(), xr.get(), u.get(), nullptr, P, counters.get(), rb, s.stream));
   SPW_TRY(cuda::swiglu(g.get(), F, u.get(), F, rw.get(), P, F, c.swiglu_limit, rb, g.get(), s.stream));  // h = g
-  SPW_TRY(exl3_rotate_grouped_cuda(L, 2, g.get(), nullptr, row_expert.get(), P, xr.get(), s.stream));
+  SPW_TRY(exl3_rotate_grouped_cuda(L, 2, g.get(), nullptr, 1, row_expert.get(), P, xr.get(), s.stream));
   SPW_TRY(exl3_grouped_gemm_cuda(L, 2, plan, items.get(), xr.get(), ys.get(), pairs.get(), P, counters.get(), rb,
                                  s.stream));                                   // [P, d] in (token, slot) order
   return moe_combine_cuda(ys.get(), experts.get(), n, K, d, acc, s.stream);  // [n, d]
+}
+
+// EXL3 experts of a decode step (device dispatch, ≤ 16 rows): every (token, slot) pair is one item of the
+// grouped kernels (one row, in pair order, expert from the router's ids in device memory), then
+// moe_combine_cuda. Eight launches, CUDA-graph capturable, the per-expert path's numerics; the
+// alternative is the fused cooperative kernel (SPILLWAY_EXL3_DECODE=fused, docs/settings.md).
+bool exl3_decode_grouped() {
+  static const bool on = [] {
+    const char* env = std::getenv("SPILLWAY_EXL3_DECODE");
+    return !(env && std::string_view(env) == "fused");
+  }();
+  return on;
+}
+
+Status routed_exl3_pairs(GpuStep& s, int layer, const float* x, const DeviceSpan<int32_t>& experts, const Buf& weights,
+                         float* acc) {
+  const ModelConfig& c = s.c;
+  const Exl3CudaMoeLayer& L = s.st.exl3_moe[layer].layer;
+  const int n = s.n, K = c.top_k;
+  const int64_t d = L.d, F = L.f, P = int64_t(n) * K, width = std::max(d, F);
+  const bool rb = s.num.bf16_activations;
+  DeviceSpan<uint16_t> xr;
+  DeviceSpan<uint32_t> counters;
+  Buf g, u, ys;
+  SPW_TRY(s.alloc(xr, size_t(P) * width));
+  SPW_TRY(s.alloc(counters, size_t(P) * size_t(width / 128)));
+  SPW_TRY(s.alloc(g, size_t(P) * F));
+  SPW_TRY(s.alloc(u, size_t(P) * F));
+  SPW_TRY(s.alloc(ys, size_t(P) * d));
+  const int32_t* ex = experts.get();
+  SPW_TRY(exl3_rotate_grouped_cuda(L, 0, x, nullptr, K, ex, P, xr.get(), s.stream));  // pair p reads token p / K
+  SPW_TRY(exl3_grouped_pairs_gemm_cuda(L, 0, ex, P, xr.get(), g.get(), counters.get(), rb, s.stream));
+  SPW_TRY(exl3_rotate_grouped_cuda(L, 1, x, nullptr, K, ex, P, xr.get(), s.stream));
+  SPW_TRY(exl3_grouped_pairs_gemm_cuda(L, 1, ex, P, xr.get(), u.get(), counters.get(), rb, s.stream));
+  SPW_TRY(cuda::swiglu(g.get(), F, u.get(), F, weights.get(), P, F, c.swiglu_limit, rb, g.get(), s.stream));  // h = g
+  SPW_TRY(exl3_rotate_grouped_cuda(L, 2, g.get(), nullptr, 1, ex, P, xr.get(), s.stream));
+  SPW_TRY(exl3_grouped_pairs_gemm_cuda(L, 2, ex, P, xr.get(), ys.get(), counters.get(), rb, s.stream));
+  return moe_combine_cuda(ys.get(), ex, n, K, d, acc, s.stream);  // [n, d]
 }
 
 // Dispatch on the device: every (token, slot) pair p = t·K + j through its expert (grouped GEMVs,
@@ -241,6 +279,8 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
     SPW_TRY(routed_host(s, layer, x, experts, weights, acc.get()));
   else if (s.st.expert_tables[layer].ready())
     SPW_TRY(routed_device(s, layer, x, experts, weights, acc.get()));
+  else if (exl3_decode_grouped())  // EXL3: grouped launches per (token, slot) pair
+    SPW_TRY(routed_exl3_pairs(s, layer, x, experts, weights, acc.get()));
   else  // EXL3: the fused decode kernel with the per-expert path's roundings
     SPW_TRY(exl3_moe_decode_cuda(s.st.exl3_moe[layer].layer, x, experts.get(), weights.get(), n, K, acc.get(),
                                  s.st.exl3_moe_ws, s.stream));

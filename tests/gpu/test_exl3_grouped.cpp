@@ -3,7 +3,8 @@
 // in test_exl3_cuda.cpp). Experts get 0, 1, 7, 9, 16, 17, 64, 70 and 130 rows, so all three row
 // classes, the 64-row cut (70 → 35 + 35, 130 → 44 + 43 + 43) and an unused expert are covered; rows are
 // gathered through a random x_rows and scattered through a random y_rows into a larger y (the rows
-// nobody maps must stay zero). Every codebook, K = 2..4 and 6, with and without bias.
+// nobody maps must stay zero). Every codebook, K = 2..4 and 6, with and without bias. The decode form
+// (exl3_grouped_pairs_gemm_cuda: one item per (token, slot) pair, skipped slots) against the same.
 // Tolerance: both paths add the same fp32 products, but in other groupings (the k slices differ: the
 // per-expert launches split k for one matrix's parallelism, the grouped ones barely) and their partial
 // sums meet by atomics in any order: |Δ| ≤ 1e-5·max(|y|, RMS of y). With bf16 rounding such a
@@ -81,6 +82,66 @@ float bf16_ulp(float v) {
   return std::ldexp(1.0f, e - 8);
 }
 
+// E random experts [e][w1, w3, w2] (d → f → d) on the device, their table and the layer over it.
+struct RandomLayer {
+  std::vector<Exl3CudaTensor> dev;  // [e·3 + q]
+  Exl3CudaMoeLayer layer;
+  std::vector<void*> owned;
+  RandomLayer(int E, int64_t d, int64_t f, int K, Exl3Codebook cb, bool bias, std::mt19937& rng) : dev(E * 3) {
+    std::vector<Exl3CudaExpert> table(E);
+    for (int e = 0; e < E; ++e)
+      for (int q = 0; q < 3; ++q) {
+        const int i = e * 3 + q;
+        Exl3Tensor host;
+        const std::vector<uint16_t> trellis = random_tensor(host, q < 2 ? d : f, q < 2 ? f : d, K, cb, bias, rng);
+        dev[i].trellis = upload(trellis), dev[i].suh = upload(host.suh), dev[i].svh = upload(host.svh);
+        dev[i].bias = bias ? upload(host.bias) : nullptr;
+        dev[i].k = host.k, dev[i].n = host.n, dev[i].bits = host.bits, dev[i].codebook = cb;
+        table[e].trellis[q] = dev[i].trellis, table[e].suh[q] = dev[i].suh, table[e].svh[q] = dev[i].svh;
+        table[e].bias[q] = dev[i].bias;
+        owned.insert(owned.end(), {(void*)dev[i].trellis, (void*)dev[i].suh, (void*)dev[i].svh, (void*)dev[i].bias});
+      }
+    layer.experts = upload(table), layer.n_experts = E, layer.d = d, layer.f = f;
+    layer.bits.k_x2 = 2 * K, layer.codebook = cb;
+    owned.push_back((void*)layer.experts);
+  }
+  ~RandomLayer() {
+    for (void* p : owned) cudaFree(p);
+  }
+};
+
+// got against want (rows × n, mapped[row] false: must be exactly zero), with the tolerance at the top.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::vector<bool>& mapped,
+                  int64_t n, bool round) {
+  double ss = 0;
+  int64_t n_mapped = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (mapped[i / n]) ss += double(want[i]) * want[i], ++n_mapped;
+  const double rms = std::sqrt(ss / double(std::max<int64_t>(1, n_mapped)));
+  ASSERT_GT(rms, 0.0);
+  int64_t identical = 0, far = 0, first_far = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "output " << i;
+    if (!mapped[i / n]) {  // rows nobody maps: the call's zeroes, untouched
+      EXPECT_EQ(got[i], 0.f) << "unmapped y row " << i / n;
+      continue;
+    }
+    if (got[i] == want[i]) {
+      ++identical;
+      continue;
+    }
+    const float tol = float(1e-5 * std::max<double>(std::fabs(want[i]), rms)) +
+                      (round ? bf16_ulp(std::max(std::fabs(want[i]), std::fabs(got[i]))) : 0.f);
+    if (std::fabs(got[i] - want[i]) > tol) {
+      ++far;
+      if (first_far < 0) first_far = int64_t(i);
+    }
+  }
+  EXPECT_EQ(far, 0) << "first at " << first_far << " (row " << first_far / n << "): grouped "
+                    << got[std::max<int64_t>(0, first_far)] << ", per expert " << want[std::max<int64_t>(0, first_far)];
+  if (round) EXPECT_GE(double(identical) / double(std::max<int64_t>(1, n_mapped)), 0.95);
+}
+
 void grouped_vs_per_expert(int K, Exl3Codebook cb, bool bias, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << "K=" << K << " cb=" << exl3_codebook_name(cb) << " bias=" << bias);
   ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
@@ -89,28 +150,9 @@ void grouped_vs_per_expert(int K, Exl3Codebook cb, bool bias, uint32_t seed) {
   const int E = int(counts.size());
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0, 1);
-
-  // Experts [e][w1, w3, w2] on the device, and their table.
-  std::vector<Exl3Tensor> host(E * 3);
-  std::vector<std::vector<uint16_t>> trellis(E * 3);
-  std::vector<Exl3CudaTensor> dev(E * 3);
-  std::vector<Exl3CudaExpert> table(E);
-  std::vector<void*> owned;
-  for (int e = 0; e < E; ++e)
-    for (int q = 0; q < 3; ++q) {
-      const int i = e * 3 + q;
-      trellis[i] = random_tensor(host[i], q < 2 ? d : f, q < 2 ? f : d, K, cb, bias, rng);
-      dev[i].trellis = upload(trellis[i]), dev[i].suh = upload(host[i].suh), dev[i].svh = upload(host[i].svh);
-      dev[i].bias = bias ? upload(host[i].bias) : nullptr;
-      dev[i].k = host[i].k, dev[i].n = host[i].n, dev[i].bits = host[i].bits, dev[i].codebook = cb;
-      table[e].trellis[q] = dev[i].trellis, table[e].suh[q] = dev[i].suh, table[e].svh[q] = dev[i].svh;
-      table[e].bias[q] = dev[i].bias;
-      owned.insert(owned.end(), {(void*)dev[i].trellis, (void*)dev[i].suh, (void*)dev[i].svh, (void*)dev[i].bias});
-    }
-  Exl3CudaMoeLayer layer;
-  layer.experts = upload(table), layer.n_experts = E, layer.d = d, layer.f = f;
-  layer.bits.k_x2 = 2 * K, layer.codebook = cb;
-  owned.push_back((void*)layer.experts);
+  RandomLayer rl(E, d, f, K, cb, bias, rng);
+  const Exl3CudaMoeLayer& layer = rl.layer;
+  const std::vector<Exl3CudaTensor>& dev = rl.dev;
 
   // Sorted rows: expert e owns first[e] .. first[e + 1]; each gathers source rows through x_rows and
   // lands at y_rows in a y with 5 extra rows nobody maps.
@@ -153,7 +195,7 @@ void grouped_vs_per_expert(int K, Exl3Codebook cb, bool bias, uint32_t seed) {
       SCOPED_TRACE(testing::Message() << "proj=" << proj << " round=" << round);
       const int64_t k = proj == 2 ? f : d, n = proj == 2 ? d : f;
       const bool gather = proj != 2;
-      ASSERT_TRUE(exl3_rotate_grouped_cuda(layer, proj, dxsrc, gather ? d_x_rows : nullptr, d_row_expert, P, xr, nullptr).ok());
+      ASSERT_TRUE(exl3_rotate_grouped_cuda(layer, proj, dxsrc, gather ? d_x_rows : nullptr, 1, d_row_expert, P, xr, nullptr).ok());
       auto st = exl3_grouped_gemm_cuda(layer, proj, plan, d_items, xr, dy, d_y_rows, y_total, counters, round, nullptr);
       ASSERT_TRUE(st.ok()) << st.error().message;
       std::vector<float> got(y_total * n);
@@ -174,36 +216,11 @@ void grouped_vs_per_expert(int K, Exl3Codebook cb, bool bias, uint32_t seed) {
         ASSERT_EQ(cudaMemcpy(ye.data(), dye, ye.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
         for (int r = 0; r < m; ++r) std::copy_n(ye.begin() + r * n, n, want.begin() + int64_t(y_rows[first[e] + r]) * n);
       }
-      double ss = 0;
-      for (float v : want) ss += double(v) * v;
-      const double rms = std::sqrt(ss / double(P * n));
-      ASSERT_GT(rms, 0.0);
       std::vector<bool> mapped(y_total, false);
       for (int64_t r = 0; r < P; ++r) mapped[y_rows[r]] = true;
-      int64_t identical = 0, far = 0, first_far = -1;
-      for (int64_t i = 0; i < y_total * n; ++i) {
-        ASSERT_TRUE(std::isfinite(got[i])) << "output " << i;
-        if (!mapped[i / n]) {  // rows nobody maps: the call's zeroes, untouched
-          EXPECT_EQ(got[i], 0.f) << "unmapped y row " << i / n;
-          continue;
-        }
-        if (got[i] == want[i]) {
-          ++identical;
-          continue;
-        }
-        const float tol = float(1e-5 * std::max<double>(std::fabs(want[i]), rms)) +
-                          (round ? bf16_ulp(std::max(std::fabs(want[i]), std::fabs(got[i]))) : 0.f);
-        if (std::fabs(got[i] - want[i]) > tol) {
-          ++far;
-          if (first_far < 0) first_far = i;
-        }
-      }
-      EXPECT_EQ(far, 0) << "first at " << first_far << " (row " << first_far / n << "): grouped " << got[first_far]
-                        << ", per expert " << want[first_far];
-      if (round) EXPECT_GE(double(identical) / double(y_total * n), 0.95);
+      expect_close(got, want, mapped, n, round);
     }
   exl3_cuda_workspace_free(ws);
-  for (void* p : owned) cudaFree(p);
   for (void* p : {(void*)dxsrc, (void*)d_row_expert, (void*)d_x_rows, (void*)d_y_rows, (void*)d_items, xr, (void*)dy,
                   (void*)counters, (void*)dxe, (void*)dye})
     cudaFree(p);
@@ -214,13 +231,73 @@ TEST(Exl3Grouped, MatchesPerExpertK2McgBias) { grouped_vs_per_expert(2, Exl3Code
 TEST(Exl3Grouped, MatchesPerExpertK4ThreeInst) { grouped_vs_per_expert(4, Exl3Codebook::k3Inst, false, 13); }
 TEST(Exl3Grouped, MatchesPerExpertK6Mul1Bias) { grouped_vs_per_expert(6, Exl3Codebook::kMul1, true, 14); }
 
+// Decode steps: one item per (token, slot) pair, T tokens × top_k slots, some slots −1 (held elsewhere):
+// pair p's row is token p / top_k's row through its expert (w1, w3), or row p of the input (w2).
+void pairs_vs_per_expert(int T, int K, Exl3Codebook cb, bool bias, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "T=" << T << " K=" << K << " cb=" << exl3_codebook_name(cb) << " bias=" << bias);
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  const int64_t d = 256, f = 384, W = std::max(d, f);
+  const int E = 8, topk = 4, P = T * topk;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0, 1);
+  RandomLayer rl(E, d, f, K, cb, bias, rng);
+  std::vector<int32_t> idx(P);
+  for (int t = 0; t < T; ++t) {  // distinct experts per token; every fifth slot skipped
+    std::vector<int32_t> perm(E);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int j = 0; j < topk; ++j) idx[t * topk + j] = (t * topk + j) % 5 == 3 ? -1 : perm[j];
+  }
+  std::vector<float> xsrc(P * W);
+  for (auto& v : xsrc) v = nd(rng);
+  float* dx = upload(xsrc);
+  int32_t* didx = upload(idx);
+  void* xr = nullptr;
+  float *dy = nullptr, *dxe = nullptr, *dye = nullptr;
+  uint32_t* counters = nullptr;
+  ASSERT_EQ(cudaMalloc(&xr, sizeof(uint16_t) * P * W), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dy, sizeof(float) * P * W), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&counters, sizeof(uint32_t) * P * (W / 128)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(counters, 0xff, sizeof(uint32_t) * P * (W / 128)), cudaSuccess);  // the call zeroes them
+  ASSERT_EQ(cudaMalloc(&dxe, sizeof(float) * W), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dye, sizeof(float) * W), cudaSuccess);
+  Exl3CudaWorkspace ws;
+  ASSERT_TRUE(exl3_cuda_workspace_alloc(ws, W, W).ok());
+  for (int proj = 0; proj < 3; ++proj)
+    for (bool round : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "proj=" << proj << " round=" << round);
+      const int64_t k = proj == 2 ? f : d, n = proj == 2 ? d : f;
+      const int x_div = proj == 2 ? 1 : topk;
+      ASSERT_TRUE(exl3_rotate_grouped_cuda(rl.layer, proj, dx, nullptr, x_div, didx, P, xr, nullptr).ok());
+      auto st = exl3_grouped_pairs_gemm_cuda(rl.layer, proj, didx, P, xr, dy, counters, round, nullptr);
+      ASSERT_TRUE(st.ok()) << st.error().message;
+      std::vector<float> got(P * n), want(P * n, 0.f);
+      ASSERT_EQ(cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      std::vector<bool> mapped(P, false);
+      for (int p = 0; p < P; ++p) {
+        if (idx[p] < 0) continue;
+        mapped[p] = true;
+        ASSERT_EQ(cudaMemcpy(dxe, xsrc.data() + int64_t(p / x_div) * k, k * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_TRUE(exl3_gemm_cuda(rl.dev[idx[p] * 3 + proj], dxe, 1, dye, ws, nullptr, Exl3GemmPath::kAuto, round).ok());
+        ASSERT_EQ(cudaMemcpy(want.data() + int64_t(p) * n, dye, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      }
+      expect_close(got, want, mapped, n, round);
+    }
+  exl3_cuda_workspace_free(ws);
+  for (void* p : {(void*)dx, (void*)didx, xr, (void*)dy, (void*)counters, (void*)dxe, (void*)dye}) cudaFree(p);
+}
+
+TEST(Exl3Grouped, PairsMatchPerExpertT1) { pairs_vs_per_expert(1, 3, Exl3Codebook::kMul1, false, 21); }
+TEST(Exl3Grouped, PairsMatchPerExpertT5Bias) { pairs_vs_per_expert(5, 3, Exl3Codebook::kMul1, true, 22); }
+TEST(Exl3Grouped, PairsMatchPerExpertT16K2Mcg) { pairs_vs_per_expert(16, 2, Exl3Codebook::kMcg, false, 23); }
+
 TEST(Exl3Grouped, RejectsUnsupportedLayers) {
   Exl3CudaMoeLayer layer;  // no table
   Exl3GroupPlan plan;
   EXPECT_FALSE(exl3_grouped_gemm_cuda(layer, 0, plan, nullptr, nullptr, nullptr, nullptr, 0, nullptr, false, nullptr).ok());
   layer.experts = reinterpret_cast<const Exl3CudaExpert*>(16), layer.n_experts = 1, layer.d = 256, layer.f = 384;
   layer.bits.k_x2 = 6;
-  EXPECT_FALSE(exl3_rotate_grouped_cuda(layer, 3, nullptr, nullptr, nullptr, 1, nullptr, nullptr).ok());  // no projection 3
+  EXPECT_FALSE(exl3_rotate_grouped_cuda(layer, 3, nullptr, nullptr, 1, nullptr, 1, nullptr, nullptr).ok());  // no projection 3
   layer.f = 200;  // not a multiple of 128
   EXPECT_FALSE(exl3_grouped_gemm_cuda(layer, 0, plan, nullptr, nullptr, nullptr, nullptr, 0, nullptr, false, nullptr).ok());
 }
