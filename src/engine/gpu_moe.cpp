@@ -168,14 +168,18 @@ Status routed_exl3_grouped(GpuStep& s, int layer, const float* x, const DeviceSp
 
 // EXL3 experts of a decode step (device dispatch, ≤ 16 rows): every (token, slot) pair is one item of the
 // grouped kernels (one row, in pair order, expert from the router's ids in device memory), then
-// moe_combine_cuda. Eight launches, CUDA-graph capturable, the per-expert path's numerics; the
-// alternative is the fused cooperative kernel (SPILLWAY_EXL3_DECODE=fused, docs/settings.md).
-bool exl3_decode_grouped() {
-  static const bool on = [] {
+// moe_combine_cuda. Eight launches, CUDA-graph capturable, the per-expert path's numerics. The fused
+// cooperative kernel does the same in one launch and wins below 8 rows (H200, session 15: one V4.1
+// layer at 1 token 97.6 µs fused vs 119.2 grouped; at 8 tokens 621 vs 551), so steps of fewer rows take
+// it. SPILLWAY_EXL3_DECODE=fused or =grouped forces one (docs/settings.md).
+constexpr int kExl3GroupedDecodeRows = 8;
+bool exl3_decode_grouped(int rows) {
+  static const int forced = [] {  // 0: by rows, 1: fused, 2: grouped
     const char* env = std::getenv("SPILLWAY_EXL3_DECODE");
-    return !(env && std::string_view(env) == "fused");
+    if (!env) return 0;
+    return std::string_view(env) == "fused" ? 1 : std::string_view(env) == "grouped" ? 2 : 0;
   }();
-  return on;
+  return forced == 0 ? rows >= kExl3GroupedDecodeRows : forced == 2;
 }
 
 Status routed_exl3_pairs(GpuStep& s, int layer, const float* x, const DeviceSpan<int32_t>& experts, const Buf& weights,
@@ -279,7 +283,7 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
     SPW_TRY(routed_host(s, layer, x, experts, weights, acc.get()));
   else if (s.st.expert_tables[layer].ready())
     SPW_TRY(routed_device(s, layer, x, experts, weights, acc.get()));
-  else if (exl3_decode_grouped())  // EXL3: grouped launches per (token, slot) pair
+  else if (exl3_decode_grouped(n))  // EXL3: grouped launches per (token, slot) pair
     SPW_TRY(routed_exl3_pairs(s, layer, x, experts, weights, acc.get()));
   else  // EXL3: the fused decode kernel with the per-expert path's roundings
     SPW_TRY(exl3_moe_decode_cuda(s.st.exl3_moe[layer].layer, x, experts.get(), weights.get(), n, K, acc.get(),
