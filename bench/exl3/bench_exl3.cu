@@ -60,7 +60,7 @@ static void bench_grouped(const Exl3CudaMoeLayer& layer, const std::vector<Exl3C
   const int E = layer.n_experts, topk = 6;
   const int64_t d = layer.d, f = layer.f, W = std::max(d, f);
   std::printf("\nOne layer's expert GEMMs under host dispatch (w1, w3, w2 of every routed expert; uniform random routing)\n");
-  std::printf("| tokens | pairs | items (≤8 / ≤16 / ≤64 rows) | grouped ms | per-expert ms | speed-up |\n|---|---|---|---|---|---|\n");
+  std::printf("| tokens | pairs | items (≤8 / ≤16 / ≤64 / ≤96 rows) | grouped ms | per-expert ms | speed-up |\n|---|---|---|---|---|---|\n");
   std::mt19937 rng(11);
   for (int T : {64, 512, 4096}) {
     const int64_t P = int64_t(T) * topk;
@@ -127,7 +127,7 @@ static void bench_grouped(const Exl3CudaMoeLayer& layer, const std::vector<Exl3C
     };
     const int reps = T >= 4096 ? 3 : 10;
     const double g_ms = time_ms(grouped, reps), p_ms = time_ms(per_expert, reps);
-    std::printf("| %d | %lld | %d / %d / %d | %.3f | %.3f | %.2f× |\n", T, (long long)P, plan.n[0], plan.n[1], plan.n[2],
+    std::printf("| %d | %lld | %d / %d / %d / %d | %.3f | %.3f | %.2f× |\n", T, (long long)P, plan.n[0], plan.n[1], plan.n[2], plan.n[3],
                 g_ms, p_ms, p_ms / g_ms);
     for (void* p : {(void*)d_re, (void*)d_rows, (void*)d_items, xr, (void*)xin, (void*)yout, (void*)counters}) CK(cudaFree(p));
   }

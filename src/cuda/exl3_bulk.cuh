@@ -48,8 +48,8 @@ struct BulkBlock {
 // Partial sums of one warp's 16-column strip (tile accumulators of G 8-token groups, exl3_device.cuh:
 // tile_mma; group h holds tokens 8h..8h+7) go into acc; the last block of the column group to arrive
 // applies the output Hadamard, svh and bias and writes y. All threads of the block call this;
-// `has_strip` is false for threads that computed nothing (the producer warp). G = 8 needs stage_smem:
-// 32 KB of shared memory no warp reads any more.
+// `has_strip` is false for threads that computed nothing (the producer warp). G ≥ 8 needs stage_smem:
+// 4 KB per token group of shared memory no warp reads any more.
 template <int G>
 __device__ __forceinline__ void finish_column_group(const BulkBlock& b, const float (*c)[4], bool has_strip, int tn,
                                                     void* stage_smem = nullptr) {
@@ -59,8 +59,8 @@ __device__ __forceinline__ void finish_column_group(const BulkBlock& b, const fl
   const int t4 = lane & 3, g = lane >> 2;
   const int col = tn * 16 + g;
   const int n = b.n, m = b.m;
-  if constexpr (G == 8) {
-    // 64 rows: the block's [64][128] partial goes through shared memory (the ring's and x slice's
+  if constexpr (G >= 8) {
+    // 64 or 96 rows: the block's [8G][128] partial goes through shared memory (the ring's and x slice's
     // space, free once every warp is done) and into acc as float4 atomics, a quarter of the scalar ones.
     __syncthreads();
     float* stage = reinterpret_cast<float*>(stage_smem);
@@ -146,7 +146,7 @@ __device__ __forceinline__ void rotate_slice(const float* __restrict__ x, const 
 
 // The block: kRotated = x holds fp16 rows already rotated (exl3_rotate_rows_cuda or the grouped
 // rotation), copied into shared memory by cp.async; otherwise the block rotates its slice of fp32 x.
-// G = 8-token groups (1, 2 or 8): every tile is decoded once and multiplied with all 8·G rows; for
+// G = 8-token groups (1, 2, 8 or 12): every tile is decoded once and multiplied with all 8·G rows; for
 // G ≥ 2 the x fragments come from shared memory by ldmatrix (two groups per ldmatrix.x4).
 // Dynamic shared memory: bulk_ring_bytes(K) + 2·8G·(kpb + 8) bytes, 16-byte aligned.
 template <int K, int CB, int G, bool kRotated>
@@ -245,7 +245,7 @@ __device__ __forceinline__ void bulk_gemm_block(const BulkBlock& b, unsigned cha
     }
   }
   finish_column_group<G>(b, c, !producer, b.group * 8 + (producer ? 0 : warp),
-                         smem_raw);  // ring + x slice: ≥ 33 KB for any K and slice
+                         smem_raw);  // ring + x slice: ≥ 4 KB per token group for any K and slice
 }
 
 }  // namespace spw::exl3dev

@@ -16,9 +16,11 @@ namespace {
 
 using namespace exl3dev;
 
-// k-blocks (of 128) per slice: a 64-row block keeps 2 per SM with 512 k (ring + 66 KB of x), the
-// smaller row classes take 1024 k per block and fewer atomics.
-constexpr int kSliceBlocks64 = 4, kSliceBlocksSmall = 8;
+// k-blocks (of 128) per slice: a 64-row block keeps 2 per SM with 512 k (ring + 66 KB of x), a 96-row
+// block with 384 k (ring + 75 KB), the smaller row classes take 1024 k per block and fewer atomics.
+constexpr int kSliceBlocks64 = 4, kSliceBlocks96 = 3, kSliceBlocksSmall = 8;
+// Token groups of each row class (≤ 8, ≤ 16, ≤ 64, ≤ 96 rows).
+constexpr int kClassGroups[kExl3GroupClasses] = {1, 2, 8, 12};
 constexpr unsigned kMaxGridZ = 65535;
 
 int64_t proj_k(const Exl3CudaMoeLayer& l, int proj) { return proj == 2 ? l.f : l.d; }
@@ -77,7 +79,10 @@ using GroupedKernel = void (*)(const Exl3CudaExpert*, int, const Exl3GroupItem*,
 
 template <int K, int CB>
 GroupedKernel pick_g(int G) {
-  return G == 8 ? exl3_grouped_kernel<K, CB, 8> : G == 2 ? exl3_grouped_kernel<K, CB, 2> : exl3_grouped_kernel<K, CB, 1>;
+  return G == 12  ? exl3_grouped_kernel<K, CB, 12>
+         : G == 8 ? exl3_grouped_kernel<K, CB, 8>
+         : G == 2 ? exl3_grouped_kernel<K, CB, 2>
+                  : exl3_grouped_kernel<K, CB, 1>;
 }
 template <int K>
 GroupedKernel pick_cb(int cb, int G) {
@@ -108,20 +113,20 @@ Status check_layer(const Exl3CudaMoeLayer& layer, int proj, const char* who) {
 
 Exl3GroupPlan exl3_group_plan(const std::vector<int32_t>& first) {
   Exl3GroupPlan plan;
-  std::vector<Exl3GroupItem> by_class[3];
+  std::vector<Exl3GroupItem> by_class[kExl3GroupClasses];
   for (size_t e = 0; e + 1 < first.size(); ++e) {
     const int32_t m = first[e + 1] - first[e];
     if (m <= 0) continue;
-    const int32_t pieces = (m + 63) / 64, base = m / pieces, extra = m % pieces;
+    const int32_t pieces = (m + kExl3MaxItemRows - 1) / kExl3MaxItemRows, base = m / pieces, extra = m % pieces;
     int32_t row = first[e];
     for (int32_t p = 0; p < pieces; ++p) {
       Exl3GroupItem it;
       it.expert = static_cast<int32_t>(e), it.row0 = row, it.m = base + (p < extra ? 1 : 0);
       row += it.m;
-      by_class[it.m <= 8 ? 0 : it.m <= 16 ? 1 : 2].push_back(it);
+      by_class[it.m <= 8 ? 0 : it.m <= 16 ? 1 : it.m <= 64 ? 2 : 3].push_back(it);
     }
   }
-  for (int c = 0; c < 3; ++c) {
+  for (int c = 0; c < kExl3GroupClasses; ++c) {
     plan.n[c] = static_cast<int>(by_class[c].size());
     plan.items.insert(plan.items.end(), by_class[c].begin(), by_class[c].end());
   }
@@ -150,7 +155,7 @@ Status launch_class(const Exl3CudaMoeLayer& layer, int proj, int G, int64_t n_it
                     const int32_t* pair_experts, const void* xr, float* y, const int32_t* y_rows, uint32_t* counters,
                     bool round_out, cudaStream_t s) {
   const int64_t k = proj_k(layer, proj), n = proj_n(layer, proj), n_groups = n / 128, k_blocks = k / 128;
-  const int64_t max_per = G == 8 ? kSliceBlocks64 : kSliceBlocksSmall;
+  const int64_t max_per = G == 12 ? kSliceBlocks96 : G == 8 ? kSliceBlocks64 : kSliceBlocksSmall;
   int64_t splits = (k_blocks + max_per - 1) / max_per;
   const int64_t per = (k_blocks + splits - 1) / splits;
   splits = (k_blocks + per - 1) / per;
@@ -187,9 +192,9 @@ Status exl3_grouped_gemm_cuda(const Exl3CudaMoeLayer& layer, int proj, const Exl
   if (cudaError_t e = cudaMemsetAsync(counters, 0, sizeof(uint32_t) * n_items * n_groups, s); e != cudaSuccess)
     return cuda_error("memset grouped counters", e);
   int64_t first_item = 0;
-  for (int c = 0; c < 3; ++c) {
+  for (int c = 0; c < kExl3GroupClasses; ++c) {
     if (plan.n[c] > 0)
-      SPW_TRY(launch_class(layer, proj, c == 0 ? 1 : c == 1 ? 2 : 8, plan.n[c], items + first_item, nullptr, xr, y,
+      SPW_TRY(launch_class(layer, proj, kClassGroups[c], plan.n[c], items + first_item, nullptr, xr, y,
                            y_rows, counters + first_item * n_groups, round_out_bf16, s));
     first_item += plan.n[c];
   }

@@ -9,7 +9,7 @@
 // step and output transform: exl3_bulk.cuh), so the per-expert path is its reference.
 // How: exl3_rotate_grouped_cuda rotates every row once by its expert's suh into fp16 (gathering rows
 // of x through x_rows); the grouped kernel's blocks are (column group, k slice, item), items of ≤ 8,
-// ≤ 16 and ≤ 64 rows in three launches (1, 2 or 8 token groups per decoded tile). Partial sums of the
+// ≤ 16, ≤ 64 and ≤ 96 rows in four launches (1, 2, 8 or 12 token groups per decoded tile). Partial sums of the
 // k slices meet by fp32 atomics in y itself, which the call zeroes first; the last block of an item's
 // column group applies the output Hadamard, svh and bias in place.
 // Contract: device pointers unless said otherwise; layer as exl3_moe_decode_cuda's table (one integer K
@@ -30,16 +30,21 @@
 
 namespace spw {
 
-// One expert's run of sorted rows (at most 64).
+// One expert's run of sorted rows (at most kExl3MaxItemRows).
 struct Exl3GroupItem {
   int32_t expert = 0, row0 = 0, m = 0, pad = 0;
 };
 
+// Row classes of items (≤ 8, ≤ 16, ≤ 64, ≤ 96 rows) and the most rows of an item: an expert with up to
+// 96 rows of a chunk decodes its matrices once (a 4096-token V4.1 chunk gives each expert 64 on average).
+constexpr int kExl3GroupClasses = 4, kExl3MaxItemRows = 96;
+
 // The items of a layer's sorted rows, by row class: items[0 .. n[0]) have ≤ 8 rows, the next n[1] ≤ 16,
-// the last n[2] ≤ 64. An expert's rows are cut into equal pieces of at most 64 (70 rows: 35 + 35).
+// then n[2] ≤ 64, the last n[3] ≤ 96. An expert's rows are cut into equal pieces of at most 96 (100
+// rows: 50 + 50).
 struct Exl3GroupPlan {
   std::vector<Exl3GroupItem> items;
-  int n[3] = {};
+  int n[kExl3GroupClasses] = {};
 };
 // first: E + 1 offsets (host), expert e's sorted rows are first[e] .. first[e + 1].
 Exl3GroupPlan exl3_group_plan(const std::vector<int32_t>& first);

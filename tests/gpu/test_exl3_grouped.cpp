@@ -1,7 +1,7 @@
 // Grouped EXL3 GEMMs (cuda/exl3_grouped.h) against the per-expert path they replace: every expert's
 // rows gathered on the host and run through exl3_gemm_cuda (itself tested against the fp64 reference
-// in test_exl3_cuda.cpp). Experts get 0, 1, 7, 9, 16, 17, 64, 70 and 130 rows, so all three row
-// classes, the 64-row cut (70 → 35 + 35, 130 → 44 + 43 + 43) and an unused expert are covered; rows are
+// in test_exl3_cuda.cpp). Experts get 0, 1, 7, 9, 16, 17, 64, 70, 100 and 130 rows, so all four row
+// classes, the 96-row cut (100 → 50 + 50, 130 → 65 + 65) and an unused expert are covered; rows are
 // gathered through a random x_rows and scattered through a random y_rows into a larger y (the rows
 // nobody maps must stay zero). Every codebook, K = 2..4 and 6, with and without bias. The decode form
 // (exl3_grouped_pairs_gemm_cuda: one item per (token, slot) pair, skipped slots) against the same.
@@ -39,23 +39,24 @@ TEST(Exl3Grouped, PlanCutsExpertsIntoEqualPiecesByClass) {
   const Exl3GroupPlan p = exl3_group_plan(first);
   EXPECT_EQ(p.n[0], 2);  // 5, 8
   EXPECT_EQ(p.n[1], 2);  // 9, 16
-  EXPECT_EQ(p.n[2], 7);  // 17, 64, 33 + 32, 44 + 43 + 43
-  ASSERT_EQ(int(p.items.size()), p.n[0] + p.n[1] + p.n[2]);
+  EXPECT_EQ(p.n[2], 2);  // 17, 64
+  EXPECT_EQ(p.n[3], 3);  // 65, 65 + 65
+  ASSERT_EQ(int(p.items.size()), p.n[0] + p.n[1] + p.n[2] + p.n[3]);
   std::vector<int32_t> covered(first.back(), 0);
   for (int i = 0; i < int(p.items.size()); ++i) {
     const Exl3GroupItem& it = p.items[i];
-    const int cls = i < p.n[0] ? 0 : i < p.n[0] + p.n[1] ? 1 : 2;
-    EXPECT_GE(it.m, 1);
-    EXPECT_LE(it.m, cls == 0 ? 8 : cls == 1 ? 16 : 64) << "item " << i;
-    EXPECT_GT(it.m, cls == 0 ? 0 : cls == 1 ? 8 : 16) << "item " << i;
+    const int cls = i < p.n[0] ? 0 : i < p.n[0] + p.n[1] ? 1 : i < p.n[0] + p.n[1] + p.n[2] ? 2 : 3;
+    const int hi[] = {8, 16, 64, 96}, lo[] = {0, 8, 16, 64};
+    EXPECT_LE(it.m, hi[cls]) << "item " << i;
+    EXPECT_GT(it.m, lo[cls]) << "item " << i;
     EXPECT_GE(it.row0, first[it.expert]);
     EXPECT_LE(it.row0 + it.m, first[it.expert + 1]);
     for (int r = 0; r < it.m; ++r) ++covered[it.row0 + r];
   }
   for (int32_t c : covered) EXPECT_EQ(c, 1);  // every row in exactly one item
-  // The 65-row expert: 33 + 32, never 64 + 1.
+  // The 130-row expert: 65 + 65, never 96 + 34.
   for (const Exl3GroupItem& it : p.items)
-    if (it.expert == 7) EXPECT_TRUE(it.m == 33 || it.m == 32) << it.m;
+    if (it.expert == 8) EXPECT_EQ(it.m, 65);
 }
 
 std::vector<uint16_t> random_tensor(Exl3Tensor& t, int64_t k, int64_t n, int K, Exl3Codebook cb, bool bias,
@@ -146,7 +147,7 @@ void grouped_vs_per_expert(int K, Exl3Codebook cb, bool bias, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << "K=" << K << " cb=" << exl3_codebook_name(cb) << " bias=" << bias);
   ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
   const int64_t d = 256, f = 384;
-  const std::vector<int32_t> counts = {1, 0, 7, 9, 16, 17, 64, 70, 130};
+  const std::vector<int32_t> counts = {1, 0, 7, 9, 16, 17, 64, 70, 100, 130};
   const int E = int(counts.size());
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0, 1);
@@ -158,7 +159,7 @@ void grouped_vs_per_expert(int K, Exl3Codebook cb, bool bias, uint32_t seed) {
   // lands at y_rows in a y with 5 extra rows nobody maps.
   std::vector<int32_t> first(E + 1, 0);
   for (int e = 0; e < E; ++e) first[e + 1] = first[e] + counts[e];
-  const int64_t P = first[E], n_src = 320, y_total = P + 5;  // n_src ≥ P: w2 reads P rows of xsrc
+  const int64_t P = first[E], n_src = 420, y_total = P + 5;  // n_src ≥ P: w2 reads P rows of xsrc
   std::vector<int32_t> row_expert(P), x_rows(P), y_rows(y_total);
   for (int e = 0; e < E; ++e)
     for (int r = first[e]; r < first[e + 1]; ++r) row_expert[r] = e;
@@ -184,7 +185,7 @@ void grouped_vs_per_expert(int K, Exl3Codebook cb, bool bias, uint32_t seed) {
   Exl3CudaWorkspace ws;
   ASSERT_TRUE(exl3_cuda_workspace_alloc(ws, std::max(d, f), std::max(d, f)).ok());
   float *dxe = nullptr, *dye = nullptr;
-  ASSERT_EQ(cudaMalloc(&dxe, sizeof(float) * 130 * std::max(d, f)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dxe, sizeof(float) * 130 * std::max(d, f)), cudaSuccess);  // the largest expert
   ASSERT_EQ(cudaMalloc(&dye, sizeof(float) * 130 * std::max(d, f)), cudaSuccess);
 
   // w1 and w3 gather their rows from xsrc [n_src][d]; w2 reads xsrc [P][f] in sorted order (no gather),
