@@ -55,8 +55,11 @@ TEST(Exl3Grouped, PlanCutsExpertsIntoEqualPiecesByClass) {
   }
   for (int32_t c : covered) EXPECT_EQ(c, 1);  // every row in exactly one item
   // The 130-row expert: 65 + 65, never 96 + 34.
-  for (const Exl3GroupItem& it : p.items)
-    if (it.expert == 8) EXPECT_EQ(it.m, 65);
+  for (const Exl3GroupItem& it : p.items) {
+    if (it.expert == 8) {
+      EXPECT_EQ(it.m, 65);
+    }
+  }
 }
 
 std::vector<uint16_t> random_tensor(Exl3Tensor& t, int64_t k, int64_t n, int K, Exl3Codebook cb, bool bias,
@@ -140,7 +143,9 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   }
   EXPECT_EQ(far, 0) << "first at " << first_far << " (row " << first_far / n << "): grouped "
                     << got[std::max<int64_t>(0, first_far)] << ", per expert " << want[std::max<int64_t>(0, first_far)];
-  if (round) EXPECT_GE(double(identical) / double(std::max<int64_t>(1, n_mapped)), 0.95);
+  if (round) {
+    EXPECT_GE(double(identical) / double(std::max<int64_t>(1, n_mapped)), 0.95);
+  }
 }
 
 void grouped_vs_per_expert(int K, Exl3Codebook cb, bool bias, uint32_t seed) {
