@@ -98,85 +98,6 @@ __device__ __forceinline__ void zero_skipped_rows(const SegmentTile& t, int d) {
       for (int c = lane; c < d; c += 32) t.rows[size_t(r) * t.ld + c] = 0.f;
 }
 
-// The one-block kernel's segment pipeline: two staging slots (addresses, kinds, stored bytes) share the decoded
-// tile, and segment s + 1's stored rows are in flight (cp.async) while segment s is decoded and multiplied. Before,
-// every segment waited out its loads behind four barriers with nothing else to do (one block per SM: the kernel
-// spent most of its 17 ms per 4096-token V4.1 layer so, session 15's trace).
-
-// The second slot's addresses, stored bytes and kinds, after `p` (16-byte aligned); rows and strides as t's.
-__device__ inline unsigned char* carve_second_slot(unsigned char* p, const SegmentTile& t, SegmentTile& t2) {
-  t2 = t;
-  t2.ptrs = reinterpret_cast<const void**>(p);
-  t2.raw = reinterpret_cast<uint32_t*>(t2.ptrs + kSegRows);
-  t2.kinds = reinterpret_cast<uint8_t*>(t2.raw + size_t(kSegRows) * t.raw_words);
-  return t2.kinds + kSegRows;
-}
-
-// A resolved slot's stored (ring, compressed) rows into its raw words, a warp per row, as one cp.async group; the
-// step's own f32 rows and skipped rows are left to decode_slot.
-__device__ inline void stage_stored_rows(const SegmentTile& t, size_t ring_nbytes, size_t comp_nbytes) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int r = warp; r < kSegRows; r += warps) {
-    const RowKind kind = RowKind(t.kinds[r]);
-    if (kind != kRing && kind != kComp) continue;
-    const int words = int((kind == kRing ? ring_nbytes : comp_nbytes) / 4);
-    const uint32_t* src = static_cast<const uint32_t*>(t.ptrs[r]);
-    uint32_t* dst = t.raw + size_t(r) * t.raw_words;
-    for (int w = lane; w < words; w += 32) cp_async4(dst + w, src + w);
-  }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// A staged slot's rows into the tile, a warp per row: stored rows dequantized from shared memory, the step's own
-// f32 rows read from global memory, skipped rows zero (p̃ is 0 there, and 0·stale bytes must stay 0).
-template <int CPL>
-__device__ inline void decode_slot(const SparseAttnArgs& a, const Layouts& layouts, const SegmentTile& t) {
-  const int d = a.d_head, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int r = warp; r < kSegRows; r += warps) {
-    const RowKind kind = RowKind(t.kinds[r]);
-    float* dst = t.rows + size_t(r) * t.ld;
-    if (kind == kSkipped) {
-      for (int c = lane; c < d; c += 32) dst[c] = 0.f;
-      continue;
-    }
-    const kvdev::RowLayout l = layout_of(layouts, kind);
-    if (kind == kF32) {
-      dequant_row<CPL, KvElem::kF32>(l, static_cast<const uint8_t*>(t.ptrs[r]), dst, d, lane);
-      continue;
-    }
-    const uint8_t* row = reinterpret_cast<const uint8_t*>(t.raw + size_t(r) * t.raw_words);
-    if (l.elem == KvElem::kF32) dequant_row<CPL, KvElem::kF32>(l, row, dst, d, lane);  // an unquantized ring
-    else if (l.elem == KvElem::kFp8E4m3) dequant_row<CPL, KvElem::kFp8E4m3>(l, row, dst, d, lane);
-    else dequant_row<CPL, KvElem::kFp4E2m1>(l, row, dst, d, lane);
-  }
-}
-
-// Every segment of the query through the pipeline: prep(s, slot) once segment s is in the tile (all threads,
-// before the barrier), then use(s, slot) after it. Starts with a barrier (the tile's previous users are done).
-template <int CPL, class Prep, class Use>
-__device__ inline void for_each_segment(const SparseAttnArgs& a, const Layouts& layouts, const QueryRows& qr,
-                                        SegmentTile (&slot)[2], Prep&& prep, Use&& use) {
-  const int n_seg = segments_of(qr.n_rows);
-  __syncthreads();
-  if (n_seg == 0) return;
-  resolve_segment(a, qr, 0, slot[0]);
-  __syncthreads();
-  stage_stored_rows(slot[0], qr.ring_nbytes, qr.comp_nbytes);
-  for (int s = 0; s < n_seg; ++s) {
-    const SegmentTile& cur = slot[s & 1];
-    SegmentTile& next = slot[(s + 1) & 1];
-    if (s > 0) __syncthreads();  // use(s − 1) is done everywhere: the tile and the other slot are free
-    if (s + 1 < n_seg) resolve_segment(a, qr, int64_t(s + 1) * kSegRows, next);
-    cp_async_wait_all();  // this thread's copies of segment s (s + 1's are not issued yet)
-    __syncthreads();      // everyone's copies of segment s, and segment s + 1's addresses
-    if (s + 1 < n_seg) stage_stored_rows(next, qr.ring_nbytes, qr.comp_nbytes);
-    decode_slot<CPL>(a, layouts, cur);
-    prep(s, cur);
-    __syncthreads();
-    use(s, cur);
-  }
-}
-
 // MT m16 tiles of heads per block (1 or 2): two halve the row decoding per query, if their logits fit.
 template <int CPL, int MT>
 __global__ void __launch_bounds__(kMmaThreads, 1) sparse_attn_mma_kernel(SparseAttnArgs a, Layouts layouts,
@@ -188,10 +109,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) sparse_attn_mma_kernel(SparseA
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int i = blockIdx.y, h0 = blockIdx.x * kHeads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int d = a.d_head, nt = d / 64, g = lane >> 2, tg = lane & 3;
-  SegmentTile slot[2];
-  unsigned char* p = carve_tile(smem_raw, d, raw_row_words(ring_nbytes, comp_nbytes), slot[0], d + kMmaRowPad);
-  p = smem_raw + (p - smem_raw + 15) / 16 * 16;
-  p = carve_second_slot(p, slot[0], slot[1]);
+  SegmentTile t;
+  unsigned char* p = carve_tile(smem_raw, d, raw_row_words(ring_nbytes, comp_nbytes), t, d + kMmaRowPad);
   p = smem_raw + (p - smem_raw + 15) / 16 * 16;
   const int q_ld = d / 2 + kMmaQPad;
   const int64_t l_ld = mma_logit_ld(max_rows);
@@ -205,22 +124,20 @@ __global__ void __launch_bounds__(kMmaThreads, 1) sparse_attn_mma_kernel(SparseA
   stage_q(a, i, h0, kHeads, qs, q_ld);
 
   // Pass 1: logits (−∞ for skipped rows and rows past the query's end); warp w: head tile w / 4, rows 8·(w % 4)
-  // .. + 7 of the segment, over all of d. for_each_segment's first barrier orders q.
-  for_each_segment<CPL>(
-      a, layouts, qr, slot, [](int, const SegmentTile&) {},
-      [&](int s, const SegmentTile& t) {
-        const int64_t seg0 = int64_t(s) * kSegRows;
-        const int mt = warp / (kSegRows / 8), n0 = 8 * (warp % (kSegRows / 8));
-        if (mt >= MT) return;
-        float c[4];
-        segment_logits_mma(t, qs + 16 * mt * q_ld, q_ld, n0, d, lane, c);
+  // .. + 7 of the segment, over all of d. load_segment's first barrier orders q.
+  for (int64_t seg0 = 0; seg0 < qr.n_rows; seg0 += kSegRows) {
+    load_segment<CPL>(a, layouts, qr, seg0, t);
+    const int mt = warp / (kSegRows / 8), n0 = 8 * (warp % (kSegRows / 8));
+    if (mt >= MT) continue;
+    float c[4];
+    segment_logits_mma(t, qs + 16 * mt * q_ld, q_ld, n0, d, lane, c);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = 16 * mt + g + 8 * (e >> 1), r = n0 + 2 * tg + (e & 1);
-          const bool skip = seg0 + r >= qr.n_rows || t.kinds[r] == kSkipped;
-          logits[h * l_ld + seg0 + r] = skip ? -INFINITY : c[e] * a.scale;
-        }
-      });
+    for (int e = 0; e < 4; ++e) {
+      const int h = 16 * mt + g + 8 * (e >> 1), r = n0 + 2 * tg + (e & 1);
+      const bool skip = seg0 + r >= qr.n_rows || t.kinds[r] == kSkipped;
+      logits[h * l_ld + seg0 + r] = skip ? -INFINITY : c[e] * a.scale;
+    }
+  }
   __syncthreads();
 
   // Each head's max and Σ p_j (f32, lane-strided then a butterfly): warp w takes heads 2·MT·w .. + 2·MT − 1.
@@ -245,21 +162,21 @@ __global__ void __launch_bounds__(kMmaThreads, 1) sparse_attn_mma_kernel(SparseA
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
   const int ch0 = warp * (d / kMmaWarps);
-  for_each_segment<CPL>(
-      a, layouts, qr, slot,
-      [&](int s, const SegmentTile&) {  // p̃ = bf16(p) of the segment (skipped rows: zero rows in the tile)
-        const int64_t seg0 = int64_t(s) * kSegRows;
-        for (int e = threadIdx.x; e < kHeads * (kSegRows / 2); e += blockDim.x) {
-          const int h = e / (kSegRows / 2), r = 2 * (e % (kSegRows / 2));
-          const float m = head_max[h];
-          auto pj = [&](int rr) {
-            const int64_t j = seg0 + rr;
-            return m == -INFINITY || j >= qr.n_rows ? 0.f : expf(logits[h * l_ld + j] - m);
-          };
-          ps[h * kMmaPLd + r / 2] = pack_bf16(pj(r), pj(r + 1));
-        }
-      },
-      [&](int, const SegmentTile& t) { segment_pv_mma<MT, NT>(t, ps, ch0, nt, lane, acc); });
+  for (int64_t seg0 = 0; seg0 < qr.n_rows; seg0 += kSegRows) {
+    load_segment<CPL>(a, layouts, qr, seg0, t);
+    zero_skipped_rows(t, d);
+    for (int e = threadIdx.x; e < kHeads * (kSegRows / 2); e += blockDim.x) {
+      const int h = e / (kSegRows / 2), r = 2 * (e % (kSegRows / 2));
+      const float m = head_max[h];
+      auto pj = [&](int rr) {
+        const int64_t j = seg0 + rr;
+        return m == -INFINITY || j >= qr.n_rows ? 0.f : expf(logits[h * l_ld + j] - m);
+      };
+      ps[h * kMmaPLd + r / 2] = pack_bf16(pj(r), pj(r + 1));  // p̃ = bf16(p)
+    }
+    __syncthreads();
+    segment_pv_mma<MT, NT>(t, ps, ch0, nt, lane, acc);
+  }
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll

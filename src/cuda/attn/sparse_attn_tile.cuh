@@ -314,14 +314,11 @@ constexpr int kMmaQPad = 4, kMmaPLd = kSegRows / 2 + 4;  // words per row of q a
 
 __host__ __device__ inline int64_t mma_logit_ld(int64_t max_rows) { return (max_rows + kSegRows - 1) / kSegRows * kSegRows; }
 
-// Shared memory for blocks of 16·mt heads: the tile (padded rows), the second staging slot of the segment pipeline
-// (addresses, stored bytes, kinds), q [heads, d/2 + 4] bf16 pairs, logits [heads, mma_logit_ld], p̃ [heads, kMmaPLd]
-// bf16 pairs, then each head's max and denominator.
+// Shared memory for blocks of 16·mt heads: the tile (padded rows), q [heads, d/2 + 4] bf16 pairs, logits [heads,
+// mma_logit_ld], p̃ [heads, kMmaPLd] bf16 pairs, then each head's max and denominator.
 __host__ __device__ inline size_t mma_smem_bytes(int d, int raw_words, int64_t max_rows, int mt) {
   const size_t heads = 16 * size_t(mt), tile = (tile_smem_bytes(d, raw_words, d + kMmaRowPad) + 15) / 16 * 16;
-  const size_t slot = (sizeof(const void*) * kSegRows + sizeof(uint32_t) * size_t(kSegRows) * size_t(raw_words) +
-                       kSegRows + 15) / 16 * 16;
-  return tile + slot + 4 * heads * (size_t(d / 2 + kMmaQPad) + size_t(mma_logit_ld(max_rows)) + kMmaPLd + 2);
+  return tile + 4 * heads * (size_t(d / 2 + kMmaQPad) + size_t(mma_logit_ld(max_rows)) + kMmaPLd + 2);
 }
 
 // Shared memory: the tile (padded rows), q [16, d/2 + 4] bf16 pairs, logits [16, kSegRows], p̃ [16, kMmaPLd], each
