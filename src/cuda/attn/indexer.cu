@@ -40,20 +40,18 @@ unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads);
 
 __device__ __forceinline__ float maybe_bf16(float v, bool round) { return round ? kvdev::bf16_round(v) : v; }
 
-constexpr int kScoreWarps = kThreads / 32;
-// Entries per warp at once: each lane runs kScoreChains independent q·k chains per head, reading each q value from
-// shared memory once for all of them (the read of q, H·D floats per entry, was the kernel's bound), and their
-// latencies overlap. Rounds: the block stages its query's q (32 KB for V4.1) once per kScoreRounds rounds of
-// kScoreWarps·kScoreChains entries (it was once per 4 entries: 14.1 ms for a 4096-token V4.1 chunk).
-constexpr int kScoreChains = 4, kScoreRounds = 8;
+constexpr int kScoreWarps = kThreads / 32;  // entries per block and round
+// Rounds of kScoreWarps entries per block: the block stages its query's q (H·D floats, 32 KB for V4.1) once for
+// 64 entries instead of 8 (a 4096-token V4.1 chunk re-read ~30 GB of q from L2 at one round: 14 ms per call).
+constexpr int kScoreRounds = 8;
 constexpr int kQPad = kMaxDIndex + 1;
 
 __global__ void __launch_bounds__(kThreads) index_scores_kernel(IndexScoreArgs a, size_t key_nbytes) {
   pdl_enter();
   __shared__ float q_s[kMaxIndexHeads * kQPad];
   __shared__ float w_s[kMaxIndexHeads];
-  __shared__ float k_s[kScoreWarps][kScoreChains][kMaxDIndex];
-  __shared__ float terms[kScoreWarps][kScoreChains][kMaxIndexHeads];
+  __shared__ float k_s[kScoreWarps][kMaxDIndex];
+  __shared__ float terms[kScoreWarps][kMaxIndexHeads];
   const int i = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int D = a.d_index, H = a.n_heads;
   for (int c = threadIdx.x; c < H * D; c += kThreads) q_s[(c / D) * kQPad + c % D] = a.q[int64_t(i) * H * D + c];
@@ -61,44 +59,29 @@ __global__ void __launch_bounds__(kThreads) index_scores_kernel(IndexScoreArgs a
   __syncthreads();
   const int64_t n_entries = a.n_entries[i], visible = a.visible[i];
   for (int round = 0; round < kScoreRounds; ++round) {
-    const int64_t g0 = ((int64_t(blockIdx.x) * kScoreRounds + round) * kScoreWarps + warp) * kScoreChains;
-    if (g0 >= n_entries) break;  // the whole warp; only __syncwarp below
-    // The visible keys of this warp's entries (the chains of the others run on stale values, never written out).
-    for (int e = 0; e < kScoreChains; ++e) {
-      const int64_t g = g0 + e;
-      if (g >= n_entries || g >= visible) continue;
-      const uint8_t* row = kvdev::row_ptr(a.keys, key_nbytes, a.q_seq[i], g);
-      for (int c = lane; c < D; c += 32) k_s[warp][e][c] = kvdev::load_channel(a.keys.fmt, row, c);
+    const int64_t g = (int64_t(blockIdx.x) * kScoreRounds + round) * kScoreWarps + warp;
+    if (g >= n_entries) break;  // the whole warp; only __syncwarp below
+    float* out = a.scores + int64_t(i) * a.score_stride + g;
+    if (g >= visible) {
+      if (lane == 0) *out = -INFINITY;
+      continue;
     }
+    const uint8_t* row = kvdev::row_ptr(a.keys, key_nbytes, a.q_seq[i], g);
+    for (int c = lane; c < D; c += 32) k_s[warp][c] = kvdev::load_channel(a.keys.fmt, row, c);
     __syncwarp();
     for (int h = lane; h < H; h += 32) {
       const float* qh = q_s + h * kQPad;
-      float dot[kScoreChains] = {};
-      for (int c = 0; c < D; ++c) {  // each chain in channel order, as the reference sums
-        const float qv = qh[c];
-#pragma unroll
-        for (int e = 0; e < kScoreChains; ++e) dot[e] = __fadd_rn(dot[e], __fmul_rn(qv, k_s[warp][e][c]));
-      }
-#pragma unroll
-      for (int e = 0; e < kScoreChains; ++e) {
-        const float rd = maybe_bf16(dot[e], a.round_bf16);
-        const float relu = rd < 0.f ? 0.f : rd;  // std::max(rd, 0.f)
-        terms[warp][e][h] = maybe_bf16(__fmul_rn(relu, w_s[h]), a.round_bf16);
-      }
+      float dot = 0.f;
+      for (int c = 0; c < D; ++c) dot = __fadd_rn(dot, __fmul_rn(qh[c], k_s[warp][c]));
+      const float rd = maybe_bf16(dot, a.round_bf16);
+      const float relu = rd < 0.f ? 0.f : rd;  // std::max(rd, 0.f)
+      terms[warp][h] = maybe_bf16(__fmul_rn(relu, w_s[h]), a.round_bf16);
     }
     __syncwarp();
-    if (lane < kScoreChains) {  // lane e sums entry g0 + e over the heads, in head order
-      const int64_t g = g0 + lane;
-      if (g < n_entries) {
-        float* out = a.scores + int64_t(i) * a.score_stride + g;
-        if (g >= visible) {
-          *out = -INFINITY;
-        } else {
-          float acc = 0.f;
-          for (int h = 0; h < H; ++h) acc = __fadd_rn(acc, terms[warp][lane][h]);
-          *out = maybe_bf16(acc, a.round_bf16);
-        }
-      }
+    if (lane == 0) {
+      float acc = 0.f;
+      for (int h = 0; h < H; ++h) acc = __fadd_rn(acc, terms[warp][h]);
+      *out = maybe_bf16(acc, a.round_bf16);
     }
     __syncwarp();  // k_s and terms are this warp's again next round
   }
@@ -234,7 +217,7 @@ Status index_scores_cuda(const IndexScoreArgs& a, cudaStream_t stream) {
     return make_error("index_scores_cuda: unsupported shape n_heads=", a.n_heads, " d_index=", a.d_index);
   if (kv_row_channels(a.keys.fmt) != a.d_index || !kv_format_supported(a.keys.fmt))
     return make_error("index_scores_cuda: key row format does not match d_index=", a.d_index);
-  const int64_t per_block = int64_t(kScoreWarps) * kScoreChains * kScoreRounds;
+  const int64_t per_block = int64_t(kScoreWarps) * kScoreRounds;
   const dim3 grid(unsigned((a.max_entries + per_block - 1) / per_block), unsigned(a.n_q));
   launch(index_scores_kernel, grid, kThreads, 0, stream, a, kv_row_nbytes(a.keys.fmt));
   return launched("launch index_scores_kernel");
