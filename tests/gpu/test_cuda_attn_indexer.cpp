@@ -92,9 +92,10 @@ struct IndexCase {
 
 // Scores on the GPU for all queries of the case; checks them against the CPU and returns them
 // with each query's n_entries and visible (for the selection tests).
+// rounds: IndexScoreArgs::rounds (0 = by launch size, which is one round for these few queries).
 void run_scores(const IndexCase& c, bool round, uint32_t seed, std::vector<std::vector<float>>* scores_out,
-                std::vector<int64_t>* visible_out) {
-  SCOPED_TRACE(testing::Message() << c.name << " round_bf16=" << round);
+                std::vector<int64_t>* visible_out, int rounds = 0) {
+  SCOPED_TRACE(testing::Message() << c.name << " round_bf16=" << round << " rounds=" << rounds);
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   const int Hi = c.n_heads, Di = c.d_index, n_seqs = int(c.n_entries.size());
@@ -143,6 +144,7 @@ void run_scores(const IndexCase& c, bool round, uint32_t seed, std::vector<std::
   a.keys = pool.view();
   a.round_bf16 = round;
   a.scores = dscores.get(), a.score_stride = stride;
+  a.rounds = rounds;
   Status st = cuda::index_scores_cuda(a, nullptr);
   ASSERT_TRUE(st.ok()) << st.error().message;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -173,6 +175,12 @@ TEST(CudaAttnIndexer, ScoresBitExact) {
   run_scores(kV4, true, 3, nullptr, nullptr);
   run_scores(IndexCase{"awkward 3x32", 3, 32, {17, 2}, {{17, 16, 5}, {2}}}, true, 4, nullptr, nullptr);
   run_scores(IndexCase{"awkward 1x64", 1, 64, {127}, {{127, 64}}}, false, 5, nullptr, nullptr);
+  // Blocks of several rounds of entries (prefill chunks): 8 and an odd 3, with entries ending mid-round.
+  for (int rounds : {3, 8}) {
+    run_scores(kV41, true, 6, nullptr, nullptr, rounds);
+    run_scores(kV4, false, 7, nullptr, nullptr, rounds);
+    run_scores(IndexCase{"awkward 3x32", 3, 32, {17, 2}, {{17, 16, 5}, {2}}}, true, 8, nullptr, nullptr, rounds);
+  }
 }
 
 TEST(CudaAttnIndexer, TopkOnScores) {

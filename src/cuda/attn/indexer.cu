@@ -41,12 +41,27 @@ unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads);
 __device__ __forceinline__ float maybe_bf16(float v, bool round) { return round ? kvdev::bf16_round(v) : v; }
 
 constexpr int kScoreWarps = kThreads / 32;  // entries per block and round
-// Rounds of kScoreWarps entries per block: the block stages its query's q (H·D floats, 32 KB for V4.1) once for
-// 64 entries instead of 8 (a 4096-token V4.1 chunk re-read ~30 GB of q from L2 at one round: 14 ms per call).
-constexpr int kScoreRounds = 8;
+// Rounds of kScoreWarps entries per block (IndexScoreArgs::rounds): the block stages its query's q (H·D floats,
+// 32 KB for V4.1) once for up to 32 entries instead of 4 (a 4096-token V4.1 chunk re-read ~30 GB of q from L2 at one
+// round: 14.1 → 6.4 ms per call at 8 rounds); decode steps (a few queries) keep one round, or their grid would not
+// fill the GPU (one query: 7 → 26 µs at 8 rounds).
+constexpr int kMaxScoreRounds = 8;
+int score_rounds(const IndexScoreArgs& a) {
+  if (a.rounds > 0) return a.rounds < kMaxScoreRounds ? a.rounds : kMaxScoreRounds;
+  static const int min_blocks = [] {  // four waves of blocks
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    return 4 * (sms > 0 ? sms : 1);
+  }();
+  int r = kMaxScoreRounds;
+  while (r > 1 && int64_t(a.n_q) * ((a.max_entries + int64_t(kScoreWarps) * r - 1) / (int64_t(kScoreWarps) * r)) < min_blocks)
+    r /= 2;
+  return r;
+}
 constexpr int kQPad = kMaxDIndex + 1;
 
-__global__ void __launch_bounds__(kThreads) index_scores_kernel(IndexScoreArgs a, size_t key_nbytes) {
+__global__ void __launch_bounds__(kThreads) index_scores_kernel(IndexScoreArgs a, size_t key_nbytes, int rounds) {
   pdl_enter();
   __shared__ float q_s[kMaxIndexHeads * kQPad];
   __shared__ float w_s[kMaxIndexHeads];
@@ -58,8 +73,8 @@ __global__ void __launch_bounds__(kThreads) index_scores_kernel(IndexScoreArgs a
   for (int h = threadIdx.x; h < H; h += kThreads) w_s[h] = a.w[int64_t(i) * H + h];
   __syncthreads();
   const int64_t n_entries = a.n_entries[i], visible = a.visible[i];
-  for (int round = 0; round < kScoreRounds; ++round) {
-    const int64_t g = (int64_t(blockIdx.x) * kScoreRounds + round) * kScoreWarps + warp;
+  for (int round = 0; round < rounds; ++round) {
+    const int64_t g = (int64_t(blockIdx.x) * rounds + round) * kScoreWarps + warp;
     if (g >= n_entries) break;  // the whole warp; only __syncwarp below
     float* out = a.scores + int64_t(i) * a.score_stride + g;
     if (g >= visible) {
@@ -217,9 +232,10 @@ Status index_scores_cuda(const IndexScoreArgs& a, cudaStream_t stream) {
     return make_error("index_scores_cuda: unsupported shape n_heads=", a.n_heads, " d_index=", a.d_index);
   if (kv_row_channels(a.keys.fmt) != a.d_index || !kv_format_supported(a.keys.fmt))
     return make_error("index_scores_cuda: key row format does not match d_index=", a.d_index);
-  const int64_t per_block = int64_t(kScoreWarps) * kScoreRounds;
+  const int rounds = score_rounds(a);
+  const int64_t per_block = int64_t(kScoreWarps) * rounds;
   const dim3 grid(unsigned((a.max_entries + per_block - 1) / per_block), unsigned(a.n_q));
-  launch(index_scores_kernel, grid, kThreads, 0, stream, a, kv_row_nbytes(a.keys.fmt));
+  launch(index_scores_kernel, grid, kThreads, 0, stream, a, kv_row_nbytes(a.keys.fmt), rounds);
   return launched("launch index_scores_kernel");
 }
 

@@ -42,6 +42,9 @@ struct IndexScoreArgs {
   bool round_bf16 = true;
   float* scores = nullptr;           // [n_q, score_stride]
   int64_t score_stride = 0;
+  // Rounds of 4 entries per block (1..8; 0 = by launch size: 8 for prefill chunks, fewer where the grid would not
+  // fill the GPU, 1 for decode steps). A block stages its query's q once per block; the scores are the same.
+  int rounds = 0;
 };
 
 Status index_scores_cuda(const IndexScoreArgs& a, cudaStream_t stream);
