@@ -58,6 +58,33 @@ Status run_expert(GpuStep& s, const DeviceExpert& e, const float* xs, int m, con
   return linear(s, e.w2, h.get(), m, ys.get());                       // [m, d]
 }
 
+// The step's routes on the host, sorted by expert (a counting sort): sorted row `at` is slot pairs[at] % K of token
+// rows[at] (pair pairs[at] = token·K + slot), expert expert_of[at], route weight weights[at]; expert e's rows are
+// first[e] .. first[e + 1], in token order. A host round trip (the ids and weights come down).
+struct SortedRoutes {
+  std::vector<int32_t> first, rows, pairs, expert_of;
+  std::vector<float> weights;
+};
+Status sort_routes(GpuStep& s, const DeviceSpan<int32_t>& experts, const Buf& weights, SortedRoutes& r) {
+  const int n = s.n, E = s.c.n_experts, K = s.c.top_k;
+  const size_t P = size_t(n) * K;
+  std::vector<int32_t> ex;
+  std::vector<float> wt;
+  SPW_TRY(s.download(experts.get(), experts.size(), ex));
+  SPW_TRY(s.download(weights.get(), weights.size(), wt));
+  r.first.assign(E + 1, 0);
+  for (int32_t e : ex) ++r.first[e + 1];
+  for (int e = 0; e < E; ++e) r.first[e + 1] += r.first[e];
+  r.rows.resize(P), r.pairs.resize(P), r.expert_of.resize(P), r.weights.resize(P);
+  std::vector<int32_t> fill(r.first.begin(), r.first.end() - 1);
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k < K; ++k) {
+      const int32_t p = i * K + k, e = ex[p], at = fill[e]++;
+      r.rows[at] = i, r.pairs[at] = p, r.expert_of[at] = e, r.weights[at] = wt[p];
+    }
+  return {};
+}
+
 // Dispatch on the host: the tokens of each expert and their route weights go to the host; each
 // expert runs on its gathered rows and is added into acc [n, d] at its tokens, in expert order. The
 // row lists of all experts go back to the device as one array (two copies per layer, not two per
@@ -66,27 +93,14 @@ Status routed_host(GpuStep& s, int layer, const float* x, const DeviceSpan<int32
                    float* acc) {
   const ModelConfig& c = s.c;
   const DeviceLayer& lw = s.w.layers[layer];
-  const int n = s.n, d = c.d_model, E = c.n_experts, K = c.top_k;
-  std::vector<int32_t> ex;
-  std::vector<float> wt;
-  SPW_TRY(s.download(experts.get(), experts.size(), ex));
-  SPW_TRY(s.download(weights.get(), weights.size(), wt));
-  // Counting sort by expert: expert e's rows are rows_of[first[e] .. first[e + 1]), in token order.
-  std::vector<int32_t> first(E + 1, 0);
-  for (int32_t e : ex) ++first[e + 1];
-  for (int e = 0; e < E; ++e) first[e + 1] += first[e];
-  std::vector<int32_t> rows_of(ex.size()), fill(first.begin(), first.end() - 1);
-  std::vector<float> weights_of(ex.size());
-  for (int i = 0; i < n; ++i)
-    for (int k = 0; k < K; ++k) {
-      const int32_t e = ex[size_t(i) * K + k], at = fill[e]++;
-      rows_of[at] = i;
-      weights_of[at] = wt[size_t(i) * K + k];
-    }
+  const int n = s.n, d = c.d_model, E = c.n_experts;
+  SortedRoutes r;
+  SPW_TRY(sort_routes(s, experts, weights, r));
+  const std::vector<int32_t>& first = r.first;
   DeviceSpan<int32_t> rows;
   Buf rw;
-  SPW_TRY(s.upload(rows_of, rows));
-  SPW_TRY(s.upload(weights_of, rw));
+  SPW_TRY(s.upload(r.rows, rows));
+  SPW_TRY(s.upload(r.weights, rw));
   SPW_CUDA_TRY(cudaMemsetAsync(acc, 0, sizeof(float) * size_t(n) * d, s.stream));
   for (int e = 0; e < E; ++e) {
     const int m = first[e + 1] - first[e];
@@ -120,34 +134,21 @@ Status routed_exl3_grouped(GpuStep& s, int layer, const float* x, const DeviceSp
                            const Buf& weights, float* acc) {
   const ModelConfig& c = s.c;
   const Exl3CudaMoeLayer& L = s.st.exl3_moe[layer].layer;
-  const int n = s.n, E = c.n_experts, K = c.top_k;
+  const int n = s.n, K = c.top_k;
   const int64_t d = L.d, F = L.f, P = int64_t(n) * K, width = std::max(d, F);
   const bool rb = s.num.bf16_activations;
-  std::vector<int32_t> ex;
-  std::vector<float> wt;
-  SPW_TRY(s.download(experts.get(), experts.size(), ex));
-  SPW_TRY(s.download(weights.get(), weights.size(), wt));
-  // Counting sort by expert: sorted row `at` is token rows_of[at]'s slot, pair pair_of[at] = token·K + slot.
-  std::vector<int32_t> first(E + 1, 0);
-  for (int32_t e : ex) ++first[e + 1];
-  for (int e = 0; e < E; ++e) first[e + 1] += first[e];
-  std::vector<int32_t> rows_of(P), pair_of(P), expert_of(P), fill(first.begin(), first.end() - 1);
-  std::vector<float> weights_of(P);
-  for (int i = 0; i < n; ++i)
-    for (int k = 0; k < K; ++k) {
-      const int32_t p = i * K + k, e = ex[p], at = fill[e]++;
-      rows_of[at] = i, pair_of[at] = p, expert_of[at] = e, weights_of[at] = wt[p];
-    }
-  const Exl3GroupPlan plan = exl3_group_plan(first);
+  SortedRoutes r;
+  SPW_TRY(sort_routes(s, experts, weights, r));
+  const Exl3GroupPlan plan = exl3_group_plan(r.first);
   DeviceSpan<int32_t> rows, pairs, row_expert;
   DeviceSpan<Exl3GroupItem> items;
   DeviceSpan<uint16_t> xr;  // fp16 rotated rows
   DeviceSpan<uint32_t> counters;
   Buf rw, g, u, ys;
-  SPW_TRY(s.upload(rows_of, rows));
-  SPW_TRY(s.upload(pair_of, pairs));
-  SPW_TRY(s.upload(expert_of, row_expert));
-  SPW_TRY(s.upload(weights_of, rw));
+  SPW_TRY(s.upload(r.rows, rows));
+  SPW_TRY(s.upload(r.pairs, pairs));
+  SPW_TRY(s.upload(r.expert_of, row_expert));
+  SPW_TRY(s.upload(r.weights, rw));
   SPW_TRY(s.upload(plan.items, items));
   SPW_TRY(s.alloc(xr, size_t(P) * width));
   SPW_TRY(s.alloc(counters, std::max<size_t>(1, plan.items.size() * size_t(width / 128))));
