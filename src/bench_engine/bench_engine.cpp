@@ -131,14 +131,17 @@ Result<std::vector<float>> prefill(GpuModel& m, GpuSequence& seq, const std::vec
   return logits;
 }
 
-void print_plan(const engine::MemoryPlan& p, const engine::KvBudget& b, json& out) {
+void print_plan(const ModelConfig& c, const engine::MemoryPlan& p, const engine::KvBudget& b, json& out) {
   const engine::WeightBytes& w = p.weights;
+  char experts_row[64];
+  if (c.exl3_expert_bits > 0) std::snprintf(experts_row, sizeof experts_row, "weights: routed experts (EXL3, %g bits)", c.exl3_expert_bits);
+  else std::snprintf(experts_row, sizeof experts_row, "weights: routed experts (MXFP4)");
   std::printf("\n## Memory plan (before loading): max_seqs %d, max_context %lld, max_step_tokens %d\n\n", b.max_seqs,
               (long long)b.max_context, b.max_step_tokens);
   std::printf("| component | GiB |\n|---|---|\n");
   const std::pair<const char*, size_t> rows[] = {
       {"weights: embedding (f32)", w.embed}, {"weights: head", w.head}, {"weights: attention", w.attention},
-      {"weights: compressors, indexers", w.compressor}, {"weights: routed experts (planned as MXFP4)", w.routed_experts},
+      {"weights: compressors, indexers", w.compressor}, {experts_row, w.routed_experts},
       {"weights: shared experts", w.shared_experts}, {"weights: router", w.router},
       {"weights: mHC", w.hyper_connections}, {"weights: Engram projections", w.engram_dense},
       {"KV pools", p.kv.pool_nbytes()}, {"sequence state", p.state_nbytes}, {"workspace", p.workspace_nbytes},
@@ -214,7 +217,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
                                     o.batch_prompt_max + o.batch_steps + 8});
   gopt.budget.max_step_tokens = o.chunk;
   const engine::MemoryPlan plan = engine::plan_memory(c, gopt.budget);
-  print_plan(plan, gopt.budget, report["plan"]);
+  print_plan(c, plan, gopt.budget, report["plan"]);
 
   const DecodeBytes db = decode_bytes(*ckpt, c);
   const int64_t ctx_mid = o.decode_context + o.decode_steps / 2;

@@ -15,6 +15,10 @@ size_t fp8_nbytes(int64_t n_out, int64_t n_in, int block) {
   return size_t(n_out * n_in) + ceil_div(n_out, block) * ceil_div(n_in, block);
 }
 size_t fp4_nbytes(int64_t n_out, int64_t n_in) { return size_t(n_out * n_in / 2 + n_out * n_in / 32); }
+// An EXL3 linear: the trellis (bits per weight) and its fp16 sign/scale vectors suh [n_in], svh [n_out].
+size_t exl3_nbytes(int64_t n_out, int64_t n_in, double bits) {
+  return size_t(double(n_out) * double(n_in) * bits / 8) + 2 * size_t(n_out + n_in);
+}
 size_t bf16_nbytes(int64_t n) { return size_t(2 * n); }
 size_t f32_nbytes(int64_t n) { return size_t(4 * n); }
 
@@ -124,7 +128,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quanti
     }
     if (p.index_source) w.compressor += fp8_nbytes(Hi * Di, c.q_lora_rank, B) + bf16_nbytes(Hi * d);
     w.router += f32_nbytes(E * d) + (p.hash_routed ? size_t(4 * c.vocab_size * c.top_k) : f32_nbytes(E));
-    w.routed_experts += size_t(E) * 3 * fp4_nbytes(F, d);
+    w.routed_experts += size_t(E) * 3 * (c.exl3_expert_bits > 0 ? exl3_nbytes(F, d, c.exl3_expert_bits) : fp4_nbytes(F, d));
     w.shared_experts += 2 * fp8_nbytes(F, d, B) + fp8_nbytes(d, F, B);
     if (p.engram) {
       const int64_t n_in = int64_t(c.engram_max_ngram - 1) * c.engram_n_heads * c.engram_head_dim;

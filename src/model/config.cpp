@@ -71,8 +71,16 @@ void read_quantization(FieldReader& top, ModelConfig& c) {
   // An EXL3 pack (`spillway quantize`, specs/exl3.md §1.5) quantizes only the routed experts and
   // keeps the released FP8 settings under original_quantization_config.
   const json* qc = &top.raw("quantization_config");
-  if (qc->is_object() && qc->value("quant_method", json()) == "exl3" && qc->contains("original_quantization_config"))
+  if (qc->is_object() && qc->value("quant_method", json()) == "exl3" && qc->contains("original_quantization_config")) {
+    const json& bits = qc->value("bits", json());
+    if (!bits.is_number() || bits.get<double>() <= 0 || bits.get<double>() > 16) {
+      top.fail(make_error(top.source(), ": quantization_config.bits of an EXL3 pack: expected a number in (0, 16], got ",
+                          bits.dump()));
+      return;
+    }
+    c.exl3_expert_bits = bits.get<double>();
     qc = &qc->at("original_quantization_config");
+  }
   FieldReader q(*qc, top.source() + " quantization_config");
   auto method = q.get<std::string>("quant_method");
   if (method != "fp8") q.reject("quantization_config.quant_method", in_quotes(method), "\"fp8\"");

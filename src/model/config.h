@@ -68,6 +68,9 @@ struct ModelConfig {
   float yarn_beta_slow = 1.f;
   int weight_block = 0;      // FP8 weight block (128 in V4, 32 in V4.1)
   int act_block = 0;         // activation quant block before FP8/FP4 GEMMs
+  // > 0: the routed experts are EXL3 trellis tensors of this many bits per weight (quantization_config.bits of a
+  // `spillway quantize` pack); 0: MXFP4 as released. What the memory planner counts before loading.
+  double exl3_expert_bits = 0;
   std::vector<int> compress_ratios;  // per backbone layer
   int64_t bos_id = 0, eos_id = 1, pad_id = -1;
   // V4.1 only.

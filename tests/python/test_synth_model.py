@@ -6,6 +6,7 @@ vocabulary, head width, layer kinds and formats are the real ones. `spillway run
 decodes: a NaN/inf logit would make the argmax 0 every step or fail, so finite logits are checked by
 the ids being in range and the run succeeding; the layer table and formats by `inspect`.
 """
+import json
 import os
 import re
 import subprocess
@@ -78,15 +79,38 @@ def test_run_decodes_finite_logits(model):
     assert ids != [0, 0, 0, 0], f"{name}: greedy ids {ids} look like NaN logits"
 
 
-def test_bench_plan_only(model):
+def expert_tensor_bytes(path):
+    """Bytes of the routed-expert tensors in a checkpoint's safetensors shards, from their headers."""
+    total = 0
+    for shard in sorted(Path(path).glob("*.safetensors")):
+        with open(shard, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        for tensor, meta in header.items():
+            if ".ffn.experts." in tensor:
+                begin, end = meta["data_offsets"]
+                total += end - begin
+    return total
+
+
+def test_bench_plan_only(model, tmp_path):
     """`spillway bench --plan-only` needs no GPU: the plan and per-token costs of the synthetic model. A build
-    without CUDA must refuse clearly instead."""
+    without CUDA must refuse clearly instead. The plan's routed-expert bytes are the checkpoint's own, in its
+    expert format (MXFP4, or EXL3 at the pack's bits: the planner reads quantization_config.bits)."""
     name, path = model
-    r = subprocess.run([SPILLWAY, "bench", "--model", str(path), "--plan-only"], capture_output=True, text=True,
-                       timeout=60)
+    out_json = tmp_path / "plan.json"
+    r = subprocess.run([SPILLWAY, "bench", "--model", str(path), "--plan-only", "--json", str(out_json)],
+                       capture_output=True, text=True, timeout=60)
     if r.returncode == 2 and "no GPU engine" in r.stderr:
         return  # a CPU-only build: the message says why
     assert r.returncode == 0, r.stderr
+    plan = json.loads(out_json.read_text())["plan"]
+    experts = [k for k in plan if k.startswith("weights: routed experts")]
+    assert experts == ["weights: routed experts (EXL3, 3 bits)" if name.endswith("exl3")
+                       else "weights: routed experts (MXFP4)"], plan.keys()
+    stored = expert_tensor_bytes(path)
+    # EXL3 tensors carry a 4-byte codebook marker each, which the plan leaves out (< 0.1 %).
+    assert abs(plan[experts[0]] - stored) <= 0.001 * stored, (plan[experts[0]], stored)
     for section in ("## Memory plan", "## Bytes one batch-1 decode token reads", "## FLOPs per prefill token"):
         assert section in r.stdout, r.stdout
     n_layers = len(CASES[name][2])

@@ -208,6 +208,34 @@ TEST(Config, RealV41PlanMatchesSpecTable) {
 // ------------------------------------------------------------------------------------------------
 // Rejections
 
+// An EXL3 pack (`spillway quantize`, specs/exl3.md §1.5): the released FP8 settings move under
+// original_quantization_config and the pack's bits per expert weight are what the memory planner counts.
+json as_exl3_pack(json j, const json& bits) {
+  json& t = j.contains("text_config") ? j["text_config"] : j;
+  json& qc = j.contains("quantization_config") ? j["quantization_config"] : t["quantization_config"];
+  qc = json{{"quant_method", "exl3"}, {"bits", bits}, {"codebook", "mul1"}, {"original_quantization_config", qc}};
+  return j;
+}
+
+TEST(Config, Exl3PackRecordsItsExpertBits) {
+  auto released = parse(real_v41_json());
+  ASSERT_TRUE(released.ok()) << released.error().message;
+  EXPECT_EQ(released->exl3_expert_bits, 0.0);  // MXFP4 experts as released
+  auto pack = parse(as_exl3_pack(real_v41_json(), 3.0));
+  ASSERT_TRUE(pack.ok()) << pack.error().message;
+  EXPECT_EQ(pack->exl3_expert_bits, 3.0);
+  EXPECT_EQ(pack->weight_block, released->weight_block);  // the FP8 settings still come from the original
+  auto half = parse(as_exl3_pack(real_v4_json(), 2.5));
+  ASSERT_TRUE(half.ok()) << half.error().message;
+  EXPECT_EQ(half->exl3_expert_bits, 2.5);
+}
+
+TEST(ConfigReject, Exl3PackWithoutBits) {
+  expect_rejected(as_exl3_pack(real_v41_json(), "three"), {"quantization_config.bits", "\"three\""});
+  expect_rejected(as_exl3_pack(real_v4_json(), 0), {"quantization_config.bits", "0"});
+  expect_rejected(as_exl3_pack(real_v4_json(), nullptr), {"quantization_config.bits", "null"});
+}
+
 TEST(ConfigReject, UnknownModelType) {
   json j = real_v4_json();
   j["model_type"] = "llama";
