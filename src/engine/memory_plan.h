@@ -3,13 +3,15 @@
 // pools from the same numbers, so the plan is what gets allocated.
 //
 // Weights are counted in the form device_weights.h uploads them: FP8 e4m3 + ue8m0 block scales,
-// MXFP4 nibbles + ue8m0 per 32, BF16 (wo_a, BF16 products), F32 for FP32 products (router, head,
+// MXFP4 nibbles + ue8m0 per 32 (routed experts as released) or EXL3 trellis at the pack's bits plus fp16
+// suh/svh (ModelConfig::exl3_expert_bits), BF16 (wo_a, BF16 products), F32 for FP32 products (router, head,
 // V4 compressors) and for small vectors (norms, mHC, sinks, biases) and the embedding table.
 // A checkpoint that stores an FP32-product weight in BF16 uploads it as BF16, so those entries are
 // upper bounds. Engram tables stay in host memory (engram_tables_host_nbytes).
 // KV rows use the compact formats of cuda/attn/kv_pages.h (f32 rows for numerics without fake quant);
 // pools are whole pages of kKvPageRows rows.
-// Tests: tests/gpu/test_engine_plan.cpp.
+// Tests: tests/gpu/test_engine_plan.cpp; the routed-expert bytes against a checkpoint's tensors:
+// tests/python/test_synth_model.py (test_bench_plan_only).
 #pragma once
 
 #include <cstddef>
