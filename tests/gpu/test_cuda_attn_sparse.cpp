@@ -198,6 +198,27 @@ void run_case(const Case& c, bool round_p, uint32_t seed) {
                         << ": " << (first < split.size() ? split[first] : 0.f) << " vs "
                         << (first < split.size() ? one_block[first] : 0.f);
 
+  // Rows decoded four channels per lane step (decode_x4): the same tile values, so bit-identical results on the
+  // one-block and split paths.
+  a.decode_x4 = true;
+  for (const cuda::SparseAttnPath path : {cuda::SparseAttnPath::kOneBlock, cuda::SparseAttnPath::kSplit}) {
+    DevBuf<float> dout_x4(want.size(), 3.0e38f);
+    a.out = dout_x4.get();
+    a.path = path;
+    st = cuda::sparse_attn_cuda(a, nullptr);
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dout_x4.expect_guards("attention output (x4 decode)");
+    const std::vector<float> x4 = dout_x4.download();
+    size_t x4_differ = 0;
+    for (size_t k = 0; k < x4.size(); ++k)
+      x4_differ += std::memcmp(&x4[k], &one_block[k], sizeof(float)) != 0 && !(x4[k] == 0.f && one_block[k] == 0.f);
+    EXPECT_EQ(x4_differ, 0u) << c.name << ": the x4 row decode changed " << x4_differ << " values (path "
+                             << int(path) << ")";
+  }
+  a.decode_x4 = false;
+  a.path = cuda::SparseAttnPath::kSplit;
+
   // The tensor-core path (bf16 q and p̃, d_head % 64 == 0): the same products summed in another order, so the
   // reference's tolerance; refused where its inputs are not bf16.
   DevBuf<float> dout_mma(want.size(), 3.0e38f);

@@ -77,6 +77,9 @@ struct SparseAttnArgs {
   float* scratch = nullptr;
   size_t scratch_floats = 0;
   SparseAttnPath path = SparseAttnPath::kAuto;  // kSplit / kOneBlock force a path (tests)
+  // Stored rows decoded four channels per lane step where their formats allow it (bit-identical; also on with
+  // SPILLWAY_ATTN_VEC4=1). Off by default until measured on the GPU (session 15 compiled it).
+  bool decode_x4 = false;
 };
 
 Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream);

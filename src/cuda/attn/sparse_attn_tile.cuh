@@ -28,9 +28,12 @@ inline Error cuda_error(const char* what, cudaError_t e) { return make_error("CU
 // Kinds of a row-table entry.
 enum RowKind : uint8_t { kSkipped = 0, kF32 = 1, kRing = 2, kComp = 3 };
 
-// The three layouts a row can have, indexed by RowKind (kSkipped's entry is unused).
+// The three layouts a row can have, indexed by RowKind (kSkipped's entry is unused). vec4: decode stored
+// quantized rows four channels per lane step (dequant_row_x4; opt-in, SPILLWAY_ATTN_VEC4=1, where the layouts
+// allow it: vec4_layout_ok).
 struct Layouts {
   kvdev::RowLayout by_kind[4];
+  bool vec4 = false;
 };
 
 // The layout of a row of this kind, by value. Constant indices only: indexing the kernel-parameter array
@@ -160,6 +163,43 @@ __device__ __forceinline__ void dequant_row(const kvdev::RowLayout& l, const uin
   }
 }
 
+// Whether dequant_row_x4 takes rows of layout l: fp8 or fp4 codes, four channels never straddling the
+// quantized/bf16 boundary or a scale block, 4-byte aligned code words (fp8) or 2-byte ones (fp4).
+__host__ __device__ inline bool vec4_layout_ok(const kvdev::RowLayout& l, int d) {
+  return (l.elem == KvElem::kFp8E4m3 || l.elem == KvElem::kFp4E2m1) && d % 4 == 0 && l.n_quant % 4 == 0 &&
+         l.block_shift >= 2 && l.code_off % 4 == 0;
+}
+
+// dequant_row, four consecutive channels per lane step (lane l: channels 4l .. 4l + 3, then + 128): one code
+// word and one scale per step instead of per channel, float4 stores. The same values bit for bit: each is
+// the same code decode times the same scale (row rows are 4-byte aligned; dst 16-byte aligned, d % 4 == 0).
+template <KvElem E>
+__device__ __forceinline__ void dequant_row_x4(const kvdev::RowLayout& l, const uint8_t* row, float* dst, int d,
+                                               int lane) {
+  for (int c = 4 * lane; c < d; c += 128) {
+    float4 v;
+    if (c >= l.n_quant) {  // bf16 channels, stored first in the row
+      const uint32_t* b = reinterpret_cast<const uint32_t*>(row + 2 * (c - l.n_quant));
+      const uint32_t lo = b[0], hi = b[1];
+      v = make_float4(__uint_as_float(lo << 16), __uint_as_float(lo & 0xffff0000u), __uint_as_float(hi << 16),
+                      __uint_as_float(hi & 0xffff0000u));
+    } else {
+      const uint32_t sc = row[l.scale_off + (c >> l.block_shift)];
+      const float s = l.e4m3_scale ? kvdev::e4m3_to_f32(sc) : kvdev::e8m0_to_f32(sc);
+      if constexpr (E == KvElem::kFp8E4m3) {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(row + l.code_off + c);
+        v = make_float4(kvdev::e4m3_to_f32(w & 0xffu) * s, kvdev::e4m3_to_f32((w >> 8) & 0xffu) * s,
+                        kvdev::e4m3_to_f32((w >> 16) & 0xffu) * s, kvdev::e4m3_to_f32(w >> 24) * s);
+      } else {
+        const uint32_t w = *reinterpret_cast<const uint16_t*>(row + l.code_off + (c >> 1));
+        v = make_float4(kvdev::e2m1_to_f32(w & 0xfu) * s, kvdev::e2m1_to_f32((w >> 4) & 0xfu) * s,
+                        kvdev::e2m1_to_f32((w >> 8) & 0xfu) * s, kvdev::e2m1_to_f32(w >> 12) * s);
+      }
+    }
+    *reinterpret_cast<float4*>(dst + c) = v;
+  }
+}
+
 // The rows' kinds and addresses (a thread per row; rows past the query's end are kSkipped).
 __device__ __forceinline__ void resolve_segment(const SparseAttnArgs& a, const QueryRows& qr, int64_t seg0, SegmentTile t) {
   for (int r = threadIdx.x; r < kSegRows; r += blockDim.x) {
@@ -184,6 +224,11 @@ __device__ void decode_rows(const SparseAttnArgs& a, const Layouts& layouts, con
     const kvdev::RowLayout l = layout_of(layouts, kind);
     const uint8_t* row = reinterpret_cast<const uint8_t*>(t.raw + size_t(r) * t.raw_words);
     float* dst = t.rows + size_t(r) * t.ld;
+    if (layouts.vec4 && l.elem != KvElem::kF32) {
+      if (l.elem == KvElem::kFp8E4m3) dequant_row_x4<KvElem::kFp8E4m3>(l, row, dst, d, lane);
+      else dequant_row_x4<KvElem::kFp4E2m1>(l, row, dst, d, lane);
+      continue;
+    }
     if (l.elem == KvElem::kF32) dequant_row<CPL, KvElem::kF32>(l, row, dst, d, lane);  // an unquantized ring
     else if (l.elem == KvElem::kFp8E4m3) dequant_row<CPL, KvElem::kFp8E4m3>(l, row, dst, d, lane);
     else dequant_row<CPL, KvElem::kFp4E2m1>(l, row, dst, d, lane);
