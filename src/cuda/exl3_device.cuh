@@ -206,6 +206,18 @@ __device__ __forceinline__ void warp_ring_init(WarpRing& r, int lane) {
   __syncwarp();
 }
 
+// The (row, 128-block) job of this warp in a launch of kThreads-thread blocks over rows × k/128 jobs (one warp
+// per job, the input rotations); false past the last job.
+template <int kThreads>
+__device__ __forceinline__ bool rotation_job(int64_t rows, int k, int64_t& row, int& blk) {
+  const int64_t job = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  const int nblk = k / 128;
+  if (job >= rows * nblk) return false;
+  row = job / nblk;
+  blk = static_cast<int>(job % nblk);
+  return true;
+}
+
 // xr[i] = fp16(had128(x[i]·suh[i])) for one 128-block, by one warp; returns nothing else.
 __device__ __forceinline__ void rotate_block(const float* __restrict__ x, const uint16_t* __restrict__ suh,
                                              __half* __restrict__ xr, int lane) {

@@ -112,11 +112,9 @@ __global__ void __launch_bounds__(kBulkThreads) exl3_gemm_bulk_kernel(
 __global__ void __launch_bounds__(kThreads) exl3_rotate_rows_kernel(const float* __restrict__ x,
                                                                     const uint16_t* __restrict__ suh,
                                                                     __half* __restrict__ xr, int k, int64_t m) {
-  const int64_t job = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
-  const int nblk = k / 128;
-  if (job >= m * nblk) return;
-  const int64_t row = job / nblk;
-  const int b = static_cast<int>(job % nblk);
+  int64_t row;
+  int b;
+  if (!rotation_job<kThreads>(m, k, row, b)) return;
   rotate_block(x + row * k + b * 128, suh + b * 128, xr + row * k + b * 128, threadIdx.x & 31);
 }
 

@@ -62,11 +62,9 @@ __global__ void __launch_bounds__(kThreads) exl3_rotate_grouped_kernel(const Exl
                                                                        const int32_t* __restrict__ x_rows, int x_div,
                                                                        const int32_t* __restrict__ row_expert,
                                                                        __half* __restrict__ xr, int k, int64_t rows) {
-  const int64_t job = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
-  const int nblk = k / 128;
-  if (job >= rows * nblk) return;
-  const int64_t r = job / nblk;
-  const int blk = static_cast<int>(job % nblk);
+  int64_t r;
+  int blk;
+  if (!rotation_job<kThreads>(rows, k, r, blk)) return;
   const int32_t e = row_expert[r];
   if (e < 0) return;
   const int64_t src = x_rows ? x_rows[r] : r / x_div;
