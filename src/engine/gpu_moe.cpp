@@ -73,7 +73,12 @@ Status sort_routes(GpuStep& s, const DeviceSpan<int32_t>& experts, const Buf& we
   SPW_TRY(s.download(experts.get(), experts.size(), ex));
   SPW_TRY(s.download(weights.get(), weights.size(), wt));
   r.first.assign(E + 1, 0);
-  for (int32_t e : ex) ++r.first[e + 1];
+  for (int32_t e : ex) {
+    // The host paths route every slot (the fused decode kernel is the one that skips ids < 0, for expert-parallel
+    // shards); anything else here is a bug upstream, reported instead of written out of bounds.
+    if (e < 0 || e >= E) return make_error("MoE host dispatch: expert id ", e, " outside 0..", E - 1);
+    ++r.first[e + 1];
+  }
   for (int e = 0; e < E; ++e) r.first[e + 1] += r.first[e];
   r.rows.resize(P), r.pairs.resize(P), r.expert_of.resize(P), r.weights.resize(P);
   std::vector<int32_t> fill(r.first.begin(), r.first.end() - 1);
