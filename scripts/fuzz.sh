@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Build the libFuzzer targets with clang and fuzz parse_safetensors_header for SECONDS (default 60).
-# The committed seeds in fuzz/corpus/safetensors_header stay read-only; new inputs go to
-# fuzz/corpus-run/safetensors_header (git-ignored), crashes to fuzz/corpus-run/artifacts/.
-# Usage: scripts/fuzz.sh [SECONDS] [extra libFuzzer flags...]
+# Build the libFuzzer targets with clang and fuzz one of them for SECONDS (default 60): FUZZ_TARGET=
+# safetensors_header (default: parse_safetensors_header) or model_config (parse_model_config).
+# The committed seeds in fuzz/corpus/TARGET stay read-only; new inputs go to
+# fuzz/corpus-run/TARGET (git-ignored), crashes to fuzz/corpus-run/artifacts/.
+# Usage: [FUZZ_TARGET=model_config] scripts/fuzz.sh [SECONDS] [extra libFuzzer flags...]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 seconds="${1:-60}"
@@ -10,11 +11,14 @@ shift || true
 build="${SPILLWAY_FUZZ_BUILD_DIR:-$root/build-fuzz}"
 
 cmake -S "$root/fuzz" -B "$build" -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++}" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build" --target fuzz_safetensors_header -j"$(nproc)"
+target="${FUZZ_TARGET:-safetensors_header}"
+cmake --build "$build" --target "fuzz_$target" -j"$(nproc)"
 
-work="$root/fuzz/corpus-run/safetensors_header"
+work="$root/fuzz/corpus-run/$target"
 artifacts="$root/fuzz/corpus-run/artifacts/"
 mkdir -p "$work" "$artifacts"
-exec "$build/fuzz_safetensors_header" "$work" "$root/fuzz/corpus/safetensors_header" \
+dict=()
+[ -f "$root/fuzz/$target.dict" ] && dict=(-dict="$root/fuzz/$target.dict")
+exec "$build/fuzz_$target" "$work" "$root/fuzz/corpus/$target" \
   -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-  -dict="$root/fuzz/safetensors_header.dict" -artifact_prefix="$artifacts" -print_final_stats=1 "$@"
+  "${dict[@]}" -artifact_prefix="$artifacts" -print_final_stats=1 "$@"

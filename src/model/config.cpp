@@ -1,10 +1,14 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
 
 namespace spw {
 namespace {
@@ -46,11 +50,40 @@ class FieldReader {
  private:
   template <class T>
   T as(const char* field, const json& v) {
+    if (!representable<T>(v)) {
+      fail(make_error(source_, ": field '", field, "' has the wrong type or is out of range (", v.dump(), ")"));
+      return T{};
+    }
     try {
       return v.get<T>();
     } catch (const json::exception&) {
       fail(make_error(source_, ": field '", field, "' has the wrong type (", v.dump(), ")"));
       return T{};
+    }
+  }
+  // Whether v converts to T exactly: nlohmann converts a float to an integer (or a double to a float) by a
+  // cast, which is undefined behaviour out of range (1e26 for an int field: found by fuzz/fuzz_model_config).
+  // Integer fields take JSON integers in T's range, float fields finite numbers within T's range.
+  template <class T>
+  static bool representable(const json& v) {
+    if constexpr (std::is_same_v<T, bool>) {
+      return v.is_boolean();
+    } else if constexpr (std::is_integral_v<T>) {
+      if (v.is_number_unsigned()) return v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max());
+      if (!v.is_number_integer()) return false;
+      const int64_t x = v.get<int64_t>();
+      return x >= int64_t(std::numeric_limits<T>::min()) && x <= int64_t(std::numeric_limits<T>::max());
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!v.is_number()) return false;
+      const double x = v.get<double>();
+      return std::isfinite(x) && std::fabs(x) <= double(std::numeric_limits<T>::max());
+    } else if constexpr (requires { typename T::value_type; } && !std::is_same_v<T, std::string>) {
+      if (!v.is_array()) return false;
+      for (const json& e : v)
+        if (!representable<typename T::value_type>(e)) return false;
+      return true;
+    } else {
+      return true;  // strings: nlohmann reports a mismatch itself
     }
   }
   const json& obj_;

@@ -236,6 +236,23 @@ TEST(ConfigReject, Exl3PackWithoutBits) {
   expect_rejected(as_exl3_pack(real_v4_json(), nullptr), {"quantization_config.bits", "null"});
 }
 
+// Numbers that do not fit the field's type are errors, not casts (a float beyond int64 for an integer field
+// was undefined behaviour in the JSON library's conversion: found by fuzz/fuzz_model_config).
+TEST(ConfigReject, NumbersOutsideTheFieldType) {
+  json j = real_v41_json();
+  j["text_config"]["engram_compressed_vocab_size"] = 1.1e26;
+  expect_rejected(j, {"engram_compressed_vocab_size", "out of range"});
+  json k = real_v4_json();
+  k["num_hidden_layers"] = 43.0;  // a float for an integer field
+  expect_rejected(k, {"num_hidden_layers", "1e3", "wrong type"});
+  json m = real_v4_json();
+  m["num_hidden_layers"] = 4294967296;  // beyond int
+  expect_rejected(m, {"num_hidden_layers", "4294967296"});
+  json f = real_v4_json();
+  f["routed_scaling_factor"] = 1e300;  // beyond float
+  expect_rejected(f, {"routed_scaling_factor", "out of range"});
+}
+
 TEST(ConfigReject, UnknownModelType) {
   json j = real_v4_json();
   j["model_type"] = "llama";
