@@ -244,7 +244,7 @@ TEST(ConfigReject, NumbersOutsideTheFieldType) {
   expect_rejected(j, {"engram_compressed_vocab_size", "out of range"});
   json k = real_v4_json();
   k["num_hidden_layers"] = 43.0;  // a float for an integer field
-  expect_rejected(k, {"num_hidden_layers", "1e3", "wrong type"});
+  expect_rejected(k, {"num_hidden_layers", "43.0"});
   json m = real_v4_json();
   m["num_hidden_layers"] = 4294967296;  // beyond int
   expect_rejected(m, {"num_hidden_layers", "4294967296"});
