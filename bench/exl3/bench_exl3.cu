@@ -51,6 +51,21 @@ __global__ void read_kernel(const float4* p, size_t n, float* out) {
   if (s == 1234.5f) *out = s;  // keeps the loads alive
 }
 
+// µs per call of fn(i) (i = the call's index) over `reps` timed calls after `warmup` untimed ones: CUDA events
+// around the timed calls, so launch overhead counts and nothing waits between calls.
+template <class F>
+static double us_per_call(F&& fn, int warmup, int reps, cudaEvent_t e0, cudaEvent_t e1) {
+  for (int i = 0; i < warmup; ++i) fn(i);
+  CK(cudaDeviceSynchronize());
+  float ms;
+  CK(cudaEventRecord(e0));
+  for (int i = 0; i < reps; ++i) fn(i);
+  CK(cudaEventRecord(e1));
+  CK(cudaEventSynchronize(e1));
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  return ms * 1e3 / reps;
+}
+
 // One layer's three expert projections for T tokens with uniform random routing (distinct experts per
 // token), as the engine's host dispatch runs them: grouped launches (cuda/exl3_grouped.h: rotation +
 // one launch per row class and projection) vs three exl3_gemm_cuda calls per expert on its rows.
@@ -94,14 +109,14 @@ static void bench_grouped(const Exl3CudaMoeLayer& layer, const std::vector<Exl3C
     CK(cudaMemcpy(d_re, row_expert.data(), P * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_rows, rows.data(), P * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_items, plan.items.data(), plan.items.size() * sizeof(Exl3GroupItem), cudaMemcpyHostToDevice));
-    auto grouped = [&] {
+    auto grouped = [&](int) {
       for (int q = 0; q < 3; ++q) {
         Status st = exl3_rotate_grouped_cuda(layer, q, xin, q < 2 ? d_rows : nullptr, 1, d_re, P, xr, nullptr);
         if (st.ok()) st = exl3_grouped_gemm_cuda(layer, q, plan, d_items, xr, yout, nullptr, P, counters, true, nullptr);
         if (!st.ok()) { std::fprintf(stderr, "%s\n", st.error().message.c_str()); std::exit(1); }
       }
     };
-    auto per_expert = [&] {
+    auto per_expert = [&](int) {
       for (int e = 0; e < E; ++e) {
         const int m = count[e];
         if (m == 0) continue;
@@ -114,19 +129,8 @@ static void bench_grouped(const Exl3CudaMoeLayer& layer, const std::vector<Exl3C
         }
       }
     };
-    auto time_ms = [&](auto&& fn, int reps) {
-      fn();
-      CK(cudaDeviceSynchronize());
-      float ms;
-      CK(cudaEventRecord(e0));
-      for (int i = 0; i < reps; ++i) fn();
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      return double(ms) / reps;
-    };
     const int reps = T >= 4096 ? 3 : 10;
-    const double g_ms = time_ms(grouped, reps), p_ms = time_ms(per_expert, reps);
+    const double g_ms = us_per_call(grouped, 1, reps, e0, e1) * 1e-3, p_ms = us_per_call(per_expert, 1, reps, e0, e1) * 1e-3;
     std::printf("| %d | %lld | %d / %d / %d / %d | %.3f | %.3f | %.2f× |\n", T, (long long)P, plan.n[0], plan.n[1], plan.n[2], plan.n[3],
                 g_ms, p_ms, p_ms / g_ms);
     for (void* p : {(void*)d_re, (void*)d_rows, (void*)d_items, xr, (void*)xin, (void*)yout, (void*)counters}) CK(cudaFree(p));
@@ -221,15 +225,7 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
       auto st = exl3_moe_decode_cuda(layer, x, idx + s * max_t * topk, w + s * max_t * topk, T, topk, y, ws);
       if (!st.ok()) { std::fprintf(stderr, "%s\n", st.error().message.c_str()); std::exit(1); }
     };
-    for (int i = 0; i < 10; ++i) call(i);
-    CK(cudaDeviceSynchronize());
-    float ms;
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < iters; ++i) call(i);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double us = ms * 1e3 / iters;
+    const double us = us_per_call(call, 10, iters, e0, e1);
     // The same projections as separate GEMV calls (no SwiGLU between: timing only).
     auto gemv = [&](int i) {
       const int s = i % n_sets;
@@ -244,15 +240,7 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
           }
         }
     };
-    for (int i = 0; i < 3; ++i) gemv(i);
-    CK(cudaDeviceSynchronize());
-    const int giters = std::max(10, iters / 4);
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < giters; ++i) gemv(i);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double gus = ms * 1e3 / giters;
+    const double gus = us_per_call(gemv, 3, std::max(10, iters / 4), e0, e1);
     auto pairs = [&](int i) {
       const int s = i % n_sets;
       const int32_t* ids = idx + s * max_t * topk;
@@ -265,14 +253,7 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
       if (st.ok()) st = exl3_grouped_pairs_gemm_cuda(layer, 2, ids, P, pxr, py, pcnt, true, nullptr);
       if (!st.ok()) { std::fprintf(stderr, "%s\n", st.error().message.c_str()); std::exit(1); }
     };
-    for (int i = 0; i < 10; ++i) pairs(i);
-    CK(cudaDeviceSynchronize());
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < iters; ++i) pairs(i);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double pus = ms * 1e3 / iters;
+    const double pus = us_per_call(pairs, 10, iters, e0, e1);
     std::printf("| %d | %.1f | %.2f | %.0f | %.1f%% | %.2f | %.2f |\n", T, distinct, us, bytes / (us * 1e-6) / 1e9,
                 100.0 * (bytes / read_bw) / (us * 1e-6), gus, pus);
   }
@@ -287,17 +268,7 @@ static void bench_prefill(cudaEvent_t e0, cudaEvent_t e1) {
   std::mt19937 rng(3);
   cublasHandle_t h;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) { std::fprintf(stderr, "cublasCreate failed\n"); std::exit(1); }
-  float ms;
-  auto time_it = [&](int reps, auto&& fn) {
-    fn();
-    CK(cudaDeviceSynchronize());
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < reps; ++i) fn();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    return ms * 1e3 / reps;  // µs
-  };
+  auto time_it = [&](int reps, auto&& fn) { return us_per_call([&](int) { fn(); }, 1, reps, e0, e1); };
   auto dense_gemm = [&](int64_t m, int64_t k, int64_t n, const void* w, const void* x, float* y) {
     const float one = 1.f, zero = 0.f;
     if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &one, w, CUDA_R_16BF, int(k), x, CUDA_R_16BF,

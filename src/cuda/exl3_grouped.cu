@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "cuda/exl3_bulk.cuh"
 #include "cuda/exl3_device.cuh"
