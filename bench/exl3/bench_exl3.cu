@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -138,6 +139,59 @@ static void bench_grouped(const Exl3CudaMoeLayer& layer, const std::vector<Exl3C
 }
 
 // One synthetic V4.1 MoE layer: fused kernel vs roofline and vs separate GEMV calls.
+// Where one fused MoE call's time goes: every warp stamps %globaltimer at the start and end of each phase
+// (Exl3CudaMoeWorkspace::phase_ns). Per phase: from the first warp's start to the last warp's end, the mean
+// warp's own span, and the barrier after it (last end → first start of the next phase). Median over calls.
+static void moe_phase_table(const Exl3CudaMoeLayer& layer, Exl3CudaMoeWorkspace& ws, const float* x, const int32_t* idx,
+                            const float* w, float* y, int topk, int max_t, int n_sets) {
+  const int64_t n = exl3_moe_phase_stamps(layer);
+  if (n <= 0) return;
+  const int warps = static_cast<int>(n / 10);
+  unsigned long long* dstamps;
+  CK(cudaMalloc(&dstamps, n * sizeof(unsigned long long)));
+  std::vector<unsigned long long> st(n);
+  static const char* kPhase[5] = {"A rotate", "B gate/up", "C SwiGLU", "D down", "E combine"};
+  std::printf("\nFused MoE phases (%%globaltimer per warp, %d warps; median of 21 calls; µs)\n", warps);
+  std::printf("| tokens | phase | first start → last end | mean warp span | barrier after |\n|---|---|---|---|---|\n");
+  for (int T : {1, 8}) {
+    std::vector<std::array<double, 15>> runs;
+    for (int r = 0; r < 21; ++r) {
+      ws.phase_ns = dstamps;
+      const int s = r % n_sets;
+      auto ok = exl3_moe_decode_cuda(layer, x, idx + s * max_t * topk, w + s * max_t * topk, T, topk, y, ws);
+      ws.phase_ns = nullptr;
+      if (!ok.ok()) { std::fprintf(stderr, "%s\n", ok.error().message.c_str()); std::exit(1); }
+      CK(cudaMemcpy(st.data(), dstamps, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+      std::array<double, 15> v{};
+      for (int ph = 0; ph < 5; ++ph) {
+        unsigned long long first = ~0ull, last = 0, next_first = ~0ull;
+        double span = 0;
+        for (int wi = 0; wi < warps; ++wi) {
+          const unsigned long long a = st[wi * 10 + 2 * ph], b = st[wi * 10 + 2 * ph + 1];
+          first = std::min(first, a), last = std::max(last, b), span += double(b - a);
+          if (ph < 4) next_first = std::min(next_first, st[wi * 10 + 2 * ph + 2]);
+        }
+        v[3 * ph] = double(last - first) / 1e3;
+        v[3 * ph + 1] = span / warps / 1e3;
+        v[3 * ph + 2] = ph < 4 ? (double(next_first) - double(last)) / 1e3 : 0;
+      }
+      runs.push_back(v);
+    }
+    for (int ph = 0; ph < 5; ++ph) {
+      double med[3];
+      for (int c = 0; c < 3; ++c) {
+        std::vector<double> col;
+        for (auto& v : runs) col.push_back(v[3 * ph + c]);
+        std::nth_element(col.begin(), col.begin() + col.size() / 2, col.end());
+        med[c] = col[col.size() / 2];
+      }
+      std::printf("| %d | %s | %.2f | %.2f | %s |\n", T, kPhase[ph], med[0], med[1],
+                  ph < 4 ? std::to_string(med[2]).substr(0, 5).c_str() : "—");
+    }
+  }
+  CK(cudaFree(dstamps));
+}
+
 static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1) {
   const int E = 384, topk = 6, K = 3;
   const int64_t d = 5120, f = 2304;
@@ -258,6 +312,7 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
                 100.0 * (bytes / read_bw) / (us * 1e-6), gus, pus);
   }
   for (void* p : {pxr, (void*)pg, (void*)pu, (void*)py, (void*)pcnt}) CK(cudaFree(p));
+  moe_phase_table(layer, ws, x, idx, w, y, topk, max_t, n_sets);
   bench_grouped(layer, table, gws, e0, e1);
   exl3_cuda_moe_workspace_free(ws);
   exl3_cuda_workspace_free(gws);
@@ -355,11 +410,13 @@ static void bench_prefill(cudaEvent_t e0, cudaEvent_t e1) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_exl3 DIR [iters]\n");
+    std::fprintf(stderr, "usage: bench_exl3 DIR [iters] [gpu] [moe]\n"
+                         "  gpu: skip the CPU kernels; moe: only the fused MoE tables (DIR is not read)\n");
     return 2;
   }
   const int iters = argc > 2 ? std::atoi(argv[2]) : 200;
   const bool with_cpu = !(argc > 3 && std::string(argv[3]) == "gpu");
+  const bool moe_only = argc > 4 && std::string(argv[4]) == "moe";
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
@@ -395,8 +452,9 @@ int main(int argc, char** argv) {
 
   // 2. tensors
   std::vector<std::string> files;
-  for (auto& e : std::filesystem::directory_iterator(argv[1]))
-    if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+  if (!moe_only)
+    for (auto& e : std::filesystem::directory_iterator(argv[1]))
+      if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
   std::sort(files.begin(), files.end());
   std::printf("\n| tensor | path | K | cb | k×n | m | spillway µs | trellis GB/s | vs copy-bw roofline | vs read-bw roofline |\n|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> cpu_lines;
@@ -483,7 +541,7 @@ int main(int argc, char** argv) {
     exl3_cuda_workspace_free(ws);
   }
   bench_moe(iters, read_bw, e0, e1);
-  bench_prefill(e0, e1);
+  if (!moe_only) bench_prefill(e0, e1);
   if (with_cpu) {
     std::printf("\nCPU (%u threads):\n| tensor | isa | k×n | m | µs | trellis GB/s |\n|---|---|---|---|---|---|\n",
                 static_cast<unsigned>(global_pool().size()));

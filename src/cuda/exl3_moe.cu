@@ -42,7 +42,16 @@ struct MoeArgs {
   int T, topk, d, f;
   float limit;
   bool ref_round;  // Exl3CudaMoeLayer::reference_rounding
+  unsigned long long* phase_ns;  // Exl3CudaMoeWorkspace::phase_ns (diagnostics), usually null
 };
+
+// %globaltimer into the warp's stamp slot (diagnostics only: a null pointer costs one branch per phase).
+__device__ __forceinline__ void stamp(const MoeArgs& a, int warp, int slot, int lane) {
+  if (!a.phase_ns || lane != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  a.phase_ns[static_cast<int64_t>(warp) * 10 + slot] = t;
+}
 
 __device__ __forceinline__ float h2f(const uint16_t* p, int i) { return __half2float(__ushort_as_half(p[i])); }
 
@@ -215,6 +224,7 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
   const int dblk = d / 128, fblk = f / 128, d_tn = d / 16, f_tn = f / 16, d_kt = d / 16, f_kt = f / 16;
   cg::grid_group grid = cg::this_grid();
 
+  stamp(a, warp0, 0, lane);
   // A: rotate x[t] by the gate and up suh of each selected expert.
   for (int job = warp0; job < P * 2 * dblk; job += n_warps) {
     const int p = job / (2 * dblk), q = (job / dblk) % 2, b = job % dblk;
@@ -224,7 +234,9 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
     rotate_block(a.x + static_cast<size_t>(p / a.topk) * d + b * 128, ex.suh[q] + b * 128,
                  a.xr_gu + (static_cast<size_t>(p) * 2 + q) * d + b * 128, lane);
   }
+  stamp(a, warp0, 1, lane);
   grid.sync();
+  stamp(a, warp0, 2, lane);
 
   // B: gate/up partial products, all pairs' gate and up tiles split evenly over the warps.
   {
@@ -232,7 +244,9 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
     const int64_t total = static_cast<int64_t>(P) * 2 * f_tn * (d_kt / kStageTiles);  // stages
     phase_stream<K, CB>(seq, total * warp0 / n_warps, total * (warp0 + 1) / n_warps, ring, lane);
   }
+  stamp(a, warp0, 3, lane);
   grid.sync();
+  stamp(a, warp0, 4, lane);
 
   // C: finish gate and up, SwiGLU with clamp, rotate by the down projection's suh.
   for (int job = warp0; job < P * fblk; job += n_warps) {
@@ -270,7 +284,9 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) dst[lane + 32 * i] = __float2half_rn(h[i]);
   }
+  stamp(a, warp0, 5, lane);
   grid.sync();
+  stamp(a, warp0, 6, lane);
 
   // D: down partial products, split the same way.
   {
@@ -278,7 +294,9 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
     const int64_t total = static_cast<int64_t>(P) * d_tn * (f_kt / kStageTiles);  // stages
     phase_stream<K, CB>(seq, total * warp0 / n_warps, total * (warp0 + 1) / n_warps, ring, lane);
   }
+  stamp(a, warp0, 7, lane);
   grid.sync();
+  stamp(a, warp0, 8, lane);
 
   // E: output rotation of each slot's down result, weighted sum over the token's slots.
   for (int job = warp0; job < a.T * dblk; job += n_warps) {
@@ -318,6 +336,7 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) a.y[static_cast<size_t>(t) * d + b * 128 + lane + 32 * i] = out[i];
   }
+  stamp(a, warp0, 9, lane);
 }
 
 using MoeKernel = void (*)(MoeArgs);
@@ -344,7 +363,41 @@ size_t workspace_bytes(int pairs, int64_t d, int64_t f) {
   return static_cast<size_t>(pairs) * (2 * d + f) * sizeof(__half) + static_cast<size_t>(pairs) * (2 * f + d) * sizeof(float);
 }
 
+// The kernel, its shared memory and a grid that is fully resident (the grid barriers need every block at once).
+struct MoeLaunch {
+  MoeKernel fn;
+  size_t smem;
+  int blocks;
+};
+
+Status moe_launch_config(const Exl3CudaMoeLayer& layer, MoeLaunch& ml) {
+  ml.fn = pick_kernel(layer.bits.ka(), static_cast<int>(layer.codebook));
+  static int n_sms = [] {
+    int dev = 0, v = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    return v > 0 ? v : 1;
+  }();
+  ml.smem = static_cast<size_t>(kWarps) * kStages * kStageTiles * 8 * layer.bits.ka() * 4;
+  if (ml.smem > 40 * 1024) {  // dynamic + static above 48 KB needs the opt-in
+    if (cudaError_t e = cudaFuncSetAttribute(ml.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ml.smem));
+        e != cudaSuccess)
+      return cuda_error("set shared memory", e);
+  }
+  int per_sm = 0;
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ml.fn, kThreads, ml.smem); e != cudaSuccess)
+    return cuda_error("occupancy query", e);
+  ml.blocks = n_sms * std::max(1, per_sm);
+  return {};
+}
+
 }  // namespace
+
+int64_t exl3_moe_phase_stamps(const Exl3CudaMoeLayer& layer) {
+  MoeLaunch ml;
+  if (!exl3_cuda_moe_supports(layer) || !moe_launch_config(layer, ml).ok()) return 0;
+  return static_cast<int64_t>(ml.blocks) * kWarps * 10;
+}
 
 bool exl3_cuda_moe_supports(const Exl3CudaMoeLayer& l) {
   return l.experts && l.n_experts > 0 && !l.bits.half() && l.bits.ka() >= 2 && l.bits.ka() <= 6 && l.d > 0 &&
@@ -373,24 +426,8 @@ Status exl3_moe_decode_cuda(const Exl3CudaMoeLayer& layer, const float* x, const
   if (T * topk > ws.max_pairs || ws.d != layer.d || ws.f != layer.f)
     return make_error("exl3_moe_decode_cuda: workspace is for ", ws.max_pairs, " pairs of d=", ws.d, " f=", ws.f,
                       ", call needs ", T * topk, " pairs of d=", layer.d, " f=", layer.f);
-  MoeKernel fn = pick_kernel(layer.bits.ka(), static_cast<int>(layer.codebook));
-  static int n_sms = [] {
-    int dev = 0, v = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    return v > 0 ? v : 1;
-  }();
-  const size_t smem = static_cast<size_t>(kWarps) * kStages * kStageTiles * 8 * layer.bits.ka() * 4;
-  if (smem > 40 * 1024) {  // dynamic + static above 48 KB needs the opt-in
-    if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-        e != cudaSuccess)
-      return cuda_error("set shared memory", e);
-  }
-  int per_sm = 0;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem); e != cudaSuccess)
-    return cuda_error("occupancy query", e);
-  per_sm = std::max(1, per_sm);
-  const int blocks = n_sms * per_sm;
+  MoeLaunch ml;
+  SPW_TRY(moe_launch_config(layer, ml));
   MoeArgs a;
   a.experts = layer.experts, a.x = x, a.idx = idx, a.weights = weights, a.y = y;
   char* b = static_cast<char*>(ws.buf);
@@ -401,7 +438,8 @@ Status exl3_moe_decode_cuda(const Exl3CudaMoeLayer& layer, const float* x, const
   a.T = T, a.topk = topk, a.d = static_cast<int>(layer.d), a.f = static_cast<int>(layer.f);
   a.limit = layer.swiglu_limit;
   a.ref_round = layer.reference_rounding;
-  if (cudaError_t e = cuda::launch_cooperative(fn, dim3(blocks), dim3(kThreads), smem, static_cast<cudaStream_t>(stream), a);
+  a.phase_ns = ws.phase_ns;
+  if (cudaError_t e = cuda::launch_cooperative(ml.fn, dim3(ml.blocks), dim3(kThreads), ml.smem, static_cast<cudaStream_t>(stream), a);
       e != cudaSuccess)
     return cuda_error("launch exl3_moe_kernel", e);
   return {};

@@ -57,7 +57,14 @@ struct Exl3CudaMoeWorkspace {
   void* buf = nullptr;  // rotated inputs and self-cleaning fp32 accumulators
   int max_pairs = 0;
   int64_t d = 0, f = 0;
+  // Diagnostics (bench_exl3's phase table): when set, every warp's lane 0 writes %globaltimer (ns) at the
+  // start and end of each of the five phases, phase_ns[(warp of the grid)·10 + 2·phase + {0, 1}]; the
+  // buffer needs exl3_moe_phase_stamps() entries. Null in the engine.
+  unsigned long long* phase_ns = nullptr;
 };
+
+// Entries phase_ns needs for the launches exl3_moe_decode_cuda makes with this layer (grid warps × 10).
+int64_t exl3_moe_phase_stamps(const Exl3CudaMoeLayer& layer);
 
 bool exl3_cuda_moe_supports(const Exl3CudaMoeLayer& layer);
 Status exl3_cuda_moe_workspace_alloc(Exl3CudaMoeWorkspace& ws, int max_pairs, int64_t d, int64_t f);
