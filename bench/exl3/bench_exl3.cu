@@ -140,10 +140,10 @@ static void bench_grouped(const Exl3CudaMoeLayer& layer, const std::vector<Exl3C
 
 // One synthetic V4.1 MoE layer: fused kernel vs roofline and vs separate GEMV calls.
 // Where one fused MoE call's time goes: every warp stamps %globaltimer at the start and end of each phase
-// (Exl3CudaMoeWorkspace::phase_ns). Per phase: its wall time as warp 0 sees it (from its stamp after the barrier
-// opening the phase to its stamp after the barrier closing it; the last phase: to the last warp's end), the mean and
-// the longest warp's busy span (start to end stamp of the same warp, so one SM's timer), and the first warp's
-// start to the last warp's end (this one mixes SMs' timers). Medians over 21 calls.
+// (Exl3CudaMoeWorkspace::phase_ns); a phase's wall time is warp 0's view, from its stamp after the barrier that
+// opens the phase to its stamp after the barrier that closes it (the last phase: to the last warp's end). Spans
+// of single warps are not shown: they mix in values that cannot be right (µs-long spans of warps with no work in
+// the phase), so only one SM's view of the barriers is used. Medians over 21 calls.
 static void moe_phase_table(const Exl3CudaMoeLayer& layer, Exl3CudaMoeWorkspace& ws, const float* x, const int32_t* idx,
                             const float* w, float* y, int topk, int max_t, int n_sets) {
   const int64_t n = exl3_moe_phase_stamps(layer);
@@ -153,13 +153,10 @@ static void moe_phase_table(const Exl3CudaMoeLayer& layer, Exl3CudaMoeWorkspace&
   unsigned long long* dstamps;
   CK(cudaMalloc(&dstamps, n * sizeof(unsigned long long)));
   std::vector<unsigned long long> st(n);
-  static const char* kPhase[kMoePhases] = {"A rotate", "B gate/up", "C SwiGLU", "D down", "E1 slot outputs", "E2 combine"};
-  std::printf("\nFused MoE phases (%%globaltimer per warp, %d warps; median of 21 calls; µs)\n", warps);
-  std::printf("| tokens | phase | wall (warp 0's view) | mean warp busy | longest warp busy | first start → last end |\n"
-              "|---|---|---|---|---|---|\n");
-  constexpr int kCols = 4;
+  std::printf("\nFused MoE phases (%%globaltimer, warp 0's view of the barriers, %d warps; median of 21 calls; µs)\n", warps);
+  std::printf("| tokens | A rotate | B gate/up | C SwiGLU | D down | E combine | sum |\n|---|---|---|---|---|---|---|\n");
   for (int T : {1, 8}) {
-    std::vector<std::array<double, kMoePhases * kCols>> runs;
+    std::vector<std::array<double, kMoePhases>> runs;
     for (int r = 0; r < 21; ++r) {
       ws.phase_ns = dstamps;
       const int s = r % n_sets;
@@ -167,35 +164,25 @@ static void moe_phase_table(const Exl3CudaMoeLayer& layer, Exl3CudaMoeWorkspace&
       ws.phase_ns = nullptr;
       if (!ok.ok()) { std::fprintf(stderr, "%s\n", ok.error().message.c_str()); std::exit(1); }
       CK(cudaMemcpy(st.data(), dstamps, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-      std::array<double, kMoePhases * kCols> v{};
       unsigned long long kernel_end = 0;
       for (int wi = 0; wi < warps; ++wi) kernel_end = std::max(kernel_end, st[wi * kS + kS - 1]);
+      std::array<double, kMoePhases> v{};
       for (int ph = 0; ph < kMoePhases; ++ph) {
-        unsigned long long first = ~0ull, last = 0;
-        double span = 0, longest = 0;
-        for (int wi = 0; wi < warps; ++wi) {
-          const unsigned long long a = st[wi * kS + 2 * ph], b = st[wi * kS + 2 * ph + 1];
-          first = std::min(first, a), last = std::max(last, b), span += double(b - a);
-          longest = std::max(longest, double(b - a));
-        }
-        const unsigned long long w_end = ph < kMoePhases - 1 ? st[2 * ph + 2] : kernel_end;  // warp 0's stamp after the barrier
-        v[kCols * ph] = (double(w_end) - double(st[2 * ph])) / 1e3;
-        v[kCols * ph + 1] = span / warps / 1e3;
-        v[kCols * ph + 2] = longest / 1e3;
-        v[kCols * ph + 3] = (double(last) - double(first)) / 1e3;
+        const unsigned long long end = ph < kMoePhases - 1 ? st[2 * ph + 2] : kernel_end;
+        v[ph] = (double(end) - double(st[2 * ph])) / 1e3;
       }
       runs.push_back(v);
     }
+    std::printf("| %d |", T);
+    double sum = 0;
     for (int ph = 0; ph < kMoePhases; ++ph) {
-      double med[kCols];
-      for (int c = 0; c < kCols; ++c) {
-        std::vector<double> col;
-        for (auto& v : runs) col.push_back(v[kCols * ph + c]);
-        std::nth_element(col.begin(), col.begin() + col.size() / 2, col.end());
-        med[c] = col[col.size() / 2];
-      }
-      std::printf("| %d | %s | %.2f | %.2f | %.2f | %.2f |\n", T, kPhase[ph], med[0], med[1], med[2], med[3]);
+      std::vector<double> col;
+      for (auto& v : runs) col.push_back(v[ph]);
+      std::nth_element(col.begin(), col.begin() + col.size() / 2, col.end());
+      sum += col[col.size() / 2];
+      std::printf(" %.2f |", col[col.size() / 2]);
     }
+    std::printf(" %.2f |\n", sum);
   }
   CK(cudaFree(dstamps));
 }

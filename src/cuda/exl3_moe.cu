@@ -6,8 +6,10 @@
 //   B  gate/up: every (pair, gate|up, 16-col strip of f, k-tile), split evenly over the warps   acc_gu[p][q] += x·Ŵ
 //   C  SwiGLU: (pair, 128-block of f)                  h = swiglu(had(acc)·svh + b); xr_d[p] = fp16(had(h ∘ suh_2))
 //   D  down: every (pair, 16-col strip of d, k-tile), split evenly                 acc_d[p] += h·Ŵ2
-//   E1 slot outputs: (pair, 128-block of d)            acc_d[p] ← w_p · had(acc_d[p])·svh_2 + b_2
-//   E2 combine: (token, 128-block of d)                y[t] = Σ_j acc_d[(t, j)]
+//   E  combine: (token, 128-block of d)                y[t] = Σ_j (w_tj · had(acc_d[p])·svh_2 + b_2)
+// Tried and measured slower (H200, 2026-12-04, one V4.1 layer at one token): E split into a job per slot and a
+// job per token with a barrier between (97.4 → 101.3 µs); phases B and D handed out in units of kStages stages
+// from a grid-wide counter instead of even static shares (108 → 118 µs, same call).
 // Accumulators are zeroed by the phase that consumes them, so the workspace stays clean for the
 // next call without a memset.
 #include <cooperative_groups.h>
@@ -301,88 +303,45 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
   grid.sync();
   stamp(a, warp0, 8, lane);
 
-  // E1: each slot's output rotation, svh and bias, written back over its accumulator (a job per (pair,
-  // 128-block): every slot in parallel; a job per token walked its slots one after another, a chain of
-  // dependent loads per slot: ~12 µs at one token).
-  for (int job = warp0; job < P * dblk; job += n_warps) {
-    const int p = job / dblk, b = job % dblk;
-    const int e = a.idx[p];
-    if (e < 0) continue;
-    const Exl3CudaExpert& ex = a.experts[e];
-    float* ad = a.acc_d + static_cast<size_t>(p) * d + b * 128;
-    float v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = __ldcg(ad + lane + 32 * i);
-    had128_warp(v, lane);
-    const float w = a.weights[p];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int c = b * 128 + lane + 32 * i;
-      float yv;
-      if (a.ref_round) {  // the weight is already in h; each slot's output rounded to bf16
-        yv = v[i] * h2f(ex.svh[2], c);
-        if (ex.bias[2]) yv += h2f(ex.bias[2], c);
-        yv = bf16r(yv);
-      } else {
-        yv = w * v[i] * h2f(ex.svh[2], c);  // the routing weight scales h, not the bias
-        if (ex.bias[2]) yv += h2f(ex.bias[2], c);
-      }
-      __stcg(ad + lane + 32 * i, yv);
-    }
-  }
-  stamp(a, warp0, 9, lane);
-  grid.sync();
-  stamp(a, warp0, 10, lane);
-
-  // E2: y[t] = the token's slot outputs added in order (ascending expert id, ties by slot, with reference
-  // rounding; slot order otherwise), from 0; the accumulators zeroed for the next call. The slots' values are
-  // loaded kSlotBatch at a time, all loads in flight before the first add.
-  constexpr int kSlotBatch = 8;
+  // E: output rotation of each slot's down result, weighted sum over the token's slots.
   for (int job = warp0; job < a.T * dblk; job += n_warps) {
     const int t = job / dblk, b = job % dblk;
-    const int32_t* tidx = a.idx + static_cast<size_t>(t) * a.topk;
     float out[4] = {0.f, 0.f, 0.f, 0.f};
-    bool done = false;  // ref_round: the token's last slot in expert order is taken
-    for (int n0 = 0, j = -1, pe = -1; n0 < a.topk; n0 += kSlotBatch) {
-      int pair[kSlotBatch];
-#pragma unroll
-      for (int n = 0; n < kSlotBatch; ++n) {
-        pair[n] = -1;
-        if (n0 + n >= a.topk || done) continue;
-        if (a.ref_round) {
-          const int nj = next_slot(tidx, a.topk, pe, j);
-          if (nj < 0) {
-            done = true;
-            continue;
-          }
-          j = nj;
-          pe = tidx[j];
-        } else {
-          j = n0 + n;
-          if (tidx[j] < 0) continue;
-        }
-        pair[n] = t * a.topk + j;
+    const int32_t* tidx = a.idx + static_cast<size_t>(t) * a.topk;
+    for (int n = 0, j = -1, pe = -1; n < a.topk; ++n) {
+      if (a.ref_round) {  // ascending expert id
+        j = next_slot(tidx, a.topk, pe, j);
+        if (j < 0) break;
+        pe = tidx[j];
+      } else {
+        j = n;
       }
-      float v[kSlotBatch][4];
+      const int p = t * a.topk + j, e = a.idx[p];
+      if (e < 0) continue;
+      const Exl3CudaExpert& ex = a.experts[e];
+      float* ad = a.acc_d + static_cast<size_t>(p) * d + b * 128;
+      float v[4];
 #pragma unroll
-      for (int n = 0; n < kSlotBatch; ++n)
+      for (int i = 0; i < 4; ++i) v[i] = __ldcg(ad + lane + 32 * i), __stcg(ad + lane + 32 * i, 0.f);
+      had128_warp(v, lane);
+      const float w = a.weights[p];
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          v[n][i] = pair[n] >= 0 ? __ldcg(a.acc_d + static_cast<size_t>(pair[n]) * d + b * 128 + lane + 32 * i) : 0.f;
-#pragma unroll
-      for (int n = 0; n < kSlotBatch; ++n) {
-        if (pair[n] < 0) continue;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          out[i] = a.ref_round ? __fadd_rn(out[i], v[n][i]) : out[i] + v[n][i];
-          __stcg(a.acc_d + static_cast<size_t>(pair[n]) * d + b * 128 + lane + 32 * i, 0.f);
+      for (int i = 0; i < 4; ++i) {
+        const int c = b * 128 + lane + 32 * i;
+        if (a.ref_round) {  // the weight is already in h; each slot's output rounded to bf16
+          float yv = v[i] * h2f(ex.svh[2], c);
+          if (ex.bias[2]) yv += h2f(ex.bias[2], c);
+          out[i] = __fadd_rn(out[i], bf16r(yv));
+          continue;
         }
+        out[i] += w * v[i] * h2f(ex.svh[2], c);  // the routing weight scales h, not the bias
+        if (ex.bias[2]) out[i] += h2f(ex.bias[2], c);
       }
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) a.y[static_cast<size_t>(t) * d + b * 128 + lane + 32 * i] = out[i];
   }
-  stamp(a, warp0, 11, lane);
+  stamp(a, warp0, 9, lane);
 }
 
 using MoeKernel = void (*)(MoeArgs);

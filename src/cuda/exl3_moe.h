@@ -8,9 +8,9 @@
 // trellis in registers by the same tile code as exl3_gemm_cuda. idx = −1 skips a slot (experts held
 // elsewhere, e.g. on another GPU), so y then carries only this shard's experts.
 //
-// How: a cooperative kernel whose warps walk six phases separated by grid barriers — rotate x by
+// How: a cooperative kernel whose warps walk five phases separated by grid barriers — rotate x by
 // each selected gate/up's suh; gate/up strips with fp32 atomics; output Hadamard + svh, SwiGLU,
-// rotate by the down projection's suh; down strips; each slot's output Hadamard + svh; the token's sum. All inputs
+// rotate by the down projection's suh; down strips; output Hadamard + svh, weighted sum. All inputs
 // (x, idx, weights) and the expert table live in device memory, so the launch is CUDA-graph
 // capturable and never synchronizes with the host. Pointers in the expert table may point at pinned
 // host memory (mapped), which the kernel then reads over PCIe.
@@ -63,8 +63,8 @@ struct Exl3CudaMoeWorkspace {
   unsigned long long* phase_ns = nullptr;
 };
 
-// Phases of the fused kernel, in order: rotate, gate/up, SwiGLU, down, slot outputs, combine.
-constexpr int kMoePhases = 6;
+// Phases of the fused kernel, in order: rotate, gate/up, SwiGLU, down, combine.
+constexpr int kMoePhases = 5;
 // Entries phase_ns needs for the launches exl3_moe_decode_cuda makes with this layer (grid warps × 2·kMoePhases).
 int64_t exl3_moe_phase_stamps(const Exl3CudaMoeLayer& layer);
 

@@ -47,7 +47,9 @@ Exl3Tensor make_linear(std::vector<uint16_t>& trellis, int64_t k, int64_t n, int
 }
 
 // ref_round: the engine's reference_rounding mode (bf16 roundings of g, u, h and each slot's output, slots added
-// in expert order); the same fp32 reference holds it within the same bounds (a lost or doubled slot would not).
+// in expert order), held to the fp32 reference with room for those roundings: each bf16 rounding adds a relative
+// rms error of at most 2^-8/√12 ≈ 1.1e-3, four of them on every path (measured: 3.3e-3·rms at 10 slots). A lost
+// or doubled slot would be off by ~rms/√topk ≫ that.
 void run_case(int64_t d, int64_t f, int E, int K, Exl3Codebook cb, int T, int topk, float limit, bool bias,
               uint32_t seed, bool ref_round = false) {
   SCOPED_TRACE(testing::Message() << "d=" << d << " f=" << f << " E=" << E << " K=" << K
@@ -126,8 +128,8 @@ void run_case(int64_t d, int64_t f, int E, int K, Exl3Codebook cb, int T, int to
     }
     rms = std::sqrt(rms / (T * d));
     ASSERT_GT(rms, 0.0);
-    EXPECT_LT(std::sqrt(e2 / (T * d)), 3e-3 * rms);
-    EXPECT_LT(emax, 3e-2 * rms);
+    EXPECT_LT(std::sqrt(e2 / (T * d)), (ref_round ? 6e-3 : 3e-3) * rms);
+    EXPECT_LT(emax, (ref_round ? 6e-2 : 3e-2) * rms);
   };
   for (int rep = 0; rep < 2; ++rep) {  // the second call checks the workspace cleaned itself
     auto st = exl3_moe_decode_cuda(layer, dx, didx, dw, T, topk, dy + guard, ws);
