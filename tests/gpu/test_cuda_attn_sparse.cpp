@@ -176,33 +176,39 @@ void run_case(const Case& c, bool round_p, uint32_t seed) {
   const std::vector<float> one_block = dout.download();
   attn_test::expect_close(one_block, want, atol, std::string(c.name) + (round_p ? " (bf16 p)" : " (exact p)"));
 
-  // The split path (segments over blocks, caller scratch) sums in the same order: bit-identical.
+  // The split path (segments over blocks, caller scratch) sums in the same order: bit-identical, in both of its
+  // forms (kSplit: one cooperative launch where the grid fits, which it does for every case here; kSplitLaunches:
+  // three launches).
   const int64_t max_rows = int64_t(W) + c.sel_stride;
   DevBuf<float> scratch(cuda::sparse_attn_split_scratch_floats(n_q, H, D, max_rows), 7.0e37f);
   DevBuf<float> dout_split(want.size(), 3.0e38f);
-  a.out = dout_split.get();
-  a.path = cuda::SparseAttnPath::kSplit;
   a.scratch = scratch.get(), a.scratch_floats = scratch.size();
-  st = cuda::sparse_attn_cuda(a, nullptr);
-  ASSERT_TRUE(st.ok()) << st.error().message;
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  dout_split.expect_guards("split attention output");
-  scratch.expect_guards("split scratch");
-  const std::vector<float> split = dout_split.download();
-  size_t differ = 0, first = split.size();
-  for (size_t k = 0; k < split.size(); ++k)
-    if (std::memcmp(&split[k], &one_block[k], sizeof(float)) != 0 && !(split[k] == 0.f && one_block[k] == 0.f)) {
-      ++differ;
-      if (first == split.size()) first = k;
-    }
-  EXPECT_EQ(differ, 0u) << c.name << ": split path differs from one block in " << differ << " values, first at " << first
-                        << ": " << (first < split.size() ? split[first] : 0.f) << " vs "
-                        << (first < split.size() ? one_block[first] : 0.f);
+  for (const cuda::SparseAttnPath path : {cuda::SparseAttnPath::kSplitLaunches, cuda::SparseAttnPath::kSplit}) {
+    DevBuf<float> dout_path(want.size(), 3.0e38f);  // fresh, so a path that writes nothing cannot pass
+    a.out = dout_path.get();
+    a.path = path;
+    st = cuda::sparse_attn_cuda(a, nullptr);
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dout_path.expect_guards("split attention output");
+    scratch.expect_guards("split scratch");
+    const std::vector<float> split = dout_path.download();
+    size_t differ = 0, first = split.size();
+    for (size_t k = 0; k < split.size(); ++k)
+      if (std::memcmp(&split[k], &one_block[k], sizeof(float)) != 0 && !(split[k] == 0.f && one_block[k] == 0.f)) {
+        ++differ;
+        if (first == split.size()) first = k;
+      }
+    EXPECT_EQ(differ, 0u) << c.name << ": split path (" << int(path) << ") differs from one block in " << differ
+                          << " values, first at " << first << ": " << (first < split.size() ? split[first] : 0.f)
+                          << " vs " << (first < split.size() ? one_block[first] : 0.f);
+  }
 
   // Rows decoded four channels per lane step (decode_x4): the same tile values, so bit-identical results on the
   // one-block and split paths.
   a.decode_x4 = true;
-  for (const cuda::SparseAttnPath path : {cuda::SparseAttnPath::kOneBlock, cuda::SparseAttnPath::kSplit}) {
+  for (const cuda::SparseAttnPath path :
+       {cuda::SparseAttnPath::kOneBlock, cuda::SparseAttnPath::kSplit, cuda::SparseAttnPath::kSplitLaunches}) {
     DevBuf<float> dout_x4(want.size(), 3.0e38f);
     a.out = dout_x4.get();
     a.path = path;

@@ -81,7 +81,7 @@ TEST(CudaOpsHc, MixesIndependentOfTokenCount) {
   SPW_REQUIRE_GPU();
   for (int64_t hc_d : {int64_t(4 * 5120), int64_t(4 * 4096), int64_t(1000)}) {
     SCOPED_TRACE(testing::Message() << "hc_d=" << hc_d);
-    const int64_t n_tokens = 37;  // 4 full blocks of 8 rows and a partial one
+    const int64_t n_tokens = 37;  // 2 full blocks of 16 rows (4 batches of 4) and a partial one
     const int n_out = 24;
     const std::vector<float> x = normal(size_t(n_tokens * hc_d), 0.f, 1.5f, 41, true);
     const std::vector<float> fn = normal(size_t(n_out * hc_d), 0.f, 0.02f, 42);

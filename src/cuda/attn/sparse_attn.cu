@@ -24,7 +24,8 @@
 //     logits into shared memory, pass 2 walks them again for the sums;
 //   split (decode, n_q·n_heads ≤ kSparseAttnSplitMaxBlocks, with caller scratch): one block per (head
 //     group, query, segment) in three launches — logits and segment maxima, segment sums, then the
-//     combine — because a decode call has one query per sequence for 132 SMs.
+//     combine — because a decode call has one query per sequence for 132 SMs; or, when the grid fits on
+//     the GPU at once, the same three phases in one cooperative launch (split_fused_kernel).
 // Shared pieces (row resolution, segment tiles, the split scratch) are in sparse_attn_tile.cuh; the tensor-core
 // paths in sparse_attn_mma.cu.
 // Tests: tests/gpu/test_cuda_attn_sparse.cpp.
@@ -297,6 +298,101 @@ __global__ void __launch_bounds__(512) split_combine_kernel(SparseAttnArgs a, Sp
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------------
+// Split, fused: the three launches above as one cooperative kernel over the same grid (head groups, queries,
+// segments), phases separated by grid barriers. Each block decodes its segment's rows once and keeps them, and
+// its warps keep their logits in registers (lane r: row r), across the barriers, so the sums re-read nothing;
+// the combine is spread over all blocks. No clusters (a cooperative launch takes none): every block decodes all
+// its segment's rows itself, which the x4 row decode made cheap. The same operations in the same order as the
+// three launches — bit-identical (CudaAttnSparse). Taken when the grid fits on the GPU at once.
+template <int CPL>
+__global__ void __launch_bounds__(kMaxThreads, 1) split_fused_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
+                                                                  size_t ring_nbytes, size_t comp_nbytes) {
+  namespace cg = cooperative_groups;
+  pdl_enter();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32, d = a.d_head;
+  SplitBlock b;
+  b.qr = query_rows(a, i, ring_nbytes, comp_nbytes);
+  b.seg0 = int64_t(seg) * kSegRows;
+  b.past_end = b.seg0 >= b.qr.n_rows;
+  carve_tile(smem_raw, d, raw_row_words(ring_nbytes, comp_nbytes), b.t);
+  b.hw = head_of_warp(a);
+  const int64_t qh = int64_t(i) * a.n_heads + (b.hw.active ? b.hw.h : 0);
+  const bool work = !b.past_end && b.hw.active;
+
+  // Logits and the segment's maximum (split_logits_kernel's operations); lane r keeps row r's logit.
+  float l_lane = -INFINITY;
+  if (!b.past_end) {
+    float q[CPL];
+    load_q(a.q + qh * d, d, lane, q);
+    resolve_segment(a, b.qr, b.seg0, b.t);
+    __syncthreads();
+    decode_rows<CPL>(a, layouts, b.qr, b.t, 0, 1);
+    if (b.hw.active) {
+      float m = -INFINITY;
+      for (int r0 = 0; r0 < kSegRows && b.seg0 + r0 < b.qr.n_rows; r0 += kLogitRows) {
+        float l[kLogitRows];
+        tile_logits(b.t, r0, q, d, lane, a.scale, l);
+#pragma unroll
+        for (int n = 0; n < kLogitRows; ++n) {
+          if (b.seg0 + r0 + n >= b.qr.n_rows) break;
+          if (lane == r0 + n) l_lane = l[n];
+          m = fmaxf(m, l[n]);
+        }
+      }
+      if (lane == 0) s.seg_max[qh * s.n_seg + seg] = m;
+    }
+  }
+  cg::this_grid().sync();
+
+  // Segment sums (split_sums_kernel's), from the tile and logits kept above.
+  if (work) {
+    const float m = query_max(s, qh, segments_of(b.qr.n_rows), lane);
+    if (m != -INFINITY) {
+      const float p_lane = b.seg0 + lane < b.qr.n_rows ? expf(l_lane - m) : 0.f;
+      float sums[CPL], den;
+      segment_sums(b.t, [&](int r) { return __shfl_sync(0xffffffffu, p_lane, r); }, a.round_p_bf16, d, lane, sums, den);
+      float* out = s.seg_sum + (qh * s.n_seg + seg) * d;
+#pragma unroll
+      for (int k = 0; k < CPL; ++k) {
+        const int c = lane + 32 * k;
+        if (c < d) out[c] = sums[k];
+      }
+      if (lane == 0) s.seg_den[qh * s.n_seg + seg] = den;
+    }
+  }
+  cg::this_grid().sync();
+
+  // The combine (split_combine_kernel's), a warp per (query, head, 32 channels), spread over every warp of the grid.
+  const int warps_per_block = int(blockDim.x) / 32;
+  const int64_t n_warps = int64_t(gridDim.x) * gridDim.y * gridDim.z * warps_per_block;
+  const int64_t my_warp =
+      ((int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * warps_per_block + threadIdx.x / 32;
+  const int chunks = (d + 31) / 32;
+  for (int64_t job = my_warp; job < int64_t(a.n_q) * a.n_heads * chunks; job += n_warps) {
+    const int64_t qh_c = job / chunks;
+    const int c = int(job % chunks) * 32 + lane, h = int(qh_c % a.n_heads), iq = int(qh_c / a.n_heads);
+    const int64_t t = a.q_pos[iq];
+    const int64_t lo = t - a.window + 1 > 0 ? t - a.window + 1 : 0;
+    const int n_seg_q = segments_of(t - lo + 1 + (a.sel ? a.sel_stride : 0));
+    const float m = query_max(s, qh_c, n_seg_q, lane);
+    if (c >= d) continue;
+    float* out = a.out + qh_c * d;
+    if (m == -INFINITY) {
+      out[c] = 0.f;
+      continue;
+    }
+    float tot_den = 0.f;
+    for (int k = 0; k < n_seg_q; ++k) tot_den += s.seg_den[qh_c * s.n_seg + k];
+    const float den = tot_den + expf(a.sink[h] - m);
+    float tot = 0.f;
+    for (int k = 0; k < n_seg_q; ++k) tot += s.seg_sum[(qh_c * s.n_seg + k) * d + c];
+    out[c] = tot / den;
+  }
+}
+
 }  // namespace
 
 size_t sparse_attn_split_scratch_floats(int n_q, int n_heads, int d_head, int64_t max_rows) {
@@ -328,6 +424,31 @@ bool vec4_allowed_by_env() {
 }
 }  // namespace
 
+namespace {
+// SPILLWAY_ATTN_FUSED=0 keeps the split path's three launches instead of the fused cooperative kernel (A/B;
+// docs/settings.md). Both give the same bits.
+bool fused_allowed_by_env() {
+  static const bool on = [] {
+    const char* env = std::getenv("SPILLWAY_ATTN_FUSED");
+    return !(env && env[0] == '0' && env[1] == '\0');
+  }();
+  return on;
+}
+
+// Whether every block of `grid` fits on the GPU at once (a cooperative launch needs it).
+bool grid_is_resident(const void* kernel, dim3 grid, int threads, size_t smem) {
+  static const int n_sms = [] {
+    int dev = 0, v = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    return v;
+  }();
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) return false;
+  return int64_t(grid.x) * grid.y * grid.z <= int64_t(per_sm) * n_sms;
+}
+}  // namespace
+
 bool sparse_attn_uses_split(int n_q, int n_heads) { return int64_t(n_q) * n_heads <= kSparseAttnSplitMaxBlocks; }
 
 Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
@@ -344,7 +465,8 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
     return make_error("sparse_attn_cuda: window + sel_stride = ", max_rows, " rows, limit ", kSparseAttnMaxRows);
   if (a.n_q > 65535) return make_error("sparse_attn_cuda: ", a.n_q, " queries exceed one grid dimension (65535)");
   const size_t need = sparse_attn_split_scratch_floats(a.n_q, a.n_heads, a.d_head, max_rows);
-  bool split = a.path == SparseAttnPath::kSplit || a.path == SparseAttnPath::kSplitTensorCore;
+  bool split = a.path == SparseAttnPath::kSplit || a.path == SparseAttnPath::kSplitLaunches ||
+               a.path == SparseAttnPath::kSplitTensorCore;
   if (a.path == SparseAttnPath::kAuto) split = a.scratch && sparse_attn_uses_split(a.n_q, a.n_heads);
   if (split && (!a.scratch || a.scratch_floats < need))
     return make_error("sparse_attn_cuda: the split path needs ", need, " floats of scratch, given ", a.scratch_floats);
@@ -416,6 +538,17 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   const size_t smem = tile_smem_bytes(a.d_head, raw_words);
   return with_channels_per_lane(cpl, [&](auto k) -> Status {
     constexpr int CPL = decltype(k)::value;
+    if (a.path != SparseAttnPath::kSplitLaunches && fused_allowed_by_env()) {
+      const void* fused = reinterpret_cast<const void*>(split_fused_kernel<CPL>);
+      SPW_TRY(set_smem(fused, smem, "split attention (fused)"));
+      if (grid_is_resident(fused, grid, 32 * warps, smem)) {
+        if (cudaError_t e = launch_cooperative(split_fused_kernel<CPL>, grid, dim3(unsigned(32 * warps)), smem, stream, a,
+                                               layouts, s, ring_nbytes, comp_nbytes);
+            e != cudaSuccess)
+          return cuda_error("launch split_fused_kernel", e);
+        return {};
+      }
+    }
     SPW_TRY(launch_split_pair(split_logits_kernel<CPL>, split_sums_kernel<CPL>, grid, dim3(unsigned(32 * warps)), smem,
                               stream, a, layouts, s, ring_nbytes, comp_nbytes, "split attention"));
     launch(split_combine_kernel, dim3(unsigned(a.n_heads), unsigned(a.n_q)), 512, 0, stream, a, s);

@@ -47,7 +47,9 @@ constexpr int kSparseAttnMaxRows = 10 * 1024;
 // per sequence, 64 heads, 132 SMs) when scratch is given.
 constexpr int kSparseAttnSplitMaxBlocks = 512;
 
-enum class SparseAttnPath { kAuto, kOneBlock, kSplit, kTensorCore, kSplitTensorCore };
+// kSplit: the split path, fused into one cooperative launch when its grid fits on the GPU at once, else three
+// launches; kSplitLaunches: always the three launches (tests compare the two).
+enum class SparseAttnPath { kAuto, kOneBlock, kSplit, kTensorCore, kSplitTensorCore, kSplitLaunches };
 
 // Floats of scratch the split path needs (max_rows = window + sel_stride).
 size_t sparse_attn_split_scratch_floats(int n_q, int n_heads, int d_head, int64_t max_rows);

@@ -104,61 +104,140 @@ __global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThre
   cluster.sync();  // block 0 has read the others' shared memory before they exit
 }
 
-// hc_mixes for long chunks: the same cluster split as hc_mixes_kernel, but a block keeps its slice of
-// the G weight rows in registers and walks kMixesRows tokens, so fn is read from L2 once per kMixesRows
-// tokens instead of once per token. Every token's products, additions and reductions are those of
-// hc_mixes_kernel, in the same order: the results are bit-identical (CudaOpsHc.MixesIndependentOfTokenCount).
-// Measured (H200, 4096-token V4.1 chunk, session 14): 2.09 → 1.96 ms per call, so re-reading fn was not
-// what made the call slow; the per-token reductions and cluster syncs are the suspects (not profiled).
-constexpr int kMixesRows = 8;
-constexpr int kMixesMaxIter = 10;  // slice ≤ 10 · kMixesThreads inputs (hc·d ≤ 20480, V4.1 at hc 4) keeps fn in registers
+// hc_mixes for long chunks: the same cluster split as hc_mixes_kernel, but a block takes kMixesRows tokens with
+// its slice of the G weight rows in shared memory (each thread keeps to its own column of it, so no barrier).
+// Every token's products, additions and reductions are those of hc_mixes_kernel, in the same order — each
+// thread's f32/f64 partials in input order, the warp butterflies, the warps in order (block_dot_sums; the f64
+// sum as dev::block_sum), the slices in rank order — so the results are bit-identical
+// (CudaOpsHc.MixesIndependentOfTokenCount). What differs is the schedule: the loads of kMixesRowBatch tokens are
+// in flight together and their butterflies interleave, and the cross-warp sums wait until all the block's tokens
+// are done. The previous form (weights in registers, 8 tokens per block, a block-wide reduction with two barriers
+// after each token) took 1.97 ms per 4096-token V4.1 call on the H200 (session 15 trace): each token's loads
+// waited for the previous token's reduction, at two blocks per SM.
+constexpr int kMixesRows = 32;      // tokens per block
+constexpr int kMixesRowBatch = 4;   // tokens whose loads and sums are in flight together
+constexpr int kMixesMaxIter = 10;   // slice ≤ 10 · kMixesThreads inputs (hc·d ≤ 20480, V4.1 at hc 4)
+constexpr int kMixesWarps = kMixesThreads / 32;
+static_assert(kMixesRows % kMixesRowBatch == 0 && kMixesRows % kMixesWarps == 0, "whole batches, whole tokens per warp");
+
+// Sums v[k] over the warp's lanes for every k < N (N a power of two ≤ 32) in the tree of a xor butterfly (lanes
+// paired at distance 16, then 8, 4, 2, 1; each addition's operands are the same, so the bits are those of
+// v[k]'s own butterfly), but scattered: lane l returns the sum for k = l >> (5 − log2 N). While more than one
+// value is left, each step keeps half of them and sends the other half to the partner lane (31 shuffles for 32
+// sums, where 32 butterflies take 160); then plain butterfly steps. Used by hc_mixes_rows_kernel.
+template <int N, typename T>
+__device__ __forceinline__ T warp_sum_scatter(T (&v)[N], int lane) {
+  static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "N a power of two up to 32");
+  constexpr int kSteps = N >= 32 ? 5 : N >= 16 ? 4 : N >= 8 ? 3 : N >= 4 ? 2 : N >= 2 ? 1 : 0;
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st) {
+    const int n = N >> st, dist = 16 >> st;
+    const bool upper = lane & dist;  // this lane keeps the upper half of the values left
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      if (k >= n / 2) break;
+      const T send = upper ? v[k] : v[k + n / 2];
+      const T keep = upper ? v[k + n / 2] : v[k];
+      v[k] = keep + __shfl_xor_sync(0xffffffffu, send, dist);
+    }
+  }
+  T r = v[0];
+#pragma unroll
+  for (int st = kSteps; st < 5; ++st) r += __shfl_xor_sync(0xffffffffu, r, 16 >> st);
+  return r;
+}
 
 template <int G>
-__global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThreads)
+constexpr size_t mixes_rows_smem() {
+  return sizeof(float) * kMixesMaxIter * G * kMixesThreads;
+}
+
+template <int G>
+__global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThreads, 2)
     hc_mixes_rows_kernel(const float* x_streams, const float* fn, int64_t n_tokens, int n_out, int64_t hc_d,
                          float norm_eps, float* mixes) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  __shared__ double scratch[32];
-  __shared__ float red[G][kMixesThreads / 32];
+  extern __shared__ float w_s[];  // [kMixesMaxIter][G][kMixesThreads]: thread t's weights in column t
+  __shared__ float red[kMixesRows][G][kMixesWarps];
+  __shared__ double ss_red[kMixesRows][kMixesWarps];
   __shared__ double part_ss[kMixesRows];
   __shared__ float part_acc[kMixesRows][G];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int o0 = int(blockIdx.y) * G;
   const unsigned rank = cluster.block_rank();
   const int64_t slice = (hc_d + kMixesSplit - 1) / kMixesSplit;
   const int64_t lo = int64_t(rank) * slice, hi = lo + slice < hc_d ? lo + slice : hc_d;
-  float w[kMixesMaxIter][G];
 #pragma unroll
   for (int it = 0; it < kMixesMaxIter; ++it) {
-    const int64_t i = lo + threadIdx.x + int64_t(it) * kMixesThreads;
+    const int64_t i = lo + tid + int64_t(it) * kMixesThreads;
 #pragma unroll
-    for (int g = 0; g < G; ++g) w[it][g] = i < hi && o0 + g < n_out ? fn[int64_t(o0 + g) * hc_d + i] : 0.f;
+    for (int g = 0; g < G; ++g)
+      w_s[(it * G + g) * kMixesThreads + tid] = i < hi && o0 + g < n_out ? fn[int64_t(o0 + g) * hc_d + i] : 0.f;
   }
   pdl_enter();  // fn is a weight, read before the wait; the streams come from the previous kernel
   const int64_t t0 = int64_t(blockIdx.x) * kMixesRows;
-  for (int r = 0; r < kMixesRows && t0 + r < n_tokens; ++r) {
-    const float* x = x_streams + (t0 + r) * hc_d;
-    double ss = 0.0;
-    float acc[G];
+  for (int r0 = 0; r0 < kMixesRows; r0 += kMixesRowBatch) {
+    float xv[kMixesRowBatch][kMixesMaxIter];
 #pragma unroll
-    for (int g = 0; g < G; ++g) acc[g] = 0.f;
+    for (int b = 0; b < kMixesRowBatch; ++b) {
+      const int64_t t = t0 + r0 + b < n_tokens ? t0 + r0 + b : n_tokens - 1;  // past the end: a real row, unused
+#pragma unroll
+      for (int it = 0; it < kMixesMaxIter; ++it) {
+        const int64_t i = lo + tid + int64_t(it) * kMixesThreads;
+        xv[b][it] = i < hi ? x_streams[t * hc_d + i] : 0.f;
+      }
+    }
+    double ss[kMixesRowBatch];
+    float acc[kMixesRowBatch][G];
+#pragma unroll
+    for (int b = 0; b < kMixesRowBatch; ++b) {
+      ss[b] = 0.0;
+#pragma unroll
+      for (int g = 0; g < G; ++g) acc[b][g] = 0.f;
+    }
 #pragma unroll
     for (int it = 0; it < kMixesMaxIter; ++it) {
-      const int64_t i = lo + threadIdx.x + int64_t(it) * kMixesThreads;
-      if (i >= hi) break;
-      const float xv = x[i];
-      ss += double(xv) * xv;
+      if (lo + tid + int64_t(it) * kMixesThreads >= hi) break;
 #pragma unroll
-      for (int g = 0; g < G; ++g)
-        if (o0 + g < n_out) acc[g] += w[it][g] * xv;
+      for (int b = 0; b < kMixesRowBatch; ++b) {
+        const float x = xv[b][it];
+        ss[b] += double(x) * x;
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          if (o0 + g < n_out) acc[b][g] += w_s[(it * G + g) * kMixesThreads + tid] * x;
+      }
     }
-    ss = dev::block_sum(ss, scratch);  // syncs before it reuses scratch, so red is free again too
-    block_dot_sums<G>(acc, red, part_acc[r]);
-    if (threadIdx.x == 0) part_ss[r] = ss;
+    // The warp sums of the batch's kMixesRowBatch·G dot products and kMixesRowBatch sums of squares, in the
+    // butterflies' tree but scattered over the lanes (warp_sum_scatter): lane l gets product l.
+    static_assert(kMixesRowBatch * G == 32, "one product per lane");
+    float flat[kMixesRowBatch * G];
+#pragma unroll
+    for (int b = 0; b < kMixesRowBatch; ++b)
+#pragma unroll
+      for (int g = 0; g < G; ++g) flat[b * G + g] = acc[b][g];
+    red[r0 + lane / G][lane % G][warp] = warp_sum_scatter(flat, lane);
+    constexpr int kLanesPerSs = 32 / kMixesRowBatch;
+    const double ss_sum = warp_sum_scatter(ss, lane);
+    if (lane % kLanesPerSs == 0) ss_red[r0 + lane / kLanesPerSs][warp] = ss_sum;
+  }
+  __syncthreads();
+  // The block's sums, as block_dot_sums (warps in order from 0) and dev::block_sum (a butterfly over the warps'
+  // sums, zeros in the other lanes) add them.
+  if (tid < kMixesRows * G) {
+    const int r = tid / G, g = tid % G;
+    float v = 0.f;
+    for (int w = 0; w < kMixesWarps; ++w) v += red[r][g][w];
+    part_acc[r][g] = v;
+  }
+#pragma unroll
+  for (int r = warp; r < kMixesRows; r += kMixesWarps) {
+    const double v = dev::warp_sum(lane < kMixesWarps ? ss_red[r][lane] : 0.0);
+    if (lane == 0) part_ss[r] = v;
   }
   cluster.sync();  // every block's partials are written
-  if (rank == 0 && threadIdx.x < G * kMixesRows) {
-    const int r = threadIdx.x / G, g = threadIdx.x % G;
+  if (rank == 0 && tid < G * kMixesRows) {
+    const int r = tid / G, g = tid % G;
     if (t0 + r < n_tokens && o0 + g < n_out) {
       double ss_all = 0.0;
       float v = 0.f;
@@ -318,8 +397,12 @@ Status hc_mixes(const float* x_streams, const float* fn, int64_t n_tokens, int n
     launch(hc_mixes_kernel<G>, dim3(unsigned(n_tokens), unsigned((n_out + G - 1) / G), kMixesSplit), kMixesThreads, 0, stream, x_streams, fn, n_out, hc_d, norm_eps, mixes);
   } else if ((hc_d + kMixesSplit - 1) / kMixesSplit <= int64_t(kMixesMaxIter) * kMixesThreads) {
     constexpr int G = 8;
+    constexpr size_t smem = mixes_rows_smem<G>();
+    static const cudaError_t attr =
+        cudaFuncSetAttribute(hc_mixes_rows_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (attr != cudaSuccess) return make_error("hc_mixes: shared memory opt-in: ", cudaGetErrorString(attr));
     launch(hc_mixes_rows_kernel<G>, dim3(unsigned((n_tokens + kMixesRows - 1) / kMixesRows), unsigned((n_out + G - 1) / G), kMixesSplit),
-           kMixesThreads, 0, stream, x_streams, fn, n_tokens, n_out, hc_d, norm_eps, mixes);
+           kMixesThreads, smem, stream, x_streams, fn, n_tokens, n_out, hc_d, norm_eps, mixes);
   } else {
     constexpr int G = 8;
     launch(hc_mixes_kernel<G>, dim3(unsigned(n_tokens), unsigned((n_out + G - 1) / G), kMixesSplit), kMixesThreads, 0, stream, x_streams, fn, n_out, hc_d, norm_eps, mixes);
