@@ -79,26 +79,65 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void moe_combine_kernel(const float* ys, const int32_t* experts, int64_t n_tokens, int top_k, int64_t d,
-                                   float* acc) {
+// acc[t][ch] = Σ over the token's slots in ascending expert id (ties by slot; −1 slots skipped) of ys[t][slot][ch],
+// added with __fadd_rn from 0 in that order (the per-expert scatter-add order). A block per token: the slots'
+// order is found once (a thread per slot counts the slots before it), then every thread adds its channels, four
+// at a time, with all the slots' loads in flight before the first addition. The earlier kernel (a thread per
+// channel finding each next slot between dependent loads) took 774 µs per 4096-token V4.1 chunk on the H200, and
+// stopped at the first −1 slot (no engine caller passes one yet).
+constexpr int kCombineMaxSlots = 16;  // moe_combine_cuda checks top_k
+constexpr int kCombineThreads = 256;
+
+__global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const float* ys, const int32_t* experts, int top_k,
+                                                                      int64_t d, float* acc) {
   cuda::pdl_enter();
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n_tokens * d) return;
-  const int64_t t = i / d, ch = i % d;
+  __shared__ int order[kCombineMaxSlots];
+  __shared__ int n_used;
+  const int64_t t = blockIdx.x;
   const int32_t* ex = experts + t * top_k;
-  float sum = 0.f;
-  int prev_e = -1, prev_j = -1;
-  for (int n = 0; n < top_k; ++n) {  // the next slot in (expert, slot) order after (prev_e, prev_j)
-    int best = -1;
-    for (int j = 0; j < top_k; ++j) {
-      const bool after = ex[j] > prev_e || (ex[j] == prev_e && j > prev_j);
-      if (after && (best < 0 || ex[j] < ex[best])) best = j;
+  if (threadIdx.x == 0) n_used = 0;
+  __syncthreads();
+  if (int(threadIdx.x) < top_k) {
+    const int j = threadIdx.x, e = ex[j];
+    if (e >= 0) {
+      int rank = 0;
+      for (int i = 0; i < top_k; ++i) rank += ex[i] >= 0 && (ex[i] < e || (ex[i] == e && i < j));
+      order[rank] = j;
+      atomicAdd(&n_used, 1);
     }
-    if (best < 0 || ex[best] < 0) break;
-    sum = __fadd_rn(sum, ys[(t * top_k + best) * d + ch]);
-    prev_e = ex[best], prev_j = best;
   }
-  acc[i] = sum;
+  __syncthreads();
+  const int n = n_used;
+  const float* row[kCombineMaxSlots];
+#pragma unroll
+  for (int k = 0; k < kCombineMaxSlots; ++k) row[k] = k < n ? ys + (t * top_k + order[k]) * d : nullptr;
+  float* out = acc + t * d;
+  auto add_slots = [&](const float* v) {
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kCombineMaxSlots; ++k)
+      if (k < n) sum = __fadd_rn(sum, v[k]);
+    return sum;
+  };
+  if (d % 4 == 0) {
+    for (int64_t c = 4 * int64_t(threadIdx.x); c < d; c += 4 * kCombineThreads) {
+      float4 v[kCombineMaxSlots];
+#pragma unroll
+      for (int k = 0; k < kCombineMaxSlots; ++k)
+        v[k] = k < n ? *reinterpret_cast<const float4*>(row[k] + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      float x[kCombineMaxSlots], y[kCombineMaxSlots], z[kCombineMaxSlots], w[kCombineMaxSlots];
+#pragma unroll
+      for (int k = 0; k < kCombineMaxSlots; ++k) x[k] = v[k].x, y[k] = v[k].y, z[k] = v[k].z, w[k] = v[k].w;
+      *reinterpret_cast<float4*>(out + c) = make_float4(add_slots(x), add_slots(y), add_slots(z), add_slots(w));
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < d; c += kCombineThreads) {
+      float v[kCombineMaxSlots];
+#pragma unroll
+      for (int k = 0; k < kCombineMaxSlots; ++k) v[k] = k < n ? row[k][c] : 0.f;
+      out[c] = add_slots(v);
+    }
+  }
 }
 
 Status launched(const char* what) {
@@ -197,7 +236,9 @@ Status grouped_expert_gemv_cuda(const ExpertTable& t, int which, const float* x,
 Status moe_combine_cuda(const float* ys, const int32_t* experts, int64_t n_tokens, int top_k, int64_t d, float* acc,
                         cudaStream_t stream) {
   if (n_tokens * d == 0) return {};
-  cuda::launch(moe_combine_kernel, unsigned((n_tokens * d + 255) / 256), 256, 0, stream, ys, experts, n_tokens, top_k, d, acc);
+  if (top_k > kCombineMaxSlots) return make_error("moe_combine_cuda: top_k ", top_k, " above ", kCombineMaxSlots);
+  if (n_tokens > INT32_MAX) return make_error("moe_combine_cuda: ", n_tokens, " tokens exceed the grid");
+  cuda::launch(moe_combine_kernel, unsigned(n_tokens), kCombineThreads, 0, stream, ys, experts, top_k, d, acc);
   return launched("moe_combine_cuda");
 }
 

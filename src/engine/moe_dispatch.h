@@ -18,12 +18,14 @@
 //   16-element chunks l, l + 32, ... in order (fp32 FMA), then a fixed xor tree across lanes —
 //   deterministic, and a row's result does not depend on the other pairs. It differs from the dense
 //   library's GEMV only by summation order.
-// moe_combine_cuda: acc[t, ch] = 0 + ys[t·K + j₁, ch] + ys[t·K + j₂, ch] + ... over the token's K
-//   slots in ascending expert id (ties by slot): the per-expert path's scatter-add order.
+// moe_combine_cuda: acc[t, ch] = 0 + ys[t·K + j₁, ch] + ys[t·K + j₂, ch] + ... over the token's K ≤ 16
+//   slots in ascending expert id (ties by slot; slots of expert −1 skipped): the per-expert path's
+//   scatter-add order. ys rows 16-byte aligned when d % 4 == 0 (read as float4).
 // Contract: device pointers; x [*, n_in] f32, y [n_pairs, n_out] f32 (overwritten), experts
 // [n_pairs] int32, ys [n_tokens·K, d], acc [n_tokens, d] (overwritten). n_in % 32 == 0; x 16-byte
 // aligned (its rows are read as float4).
-// Tests: tests/gpu/test_engine_batch.cpp (EngineBatch.*DeviceMoeMatchesHostDispatch).
+// Tests: tests/gpu/test_engine_batch.cpp (EngineBatch.*DeviceMoeMatchesHostDispatch), test_engine_kernels.cpp
+// (EngineKernels.MoeCombine*).
 #pragma once
 
 #include <cuda_runtime.h>
