@@ -36,6 +36,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "cuda/attn/sparse_attn_tile.cuh"
 #include "cuda/launch.h"  // the kernels here keep its PDL contract (tests/python/test_pdl_contract.py)
@@ -435,7 +438,8 @@ bool fused_allowed_by_env() {
   return on;
 }
 
-// Whether every block of `grid` fits on the GPU at once (a cooperative launch needs it).
+// Whether every block of `grid` fits on the GPU at once (a cooperative launch needs it). The occupancy query is
+// remembered per (kernel, threads, shared memory): decode steps ask it for every layer.
 bool grid_is_resident(const void* kernel, dim3 grid, int threads, size_t smem) {
   static const int n_sms = [] {
     int dev = 0, v = 0;
@@ -443,8 +447,19 @@ bool grid_is_resident(const void* kernel, dim3 grid, int threads, size_t smem) {
     cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
     return v;
   }();
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, size_t>, int> per_sm_of;
   int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) return false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto key = std::make_tuple(kernel, threads, smem);
+    auto it = per_sm_of.find(key);
+    if (it == per_sm_of.end()) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) return false;
+      it = per_sm_of.emplace(key, per_sm).first;
+    }
+    per_sm = it->second;
+  }
   return int64_t(grid.x) * grid.y * grid.z <= int64_t(per_sm) * n_sms;
 }
 }  // namespace
