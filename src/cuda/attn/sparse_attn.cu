@@ -223,6 +223,64 @@ __device__ SplitBlock split_block(const SparseAttnArgs& a, unsigned char* smem, 
   return b;
 }
 
+// The pieces both forms of the split path share (the three launches below, split_fused_kernel after them), so
+// that they do the same operations in the same order.
+
+// The warp's logits of the block's segment rows: each(r, ℓ) for every row r < kSegRows of the query; returns their
+// maximum (−∞ for none).
+template <int CPL, typename Each>
+__device__ __forceinline__ float split_segment_logits(const SplitBlock& b, const float (&q)[CPL], const SparseAttnArgs& a,
+                                                      int lane, Each each) {
+  float m = -INFINITY;
+  for (int r0 = 0; r0 < kSegRows && b.seg0 + r0 < b.qr.n_rows; r0 += kLogitRows) {
+    float l[kLogitRows];
+    tile_logits(b.t, r0, q, a.d_head, lane, a.scale, l);
+#pragma unroll
+    for (int n = 0; n < kLogitRows; ++n) {
+      if (b.seg0 + r0 + n >= b.qr.n_rows) break;
+      each(r0 + n, l[n]);
+      m = fmaxf(m, l[n]);
+    }
+  }
+  return m;
+}
+
+// The warp's segment sums for (query, head) qh from p_lane (lane r: p of the segment's row r) into the scratch.
+template <int CPL>
+__device__ __forceinline__ void split_write_sums(const SparseAttnArgs& a, const SplitScratch& s, const SegmentTile& t,
+                                                 int64_t qh, int seg, float p_lane, int lane) {
+  static_assert(kSegRows == 32, "a lane per row of the segment");
+  const int d = a.d_head;
+  float sums[CPL], den;
+  segment_sums(t, [&](int r) { return __shfl_sync(0xffffffffu, p_lane, r); }, a.round_p_bf16, d, lane, sums, den);
+  float* out = s.seg_sum + (qh * s.n_seg + seg) * d;
+#pragma unroll
+  for (int k = 0; k < CPL; ++k) {
+    const int c = lane + 32 * k;
+    if (c < d) out[c] = sums[k];
+  }
+  if (lane == 0) s.seg_den[qh * s.n_seg + seg] = den;
+}
+
+// Segments of query i (the combine's view: window rows plus the whole selection).
+__device__ __forceinline__ int split_query_segments(const SparseAttnArgs& a, int i) {
+  const int64_t t = a.q_pos[i];
+  const int64_t lo = t - a.window + 1 > 0 ? t - a.window + 1 : 0;
+  return segments_of(t - lo + 1 + (a.sel ? a.sel_stride : 0));
+}
+
+// The combined output channel c of (query, head) qh, head h, given m (≠ −∞): the segment sums and denominators
+// added in segment order, then the sink.
+__device__ __forceinline__ float split_combined(const SparseAttnArgs& a, const SplitScratch& s, int64_t qh, int h,
+                                                int n_seg_q, float m, int c) {
+  float tot_den = 0.f;
+  for (int k = 0; k < n_seg_q; ++k) tot_den += s.seg_den[qh * s.n_seg + k];
+  const float den = tot_den + expf(a.sink[h] - m);
+  float tot = 0.f;
+  for (int k = 0; k < n_seg_q; ++k) tot += s.seg_sum[(qh * s.n_seg + k) * a.d_head + c];
+  return tot / den;
+}
+
 template <int CPL>
 __global__ void __launch_bounds__(kMaxThreads, 1) split_logits_kernel(SparseAttnArgs a, Layouts layouts, SplitScratch s,
                                                                    size_t ring_nbytes, size_t comp_nbytes) {
@@ -236,17 +294,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_logits_kernel(SparseAttn
   load_q(a.q + qh * d, d, lane, q);
   load_segment_shared<CPL>(a, layouts, b.qr, b.seg0, b.t);
   if (!b.hw.active) return;
-  float m = -INFINITY;
-  for (int r0 = 0; r0 < kSegRows && b.seg0 + r0 < b.qr.n_rows; r0 += kLogitRows) {
-    float l[kLogitRows];
-    tile_logits(b.t, r0, q, d, lane, a.scale, l);
-#pragma unroll
-    for (int n = 0; n < kLogitRows; ++n) {
-      if (b.seg0 + r0 + n >= b.qr.n_rows) break;
-      if (lane == 0) s.logits[qh * s.max_rows + b.seg0 + r0 + n] = l[n];
-      m = fmaxf(m, l[n]);
-    }
-  }
+  const float m = split_segment_logits(b, q, a, lane, [&](int r, float l) {
+    if (lane == 0) s.logits[qh * s.max_rows + b.seg0 + r] = l;
+  });
   if (lane == 0) s.seg_max[qh * s.n_seg + seg] = m;
 }
 
@@ -255,7 +305,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_sums_kernel(SparseAttnAr
                                                                  size_t ring_nbytes, size_t comp_nbytes) {
   pdl_enter();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32, d = a.d_head;
+  const int i = blockIdx.y, seg = blockIdx.z, lane = threadIdx.x % 32;
   const SplitBlock b = split_block(a, smem_raw, ring_nbytes, comp_nbytes);
   if (b.past_end) return;
   load_segment_shared<CPL>(a, layouts, b.qr, b.seg0, b.t);
@@ -264,41 +314,19 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_sums_kernel(SparseAttnAr
   const float m = query_max(s, qh, segments_of(b.qr.n_rows), lane);
   if (m == -INFINITY) return;  // the combine writes zeros
   // Lane r holds p of the segment's row r (one load for the warp, not one per row in the sums' loop).
-  static_assert(kSegRows == 32, "a lane per row of the segment");
   const float* logits = s.logits + qh * s.max_rows + b.seg0;
   const float p_lane = b.seg0 + lane < b.qr.n_rows ? expf(logits[lane] - m) : 0.f;
-  float sums[CPL], den;
-  segment_sums(b.t, [&](int r) { return __shfl_sync(0xffffffffu, p_lane, r); }, a.round_p_bf16, d, lane, sums, den);
-  float* out = s.seg_sum + (qh * s.n_seg + seg) * d;
-#pragma unroll
-  for (int k = 0; k < CPL; ++k) {
-    const int c = lane + 32 * k;
-    if (c < d) out[c] = sums[k];
-  }
-  if (lane == 0) s.seg_den[qh * s.n_seg + seg] = den;
+  split_write_sums<CPL>(a, s, b.t, qh, seg, p_lane, lane);
 }
 
 __global__ void __launch_bounds__(512) split_combine_kernel(SparseAttnArgs a, SplitScratch s) {
   pdl_enter();
   const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x, d = a.d_head;
   const int64_t qh = int64_t(i) * a.n_heads + h;
-  const int64_t t = a.q_pos[i];
-  const int64_t lo = t - a.window + 1 > 0 ? t - a.window + 1 : 0;
-  const int n_seg_q = segments_of(t - lo + 1 + (a.sel ? a.sel_stride : 0));
+  const int n_seg_q = split_query_segments(a, i);
   const float m = query_max(s, qh, n_seg_q, tid % 32);  // every warp the same
   float* out = a.out + qh * d;
-  if (m == -INFINITY) {
-    for (int c = tid; c < d; c += blockDim.x) out[c] = 0.f;
-    return;
-  }
-  float tot_den = 0.f;
-  for (int k = 0; k < n_seg_q; ++k) tot_den += s.seg_den[qh * s.n_seg + k];
-  const float den = tot_den + expf(a.sink[h] - m);
-  for (int c = tid; c < d; c += blockDim.x) {
-    float tot = 0.f;
-    for (int k = 0; k < n_seg_q; ++k) tot += s.seg_sum[(qh * s.n_seg + k) * d + c];
-    out[c] = tot / den;
-  }
+  for (int c = tid; c < d; c += blockDim.x) out[c] = m == -INFINITY ? 0.f : split_combined(a, s, qh, h, n_seg_q, m, c);
 }
 
 
@@ -334,17 +362,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_fused_kernel(SparseAttnA
     __syncthreads();
     decode_rows<CPL>(a, layouts, b.qr, b.t, 0, 1);
     if (b.hw.active) {
-      float m = -INFINITY;
-      for (int r0 = 0; r0 < kSegRows && b.seg0 + r0 < b.qr.n_rows; r0 += kLogitRows) {
-        float l[kLogitRows];
-        tile_logits(b.t, r0, q, d, lane, a.scale, l);
-#pragma unroll
-        for (int n = 0; n < kLogitRows; ++n) {
-          if (b.seg0 + r0 + n >= b.qr.n_rows) break;
-          if (lane == r0 + n) l_lane = l[n];
-          m = fmaxf(m, l[n]);
-        }
-      }
+      const float m = split_segment_logits(b, q, a, lane, [&](int r, float l) {
+        if (lane == r) l_lane = l;
+      });
       if (lane == 0) s.seg_max[qh * s.n_seg + seg] = m;
     }
   }
@@ -353,18 +373,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_fused_kernel(SparseAttnA
   // Segment sums (split_sums_kernel's), from the tile and logits kept above.
   if (work) {
     const float m = query_max(s, qh, segments_of(b.qr.n_rows), lane);
-    if (m != -INFINITY) {
-      const float p_lane = b.seg0 + lane < b.qr.n_rows ? expf(l_lane - m) : 0.f;
-      float sums[CPL], den;
-      segment_sums(b.t, [&](int r) { return __shfl_sync(0xffffffffu, p_lane, r); }, a.round_p_bf16, d, lane, sums, den);
-      float* out = s.seg_sum + (qh * s.n_seg + seg) * d;
-#pragma unroll
-      for (int k = 0; k < CPL; ++k) {
-        const int c = lane + 32 * k;
-        if (c < d) out[c] = sums[k];
-      }
-      if (lane == 0) s.seg_den[qh * s.n_seg + seg] = den;
-    }
+    if (m != -INFINITY) split_write_sums<CPL>(a, s, b.t, qh, seg, b.seg0 + lane < b.qr.n_rows ? expf(l_lane - m) : 0.f, lane);
   }
   cg::this_grid().sync();
 
@@ -377,22 +386,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_fused_kernel(SparseAttnA
   for (int64_t job = my_warp; job < int64_t(a.n_q) * a.n_heads * chunks; job += n_warps) {
     const int64_t qh_c = job / chunks;
     const int c = int(job % chunks) * 32 + lane, h = int(qh_c % a.n_heads), iq = int(qh_c / a.n_heads);
-    const int64_t t = a.q_pos[iq];
-    const int64_t lo = t - a.window + 1 > 0 ? t - a.window + 1 : 0;
-    const int n_seg_q = segments_of(t - lo + 1 + (a.sel ? a.sel_stride : 0));
+    const int n_seg_q = split_query_segments(a, iq);
     const float m = query_max(s, qh_c, n_seg_q, lane);
-    if (c >= d) continue;
-    float* out = a.out + qh_c * d;
-    if (m == -INFINITY) {
-      out[c] = 0.f;
-      continue;
-    }
-    float tot_den = 0.f;
-    for (int k = 0; k < n_seg_q; ++k) tot_den += s.seg_den[qh_c * s.n_seg + k];
-    const float den = tot_den + expf(a.sink[h] - m);
-    float tot = 0.f;
-    for (int k = 0; k < n_seg_q; ++k) tot += s.seg_sum[(qh_c * s.n_seg + k) * d + c];
-    out[c] = tot / den;
+    if (c < d) a.out[qh_c * d + c] = m == -INFINITY ? 0.f : split_combined(a, s, qh_c, h, n_seg_q, m, c);
   }
 }
 
