@@ -398,9 +398,10 @@ Status hc_mixes(const float* x_streams, const float* fn, int64_t n_tokens, int n
   } else if ((hc_d + kMixesSplit - 1) / kMixesSplit <= int64_t(kMixesMaxIter) * kMixesThreads) {
     constexpr int G = 8;
     constexpr size_t smem = mixes_rows_smem<G>();
-    static const cudaError_t attr =
-        cudaFuncSetAttribute(hc_mixes_rows_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (attr != cudaSuccess) return make_error("hc_mixes: shared memory opt-in: ", cudaGetErrorString(attr));
+    // Per call, not once per process: the opt-in belongs to the current device (prefill-sized calls only).
+    if (cudaError_t e = cudaFuncSetAttribute(hc_mixes_rows_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        e != cudaSuccess)
+      return make_error("hc_mixes: shared memory opt-in: ", cudaGetErrorString(e));
     launch(hc_mixes_rows_kernel<G>, dim3(unsigned((n_tokens + kMixesRows - 1) / kMixesRows), unsigned((n_out + G - 1) / G), kMixesSplit),
            kMixesThreads, smem, stream, x_streams, fn, n_tokens, n_out, hc_d, norm_eps, mixes);
   } else {
