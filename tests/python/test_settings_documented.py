@@ -1,18 +1,20 @@
 """Every environment variable the engine reads is documented in docs/settings.md, the one place for settings.
 
-The sources are scanned for getenv("NAME") with a literal name; each NAME must appear in settings.md as `NAME`.
-A knob added without its row fails here, which is the point: users find settings in one place.
+The sources are scanned for getenv("NAME") with a literal name and for any string literal "SPILLWAY_..." (names
+handed to a helper that reads them); each NAME must appear in settings.md as `NAME`. A knob added without its row
+fails here, which is the point: users find settings in one place.
 """
 import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GETENV = re.compile(r'\bgetenv\(\s*"([A-Za-z_][A-Za-z0-9_]*)"\s*\)')
+PROJECT_LITERAL = re.compile(r'"(SPILLWAY_[A-Z0-9_]+)"')
 SOURCES = ("*.h", "*.cpp", "*.cu", "*.cuh")
 
 
 def env_names(text):
-    return set(GETENV.findall(text))
+    return set(GETENV.findall(text)) | set(PROJECT_LITERAL.findall(text))
 
 
 def names_read_by_the_sources():
@@ -25,8 +27,10 @@ def names_read_by_the_sources():
 
 
 def test_the_sources_read_some_settings():
-    # The scan itself works: the engine does read knobs (SPILLWAY_PDL among them).
-    assert "SPILLWAY_PDL" in names_read_by_the_sources()
+    # The scan itself works: the engine does read knobs, directly (SPILLWAY_PDL) and through a helper
+    # (SPILLWAY_ATTN_FUSED).
+    names = names_read_by_the_sources()
+    assert "SPILLWAY_PDL" in names and "SPILLWAY_ATTN_FUSED" in names
 
 
 def test_every_setting_the_sources_read_is_documented():
@@ -39,3 +43,4 @@ def test_every_setting_the_sources_read_is_documented():
 def test_scanner_sees_a_getenv():
     assert env_names('const char* e = std::getenv("SPILLWAY_NEW_KNOB");') == {"SPILLWAY_NEW_KNOB"}
     assert env_names("getenv(name)") == set()
+    assert env_names('static const bool on = env_switch_on("SPILLWAY_ATTN_FUSED");') == {"SPILLWAY_ATTN_FUSED"}

@@ -400,37 +400,25 @@ size_t sparse_attn_split_scratch_floats(int n_q, int n_heads, int d_head, int64_
 }
 
 namespace {
-// SPILLWAY_ATTN_MMA=0 keeps kAuto off the tensor-core path (docs/settings.md): the scalar kernels sum in the
-// CPU reference's row order, for A/B checks of the tensor cores' summation against a trained model.
+// The kernels' switches (docs/settings.md), each on unless its variable is exactly "0", read once per process:
+//   SPILLWAY_ATTN_MMA=0 keeps kAuto off the tensor-core path: the scalar kernels sum in the CPU reference's row
+//     order, for A/B checks of the tensor cores' summation against a trained model;
+//   SPILLWAY_ATTN_VEC4=0 decodes stored rows a channel per lane step instead of four (dequant_row_x4; same bits);
+//   SPILLWAY_ATTN_FUSED=0 keeps the split path's three launches instead of the fused cooperative kernel (same bits).
+bool env_switch_on(const char* name) {
+  const char* env = std::getenv(name);
+  return !(env && env[0] == '0' && env[1] == '\0');
+}
 bool mma_allowed_by_env() {
-  static const bool on = [] {
-    const char* env = std::getenv("SPILLWAY_ATTN_MMA");
-    return !(env && env[0] == '0' && env[1] == '\0');
-  }();
+  static const bool on = env_switch_on("SPILLWAY_ATTN_MMA");
   return on;
 }
-}  // namespace
-
-namespace {
-// SPILLWAY_ATTN_VEC4=0 decodes stored rows a channel per lane step instead of four (dequant_row_x4, the
-// default: bit-identical and faster; docs/settings.md).
 bool vec4_allowed_by_env() {
-  static const bool on = [] {
-    const char* env = std::getenv("SPILLWAY_ATTN_VEC4");
-    return !(env && env[0] == '0' && env[1] == '\0');
-  }();
+  static const bool on = env_switch_on("SPILLWAY_ATTN_VEC4");
   return on;
 }
-}  // namespace
-
-namespace {
-// SPILLWAY_ATTN_FUSED=0 keeps the split path's three launches instead of the fused cooperative kernel (A/B;
-// docs/settings.md). Both give the same bits.
 bool fused_allowed_by_env() {
-  static const bool on = [] {
-    const char* env = std::getenv("SPILLWAY_ATTN_FUSED");
-    return !(env && env[0] == '0' && env[1] == '\0');
-  }();
+  static const bool on = env_switch_on("SPILLWAY_ATTN_FUSED");
   return on;
 }
 
