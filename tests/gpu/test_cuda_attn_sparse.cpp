@@ -47,6 +47,20 @@ struct Case {
   std::vector<SeqSpec> seqs;
 };
 
+// Whether got and want hold the same bits (zeros of either sign equal: a skipped row's 0 may come out as −0);
+// on failure, how many values differ and the first.
+::testing::AssertionResult same_bits(const std::vector<float>& got, const std::vector<float>& want) {
+  size_t differ = 0, first = got.size();
+  for (size_t k = 0; k < got.size(); ++k)
+    if (std::memcmp(&got[k], &want[k], sizeof(float)) != 0 && !(got[k] == 0.f && want[k] == 0.f)) {
+      ++differ;
+      if (first == got.size()) first = k;
+    }
+  if (differ == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << differ << " values differ, first at " << first << ": " << got[first] << " vs "
+                                       << want[first];
+}
+
 std::vector<float> fake_quant_as(const cuda::KvRowFormat& f, std::vector<float> x) {
   if (f.elem == cuda::KvElem::kFp8E4m3) fake_quant_fp8(x.data(), size_t(f.n_quant), size_t(f.block));
   else fake_quant_fp4_e4m3(x.data(), size_t(f.n_quant), size_t(f.block));
@@ -193,15 +207,7 @@ void run_case(const Case& c, bool round_p, uint32_t seed) {
     dout_path.expect_guards("split attention output");
     scratch.expect_guards("split scratch");
     const std::vector<float> split = dout_path.download();
-    size_t differ = 0, first = split.size();
-    for (size_t k = 0; k < split.size(); ++k)
-      if (std::memcmp(&split[k], &one_block[k], sizeof(float)) != 0 && !(split[k] == 0.f && one_block[k] == 0.f)) {
-        ++differ;
-        if (first == split.size()) first = k;
-      }
-    EXPECT_EQ(differ, 0u) << c.name << ": split path (" << int(path) << ") differs from one block in " << differ
-                          << " values, first at " << first << ": " << (first < split.size() ? split[first] : 0.f)
-                          << " vs " << (first < split.size() ? one_block[first] : 0.f);
+    EXPECT_TRUE(same_bits(split, one_block)) << c.name << ": split path (" << int(path) << ") against one block";
   }
 
   // Rows decoded four channels per lane step (decode_x4): the same tile values, so bit-identical results on the
@@ -217,11 +223,7 @@ void run_case(const Case& c, bool round_p, uint32_t seed) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     dout_x4.expect_guards("attention output (x4 decode)");
     const std::vector<float> x4 = dout_x4.download();
-    size_t x4_differ = 0;
-    for (size_t k = 0; k < x4.size(); ++k)
-      x4_differ += std::memcmp(&x4[k], &one_block[k], sizeof(float)) != 0 && !(x4[k] == 0.f && one_block[k] == 0.f);
-    EXPECT_EQ(x4_differ, 0u) << c.name << ": the x4 row decode changed " << x4_differ << " values (path "
-                             << int(path) << ")";
+    EXPECT_TRUE(same_bits(x4, one_block)) << c.name << ": the x4 row decode (path " << int(path) << ")";
   }
   a.decode_x4 = false;
   a.path = cuda::SparseAttnPath::kSplit;
@@ -249,11 +251,7 @@ void run_case(const Case& c, bool round_p, uint32_t seed) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     dout_mma_x4.expect_guards("tensor-core attention output (x4 decode)");
     const std::vector<float> mma_x4 = dout_mma_x4.download();
-    size_t mma_x4_differ = 0;
-    for (size_t k = 0; k < mma.size(); ++k)
-      mma_x4_differ += std::memcmp(&mma_x4[k], &mma[k], sizeof(float)) != 0 && !(mma_x4[k] == 0.f && mma[k] == 0.f);
-    EXPECT_EQ(mma_x4_differ, 0u) << c.name << ": the x4 row decode changed " << mma_x4_differ
-                                 << " tensor-core values";
+    EXPECT_TRUE(same_bits(mma_x4, mma)) << c.name << ": the x4 row decode on tensor cores";
   } else {
     EXPECT_FALSE(st.ok()) << c.name << ": the tensor-core path took " << (round_p ? "d_head " + std::to_string(D) : "exact p");
   }
