@@ -29,6 +29,10 @@ std::function<int()> add_quantize_command(CLI::App& app) {
   cmd->add_flag("--routing-weighted", o->routing_weighted, "weight each routed token's Hessian term by its routing weight");
   cmd->add_flag("--gate-up-shared", o->gate_up_shared, "one gate/up Hessian per layer (all tokens) instead of per expert");
   cmd->add_option("--prior-tokens", o->prior_tokens, "blend weight n0 of the per-layer prior, in tokens")->capture_default_str();
+  cmd->add_option("--sigma-reg", o->sigma_reg,
+                  "Hessian damping: H_ii += sigma_reg * mean(diag H) before LDLQ; larger trusts the calibration less (exllamav3 uses 0.025; docs/quantize.md)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--prior-sample-tokens", o->prior_sample_tokens,
                   "tokens per layer on which every expert runs to form the down-projection prior")->capture_default_str();
   cmd->add_flag("--dry-run", o->dry_run, "print the plan (tensors, estimated time, output size) and exit");

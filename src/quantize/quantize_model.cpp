@@ -393,6 +393,7 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
                     {"gate_up_shared", o.gate_up_shared},
                     {"prior_tokens", o.prior_tokens},
                     {"prior_sample_tokens", o.prior_sample_tokens},
+                    {"sigma_reg", o.sigma_reg},
                     {"calibration_fnv1a", o.identity_hessian ? std::string() : std::to_string(fnv1a_file(o.calibration))},
                     {"calibration_tokens", o.identity_hessian ? 0 : o.calibration_tokens},
                     {"row_tokens", o.identity_hessian ? 0 : o.row_tokens},
@@ -505,6 +506,8 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
         qp.bits = o.bits;
         qp.codebook = cb;
         qp.seed = tensor_seed(o.seed, l, e, w);
+        qp.sigma_reg = o.sigma_reg;
+        for (QuantizeCandidate& a : qp.alternatives) a.sigma_reg = o.sigma_reg;
         if (o.single_candidate) qp.alternatives.clear();
 #if defined(SPW_HAVE_QUANTIZE_CUDA)
         if (on_cuda)
@@ -631,6 +634,7 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
                          {"routing_weighted", o.routing_weighted},
                          {"gate_up_hessian", o.gate_up_shared ? "layer" : "expert"},
                          {"prior_tokens", o.prior_tokens},
+                         {"sigma_reg", o.sigma_reg},
                          {"seed", o.seed}}}};
   if (src_config->contains("quantization_config")) qc["original_quantization_config"] = (*src_config)["quantization_config"];
   ojson out_config = *src_config;

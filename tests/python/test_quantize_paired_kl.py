@@ -73,3 +73,16 @@ def test_table_numbers(tmp_path):
     _, se, _ = paired_kl.clustered(rows, [x - y for x, y in zip(all_a, all_b)])
     t975_3 = 3.18  # 4 rows: 3 degrees of freedom
     assert f"| k3_a − k3_b | {mean_d:+.6f} | {se:.6f} | [{mean_d - t975_3 * se:+.6f}, {mean_d + t975_3 * se:+.6f}] |" in out
+
+
+def test_median_and_tail_columns(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "tools/quantize/paired_kl.py"),
+                          *[str(p) for p in write_shards(tmp_path)], "--floor", "k8_f"],
+                         capture_output=True, text=True, check=True).stdout
+    b = sorted(x for r in sorted(ROWS) for x in ROWS[r][1])
+    # nearest rank of 12 values: the median is the 6th smallest, the 90th and 99th percentiles the 11th and 12th
+    assert f"| k3_b | {sum(b) / 12:.6f} ± " in out
+    line = next(l for l in out.splitlines() if l.startswith("| k3_b |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[2:5] == [f"{b[5]:.6f}", f"{b[10]:.6f}", f"{b[11]:.6f}"]
+    assert paired_kl.quantile([3.0, 1.0, 2.0], 0.5) == 2.0

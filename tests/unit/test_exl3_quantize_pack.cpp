@@ -106,6 +106,30 @@ TEST(Exl3QuantizePack, PackLoadsWithDecodedExperts) {
   for (float v : *logits) ASSERT_TRUE(std::isfinite(v));
 }
 
+// --sigma-reg reaches every candidate of every tensor (the search keeps one of them, so each tensor reports it),
+// is recorded in the pack's config, and changes the quantization (a different damping, a different LDL).
+TEST(Exl3QuantizePack, SigmaRegReachesEveryCandidate) {
+  const std::string a = fresh_dir("sigma_default"), b = fresh_dir("sigma_exllamav3");
+  auto ra = quantize_model(small_options(a));
+  ASSERT_TRUE(ra.ok()) << ra.error().message;
+  QuantizeModelOptions ob = small_options(b);
+  ob.sigma_reg = 0.025;
+  auto rb = quantize_model(ob);
+  ASSERT_TRUE(rb.ok()) << rb.error().message;
+  for (const auto& [dir, sigma] : {std::pair{a, 1.0}, std::pair{b, 0.025}}) {
+    auto report = nlohmann::json::parse(read_file(dir + "/quantize_report.json"));
+    ASSERT_EQ(report["tensors"].size(), 3u) << dir;
+    for (const auto& t : report["tensors"]) {
+      EXPECT_FALSE(t["identity_fallback"].get<bool>()) << t["name"];
+      EXPECT_EQ(t["sigma_reg"].get<double>(), sigma) << t["name"];
+    }
+    auto cfg = nlohmann::json::parse(read_file(dir + "/config.json"));
+    EXPECT_EQ(cfg["quantization_config"]["spillway"]["sigma_reg"].get<double>(), sigma) << dir;
+  }
+  const std::string shard = "/model-00002-of-00002.safetensors";
+  EXPECT_NE(read_file(a + shard), read_file(b + shard));
+}
+
 TEST(Exl3QuantizePack, ResumedRunIsByteIdentical) {
   const std::string a = fresh_dir("resume_a"), b = fresh_dir("resume_b");
   // Uncalibrated to keep the test fast; calibrated runs resume from the same per-layer files

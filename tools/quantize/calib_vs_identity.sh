@@ -11,7 +11,9 @@
 # Then, when under DIAG_BEFORE_S (300) seconds have passed, a diagnostic that is appended to the tables: a K = 3 pack
 # calibrated on in-domain text (the first 600 kB of the demo's train.txt; never the held-out file), to see whether the
 # calibration mixture's domain limits the gain (DIAG=0 skips it). Everything is in $OUT before it starts.
-# Knobs (environment): DEVICE (cuda), LAYERS and EXPERTS (all; e.g. 5 and 0,1 for a small CPU trial), CAL_TOKENS (8192),
+# Knobs (environment): K2 (1; 0 skips the K = 2 packs), SIGMAS (e.g. "0.1 0.3": more K = 3 calibrated packs
+# k3_cal_s<σ> made with --sigma-reg σ from the same Hessians, each paired with k3_identity and k3_cal), QARGS (extra
+# quantize flags for every pack, e.g. --single-candidate), DEVICE (cuda), LAYERS and EXPERTS (all; e.g. 5 and 0,1 for a small CPU trial), CAL_TOKENS (8192),
 # EVAL_TOKENS (16384), ROW (256), SHARDS (eval processes side by side: nproc), SPILLWAY, MODEL_XZ, CALIB, WORK.
 # Same seed and settings in every pack; only --identity-hessian (and K) differ. Held-out text:
 # tools/demo_model/data/heldout.txt (never used for calibration or for choosing any setting).
@@ -60,7 +62,8 @@ Q() {  # Q NAME BITS [extra args]: one pack, settings identical apart from the e
   local name=$1 bits=$2; shift 2
   local t=$SECONDS
   spw quantize --model "$M" --out "$WORK/$name" --bits "$bits" --device "$DEVICE" \
-    --seed 0 --calibration "${CAL_FILE:-$CALIB}" --calibration-tokens "$CAL_TOKENS" "${LAYER_ARGS[@]}" --threads 3 --no-progress "$@" \
+    --seed 0 --calibration "${CAL_FILE:-$CALIB}" --calibration-tokens "$CAL_TOKENS" "${LAYER_ARGS[@]}" --threads 3 --no-progress \
+    ${QARGS:-} "$@" \
     > "$WORK/$name.log" 2>&1
   local rc=$?
   echo "$name $*: $((SECONDS - t)) s wall, rc $rc" >> "$WORK/$name.log"
@@ -69,33 +72,45 @@ Q() {  # Q NAME BITS [extra args]: one pack, settings identical apart from the e
 }
 T0=$(date +%s)
 # Identity packs need no calibration: they run while the calibration forward does.
-Q k3_identity 3 --identity-hessian & P1=$!
-Q k2_identity 2 --identity-hessian & P2=$!
-Q k8_identity 8 --identity-hessian & P3=$!
+K2=${K2:-1}
+SIGMAS=${SIGMAS:-}
+PIDS=()
+Q k3_identity 3 --identity-hessian & PIDS+=($!)
+[ "$K2" = 1 ] && { Q k2_identity 2 --identity-hessian & PIDS+=($!); }
+Q k8_identity 8 --identity-hessian & PIDS+=($!)
 # Calibration once (--max-layers 0: Hessians only), then every calibrated pack starts from the same Hessians.
 Q k3_cal 3 --keep-hessians --max-layers 0
 [ -d "$WORK/k3_cal/.quantize-work/hessians" ] || die "calibration wrote no Hessians (see $WORK/k3_cal.log)"
 log "calibration done after $(( $(date +%s) - T0 )) s"
-mkdir -p "$WORK/k2_cal/.quantize-work" && cp -r "$WORK/k3_cal/.quantize-work/hessians" "$WORK/k2_cal/.quantize-work/"
-Q k3_cal 3 --keep-hessians & P4=$!
-Q k2_cal 2 --keep-hessians & P5=$!
+share_hessians() { mkdir -p "$WORK/$1/.quantize-work" && cp -r "$WORK/k3_cal/.quantize-work/hessians" "$WORK/$1/.quantize-work/"; }
+Q k3_cal 3 --keep-hessians & PIDS+=($!)
+[ "$K2" = 1 ] && { share_hessians k2_cal; Q k2_cal 2 --keep-hessians & PIDS+=($!); }
+for sg in $SIGMAS; do share_hessians "k3_cal_s$sg"; Q "k3_cal_s$sg" 3 --sigma-reg "$sg" & PIDS+=($!); done
 FAIL=0
-for p in $P1 $P2 $P3 $P4 $P5; do wait $p || FAIL=1; done
+for p in "${PIDS[@]}"; do wait $p || FAIL=1; done
 [ $FAIL = 0 ] || die "a quantize run failed (logs in $WORK/*.log, tails in $OUT/quantize.log)"
 log "all packs done after $(( $(date +%s) - T0 )) s"
 # Per-tensor proxy errors of every pack (quantize_report.json), for the table.
-python3 - "$WORK" > "$OUT/reports.tsv" <<'EOF'
+NAMES=(k3_cal k3_identity)
+[ "$K2" = 1 ] && NAMES+=(k2_cal k2_identity)
+for sg in $SIGMAS; do NAMES+=("k3_cal_s$sg"); done
+NAMES+=(k8_identity)
+PAIRS=(--pair k3_cal,k3_identity)
+[ "$K2" = 1 ] && PAIRS+=(--pair k2_cal,k2_identity --pair k3_cal,k2_cal)
+for sg in $SIGMAS; do PAIRS+=(--pair "k3_cal_s$sg,k3_identity" --pair "k3_cal_s$sg,k3_cal"); done
+python3 - "$WORK" "${NAMES[@]}" > "$OUT/reports.tsv" <<'EOF'
 import json, os, sys
 w = sys.argv[1]
 print("pack\ttensor\tproxy_err\tcandidate\tsigma_reg")
-for p in ("k3_cal", "k3_identity", "k2_cal", "k2_identity", "k8_identity"):
+for p in sys.argv[2:]:
     r = json.load(open(os.path.join(w, p, "quantize_report.json")))
     for t in r.get("tensors", r if isinstance(r, list) else []):
         print(f"{p}\t{t.get('name')}\t{t.get('proxy_err')}\t{t.get('candidate')}\t{t.get('sigma_reg')}")
 EOF
 
 # Held-out evaluation: SHARDS processes side by side, each on rows i, i+SHARDS, ...; P runs once per process.
-PACKS=("$WORK/k3_cal" "$WORK/k3_identity" "$WORK/k2_cal" "$WORK/k2_identity" "$WORK/k8_identity")
+PACKS=()
+for nm in "${NAMES[@]}"; do PACKS+=("$WORK/$nm"); done
 # shards TAG TSV_PREFIX PACK...: one eval-kl per shard side by side; a shard that fails is run once more (one shard
 # segfaulted once in 20 here, in the CPU reference matmul, and ran clean on a rerun: not understood yet).
 shards() {
@@ -124,10 +139,9 @@ log "eval done after $(( $(date +%s) - T0 )) s"
   echo "Calibration: $CALIB, $CAL_TOKENS tokens. Held-out: tools/demo_model/data/heldout.txt, $EVAL_TOKENS tokens in rows of $ROW."
   echo "Floor: k8_identity (K = 8, experts practically exact); 'above the floor' = KL(pack) − KL(k8_identity) per position."
   echo
-  python3 tools/quantize/paired_kl.py "$WORK"/pp_*.tsv --floor k8_identity \
-    --pair k3_cal,k3_identity --pair k2_cal,k2_identity --pair k3_cal,k2_cal
+  python3 tools/quantize/paired_kl.py "$WORK"/pp_*.tsv --floor k8_identity "${PAIRS[@]}"
   echo
-  python3 - "$OUT/reports.tsv" <<'EOF'
+  python3 - "$OUT/reports.tsv" "${NAMES[@]}" <<'EOF'
 import collections, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])][1:]
 by = collections.defaultdict(list)
@@ -135,7 +149,7 @@ for p, name, e, *_ in rows:
     if e not in ("None", ""):
         by[(p, name.rsplit(".", 1)[-1])].append(float(e))
 print("| pack | proxy error w1 | w2 | w3 | tensors |\n|---|---|---|---|---|")
-for p in ("k3_cal", "k3_identity", "k2_cal", "k2_identity", "k8_identity"):
+for p in sys.argv[2:]:
     m = [sum(by[(p, w)]) / len(by[(p, w)]) if by[(p, w)] else float("nan") for w in ("w1", "w2", "w3")]
     print(f"| {p} | {m[0]:.5f} | {m[1]:.5f} | {m[2]:.5f} | {sum(len(by[(p, w)]) for w in ('w1', 'w2', 'w3'))} |")
 print("\n(proxy error of each pack under its own Hessian: the calibrated H for *_cal, the identity for *_identity)")

@@ -5,6 +5,9 @@ Input: the TSV eval-kl writes (row, pos, then kl:NAME and agree:NAME per model Q
 Output (markdown on stdout):
   - per pack: mean KL ± standard error, top-1 agreement, and, with --floor NAME, the mean KL above that pack's
     (the part the weight error adds on top of what no quantizer removes);
+  - per pack also the median and the 90th / 99th percentile of the per-position KL: the mean is carried by its tail
+    (on the demo model the top 10 % of positions hold most of it), and a quantizer can lower the typical position's
+    KL while raising the tail's;
   - per pair A-B (--pair A,B ...): the mean paired difference KL(A) − KL(B) over the same positions, its standard
     error, a 95 % interval and t, and the difference in top-1 disagreements.
 Standard errors are clustered by row: positions of one row share a context and are not independent, rows are
@@ -70,6 +73,12 @@ def clustered(rows, x):
     return mean, math.sqrt(var), g
 
 
+def quantile(x, q):
+    """The q-quantile of x (nearest rank on the sorted values; x non-empty)."""
+    s = sorted(x)
+    return s[min(len(s) - 1, max(0, int(math.ceil(q * len(s))) - 1))]
+
+
 def t975(dof):
     """97.5 % quantile of Student's t (table; conservative: the nearest tabulated dof at or below)."""
     table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 15: 2.13,
@@ -91,11 +100,14 @@ def main():
     if a.floor and fl is None:
         sys.exit(f"paired_kl: no pack {a.floor} in {names}")
     print(f"{n} predicted positions in {len(set(rows))} rows; standard errors clustered by row.\n")
-    print("| pack | mean KL ± s.e. | top-1 agreement | disagreements |" + (" KL above the floor ± s.e. |" if fl is not None else ""))
-    print("|---|---|---|---|" + ("---|" if fl is not None else ""))
+    print("| pack | mean KL ± s.e. | median | 90th pct | 99th pct | top-1 agreement | disagreements |" +
+          (" KL above the floor ± s.e. |" if fl is not None else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if fl is not None else ""))
     for i, nm in enumerate(names):
         m, se, _ = clustered(rows, kl[i])
-        line = f"| {nm} | {m:.6f} ± {se:.6f} | {100 * sum(agree[i]) / n:.2f} % | {n - sum(agree[i])} |"
+        q = [quantile(kl[i], f) for f in (0.5, 0.9, 0.99)]
+        line = (f"| {nm} | {m:.6f} ± {se:.6f} | {q[0]:.6f} | {q[1]:.6f} | {q[2]:.6f} | {100 * sum(agree[i]) / n:.2f} % | "
+                f"{n - sum(agree[i])} |")
         if fl is not None:
             dm, dse, _ = clustered(rows, [x - y for x, y in zip(kl[i], kl[fl])])
             line += f" {dm:.6f} ± {dse:.6f} |"
