@@ -132,6 +132,13 @@ struct LayerAcc {
 
 }  // namespace
 
+uint64_t hessian_layer_bytes(int d, int d_expert, int n_experts, bool gate_up_shared) {
+  const uint64_t dd = uint64_t(d) * uint64_t(d), ff = uint64_t(d_expert) * uint64_t(d_expert), E = uint64_t(n_experts);
+  const uint64_t acc = dd + E * ((gate_up_shared ? 0 : dd) + 2 * ff);
+  const uint64_t out = E * (dd + ff);
+  return 8 * (acc + out);
+}
+
 Result<std::vector<LayerHessians>> collect_hessians(const std::string& model_dir, const CalibrationRows& rows,
                                                     const HessianOptions& opt) {
   auto model = load_model(model_dir, Numerics::reference());
@@ -152,7 +159,7 @@ Result<std::vector<LayerHessians>> collect_hessians(const std::string& model_dir
     acc[i].h.assign(size_t(d) * d, 0.0);
     acc[i].experts.resize(static_cast<size_t>(E));
     for (auto& e : acc[i].experts) {
-      e.h13.assign(size_t(d) * d, 0.0);
+      if (!opt.gate_up_shared) e.h13.assign(size_t(d) * d, 0.0);  // shared: every expert takes the layer's H
       e.h2.assign(size_t(f) * f, 0.0);
       e.prior2.assign(size_t(f) * f, 0.0);
     }
@@ -197,7 +204,7 @@ Result<std::vector<LayerHessians>> collect_hessians(const std::string& model_dir
         if (m > 0) {
           xs.resize(size_t(m) * d);
           for (int j = 0; j < m; ++j) std::memcpy(&xs[size_t(j) * d], x + size_t(tok_of[e][size_t(j)]) * d, sizeof(float) * d);
-          hessian_add_outer(ea.h13, xs.data(), wt_of[e].data(), m, d);
+          if (!opt.gate_up_shared) hessian_add_outer(ea.h13, xs.data(), wt_of[e].data(), m, d);
           expert_hidden(lw.experts[e], xs.data(), m, d, c.swiglu_limit, h);
           hessian_add_outer(ea.h2, h.data(), wt_of[e].data(), m, f);
           for (float v : wt_of[e]) ea.n += v;
@@ -257,6 +264,7 @@ Result<std::vector<LayerHessians>> collect_hessians(const std::string& model_dir
           h2[j] = (ea.h2[j] + (ea.prior_n > 0 ? prior_w * ea.prior2[j] / ea.prior_n : 0.0)) / (ea.n + prior_w);
     }
     out.push_back(std::move(lh));
+    la = LayerAcc{};  // its accumulators are no longer needed: the peak is the accumulators plus one output layer
   }
   return out;
 }

@@ -17,7 +17,10 @@
 // intermediate (ForwardOptions::on_intermediate), routing is recomputed from the same weights as
 // model/moe.cpp does. Accumulation is in fp64, in token order per expert, so results do not
 // depend on the thread count. Memory: all selected layers' accumulators at once,
-// n_layers·n_experts·(d² + 2·d_expert²)·8 bytes (the quantizer then holds one layer at a time).
+// 8·(d² + n_experts·(d² + 2·d_expert²)) bytes per layer (no per-expert d² with gate_up_shared), plus the
+// finished layers' outputs (8·n_experts·(d² + d_expert²) each); hessian_layer_bytes bounds one layer, and
+// `spillway quantize` calls this for groups of layers that fit its memory budget. The forward itself holds the
+// model in fp32 twice (its own copy and the routing copy here).
 #pragma once
 
 #include <cstdint>
@@ -58,6 +61,9 @@ struct LayerHessians {
   std::vector<double> tokens;                // per expert: Σ ω over routed tokens
   double layer_tokens = 0;
 };
+
+// Peak bytes one selected layer adds to collect_hessians: its accumulators plus its output.
+uint64_t hessian_layer_bytes(int d, int d_expert, int n_experts, bool gate_up_shared);
 
 Result<std::vector<LayerHessians>> collect_hessians(const std::string& model_dir, const CalibrationRows& rows,
                                                     const HessianOptions& options);

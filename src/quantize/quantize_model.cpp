@@ -343,6 +343,23 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
                                   (passes == 0 ? 0.0 : n_candidates > 1 ? tiles * (1 + passes) + 20 : tiles * passes);
   const double est_seconds = tile_seconds * tiles_per_tensor * n_tensors / threads;
 
+  // Calibration memory (calibration.h): the reference forward holds the model in fp32 twice, and each layer
+  // being calibrated adds hessian_layer_bytes; the layers are calibrated in groups that fit the budget.
+  uint64_t fp32_weight_bytes = 0;
+  for (const auto& [name, t] : ck.tensors()) {
+    if (t->dtype == DType::F8_E8M0 || t->dtype == DType::I32 || t->dtype == DType::I64 || t->dtype == DType::BOOL)
+      continue;  // scales and index tables: no fp32 copy
+    fp32_weight_bytes += uint64_t(t->numel()) * (t->dtype == DType::I8 ? 2u : 1u) * 4u;  // I8 = two fp4 codes
+  }
+  const uint64_t forward_bytes = 2 * fp32_weight_bytes;
+  const uint64_t layer_hessian_bytes = hessian_layer_bytes(d, f, c.n_experts, o.gate_up_shared);
+  const uint64_t ram_bytes = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
+  const double budget_d = o.calibration_memory_gib > 0 ? o.calibration_memory_gib * double(1ull << 30)
+                                                        : 0.8 * double(ram_bytes) - double(forward_bytes);
+  const uint64_t hessian_budget = budget_d > 0 ? uint64_t(budget_d) : 0;
+  const int layers_per_pass = int(std::min<uint64_t>(layers.size(), hessian_budget / std::max<uint64_t>(1, layer_hessian_bytes)));
+  const int calibration_passes = layers_per_pass > 0 ? int((layers.size() + layers_per_pass - 1) / layers_per_pass) : 0;
+
   auto plan_text = [&] {
     std::ostringstream s;
     s << "plan: " << o.model_dir << " → " << o.out_dir << "\n"
@@ -355,6 +372,14 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
                                    " tokens in rows of " + std::to_string(o.row_tokens) +
                                    (o.routing_weighted ? ", routing-weighted" : "") +
                                    (o.gate_up_shared ? ", gate/up shared per layer" : ", gate/up per expert"))
+      << (o.identity_hessian ? std::string()
+                             : "\n  calibration memory: " + fmt_bytes(double(forward_bytes)) +
+                                   " for the reference forward (fp32 weights, two copies) + " +
+                                   fmt_bytes(double(layer_hessian_bytes)) + " of Hessians per layer; budget " +
+                                   fmt_bytes(double(hessian_budget)) + " → " +
+                                   (layers_per_pass > 0 ? std::to_string(layers_per_pass) + " layers per forward pass, " +
+                                                              std::to_string(calibration_passes) + " pass(es)"
+                                                        : std::string("does not fit")))
       << "\n  estimated time: "
       << (on_cuda ? std::string("on the GPU (--device cuda); bench_quantize measures seconds per tensor\n")
                   : fmt_secs(est_seconds) + " on " + std::to_string(threads) + " threads (" +
@@ -373,6 +398,12 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
     return r;
   }
   std::fputs(plan_text().c_str(), stderr);
+  if (!o.identity_hessian && layers_per_pass == 0)
+    return make_error("calibration does not fit in memory: one layer's Hessians take ", fmt_bytes(double(layer_hessian_bytes)),
+                      " and the budget is ", fmt_bytes(double(hessian_budget)), " (", fmt_bytes(double(ram_bytes)),
+                      " of RAM, ", fmt_bytes(double(forward_bytes)), " for the reference forward's fp32 weights). ",
+                      "Use --gate-up-shared (one gate/up Hessian per layer), raise --calibration-memory if the machine "
+                      "has the room, or --identity-hessian (uncalibrated)");
 
   // ---- output directory, space, resume state ----
   SPW_TRY(check_writable(o.out_dir));
@@ -440,7 +471,6 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
       ho.gate_up_shared = o.gate_up_shared;
       ho.prior_tokens = o.prior_tokens;
       ho.prior_sample_tokens = o.prior_sample_tokens;
-      ho.layers = need;
       const auto t0 = clock::now();
       ho.on_progress = [&](int64_t done, int64_t total) {
         if (!o.progress) return;
@@ -449,9 +479,18 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
                      (long long)done, (long long)total, fmt_secs(el / double(done) * double(total - done)).c_str(),
                      isatty(2) && done < total ? "   " : "\n");
       };
-      auto hs = collect_hessians(o.model_dir, *rows, ho);
-      if (!hs.ok()) return hs.error();
-      for (const auto& h : *hs) SPW_TRY(save_layer_hessians(hessian_path(h.layer), h));
+      // Groups of layers_per_pass layers, one forward pass each; each group's Hessians are saved (and freed)
+      // before the next, and a resumed run skips the groups already saved.
+      for (size_t g0 = 0; g0 < need.size(); g0 += size_t(layers_per_pass)) {
+        ho.layers.assign(need.begin() + long(g0), need.begin() + long(std::min(need.size(), g0 + size_t(layers_per_pass))));
+        if (need.size() > size_t(layers_per_pass))
+          std::fprintf(stderr, "calibration pass %zu/%zu: layers %d..%d\n", g0 / size_t(layers_per_pass) + 1,
+                       (need.size() + size_t(layers_per_pass) - 1) / size_t(layers_per_pass), ho.layers.front(),
+                       ho.layers.back());
+        auto hs = collect_hessians(o.model_dir, *rows, ho);
+        if (!hs.ok()) return hs.error();
+        for (const auto& h : *hs) SPW_TRY(save_layer_hessians(hessian_path(h.layer), h));
+      }
     }
   }
 

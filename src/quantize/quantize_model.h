@@ -46,6 +46,9 @@ struct QuantizeModelOptions {
   // −9.9 % (t = −8.2), with lower tails too (bench/results/quantize_demo.md, session 17).
   double sigma_reg = 1.0;
   int prior_sample_tokens = 1024;
+  // Memory for the calibration's Hessians, in GiB; 0 = 80 % of physical RAM less the reference forward's fp32
+  // weights (two copies). The layers are calibrated in groups that fit it, one forward pass per group.
+  double calibration_memory_gib = 0;
   bool dry_run = false;
   int threads = 0;
   uint64_t seed = 0;

@@ -12,6 +12,7 @@
 #include "formats/exl3.h"
 #include "formats/safetensors.h"
 #include "model/model.h"
+#include "quantize/calibration.h"
 #include "quantize/quantize_model.h"
 #include "quantize/safetensors_writer.h"
 
@@ -128,6 +129,40 @@ TEST(Exl3QuantizePack, SigmaRegReachesEveryCandidate) {
   }
   const std::string shard = "/model-00002-of-00002.safetensors";
   EXPECT_NE(read_file(a + shard), read_file(b + shard));
+}
+
+// A small --calibration-memory makes the Hessians come from one forward pass per layer instead of one for all:
+// the pack is byte-identical (a layer's accumulation does not depend on which other layers are collected), and a
+// budget below one layer's Hessians is refused before any work with a message that names the way out.
+TEST(Exl3QuantizePack, CalibrationInLayerGroupsIsIdentical) {
+  const uint64_t layer_bytes = hessian_layer_bytes(256, 128, 32, false);  // the demo model's d, d_expert, experts
+  ASSERT_EQ(layer_bytes, 8ull * (256 * 256 + 32ull * (256 * 256 + 2 * 128 * 128)) + 8ull * 32 * (256 * 256 + 128 * 128));
+  EXPECT_LT(hessian_layer_bytes(256, 128, 32, true), layer_bytes);
+  const std::string one = fresh_dir("groups_one"), many = fresh_dir("groups_many");
+  QuantizeModelOptions oa = small_options(one);
+  oa.layers = {8, 9};
+  oa.calibration_memory_gib = 1.0;  // both layers in one pass
+  auto ra = quantize_model(oa);
+  ASSERT_TRUE(ra.ok()) << ra.error().message;
+  QuantizeModelOptions ob = small_options(many);
+  ob.layers = {8, 9};
+  ob.calibration_memory_gib = 1.5 * double(layer_bytes) / double(1ull << 30);  // one layer per pass
+  auto rb = quantize_model(ob);
+  ASSERT_TRUE(rb.ok()) << rb.error().message;
+  int compared = 0;
+  for (const auto& e : fs::directory_iterator(many)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name == "quantize_report.json") continue;
+    EXPECT_EQ(read_file(e.path()), read_file(fs::path(one) / name)) << name;
+    ++compared;
+  }
+  EXPECT_GE(compared, 8);
+  QuantizeModelOptions oc = small_options(fresh_dir("groups_none"));
+  oc.calibration_memory_gib = 0.5 * double(layer_bytes) / double(1ull << 30);
+  auto rc = quantize_model(oc);
+  ASSERT_FALSE(rc.ok());
+  EXPECT_NE(rc.error().message.find("does not fit in memory"), std::string::npos) << rc.error().message;
+  EXPECT_NE(rc.error().message.find("--gate-up-shared"), std::string::npos) << rc.error().message;
 }
 
 TEST(Exl3QuantizePack, ResumedRunIsByteIdentical) {
