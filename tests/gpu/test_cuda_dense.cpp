@@ -260,6 +260,22 @@ TEST_F(CudaDense, V41RealShapes) {
   }
 }
 
+// f32-product bf16 weights on the kGemm path (more than 16 tokens) through three bf16 planes on tensor cores
+// (dense_linear.h: set_f32_split_gemm) against the reference, with the same bound as the fp32 GEMM: every product
+// is exact, only the summation differs. Sizes: the router and the head of V4.1 (at 64 tokens its y3 takes two
+// chunks of the 64 MB scratch), an awkward k (two 512 tiles + 16) and 512 tokens.
+TEST_F(CudaDense, F32ProductSplitGemm) {
+  struct Scope {
+    Scope() : was(f32_split_gemm_enabled()) { set_f32_split_gemm(true); }
+    ~Scope() { set_f32_split_gemm(was); }
+    bool was;
+  } scope;
+  run_case(DenseFormat::kBf16, 384, 5120, 0, 0, true, {17, 64}, ws_, 601);     // ffn.gate (router)
+  run_case(DenseFormat::kBf16, 129280, 5120, 0, 0, true, {17, 64}, ws_, 602);  // head
+  run_case(DenseFormat::kBf16, 1023, 1040, 0, 0, true, {17, 300}, ws_, 603);
+  run_case(DenseFormat::kBf16, 4096, 5120, 0, 0, true, {300, 512}, ws_, 604);
+}
+
 // V4-Flash (fp8 128×128 weight blocks, activation blocks of 128), spec §2.2.
 TEST_F(CudaDense, V4RealShapes) {
   for (bool mma : {false, true}) {  // both FP8 decode paths (dense_linear.h: set_gemv_mma)

@@ -69,6 +69,13 @@ cudaError_t act_prepare_launch(const float* x, int n_tokens, int n_in, int act_b
 cudaError_t dequant_rows_launch(const DeviceLinear& w, int row0, int n_rows, void* out, bool out_bf16,
                                 cudaStream_t stream);
 
+// The f32-product GEMM on bf16 tensor cores (dense_linear.cu, f32_split_gemm): x [n] f32 → x3 [3][n] bf16 with
+// x = x3[0] + x3[1] + x3[2] exactly; and y[t, row0 + o] = (y3[t][o] + y3[T + t][o]) + y3[2T + t][o] for the three
+// products of a chunk y3 [3·T][n_rows] (T = n_tokens).
+cudaError_t split3_bf16_launch(const float* x, size_t n, void* x3, cudaStream_t stream);
+cudaError_t sum3_rows_launch(const float* y3, int n_tokens, int n_rows, float* y, int ldy, int row0,
+                             cudaStream_t stream);
+
 // y[i] = bf16(y[i]) for i < n.
 cudaError_t round_bf16_launch(float* y, size_t n, cudaStream_t stream);
 

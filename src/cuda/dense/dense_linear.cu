@@ -31,6 +31,14 @@ std::atomic<bool>& gemv_mma_flag() {
   return on;
 }
 
+std::atomic<bool>& f32_split_gemm_flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("SPILLWAY_F32_SPLIT_GEMM");
+    return env && env[0] == '1';
+  }()};
+  return on;
+}
+
 bool takes_mma(const DeviceLinear& w) {
   return w.act_block > 0 && gemv_mma_enabled() && densedev::gemv_uses_mma(w.format, w.weight_block, w.act_block, w.n_in);
 }
@@ -155,10 +163,45 @@ Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y
   return {};
 }
 
+// An f32 product of a bf16 weight on bf16 tensor cores: x = hi + mid + lo, three bf16 planes (split3_bf16), as
+// 3·n_tokens rows of one bf16 GEMM (the weight read once per chunk), then y = (hi·W + mid·W) + lo·W in f32. Each
+// product of a bf16 weight and a bf16 plane is exact in the fp32 accumulator, so no bit of x is dropped, where
+// the pedantic fp32 GEMM runs on the FFMA pipes from a weight dequantized to f32 (at 64 decode rows the head
+// and the router took ~23 % of a V4.1 step that way: bench/results/engine_h200.md, session 17). Sums differ in
+// order (and the tensor cores' accumulation in rounding) from that GEMM. Scratch: x3 then a y3 chunk in ws.wbuf.
+Status linear_gemm_split3(const DeviceLinear& w, const float* x, int n_tokens, float* y, LinearWorkspace& ws,
+                          cudaStream_t stream, cublasHandle_t h, size_t x3_nbytes, int chunk) {
+  void* x3 = ws.wbuf;
+  float* y3 = reinterpret_cast<float*>(static_cast<char*>(ws.wbuf) + x3_nbytes);
+  if (cudaError_t e = densedev::split3_bf16_launch(x, static_cast<size_t>(n_tokens) * w.n_in, x3, stream); e != cudaSuccess)
+    return cuda_error("launch split3_bf16", e);
+  const float alpha = 1.0f, beta = 0.0f;
+  for (int r0 = 0; r0 < w.n_out; r0 += chunk) {
+    const int rows = std::min(chunk, w.n_out - r0);
+    const void* wt = static_cast<const uint16_t*>(w.w) + static_cast<size_t>(r0) * w.n_in;
+    cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, 3 * n_tokens, w.n_in, &alpha, wt, CUDA_R_16BF,
+                                    w.n_in, x3, CUDA_R_16BF, w.n_in, &beta, y3, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) return cublas_error("GemmEx (f32 product, split bf16)", s);
+    if (cudaError_t e = densedev::sum3_rows_launch(y3, n_tokens, rows, y, w.n_out, r0, stream); e != cudaSuccess)
+      return cuda_error("launch sum3_rows", e);
+  }
+  return {};
+}
+
 Status linear_gemm(const DeviceLinear& w, const float* x, int n_tokens, float* y, bool round_out, LinearWorkspace& ws,
                    cudaStream_t stream) {
   auto* h = static_cast<cublasHandle_t>(ws.cublas);
   if (cublasStatus_t s = cublasSetStream(h, stream); s != CUBLAS_STATUS_SUCCESS) return cublas_error("set stream", s);
+  if (w.f32_product && w.format == DenseFormat::kBf16 && w.act_block == 0 && f32_split_gemm_enabled()) {
+    // When x3 and a y3 chunk of ≥ 128 rows fit the scratch; else (long prefill chunks) the fp32 GEMM below.
+    const size_t x3_nbytes = (6 * static_cast<size_t>(n_tokens) * w.n_in + 255) / 256 * 256;
+    const size_t y3_row_nbytes = 12 * static_cast<size_t>(n_tokens);
+    const size_t fit = x3_nbytes < ws.wbuf_nbytes ? (ws.wbuf_nbytes - x3_nbytes) / y3_row_nbytes / 128 * 128 : 0;
+    if (fit > 0)
+      return linear_gemm_split3(w, x, n_tokens, y, ws, stream, h, x3_nbytes,
+                                static_cast<int>(std::min<size_t>(fit, static_cast<size_t>(w.n_out))));
+  }
   // f32 products (and F32-stored weights) run a pedantic fp32 GEMM; everything else bf16 inputs.
   const bool f32 = w.f32_product || w.format == DenseFormat::kF32;
   const size_t el = f32 ? 4 : 2;
@@ -250,6 +293,8 @@ bool stack_keeps_rows(const DeviceLinear& w, std::span<const int> part_rows) {
   return true;
 }
 
+bool f32_split_gemm_enabled() { return f32_split_gemm_flag().load(std::memory_order_relaxed); }
+void set_f32_split_gemm(bool on) { f32_split_gemm_flag().store(on, std::memory_order_relaxed); }
 bool gemv_mma_enabled() { return gemv_mma_flag().load(std::memory_order_relaxed); }
 void set_gemv_mma(bool on) { gemv_mma_flag().store(on, std::memory_order_relaxed); }
 

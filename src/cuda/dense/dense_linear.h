@@ -105,6 +105,12 @@ bool stack_keeps_rows(const DeviceLinear& w, std::span<const int> part_rows);
 // differ in summation order, so a process keeps one: choose before uploading weights (stacking depends on it).
 bool gemv_mma_enabled();
 void set_gemv_mma(bool on);
+// The kGemm path of f32-product bf16 weights (router, head; n_tokens > 16): the pedantic fp32 cuBLAS GEMM on a
+// weight dequantized to f32 (default), or three bf16 planes of x through one bf16 tensor-core GEMM with exact
+// products (SPILLWAY_F32_SPLIT_GEMM=1 at start, or set_f32_split_gemm; dense_linear.cu linear_gemm_split3).
+// Compiled in session 17 and not yet run on a GPU: off until CudaDense.F32ProductSplitGemm has passed there.
+bool f32_split_gemm_enabled();
+void set_f32_split_gemm(bool on);
 // Whether linear_cuda takes the GEMV path for this path and token count.
 bool linear_uses_gemv(LinearPath path, int n_tokens);
 

@@ -82,6 +82,32 @@ __global__ void __launch_bounds__(kThreads) round_bf16_kernel(float* y, size_t n
   if (i < n) y[i] = round_bf16_dev(y[i]);
 }
 
+// x = hi + mid + lo exactly, each a bf16 (x3 [3][n]): hi = bf16(x), and each residual is exact in f32 (it has at
+// most 16, then 8, significant bits), so three bf16 planes carry all 24 bits of x's significand (normal range;
+// below ~2^-110 the lowest plane can lose bits to bf16's subnormals).
+__global__ void __launch_bounds__(kThreads) split3_bf16_kernel(const float* __restrict__ x, size_t n,
+                                                               __nv_bfloat16* __restrict__ x3) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  const float v = x[i];
+  const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+  const float r1 = v - __bfloat162float(hi);
+  const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+  x3[i] = hi;
+  x3[n + i] = mid;
+  x3[2 * n + i] = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+}
+
+// y[t, row0 + o] = (y3[t][o] + y3[n + t][o]) + y3[2n + t][o] for the n_rows-wide chunk y3 [3·n_tokens][n_rows].
+__global__ void __launch_bounds__(kThreads) sum3_rows_kernel(const float* __restrict__ y3, int n_tokens, int n_rows,
+                                                             float* __restrict__ y, int ldy, int row0) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const size_t plane = static_cast<size_t>(n_tokens) * n_rows;
+  if (i >= plane) return;
+  const int t = static_cast<int>(i / n_rows), o = static_cast<int>(i % n_rows);
+  y[static_cast<size_t>(t) * ldy + row0 + o] = (y3[i] + y3[plane + i]) + y3[2 * plane + i];
+}
+
 unsigned blocks_for(size_t items) { return static_cast<unsigned>((items + kThreads - 1) / kThreads); }
 
 template <bool Bf16Out>
@@ -123,6 +149,20 @@ cudaError_t act_codes_launch(const float* x, int n_tokens, int n_in, int act_blo
 cudaError_t dequant_rows_launch(const DeviceLinear& w, int row0, int n_rows, void* out, bool out_bf16,
                                 cudaStream_t stream) {
   return out_bf16 ? dequant_rows_as<true>(w, row0, n_rows, out, stream) : dequant_rows_as<false>(w, row0, n_rows, out, stream);
+}
+
+cudaError_t split3_bf16_launch(const float* x, size_t n, void* x3, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  cuda::launch(split3_bf16_kernel, blocks_for(n), kThreads, 0, stream, x, n, static_cast<__nv_bfloat16*>(x3));
+  return cudaGetLastError();
+}
+
+cudaError_t sum3_rows_launch(const float* y3, int n_tokens, int n_rows, float* y, int ldy, int row0,
+                             cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(n_tokens) * n_rows;
+  if (n == 0) return cudaSuccess;
+  cuda::launch(sum3_rows_kernel, blocks_for(n), kThreads, 0, stream, y3, n_tokens, n_rows, y, ldy, row0);
+  return cudaGetLastError();
 }
 
 cudaError_t round_bf16_launch(float* y, size_t n, cudaStream_t stream) {
