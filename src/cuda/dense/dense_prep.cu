@@ -87,6 +87,7 @@ __global__ void __launch_bounds__(kThreads) round_bf16_kernel(float* y, size_t n
 // below ~2^-110 the lowest plane can lose bits to bf16's subnormals).
 __global__ void __launch_bounds__(kThreads) split3_bf16_kernel(const float* __restrict__ x, size_t n,
                                                                __nv_bfloat16* __restrict__ x3) {
+  cuda::pdl_enter();
   const size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n) return;
   const float v = x[i];
@@ -101,6 +102,7 @@ __global__ void __launch_bounds__(kThreads) split3_bf16_kernel(const float* __re
 // y[t, row0 + o] = (y3[t][o] + y3[n + t][o]) + y3[2n + t][o] for the n_rows-wide chunk y3 [3·n_tokens][n_rows].
 __global__ void __launch_bounds__(kThreads) sum3_rows_kernel(const float* __restrict__ y3, int n_tokens, int n_rows,
                                                              float* __restrict__ y, int ldy, int row0) {
+  cuda::pdl_enter();
   const size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
   const size_t plane = static_cast<size_t>(n_tokens) * n_rows;
   if (i >= plane) return;
