@@ -78,6 +78,8 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const Numerics& numerics() const { return numerics_; }
+  // The weights the forward uses (callers that also need them, e.g. the calibration's router, share this copy).
+  const ModelWeights& weights() const { return *weights_; }
   void set_numerics(const Numerics& n) { numerics_ = n; }
 
   SequenceState new_sequence() const;

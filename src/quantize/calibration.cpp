@@ -144,10 +144,7 @@ Result<std::vector<LayerHessians>> collect_hessians(const std::string& model_dir
   auto model = load_model(model_dir, Numerics::reference());
   if (!model.ok()) return model.error();
   const ModelConfig& c = (*model)->config();
-  // A second copy of the weights for routing and the expert hidden states (the model keeps its own private).
-  auto weights = load_weights(model_dir, c);
-  if (!weights.ok()) return weights.error();
-  const ModelWeights& w = **weights;
+  const ModelWeights& w = (*model)->weights();  // routing and the expert hidden states, from the forward's own copy
   const int d = c.d_model, f = c.d_expert, E = c.n_experts, K = c.top_k;
 
   std::vector<int> slot_of(size_t(c.n_layers), -1);

@@ -20,7 +20,7 @@
 // 8·(d² + n_experts·(d² + 2·d_expert²)) bytes per layer (no per-expert d² with gate_up_shared), plus the
 // finished layers' outputs (8·n_experts·(d² + d_expert²) each); hessian_layer_bytes bounds one layer, and
 // `spillway quantize` calls this for groups of layers that fit its memory budget. The forward itself holds the
-// model in fp32 twice (its own copy and the routing copy here).
+// model in fp32 (the routing here reads the forward's copy).
 #pragma once
 
 #include <cstdint>

@@ -343,7 +343,7 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
                                   (passes == 0 ? 0.0 : n_candidates > 1 ? tiles * (1 + passes) + 20 : tiles * passes);
   const double est_seconds = tile_seconds * tiles_per_tensor * n_tensors / threads;
 
-  // Calibration memory (calibration.h): the reference forward holds the model in fp32 twice, and each layer
+  // Calibration memory (calibration.h): the reference forward holds the model in fp32, and each layer
   // being calibrated adds hessian_layer_bytes; the layers are calibrated in groups that fit the budget.
   uint64_t fp32_weight_bytes = 0;
   for (const auto& [name, t] : ck.tensors()) {
@@ -351,7 +351,7 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
       continue;  // scales and index tables: no fp32 copy
     fp32_weight_bytes += uint64_t(t->numel()) * (t->dtype == DType::I8 ? 2u : 1u) * 4u;  // I8 = two fp4 codes
   }
-  const uint64_t forward_bytes = 2 * fp32_weight_bytes;
+  const uint64_t forward_bytes = fp32_weight_bytes;
   const uint64_t layer_hessian_bytes = hessian_layer_bytes(d, f, c.n_experts, o.gate_up_shared);
   const uint64_t ram_bytes = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
   const double budget_d = o.calibration_memory_gib > 0 ? o.calibration_memory_gib * double(1ull << 30)
@@ -374,7 +374,7 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
                                    (o.gate_up_shared ? ", gate/up shared per layer" : ", gate/up per expert"))
       << (o.identity_hessian ? std::string()
                              : "\n  calibration memory: " + fmt_bytes(double(forward_bytes)) +
-                                   " for the reference forward (fp32 weights, two copies) + " +
+                                   " for the reference forward (fp32 weights) + " +
                                    fmt_bytes(double(layer_hessian_bytes)) + " of Hessians per layer; budget " +
                                    fmt_bytes(double(hessian_budget)) + " → " +
                                    (layers_per_pass > 0 ? std::to_string(layers_per_pass) + " layers per forward pass, " +

@@ -47,7 +47,7 @@ struct QuantizeModelOptions {
   double sigma_reg = 1.0;
   int prior_sample_tokens = 1024;
   // Memory for the calibration's Hessians, in GiB; 0 = 80 % of physical RAM less the reference forward's fp32
-  // weights (two copies). The layers are calibrated in groups that fit it, one forward pass per group.
+  // weights. The layers are calibrated in groups that fit it, one forward pass per group.
   double calibration_memory_gib = 0;
   bool dry_run = false;
   int threads = 0;
