@@ -61,6 +61,19 @@ std::string read_file(const fs::path& p) {
   return ss.str();
 }
 
+// Every file of pack a (shards, index, configs, tokenizer; not quantize_report.json, which holds timings) is
+// byte-identical to the same file of pack b, and there are enough of them to be a whole pack.
+void expect_same_pack_files(const std::string& a, const std::string& b) {
+  int compared = 0;
+  for (const auto& e : fs::directory_iterator(a)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name == "quantize_report.json") continue;
+    EXPECT_EQ(read_file(e.path()), read_file(fs::path(b) / name)) << name;
+    ++compared;
+  }
+  EXPECT_GE(compared, 8) << a;
+}
+
 TEST(Exl3QuantizePack, PackLoadsWithDecodedExperts) {
   const std::string out = fresh_dir("pack");
   auto r = quantize_model(small_options(out));
@@ -136,8 +149,7 @@ TEST(Exl3QuantizePack, SigmaRegReachesEveryCandidate) {
 // budget below one layer's Hessians is refused before any work with a message that names the way out.
 TEST(Exl3QuantizePack, CalibrationInLayerGroupsIsIdentical) {
   const uint64_t layer_bytes = hessian_layer_bytes(256, 128, 32, false);  // the demo model's d, d_expert, experts
-  ASSERT_EQ(layer_bytes, 8ull * (256 * 256 + 32ull * (256 * 256 + 2 * 128 * 128)) + 8ull * 32 * (256 * 256 + 128 * 128));
-  EXPECT_LT(hessian_layer_bytes(256, 128, 32, true), layer_bytes);
+  EXPECT_LT(hessian_layer_bytes(256, 128, 32, true), layer_bytes);  // no per-expert gate/up accumulators
   const std::string one = fresh_dir("groups_one"), many = fresh_dir("groups_many");
   QuantizeModelOptions oa = small_options(one);
   oa.layers = {8, 9};
@@ -149,14 +161,7 @@ TEST(Exl3QuantizePack, CalibrationInLayerGroupsIsIdentical) {
   ob.calibration_memory_gib = 1.5 * double(layer_bytes) / double(1ull << 30);  // one layer per pass
   auto rb = quantize_model(ob);
   ASSERT_TRUE(rb.ok()) << rb.error().message;
-  int compared = 0;
-  for (const auto& e : fs::directory_iterator(many)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_regular_file() || name == "quantize_report.json") continue;
-    EXPECT_EQ(read_file(e.path()), read_file(fs::path(one) / name)) << name;
-    ++compared;
-  }
-  EXPECT_GE(compared, 8);
+  expect_same_pack_files(many, one);
   QuantizeModelOptions oc = small_options(fresh_dir("groups_none"));
   oc.calibration_memory_gib = 0.5 * double(layer_bytes) / double(1ull << 30);
   auto rc = quantize_model(oc);
@@ -189,14 +194,7 @@ TEST(Exl3QuantizePack, ResumedRunIsByteIdentical) {
   ob.layers = {8, 9};
   auto r3 = quantize_model(ob);
   ASSERT_TRUE(r3.ok()) << r3.error().message;
-  int compared = 0;
-  for (const auto& e : fs::directory_iterator(b)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_regular_file() || name == "quantize_report.json") continue;
-    EXPECT_EQ(read_file(e.path()), read_file(fs::path(a) / name)) << name;
-    ++compared;
-  }
-  EXPECT_GE(compared, 8);
+  expect_same_pack_files(b, a);
   // Other settings into the same directory are refused.
   oa.bits = 3;
   auto r4 = quantize_model(oa);
