@@ -36,8 +36,8 @@ std::function<int()> add_quantize_command(CLI::App& app) {
   cmd->add_option("--prior-sample-tokens", o->prior_sample_tokens,
                   "tokens per layer on which every expert runs to form the down-projection prior")->capture_default_str();
   cmd->add_option("--calibration-memory", o->calibration_memory_gib,
-                  "GiB for the calibration's Hessians (0 = 80% of RAM less the fp32 weights); layers are calibrated "
-                  "in groups that fit, one forward pass per group")
+                  "GiB for the Hessian accumulators (0 = 80% of RAM less the streamed forward's own memory, which the "
+                  "plan prints); each layer's experts are calibrated in groups that fit")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e9));
   cmd->add_flag("--dry-run", o->dry_run, "print the plan (tensors, estimated time, output size) and exit");

@@ -82,69 +82,116 @@ Status Model::validate_input(const SequenceState& seq, std::span<const int32_t> 
   return {};
 }
 
-Result<std::vector<float>> Model::forward(SequenceState& seq, std::span<const int32_t> tokens,
-                                          const ForwardOptions& options) const {
-  const ModelConfig& c = config_;
-  const ModelWeights& w = *weights_;
-  SPW_TRY(validate_input(seq, tokens));
+// A step between layers: its context (which refers to the caller's sequence and to the tokens and options
+// kept here), the residual streams and V4.1's carried collapse weights.
+struct LayerwiseStep::State {
+  State(const Model& m, const std::vector<float>& rope_main, const std::vector<float>& rope_compress,
+        const std::vector<ref::EngramHashParams>& engram_params, SequenceState& seq, std::span<const int32_t> toks,
+        const ForwardOptions& opts)
+      : tokens(toks.begin(), toks.end()),
+        options(opts),
+        s{m.config(), m.weights(), m.numerics(), seq, tokens, seq.n_past, int(tokens.size()), rope_main,
+          rope_compress, engram_params, {}, {}, &options} {}
 
-  Step s{c, w, numerics_, seq, tokens, seq.n_past, int(tokens.size()), impl_->rope_main, impl_->rope_compress,
-         impl_->engram_params, {}, {}, &options};
-  const int n = s.n, d = c.d_model, hc = c.hc_mult;
+  std::vector<int32_t> tokens;
+  ForwardOptions options;
+  Step s;
+  std::vector<float> streams;                // [n, hc, d]
+  std::vector<ref::HcCoefficients> carried;  // V4.1 single-pass mHC: the previous sublayer's collapse weights
+  int next = 0;
+};
+
+LayerwiseStep::LayerwiseStep(std::unique_ptr<State> state) : state_(std::move(state)) {}
+LayerwiseStep::LayerwiseStep(LayerwiseStep&&) noexcept = default;
+LayerwiseStep& LayerwiseStep::operator=(LayerwiseStep&&) noexcept = default;
+LayerwiseStep::~LayerwiseStep() = default;
+int LayerwiseStep::next_layer() const { return state_->next; }
+
+Result<LayerwiseStep> Model::begin_step(SequenceState& seq, std::span<const int32_t> tokens,
+                                        const ForwardOptions& options) const {
+  SPW_TRY(validate_input(seq, tokens));
+  auto st = std::make_unique<LayerwiseStep::State>(*this, impl_->rope_main, impl_->rope_compress,
+                                                   impl_->engram_params, seq, tokens, options);
+  const ModelConfig& c = config_;
+  const int n = st->s.n, d = c.d_model, hc = c.hc_mult;
   const size_t hc_d = size_t(hc) * d;
 
   // [n, hc, d]: hc copies of the embedding.
-  std::vector<float> streams(size_t(n) * hc_d);
+  st->streams.resize(size_t(n) * hc_d);
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < hc; ++j)
-      std::memcpy(streams.data() + i * hc_d + size_t(j) * d, w.embed.data() + size_t(tokens[i]) * d, sizeof(float) * d);
+      std::memcpy(st->streams.data() + i * hc_d + size_t(j) * d, weights_->embed.data() + size_t(tokens[i]) * d,
+                  sizeof(float) * d);
 
   // V4.1 single-pass mHC: the collapse weights come from the previous sublayer; one-hot at the start.
   std::vector<float> one_hot(hc, 0.f);
   one_hot[0] = 1.f;
-  std::vector<ref::HcCoefficients> carried(n);
-  for (auto& co : carried) co.pre = one_hot;
+  st->carried.resize(n);
+  for (auto& co : st->carried) co.pre = one_hot;
+  return LayerwiseStep(std::move(st));
+}
 
+Status Model::run_layer(LayerwiseStep& step) const {
+  LayerwiseStep::State& st = *step.state_;
+  const ModelConfig& c = config_;
+  const int l = st.next;
+  if (l >= c.n_layers) return make_error("run_layer: the step has run all ", c.n_layers, " layers");
+  const LayerWeights& lw = weights_->layers[l];
+  if (!lw.loaded()) return make_error("run_layer: layer ", l, "'s weights are not loaded (Model::load_layer)");
+  Step& s = st.s;
+  const ForwardOptions& options = st.options;
+  std::vector<float>& streams = st.streams;
+  const int n = s.n, d = c.d_model;
   std::vector<float> x(size_t(n) * d), y(size_t(n) * d);
   std::vector<const std::vector<float>*> pre(n);
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& lw = w.layers[l];
-    if (options.before_layer) options.before_layer(l, streams);
-    if (c.layers[l].engram) {
-      detail::engram(s, l, streams.data());
-      detail::dump(s, "engram.out", l, streams.data(), streams.size());
-    }
 
-    // Attention sublayer.
-    auto attn_co = hc_coefficients(c, lw.hc_attn, streams.data(), n);
-    for (int i = 0; i < n; ++i) pre[i] = c.is_v41() ? &carried[i].pre : &attn_co[i].pre;
-    collapse_and_norm(s, streams.data(), pre, lw.attn_norm, x.data());  // [n, d]
-    detail::dump(s, "attn.in", l, x.data(), x.size());
-    detail::attention(s, l, x.data(), y.data());                         // [n, d]
-    detail::dump(s, "attn.out", l, y.data(), y.size());
-    expand(s, streams.data(), y.data(), attn_co);                          // [n, hc, d]
-
-    // FFN sublayer.
-    auto ffn_co = hc_coefficients(c, lw.hc_ffn, streams.data(), n);
-    for (int i = 0; i < n; ++i) pre[i] = c.is_v41() ? &attn_co[i].pre : &ffn_co[i].pre;
-    collapse_and_norm(s, streams.data(), pre, lw.ffn_norm, x.data());
-    detail::dump(s, "ffn.in", l, x.data(), x.size());
-    detail::moe(s, l, x.data(), y.data());
-    detail::dump(s, "ffn.out", l, y.data(), y.size());
-    expand(s, streams.data(), y.data(), ffn_co);
-    if (c.is_v41()) carried = std::move(ffn_co);
-
-    if (options.on_layer) options.on_layer(l, streams);
+  if (options.before_layer) options.before_layer(l, streams);
+  if (c.layers[l].engram) {
+    detail::engram(s, l, streams.data());
+    detail::dump(s, "engram.out", l, streams.data(), streams.size());
   }
 
+  // Attention sublayer.
+  auto attn_co = hc_coefficients(c, lw.hc_attn, streams.data(), n);
+  for (int i = 0; i < n; ++i) pre[i] = c.is_v41() ? &st.carried[i].pre : &attn_co[i].pre;
+  collapse_and_norm(s, streams.data(), pre, lw.attn_norm, x.data());  // [n, d]
+  detail::dump(s, "attn.in", l, x.data(), x.size());
+  detail::attention(s, l, x.data(), y.data());                         // [n, d]
+  detail::dump(s, "attn.out", l, y.data(), y.size());
+  expand(s, streams.data(), y.data(), attn_co);                          // [n, hc, d]
+
+  // FFN sublayer.
+  auto ffn_co = hc_coefficients(c, lw.hc_ffn, streams.data(), n);
+  for (int i = 0; i < n; ++i) pre[i] = c.is_v41() ? &attn_co[i].pre : &ffn_co[i].pre;
+  collapse_and_norm(s, streams.data(), pre, lw.ffn_norm, x.data());
+  detail::dump(s, "ffn.in", l, x.data(), x.size());
+  detail::moe(s, l, x.data(), y.data());
+  detail::dump(s, "ffn.out", l, y.data(), y.size());
+  expand(s, streams.data(), y.data(), ffn_co);
+  if (c.is_v41()) st.carried = std::move(ffn_co);
+
+  if (options.on_layer) options.on_layer(l, streams);
+  ++st.next;
+  return {};
+}
+
+Result<std::vector<float>> Model::finish_step(LayerwiseStep& step) const {
+  LayerwiseStep::State& st = *step.state_;
+  const ModelConfig& c = config_;
+  const ModelWeights& w = *weights_;
+  if (st.next != c.n_layers) return make_error("finish_step: the step has run ", st.next, " of ", c.n_layers, " layers");
+  Step& s = st.s;
+  const int n = s.n, d = c.d_model, hc = c.hc_mult;
+  const size_t hc_d = size_t(hc) * d;
+
   // Head: collapse the streams (V4: hc_head weights; V4.1: the last FFN's pre), norm, project.
-  const int first = options.all_logits ? 0 : n - 1, n_out = n - first;
+  const int first = st.options.all_logits ? 0 : n - 1, n_out = n - first;
   std::vector<float> h(size_t(n_out) * d);
   std::vector<float> head_pre(hc), mixes(hc);
   for (int i = first; i < n; ++i) {
-    const float* xs = streams.data() + size_t(i) * hc_d;
+    const float* xs = st.streams.data() + size_t(i) * hc_d;
     if (c.is_v41()) {
-      head_pre = carried[i].pre;
+      head_pre = st.carried[i].pre;
     } else {
       ref::hc_mixes(xs, w.hc_head.fn.data(), hc, hc_d, c.norm_eps, mixes.data());
       for (int j = 0; j < hc; ++j)
@@ -159,14 +206,31 @@ Result<std::vector<float>> Model::forward(SequenceState& seq, std::span<const in
   ref::matmul_nt(h.data(), w.head.w.data(), logits.data(), n_out, d, c.vocab_size);
 
   // Commit the sequence's position and the Engram n-gram history.
+  SequenceState& seq = s.seq;
   seq.n_past += n;
   if (c.is_v41() && !c.engram_layers.empty()) {
-    for (int32_t t : tokens) seq.engram_recent.push_back(w.engram_token_map[t]);
+    for (int32_t t : st.tokens) seq.engram_recent.push_back(w.engram_token_map[t]);
     const size_t keep = size_t(c.engram_max_ngram - 1);
     if (seq.engram_recent.size() > keep)
       seq.engram_recent.erase(seq.engram_recent.begin(), seq.engram_recent.end() - keep);
   }
   return logits;
+}
+
+Result<std::vector<float>> Model::forward(SequenceState& seq, std::span<const int32_t> tokens,
+                                          const ForwardOptions& options) const {
+  auto step = begin_step(seq, tokens, options);
+  if (!step.ok()) return step.error();
+  for (int l = 0; l < config_.n_layers; ++l) SPW_TRY(run_layer(*step));
+  return finish_step(*step);
+}
+
+Status Model::load_layer(int layer, const LoadOptions& options) {
+  return load_layer_weights(*weights_, config_, layer, options);
+}
+
+void Model::drop_layer(int layer) {
+  if (layer >= 0 && size_t(layer) < weights_->layers.size()) weights_->layers[size_t(layer)] = LayerWeights{};
 }
 
 Result<std::vector<std::vector<float>>> Model::forward_batch(std::span<SequenceState* const> seqs,

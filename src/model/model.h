@@ -71,6 +71,24 @@ struct ForwardOptions {
   std::function<void(const char* name, int layer, std::vector<float>& values)> replace_intermediate;
 };
 
+// One forward step of one sequence that the caller advances a layer at a time: Model::begin_step, then
+// Model::run_layer once per layer in order, then Model::finish_step. Model::forward is exactly these calls.
+// Callers that hold one layer's weights at a time (the streamed calibration, quantize/calibration.cpp) run many
+// sequences' steps layer by layer. The step refers to its SequenceState, which must outlive it.
+class LayerwiseStep {
+ public:
+  LayerwiseStep(LayerwiseStep&&) noexcept;
+  LayerwiseStep& operator=(LayerwiseStep&&) noexcept;
+  ~LayerwiseStep();
+  int next_layer() const;
+
+ private:
+  friend class Model;
+  struct State;
+  explicit LayerwiseStep(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
 class Model {
  public:
   Model(ModelConfig config, std::unique_ptr<ModelWeights> weights, Numerics numerics);
@@ -88,6 +106,19 @@ class Model {
   // logits [n, vocab] (n = tokens.size() with all_logits, else 1). Errors: out-of-range token ids.
   Result<std::vector<float>> forward(SequenceState& seq, std::span<const int32_t> tokens,
                                      const ForwardOptions& options = {}) const;
+
+  // forward() in three parts (LayerwiseStep). begin_step validates like forward and embeds; run_layer runs the
+  // step's next layer (error: its weights are not loaded); finish_step, after the last layer, applies the head,
+  // commits the sequence's position and returns what forward would.
+  Result<LayerwiseStep> begin_step(SequenceState& seq, std::span<const int32_t> tokens,
+                                   const ForwardOptions& options = {}) const;
+  Status run_layer(LayerwiseStep& step) const;
+  Result<std::vector<float>> finish_step(LayerwiseStep& step) const;
+
+  // Layer weights for a model loaded with LoadOptions::layer_weights = false (or to free memory): load_layer
+  // reads and checks layer `layer` from the checkpoint, drop_layer frees it.
+  Status load_layer(int layer, const LoadOptions& options = {});
+  void drop_layer(int layer);
 
   // Errors for token lists the model cannot take (empty, ids outside the vocabulary, foreign state).
   Status validate_input(const SequenceState& seq, std::span<const int32_t> tokens) const;

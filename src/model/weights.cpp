@@ -301,6 +301,28 @@ Status load_engram_token_map(const std::string& dir, const ModelConfig& c, Model
   return {};
 }
 
+// Layer l's tensors into lw (lw untouched on error).
+Status load_layer(TensorSource& src, const ModelConfig& c, int l, const LoadOptions& options, LayerWeights& out) {
+  const int d = c.d_model;
+  const std::string p = "layers." + std::to_string(l) + ".";
+  const LayerPlan& plan = c.layers[l];
+  LayerWeights lw;
+  lw.attn_norm = src.floats(p + "attn_norm.weight", {d});
+  lw.ffn_norm = src.floats(p + "ffn_norm.weight", {d});
+  lw.hc_attn = src.hc(p + "hc_attn", c.hc_mult, d);
+  lw.hc_ffn = src.hc(p + "hc_ffn", c.hc_mult, d);
+  load_attention(src, c, plan, p, lw);
+  load_moe(src, c, plan, p, lw, options.routed_expert_values);
+  if (plan.engram) {
+    int slot = 0;  // the Engram tables are numbered over the Engram layers in order
+    for (int j = 0; j < l; ++j) slot += c.layers[j].engram ? 1 : 0;
+    load_engram(src, c, slot, p, lw);
+  }
+  if (src.error()) return *src.error();
+  out = std::move(lw);
+  return {};
+}
+
 }  // namespace
 
 Result<std::unique_ptr<ModelWeights>> load_weights(const std::string& model_dir, const ModelConfig& c,
@@ -322,23 +344,22 @@ Result<std::unique_ptr<ModelWeights>> load_weights(const std::string& model_dir,
   if (src.error()) return *src.error();
 
   w->layers.resize(c.n_layers);
-  int engram_slot = 0;
-  for (int l = 0; l < c.n_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    const LayerPlan& plan = c.layers[l];
-    LayerWeights& lw = w->layers[l];
-    lw.attn_norm = src.floats(p + "attn_norm.weight", {d});
-    lw.ffn_norm = src.floats(p + "ffn_norm.weight", {d});
-    lw.hc_attn = src.hc(p + "hc_attn", c.hc_mult, d);
-    lw.hc_ffn = src.hc(p + "hc_ffn", c.hc_mult, d);
-    load_attention(src, c, plan, p, lw);
-    load_moe(src, c, plan, p, lw, options.routed_expert_values);
-    if (plan.engram) load_engram(src, c, engram_slot++, p, lw);
-    if (src.error()) return *src.error();
-    if (options.on_progress) options.on_progress(l + 1, c.n_layers);
+  if (options.layer_weights) {
+    for (int l = 0; l < c.n_layers; ++l) {
+      SPW_TRY(load_layer(src, c, l, options, w->layers[l]));
+      if (options.on_progress) options.on_progress(l + 1, c.n_layers);
+    }
   }
   if (c.is_v41() && !c.engram_layers.empty()) SPW_TRY(load_engram_token_map(model_dir, c, *w));
   return w;
 }
 
+Status load_layer_weights(ModelWeights& w, const ModelConfig& c, int layer, const LoadOptions& options) {
+  if (layer < 0 || layer >= c.n_layers || w.layers.size() != size_t(c.n_layers))
+    return make_error("load_layer_weights: layer ", layer, " outside 0..", c.n_layers - 1);
+  TensorSource src(w.checkpoint);
+  return load_layer(src, c, layer, options, w.layers[size_t(layer)]);
+}
+
 }  // namespace spw
+

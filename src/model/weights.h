@@ -63,6 +63,9 @@ struct LayerWeights {
   std::vector<Expert> experts;
   Expert shared;
   EngramWeights engram;
+
+  // Every layer has norms; an empty one is a layer that is not loaded (LoadOptions::layer_weights = false).
+  bool loaded() const { return !attn_norm.empty(); }
 };
 
 struct ModelWeights {
@@ -82,11 +85,19 @@ struct LoadOptions {
   // keeps n_out, n_in and kind with w empty. For the GPU engine, which uploads the stored bytes: a
   // full-width V4.1 layer's experts are 54 GB as f32, and decoding EXL3 on the CPU takes minutes.
   bool routed_expert_values = true;
+  // false: only the model-wide tensors (embedding, head, final norms, Engram token map); every layer stays
+  // empty until load_layer_weights fills it. For callers that stream the model a layer at a time (calibration
+  // of a checkpoint larger than RAM); such a load checks no layer tensor up front.
+  bool layer_weights = true;
 };
 
 // Loads and validates every tensor the forward needs: names with or without the "model."
 // prefix, dtypes and shapes checked against the config; errors name the file and tensor.
 Result<std::unique_ptr<ModelWeights>> load_weights(const std::string& model_dir, const ModelConfig& config,
                                                    const LoadOptions& options = {});
+
+// Loads and validates one layer's tensors from w's checkpoint into w.layers[layer] (replacing what was there).
+// On error w.layers[layer] is left as it was.
+Status load_layer_weights(ModelWeights& w, const ModelConfig& config, int layer, const LoadOptions& options = {});
 
 }  // namespace spw

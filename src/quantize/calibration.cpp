@@ -18,7 +18,7 @@
 #include "ops/ref/moe.h"
 #include "ops/ref/topk.h"
 #include "quantize/exl3_quantize.h"
-#include "quantize/safetensors_writer.h"
+#include "quantize/hessian_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace spw::quant {
@@ -118,68 +118,43 @@ void expert_hidden(const Expert& e, const float* xs, int m, int d, float limit, 
   ref::round_bf16_inplace(h.data(), h.size());
 }
 
-struct ExpertAcc {
-  std::vector<double> h13, h2, prior2;
-  double n = 0, prior_n = 0;
+// Where one expert's calibration tokens are: (row, position) pairs in row-major order, with their weights ω.
+struct ExpertTokens {
+  std::vector<int> row, pos;
+  std::vector<float> weight;
+  double n = 0;  // Σ ω
 };
 
-struct LayerAcc {
-  std::vector<double> h;
-  double n = 0;
-  int prior_seen = 0;
-  std::vector<ExpertAcc> experts;
-};
+// Tokens per accumulation chunk: bounds the per-thread gather buffers (V4.1: 256 × 5120 floats).
+constexpr int kChunk = 256;
 
-}  // namespace
-
-uint64_t hessian_layer_bytes(int d, int d_expert, int n_experts, bool gate_up_shared) {
-  const uint64_t dd = uint64_t(d) * uint64_t(d), ff = uint64_t(d_expert) * uint64_t(d_expert), E = uint64_t(n_experts);
-  const uint64_t acc = dd + E * ((gate_up_shared ? 0 : dd) + 2 * ff);
-  const uint64_t out = E * (dd + ff);
-  return 8 * (acc + out);
+// x rows of `where` [begin, end) gathered from the per-row inputs.
+void gather(const std::vector<std::vector<float>>& inputs, const ExpertTokens& where, size_t begin, size_t end, int d,
+            std::vector<float>& xs) {
+  xs.resize((end - begin) * size_t(d));
+  for (size_t j = begin; j < end; ++j)
+    std::memcpy(&xs[(j - begin) * size_t(d)], &inputs[size_t(where.row[j])][size_t(where.pos[j]) * d], sizeof(float) * d);
 }
 
-Result<std::vector<LayerHessians>> collect_hessians(const std::string& model_dir, const CalibrationRows& rows,
-                                                    const HessianOptions& opt) {
-  auto model = load_model(model_dir, Numerics::reference());
-  if (!model.ok()) return model.error();
-  const ModelConfig& c = (*model)->config();
-  const ModelWeights& w = (*model)->weights();  // routing and the expert hidden states, from the forward's own copy
-  const int d = c.d_model, f = c.d_expert, E = c.n_experts, K = c.top_k;
-
-  std::vector<int> slot_of(size_t(c.n_layers), -1);
-  std::vector<LayerAcc> acc(opt.layers.size());
-  for (size_t i = 0; i < opt.layers.size(); ++i) {
-    const int l = opt.layers[i];
-    if (l < 0 || l >= c.n_layers) return make_error("layer ", l, " outside 0..", c.n_layers - 1);
-    slot_of[size_t(l)] = int(i);
-    acc[i].h.assign(size_t(d) * d, 0.0);
-    acc[i].experts.resize(static_cast<size_t>(E));
-    for (auto& e : acc[i].experts) {
-      if (!opt.gate_up_shared) e.h13.assign(size_t(d) * d, 0.0);  // shared: every expert takes the layer's H
-      e.h2.assign(size_t(f) * f, 0.0);
-      e.prior2.assign(size_t(f) * f, 0.0);
-    }
-  }
-
-  std::span<const int32_t> cur_tokens;
-  auto on_ffn_in = [&](int layer, const float* x, int n) {
-    LayerAcc& la = acc[size_t(slot_of[size_t(layer)])];
-    const LayerWeights& lw = w.layers[size_t(layer)];
-    hessian_add_outer(la.h, x, nullptr, n, d);
-    la.n += n;
-    // Router, as model/moe.cpp: sqrtsoftplus scores, biased top-k (or the hash table), weights.
-    std::vector<float> logits(size_t(n) * E), scores(size_t(n) * E), biased(static_cast<size_t>(E));
+// Routing of every calibration token at one layer, as model/moe.cpp routes it: per expert, its tokens.
+std::vector<ExpertTokens> route_tokens(const ModelConfig& c, const LayerWeights& lw, int layer, const CalibrationRows& rows,
+                                       const std::vector<std::vector<float>>& inputs, bool routing_weighted) {
+  const int d = c.d_model, E = c.n_experts, K = c.top_k;
+  std::vector<ExpertTokens> out(static_cast<size_t>(E));
+  std::vector<float> biased(static_cast<size_t>(E));
+  std::vector<int32_t> idx(static_cast<size_t>(K));
+  std::vector<float> rw(static_cast<size_t>(K));
+  for (size_t r = 0; r < rows.rows.size(); ++r) {
+    const int n = int(rows.rows[r].size());
+    const float* x = inputs[r].data();
+    // sqrtsoftplus scores, biased top-k (or the hash table), weights from the unbiased scores.
+    std::vector<float> logits(size_t(n) * E), scores(size_t(n) * E);
     ref::matmul_nt(x, lw.gate.w.data(), logits.data(), size_t(n), size_t(d), size_t(E));
     ref::sqrtsoftplus(logits.data(), scores.data(), logits.size());
-    std::vector<std::vector<int>> tok_of(static_cast<size_t>(E));
-    std::vector<std::vector<float>> wt_of(static_cast<size_t>(E));
-    std::vector<int32_t> idx(static_cast<size_t>(K));
-    std::vector<float> rw(static_cast<size_t>(K));
     for (int i = 0; i < n; ++i) {
       const float* si = &scores[size_t(i) * E];
       if (c.layers[size_t(layer)].hash_routed) {
-        std::memcpy(idx.data(), &lw.tid2eid[size_t(cur_tokens[size_t(i)]) * K], sizeof(int32_t) * K);
+        std::memcpy(idx.data(), &lw.tid2eid[size_t(rows.rows[r][size_t(i)]) * K], sizeof(int32_t) * K);
       } else {
         for (int e = 0; e < E; ++e) biased[size_t(e)] = si[e] + lw.gate_bias[size_t(e)];
         auto top = ref::topk_indices(biased.data(), size_t(E), size_t(K));
@@ -187,124 +162,201 @@ Result<std::vector<LayerHessians>> collect_hessians(const std::string& model_dir
       }
       ref::route_weights(si, idx.data(), size_t(K), c.is_v41() ? 1e-20f : 0.f, c.route_scale, rw.data());
       for (int k = 0; k < K; ++k) {
-        tok_of[size_t(idx[size_t(k)])].push_back(i);
-        wt_of[size_t(idx[size_t(k)])].push_back(opt.routing_weighted ? rw[size_t(k)] : 1.0f);
+        ExpertTokens& et = out[size_t(idx[size_t(k)])];
+        et.row.push_back(int(r));
+        et.pos.push_back(i);
+        et.weight.push_back(routing_weighted ? rw[size_t(k)] : 1.0f);
+        et.n += et.weight.back();
       }
     }
-    const int n_prior = std::min(n, std::max(0, opt.prior_sample_tokens - la.prior_seen));
-    la.prior_seen += n_prior;
-    global_pool().parallel_for(size_t(E), [&](size_t e0, size_t e1) {
-      std::vector<float> xs, h;
-      for (size_t e = e0; e < e1; ++e) {
-        ExpertAcc& ea = la.experts[e];
-        const int m = int(tok_of[e].size());
-        if (m > 0) {
-          xs.resize(size_t(m) * d);
-          for (int j = 0; j < m; ++j) std::memcpy(&xs[size_t(j) * d], x + size_t(tok_of[e][size_t(j)]) * d, sizeof(float) * d);
-          if (!opt.gate_up_shared) hessian_add_outer(ea.h13, xs.data(), wt_of[e].data(), m, d);
-          expert_hidden(lw.experts[e], xs.data(), m, d, c.swiglu_limit, h);
-          hessian_add_outer(ea.h2, h.data(), wt_of[e].data(), m, f);
-          for (float v : wt_of[e]) ea.n += v;
-        }
-        if (n_prior > 0) {
-          expert_hidden(lw.experts[e], x, n_prior, d, c.swiglu_limit, h);
-          hessian_add_outer(ea.prior2, h.data(), nullptr, n_prior, f);
-          ea.prior_n += n_prior;
-        }
-      }
-    });
-  };
-
-  int64_t total = 0, done = 0;
-  for (const auto& r : rows.rows) total += int64_t(r.size());
-  for (const auto& row : rows.rows) {
-    SequenceState seq = (*model)->new_sequence();
-    cur_tokens = row;
-    ForwardOptions fo;
-    fo.on_intermediate = [&](const char* name, int layer, const float* data, size_t count) {
-      if (std::strcmp(name, "ffn.in") == 0 && slot_of[size_t(layer)] >= 0) on_ffn_in(layer, data, int(count / size_t(d)));
-    };
-    auto r = (*model)->forward(seq, row, fo);
-    if (!r.ok()) return r.error();
-    done += int64_t(row.size());
-    if (opt.on_progress) opt.on_progress(done, total);
-  }
-
-  std::vector<LayerHessians> out;
-  const double n0 = opt.prior_tokens;
-  for (size_t i = 0; i < opt.layers.size(); ++i) {
-    LayerAcc& la = acc[i];
-    LayerHessians lh;
-    lh.layer = opt.layers[i];
-    lh.d = d;
-    lh.f = f;
-    lh.layer_tokens = la.n;
-    lh.w13.resize(static_cast<size_t>(E));
-    lh.w2.resize(static_cast<size_t>(E));
-    lh.tokens.resize(static_cast<size_t>(E));
-    for (int e = 0; e < E; ++e) {
-      ExpertAcc& ea = la.experts[size_t(e)];
-      lh.tokens[size_t(e)] = ea.n;
-      std::vector<double>& h13 = lh.w13[size_t(e)];
-      h13.assign(size_t(d) * d, 0.0);
-      if (opt.gate_up_shared) {
-        for (size_t j = 0; j < h13.size(); ++j) h13[j] = la.n > 0 ? la.h[j] / la.n : 0.0;
-      } else if (ea.n + n0 > 0) {
-        for (size_t j = 0; j < h13.size(); ++j)
-          h13[j] = (ea.h13[j] + (la.n > 0 ? n0 * la.h[j] / la.n : 0.0)) / (ea.n + (la.n > 0 ? n0 : 0.0));
-      }
-      std::vector<double>& h2 = lh.w2[size_t(e)];
-      h2.assign(size_t(f) * f, 0.0);
-      const double prior_w = ea.prior_n > 0 ? n0 : 0.0;
-      if (ea.n + prior_w > 0)
-        for (size_t j = 0; j < h2.size(); ++j)
-          h2[j] = (ea.h2[j] + (ea.prior_n > 0 ? prior_w * ea.prior2[j] / ea.prior_n : 0.0)) / (ea.n + prior_w);
-    }
-    out.push_back(std::move(lh));
-    la = LayerAcc{};  // its accumulators are no longer needed: the peak is the accumulators plus one output layer
   }
   return out;
 }
 
-Status save_layer_hessians(const std::string& path, const LayerHessians& h) {
-  SafetensorsWriter wr;
-  const int E = int(h.w13.size());
-  for (int e = 0; e < E; ++e) {
-    wr.add_raw("w13." + std::to_string(e), DType::F64, {h.d, h.d}, h.w13[size_t(e)].data(), h.w13[size_t(e)].size() * 8);
-    wr.add_raw("w2." + std::to_string(e), DType::F64, {h.f, h.f}, h.w2[size_t(e)].data(), h.w2[size_t(e)].size() * 8);
+// One layer's Hessians from its FFN inputs (every row's "ffn.in"), written to `path` group by group.
+Status write_layer_hessians(const ModelConfig& c, const LayerWeights& lw, int layer, const CalibrationRows& rows,
+                            const std::vector<std::vector<float>>& inputs, const HessianOptions& opt,
+                            const std::string& path) {
+  const int d = c.d_model, f = c.d_expert, E = c.n_experts;
+  const double n0 = opt.prior_tokens;
+  const std::vector<ExpertTokens> routed = route_tokens(c, lw, layer, rows, inputs, opt.routing_weighted);
+
+  // The layer-wide H over every token (rows of H in parallel: each element still sums its tokens in order).
+  std::vector<double> h_layer(size_t(d) * d, 0.0);
+  double n_layer = 0;
+  global_pool().parallel_for(size_t(d), [&](size_t a0, size_t a1) {
+    for (size_t r = 0; r < rows.rows.size(); ++r) {
+      const int n = int(rows.rows[r].size());
+      const float* x = inputs[r].data();
+      for (int t = 0; t < n; ++t) {
+        const float* xt = x + size_t(t) * d;
+        for (size_t a = a0; a < a1; ++a) {
+          const double xa = double(xt[a]);
+          double* row = &h_layer[a * size_t(d)];
+          for (int b = 0; b < d; ++b) row[b] += xa * double(xt[b]);
+        }
+      }
+    }
+  });
+  for (const auto& r : rows.rows) n_layer += double(r.size());
+
+  // The prior's tokens: the first prior_sample_tokens in row order.
+  ExpertTokens prior;
+  for (size_t r = 0; r < rows.rows.size() && int(prior.row.size()) < opt.prior_sample_tokens; ++r)
+    for (int i = 0; i < int(rows.rows[r].size()) && int(prior.row.size()) < opt.prior_sample_tokens; ++i) {
+      prior.row.push_back(int(r));
+      prior.pos.push_back(i);
+    }
+  const double prior_n = double(prior.row.size());
+
+  std::vector<double> tokens(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e) tokens[size_t(e)] = routed[size_t(e)].n;
+  auto writer = LayerHessianWriter::create(path, d, f, tokens, n_layer, opt.gate_up_shared);
+  if (!writer.ok()) return writer.error();
+
+  const int group = opt.expert_group > 0 ? std::min(opt.expert_group, E) : E;
+  for (int g0 = 0; g0 < E; g0 += group) {
+    const int g1 = std::min(E, g0 + group);
+    std::vector<std::vector<double>> h13(size_t(g1 - g0)), h2(size_t(g1 - g0));
+    global_pool().parallel_for(size_t(g1 - g0), [&](size_t i0, size_t i1) {
+      std::vector<float> xs, h;
+      for (size_t i = i0; i < i1; ++i) {
+        const int e = g0 + int(i);
+        const ExpertTokens& et = routed[size_t(e)];
+        const Expert& ex = lw.experts[size_t(e)];
+        std::vector<double>& a13 = h13[i];
+        std::vector<double>& a2 = h2[i];
+        if (!opt.gate_up_shared) a13.assign(size_t(d) * d, 0.0);
+        a2.assign(size_t(f) * f, 0.0);
+        for (size_t j = 0; j < et.row.size(); j += kChunk) {
+          const size_t j1 = std::min(et.row.size(), j + kChunk);
+          gather(inputs, et, j, j1, d, xs);
+          if (!opt.gate_up_shared) hessian_add_outer(a13, xs.data(), &et.weight[j], int(j1 - j), d);
+          expert_hidden(ex, xs.data(), int(j1 - j), d, c.swiglu_limit, h);
+          hessian_add_outer(a2, h.data(), &et.weight[j], int(j1 - j), f);
+        }
+        // Blend with the priors: the layer's H for gate/up, the expert run on the prior tokens for down.
+        if (!opt.gate_up_shared) {
+          if (et.n + n0 > 0) {
+            for (size_t k = 0; k < a13.size(); ++k)
+              a13[k] = (a13[k] + (n_layer > 0 ? n0 * h_layer[k] / n_layer : 0.0)) / (et.n + (n_layer > 0 ? n0 : 0.0));
+          }
+        }
+        std::vector<double> prior2(size_t(f) * f, 0.0);
+        for (size_t j = 0; j < prior.row.size(); j += kChunk) {
+          const size_t j1 = std::min(prior.row.size(), j + kChunk);
+          gather(inputs, prior, j, j1, d, xs);
+          expert_hidden(ex, xs.data(), int(j1 - j), d, c.swiglu_limit, h);
+          hessian_add_outer(prior2, h.data(), nullptr, int(j1 - j), f);
+        }
+        const double prior_w = prior_n > 0 ? n0 : 0.0;
+        if (et.n + prior_w > 0) {
+          for (size_t k = 0; k < a2.size(); ++k)
+            a2[k] = (a2[k] + (prior_n > 0 ? prior_w * prior2[k] / prior_n : 0.0)) / (et.n + prior_w);
+        }
+      }
+    });
+    for (int e = g0; e < g1; ++e) {
+      SPW_TRY((*writer)->add_expert(e, h13[size_t(e - g0)], h2[size_t(e - g0)]));
+      h13[size_t(e - g0)] = {};
+      h2[size_t(e - g0)] = {};
+    }
   }
-  wr.add_raw("tokens", DType::F64, {E}, h.tokens.data(), h.tokens.size() * 8);
-  wr.add_raw("layer_tokens", DType::F64, {1}, &h.layer_tokens, 8);
-  return wr.write(path);
+  if (opt.gate_up_shared)
+    for (double& v : h_layer) v = n_layer > 0 ? v / n_layer : 0.0;
+  return (*writer)->finish(h_layer);
 }
 
-Result<LayerHessians> load_layer_hessians(const std::string& path, int layer) {
-  auto file = SafetensorsFile::open(path);
-  if (!file.ok()) return file.error();
-  const SafetensorsFile& fl = **file;
-  LayerHessians h;
-  h.layer = layer;
-  auto get = [&](const std::string& name, std::vector<double>& out) -> Status {
-    const TensorInfo* t = fl.find(name);
-    if (!t || t->dtype != DType::F64) return make_error(path, ": missing F64 tensor ", name);
-    out.resize(size_t(t->numel()));
-    std::memcpy(out.data(), t->data, t->nbytes);
-    return {};
-  };
-  SPW_TRY(get("tokens", h.tokens));
-  std::vector<double> lt;
-  SPW_TRY(get("layer_tokens", lt));
-  h.layer_tokens = lt.empty() ? 0 : lt[0];
-  const int E = int(h.tokens.size());
-  h.w13.resize(static_cast<size_t>(E));
-  h.w2.resize(static_cast<size_t>(E));
-  for (int e = 0; e < E; ++e) {
-    SPW_TRY(get("w13." + std::to_string(e), h.w13[size_t(e)]));
-    SPW_TRY(get("w2." + std::to_string(e), h.w2[size_t(e)]));
+}  // namespace
+
+CalibrationMemory calibration_memory(const ModelConfig& c, const Checkpoint& ck, int64_t calibration_tokens,
+                                     int row_tokens, bool gate_up_shared) {
+  CalibrationMemory m;
+  std::vector<uint64_t> layer_bytes(size_t(c.n_layers), 0);
+  for (const auto& [full_name, t] : ck.tensors()) {
+    const std::string name = full_name.rfind("model.", 0) == 0 ? full_name.substr(6) : full_name;
+    // Scales are folded into the fp32 values; Engram tables are gathered from the memory map.
+    if (t->dtype == DType::F8_E8M0 || name.find("engram.embed.") != std::string::npos) continue;
+    const uint64_t bytes = uint64_t(t->numel()) * (t->dtype == DType::I8 ? 2u : 1u) * 4u;  // I8 = two fp4 codes
+    if (name.rfind("layers.", 0) == 0) {
+      const int layer = std::atoi(name.c_str() + 7);
+      if (layer >= 0 && layer < c.n_layers) layer_bytes[size_t(layer)] += bytes;
+    } else if (name == "embed.weight" || name == "head.weight" || name == "norm.weight" ||
+               name.rfind("hc_head_", 0) == 0 || name == "engram_token_map") {
+      m.model_wide += bytes;  // what load_weights keeps besides the layers (not the MTP, vision or aligner weights)
+    }
   }
-  h.d = int(std::lround(std::sqrt(double(h.w13.empty() ? 0 : h.w13[0].size()))));
-  h.f = int(std::lround(std::sqrt(double(h.w2.empty() ? 0 : h.w2[0].size()))));
-  return h;
+  for (uint64_t b : layer_bytes) m.largest_layer = std::max(m.largest_layer, b);
+  const uint64_t d = uint64_t(c.d_model), f = uint64_t(c.d_expert), hc = uint64_t(c.hc_mult);
+  const uint64_t rows = uint64_t(std::max<int64_t>(1, calibration_tokens / std::max(1, row_tokens)));
+  const uint64_t tokens = rows * uint64_t(row_tokens);
+  // Streams [n, hc, d] plus a step's x, y; per layer the window ring and the compressed entries and index keys.
+  m.row_state = 4 * tokens * (hc + 2) * d;
+  for (const LayerPlan& p : c.layers) {
+    uint64_t per_row = uint64_t(c.window) * uint64_t(c.d_head);
+    if (p.compress_ratio > 0) per_row += uint64_t(row_tokens / p.compress_ratio) * uint64_t(c.d_head + c.index_head_dim);
+    m.row_state += 4 * rows * per_row;
+  }
+  m.layer_inputs = 4 * tokens * d;
+  m.layer_hessian = 8 * d * d;
+  m.per_expert = 8 * ((gate_up_shared ? 0 : d * d) + 3 * f * f);  // gate/up, down, the down prior
+  return m;
+}
+
+Status collect_hessians(const std::string& model_dir, const CalibrationRows& rows, const HessianOptions& opt,
+                        const std::function<std::string(int)>& hessian_path,
+                        const std::function<Status(int)>& on_layer) {
+  if (opt.layers.empty()) return {};
+  LoadOptions model_wide_only;
+  model_wide_only.layer_weights = false;
+  auto model_r = load_model(model_dir, Numerics::reference(), model_wide_only);
+  if (!model_r.ok()) return model_r.error();
+  Model& model = **model_r;
+  const ModelConfig& c = model.config();
+  for (size_t i = 0; i < opt.layers.size(); ++i)
+    if (opt.layers[i] < 0 || opt.layers[i] >= c.n_layers || (i > 0 && opt.layers[i] <= opt.layers[i - 1]))
+      return make_error("calibration layers must ascend within 0..", c.n_layers - 1, " (got ", opt.layers[i], ")");
+
+  // Every row's step, begun; the one layer being collected records its rows' FFN inputs.
+  const size_t n_rows = rows.rows.size();
+  std::vector<SequenceState> seqs(n_rows, model.new_sequence());
+  std::vector<std::vector<float>> inputs(n_rows);
+  int collecting = -1;
+  std::vector<LayerwiseStep> steps;
+  steps.reserve(n_rows);
+  for (size_t r = 0; r < n_rows; ++r) {
+    ForwardOptions fo;
+    fo.on_intermediate = [&inputs, &collecting, r](const char* name, int layer, const float* data, size_t count) {
+      if (layer == collecting && std::strcmp(name, "ffn.in") == 0) inputs[r].assign(data, data + count);
+    };
+    auto step = model.begin_step(seqs[r], rows.rows[r], fo);
+    if (!step.ok()) return step.error();
+    steps.push_back(std::move(step.value()));
+  }
+
+  const int last = opt.layers.back();
+  int64_t row_total = 0, done = 0;
+  for (const auto& r : rows.rows) row_total += int64_t(r.size());
+  const int64_t total = row_total * (last + 1);
+  size_t next_collect = 0;
+  for (int l = 0; l <= last; ++l) {
+    SPW_TRY(model.load_layer(l));
+    const bool collect = opt.layers[next_collect] == l;
+    collecting = collect ? l : -1;
+    for (size_t r = 0; r < n_rows; ++r) {
+      SPW_TRY(model.run_layer(steps[r]));
+      done += int64_t(rows.rows[r].size());
+      if (opt.on_progress) opt.on_progress(done, total);
+    }
+    if (collect) SPW_TRY(write_layer_hessians(c, model.weights().layers[size_t(l)], l, rows, inputs, opt, hessian_path(l)));
+    model.drop_layer(l);
+    for (auto& in : inputs) in = {};
+    if (collect) {
+      ++next_collect;
+      SPW_TRY(on_layer(l));
+    }
+  }
+  return {};
 }
 
 }  // namespace spw::quant

@@ -16,11 +16,14 @@
 // Contract: the calibration forward uses reference numerics; the MoE input x is the "ffn.in"
 // intermediate (ForwardOptions::on_intermediate), routing is recomputed from the same weights as
 // model/moe.cpp does. Accumulation is in fp64, in token order per expert, so results do not
-// depend on the thread count. Memory: all selected layers' accumulators at once,
-// 8·(d² + n_experts·(d² + 2·d_expert²)) bytes per layer (no per-expert d² with gate_up_shared), plus the
-// finished layers' outputs (8·n_experts·(d² + d_expert²) each); hessian_layer_bytes bounds one layer, and
-// `spillway quantize` calls this for groups of layers that fit its memory budget. The forward itself holds the
-// model in fp32 (the routing here reads the forward's copy).
+// depend on the thread count or on how the experts are grouped.
+//
+// Streaming (bounded memory): the forward is layer-major. Every row's step is advanced through layer l (its
+// weights loaded, then dropped) before layer l + 1, so one layer's weights are in memory at a time (the model-wide
+// embedding and head stay), next to every row's residual streams and attention state. A collected layer's FFN
+// inputs are kept for all calibration tokens; its Hessians are accumulated for `expert_group` experts at a time
+// and streamed to one file per layer (hessian_file.h), so the accumulators in memory are one group's. The caller
+// quantizes each layer from its file before the forward moves on (collect_hessians' on_layer).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,8 @@
 #include <vector>
 
 #include "base/status.h"
+#include "formats/safetensors.h"
+#include "model/config.h"
 
 namespace spw::quant {
 
@@ -51,26 +56,30 @@ struct HessianOptions {
   bool gate_up_shared = false;
   double prior_tokens = 256;
   int prior_sample_tokens = 1024;
-  std::vector<int> layers;  // which layers to collect (others skipped)
-  std::function<void(int64_t tokens_done, int64_t tokens_total)> on_progress;
+  std::vector<int> layers;  // which layers to collect (others only run); the forward stops after the last
+  int expert_group = 0;     // experts whose accumulators are in memory at once; 0 = all of the layer's
+  // Forward progress in token-layers: every row through one layer adds its tokens.
+  std::function<void(int64_t done, int64_t total)> on_progress;
 };
 
-struct LayerHessians {
-  int layer = 0, d = 0, f = 0;
-  std::vector<std::vector<double>> w13, w2;  // per expert, [d][d] and [f][f], normalized and blended
-  std::vector<double> tokens;                // per expert: Σ ω over routed tokens
-  double layer_tokens = 0;
+// What the streamed calibration holds in memory, in bytes (the plan and --calibration-memory use it).
+struct CalibrationMemory {
+  uint64_t model_wide = 0;     // fp32 embedding, head, final norms (Engram tables stay memory-mapped)
+  uint64_t largest_layer = 0;  // fp32 weights of the largest layer: one layer is loaded at a time
+  uint64_t row_state = 0;      // every row's residual streams and per-layer attention state
+  uint64_t layer_inputs = 0;   // one layer's FFN inputs for every calibration token
+  uint64_t layer_hessian = 0;  // the layer-wide gate/up accumulator (every token)
+  uint64_t per_expert = 0;     // one expert's accumulators while its group is collected
+  uint64_t fixed() const { return model_wide + largest_layer + row_state + layer_inputs + layer_hessian; }
 };
+CalibrationMemory calibration_memory(const ModelConfig& config, const Checkpoint& checkpoint, int64_t calibration_tokens,
+                                     int row_tokens, bool gate_up_shared);
 
-// Peak bytes one selected layer adds to collect_hessians: its accumulators plus its output.
-uint64_t hessian_layer_bytes(int d, int d_expert, int n_experts, bool gate_up_shared);
-
-Result<std::vector<LayerHessians>> collect_hessians(const std::string& model_dir, const CalibrationRows& rows,
-                                                    const HessianOptions& options);
-
-// One layer's Hessians as F64 tensors "w13.E" [d, d], "w2.E" [f, f], "tokens" [n_experts],
-// "layer_tokens" [1] (also the --dump-wh H format, docs/quantize.md).
-Status save_layer_hessians(const std::string& path, const LayerHessians& h);
-Result<LayerHessians> load_layer_hessians(const std::string& path, int layer);
+// Runs the streamed calibration forward over `rows` up to the last of options.layers. For each of those layers
+// (ascending), writes its Hessians to hessian_path(layer) (hessian_file.h format), then calls on_layer(layer),
+// where the caller may quantize the layer, before the forward goes on. Errors: the model's, I/O, on_layer's.
+Status collect_hessians(const std::string& model_dir, const CalibrationRows& rows, const HessianOptions& options,
+                        const std::function<std::string(int layer)>& hessian_path,
+                        const std::function<Status(int layer)>& on_layer);
 
 }  // namespace spw::quant

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -27,6 +28,8 @@
 #include "model/config.h"
 #include "quantize/calibration.h"
 #include "quantize/exl3_quantize.h"
+#include "quantize/hessian_file.h"
+#include "quantize/quantize_layer.h"
 #include "quantize/safetensors_writer.h"
 #include "quantize/trellis_encode.h"
 #if defined(SPW_HAVE_QUANTIZE_CUDA)
@@ -55,14 +58,6 @@ std::string fmt_bytes(double b) {
   return buf;
 }
 
-std::string fmt_secs(double s) {
-  char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(std::fmod(s, 3600) / 60));
-  else if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(std::fmod(s, 60)));
-  else std::snprintf(buf, sizeof buf, "%.1fs", s);
-  return buf;
-}
-
 uint64_t fnv1a_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   uint64_t h = 1469598103934665603ull;
@@ -74,120 +69,9 @@ uint64_t fnv1a_file(const std::string& path) {
   return h;
 }
 
-// A routed expert projection in the source checkpoint, dequantized to the EXL3 orientation
-// [k = in (padded to 128)][n = out (padded)].
-struct SourceExpert {
-  std::string stem;  // the checkpoint's own name prefix ("layers.L.ffn.experts.E.wN" or "model.…")
-  int n_out = 0, n_in = 0;
-};
-
 const TensorInfo* find_any(const Checkpoint& ck, const std::string& name) {
   if (auto* t = ck.find(name)) return t;
   return ck.find("model." + name);
-}
-
-Result<std::vector<float>> load_source_weight(const Checkpoint& ck, const std::string& stem, int n_out, int n_in,
-                                              int64_t k, int64_t n) {
-  const TensorInfo* w = ck.find(stem + ".weight");
-  if (!w) return make_error(ck.root(), ": missing tensor '", stem, ".weight'");
-  std::vector<float> rows(size_t(n_out) * n_in);  // [n_out][n_in]
-  if (w->dtype == DType::I8) {
-    const TensorInfo* s = ck.find(stem + ".scale");
-    if (!s || s->dtype != DType::F8_E8M0 || w->shape != std::vector<int64_t>{n_out, n_in / 2} ||
-        s->shape != std::vector<int64_t>{n_out, n_in / 32})
-      return make_error(w->file, ": expert '", stem, "' is not MXFP4 [", n_out, ", ", n_in / 2, "] I8 + [", n_out, ", ",
-                        n_in / 32, "] F8_E8M0 scale as config.json implies");
-    std::vector<uint16_t> bf(rows.size());
-    dequant_mxfp4(w->data, s->data, size_t(n_out), size_t(n_in), bf.data());
-    for (size_t i = 0; i < bf.size(); ++i) rows[i] = bf16_to_f32(bf[i]);
-  } else if ((w->dtype == DType::BF16 || w->dtype == DType::F32) && w->shape == std::vector<int64_t>{n_out, n_in}) {
-    for (size_t i = 0; i < rows.size(); ++i) {
-      if (w->dtype == DType::F32) std::memcpy(&rows[i], w->data + 4 * i, 4);
-      else {
-        uint16_t b;
-        std::memcpy(&b, w->data + 2 * i, 2);
-        rows[i] = bf16_to_f32(b);
-      }
-    }
-  } else {
-    return make_error(w->file, ": expert tensor '", w->name, "' has dtype ", dtype_name(w->dtype),
-                      ", expected I8 (MXFP4) or BF16/F32 [", n_out, ", ", n_in, "]");
-  }
-  std::vector<float> out(size_t(k * n), 0.f);
-  for (int o = 0; o < n_out; ++o)
-    for (int i = 0; i < n_in; ++i) out[size_t(i) * n + o] = rows[size_t(o) * n_in + i];
-  return out;
-}
-
-// Pads a [d][d] Hessian to [k][k] with zeros (the damping makes the padded block PD).
-std::vector<double> pad_hessian(const std::vector<double>& h, int d, int64_t k) {
-  if (h.empty() || d == k) return h;
-  std::vector<double> out(size_t(k * k), 0.0);
-  for (int i = 0; i < d; ++i) std::memcpy(&out[size_t(i * k)], &h[size_t(i) * d], sizeof(double) * size_t(d));
-  return out;
-}
-
-class Progress {
- public:
-  Progress(bool enabled, int total, std::string label)
-      : enabled_(enabled), tty_(isatty(2)), total_(total), label_(std::move(label)), start_(clock::now()) {}
-  void tick(const std::string& what) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++done_;
-    if (!enabled_) return;
-    const double el = std::chrono::duration<double>(clock::now() - start_).count();
-    const double eta = done_ > 0 ? el / done_ * (total_ - done_) : 0;
-    const int width = 30, fill = total_ > 0 ? done_ * width / total_ : width;
-    std::string bar(size_t(fill), '#');
-    bar.resize(size_t(width), '.');
-    if (tty_) {
-      std::fprintf(stderr, "\r%s [%s] %d/%d  %.2fs/tensor  ETA %s  %-40s", label_.c_str(), bar.c_str(), done_, total_,
-                   el / std::max(1, done_), fmt_secs(eta).c_str(), what.c_str());
-      if (done_ == total_) std::fprintf(stderr, "\n");
-    } else if (done_ == total_ || done_ % std::max(1, total_ / 4) == 0) {
-      std::fprintf(stderr, "%s %d/%d tensors, %.2fs/tensor, ETA %s\n", label_.c_str(), done_, total_,
-                   el / std::max(1, done_), fmt_secs(eta).c_str());
-    }
-  }
-
- private:
-  using clock = std::chrono::steady_clock;
-  std::mutex mu_;
-  bool enabled_, tty_;
-  int total_, done_ = 0;
-  std::string label_;
-  clock::time_point start_;
-};
-
-struct TensorReport {
-  std::string name;
-  int layer, expert, w;
-  int64_t k, n;
-  double tokens, proxy_err, proxy_err_before_refit, global_scale, seconds;
-  bool refit_kept, identity_fallback;
-  double sigma_reg;
-  int candidate, candidates;
-  double scale_mult;
-};
-
-ojson report_json(const TensorReport& r) {
-  return ojson{{"name", r.name},
-               {"layer", r.layer},
-               {"expert", r.expert},
-               {"proj", "w" + std::to_string(r.w)},
-               {"k", r.k},
-               {"n", r.n},
-               {"calibration_tokens", r.tokens},
-               {"proxy_err", r.proxy_err},
-               {"proxy_err_before_refit", r.proxy_err_before_refit},
-               {"refit_kept", r.refit_kept},
-               {"identity_fallback", r.identity_fallback},
-               {"global_scale", r.global_scale},
-               {"candidate", r.candidate},
-               {"candidates", r.candidates},
-               {"sigma_reg", r.sigma_reg},
-               {"scale_mult", r.scale_mult},
-               {"seconds", r.seconds}};
 }
 
 Result<ojson> read_json(const std::string& path) {
@@ -253,7 +137,8 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
   auto config = read_model_config(o.model_dir);
   if (!config.ok()) return config.error();
   const ModelConfig& c = *config;
-  auto ck_r = Checkpoint::open(o.model_dir);
+  // --dry-run also plans from a header-only checkpoint (tools/make_header_only_checkpoint.py): shapes suffice.
+  auto ck_r = Checkpoint::open(o.model_dir, OpenOptions{o.dry_run});
   if (!ck_r.ok()) return ck_r.error();
   const Checkpoint& ck = *ck_r;
   if (!o.identity_hessian) {
@@ -283,7 +168,8 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
           return make_error(ck.root(), ": missing routed expert tensor '", base,
                             ".weight' (layer ", l, ", expert ", e, "); is the checkpoint complete?");
         }
-        if (!t->data) return make_error(t->file, ": tensor '", t->name, "' has no data (header-only checkpoint?)");
+        if (!t->data && !o.dry_run)
+          return make_error(t->file, ": tensor '", t->name, "' has no data (header-only checkpoint?)");
         stems.push_back(t->name.substr(0, t->name.size() - 7));
       }
 
@@ -343,22 +229,15 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
                                   (passes == 0 ? 0.0 : n_candidates > 1 ? tiles * (1 + passes) + 20 : tiles * passes);
   const double est_seconds = tile_seconds * tiles_per_tensor * n_tensors / threads;
 
-  // Calibration memory (calibration.h): the reference forward holds the model in fp32, and each layer
-  // being calibrated adds hessian_layer_bytes; the layers are calibrated in groups that fit the budget.
-  uint64_t fp32_weight_bytes = 0;
-  for (const auto& [name, t] : ck.tensors()) {
-    if (t->dtype == DType::F8_E8M0 || t->dtype == DType::I32 || t->dtype == DType::I64 || t->dtype == DType::BOOL)
-      continue;  // scales and index tables: no fp32 copy
-    fp32_weight_bytes += uint64_t(t->numel()) * (t->dtype == DType::I8 ? 2u : 1u) * 4u;  // I8 = two fp4 codes
-  }
-  const uint64_t forward_bytes = fp32_weight_bytes;
-  const uint64_t layer_hessian_bytes = hessian_layer_bytes(d, f, c.n_experts, o.gate_up_shared);
+  // Calibration memory (calibration.h): the streamed forward holds the model-wide weights, one layer and every
+  // row's state; the Hessian accumulators are collected for as many experts at a time as the budget allows.
+  const CalibrationMemory mem = calibration_memory(c, ck, o.calibration_tokens, o.row_tokens, o.gate_up_shared);
   const uint64_t ram_bytes = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
   const double budget_d = o.calibration_memory_gib > 0 ? o.calibration_memory_gib * double(1ull << 30)
-                                                        : 0.8 * double(ram_bytes) - double(forward_bytes);
+                                                        : 0.8 * double(ram_bytes) - double(mem.fixed());
   const uint64_t hessian_budget = budget_d > 0 ? uint64_t(budget_d) : 0;
-  const int layers_per_pass = int(std::min<uint64_t>(layers.size(), hessian_budget / std::max<uint64_t>(1, layer_hessian_bytes)));
-  const int calibration_passes = layers_per_pass > 0 ? int((layers.size() + layers_per_pass - 1) / layers_per_pass) : 0;
+  const int expert_group = int(std::min<uint64_t>(uint64_t(c.n_experts), hessian_budget / std::max<uint64_t>(1, mem.per_expert)));
+  const uint64_t calibration_peak = mem.fixed() + uint64_t(expert_group) * mem.per_expert;
 
   auto plan_text = [&] {
     std::ostringstream s;
@@ -372,18 +251,18 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
                                    " tokens in rows of " + std::to_string(o.row_tokens) +
                                    (o.routing_weighted ? ", routing-weighted" : "") +
                                    (o.gate_up_shared ? ", gate/up shared per layer" : ", gate/up per expert"))
-      << (o.identity_hessian ? std::string()
-                             : "\n  calibration memory: " + fmt_bytes(double(forward_bytes)) +
-                                   " for the reference forward (fp32 weights) + " +
-                                   fmt_bytes(double(layer_hessian_bytes)) + " of Hessians per layer; budget " +
-                                   fmt_bytes(double(hessian_budget)) + " → " +
-                                   (layers_per_pass > 0 ? std::to_string(layers_per_pass) + " layers per forward pass, " +
-                                                              std::to_string(calibration_passes) + " pass(es)"
-                                                        : std::string("does not fit")))
+      << (o.identity_hessian
+              ? std::string()
+              : "\n  calibration memory: " + fmt_bytes(double(calibration_peak)) + " = " + fmt_bytes(double(mem.model_wide)) +
+                    " model-wide weights + " + fmt_bytes(double(mem.largest_layer)) + " for one layer (fp32; one at a time) + " +
+                    fmt_bytes(double(mem.row_state + mem.layer_inputs)) + " for the rows' state and one layer's inputs + " +
+                    fmt_bytes(double(mem.layer_hessian)) + " layer Hessian + Hessians of " + std::to_string(expert_group) +
+                    " of " + std::to_string(c.n_experts) + " experts at a time (" + fmt_bytes(double(mem.per_expert)) +
+                    " each; budget " + fmt_bytes(double(hessian_budget)) + ")")
       << "\n  estimated time: "
       << (on_cuda ? std::string("on the GPU (--device cuda); bench_quantize measures seconds per tensor\n")
-                  : fmt_secs(est_seconds) + " on " + std::to_string(threads) + " threads (" +
-                        fmt_secs(tile_seconds * tiles_per_tensor) + " per tensor per thread, excluding calibration)\n")
+                  : format_seconds(est_seconds) + " on " + std::to_string(threads) + " threads (" +
+                        format_seconds(tile_seconds * tiles_per_tensor) + " per tensor per thread, excluding calibration)\n")
       << "  output: " << fmt_bytes(double(total_nbytes)) << " (" << fmt_bytes(double(base_nbytes))
       << " copied tensors, " << fmt_bytes(double(quant_nbytes)) << " EXL3 experts, " << fmt_bytes(double(copied_nbytes))
       << " other files) in " << (1 + layers.size()) << " shards\n";
@@ -398,12 +277,13 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
     return r;
   }
   std::fputs(plan_text().c_str(), stderr);
-  if (!o.identity_hessian && layers_per_pass == 0)
-    return make_error("calibration does not fit in memory: one layer's Hessians take ", fmt_bytes(double(layer_hessian_bytes)),
-                      " and the budget is ", fmt_bytes(double(hessian_budget)), " (", fmt_bytes(double(ram_bytes)),
-                      " of RAM, ", fmt_bytes(double(forward_bytes)), " for the reference forward's fp32 weights). ",
-                      "Use --gate-up-shared (one gate/up Hessian per layer), raise --calibration-memory if the machine "
-                      "has the room, or --identity-hessian (uncalibrated)");
+  if (!o.identity_hessian && expert_group == 0)
+    return make_error("calibration does not fit in memory: ", fmt_bytes(double(mem.fixed())),
+                      " for the model-wide weights, one layer, the rows' state and the layer Hessian, and one expert's ",
+                      "Hessians take ", fmt_bytes(double(mem.per_expert)), " but the budget is ",
+                      fmt_bytes(double(hessian_budget)), " (", fmt_bytes(double(ram_bytes)), " of RAM). ",
+                      "Use --gate-up-shared (one gate/up Hessian per layer), fewer --calibration-tokens, raise "
+                      "--calibration-memory if the machine has the room, or --identity-hessian (uncalibrated)");
 
   // ---- output directory, space, resume state ----
   SPW_TRY(check_writable(o.out_dir));
@@ -455,151 +335,73 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
   if (result.layers_skipped)
     std::fprintf(stderr, "resume: %d of %zu layers already quantized, skipped\n", result.layers_skipped, layers.size());
 
-  // ---- calibration (only for pending layers whose Hessians are not on disk) ----
-  if (!o.identity_hessian && !pending.empty()) {
-    std::vector<int> need;
-    for (int i : pending)
-      if (!fs::exists(hessian_path(layers[size_t(i)]))) need.push_back(layers[size_t(i)]);
-    if (!need.empty()) {
-      auto rows = load_calibration_rows(o.model_dir, o.calibration, o.calibration_tokens, o.row_tokens);
-      if (!rows.ok()) return rows.error();
-      std::fprintf(stderr, "calibration: %zu rows × %d tokens from %s (%lld tokens, %d documents, %d chat)\n",
-                   rows->rows.size(), o.row_tokens, o.calibration.c_str(), (long long)rows->stream_tokens,
-                   rows->n_documents, rows->n_chat);
-      HessianOptions ho;
-      ho.routing_weighted = o.routing_weighted;
-      ho.gate_up_shared = o.gate_up_shared;
-      ho.prior_tokens = o.prior_tokens;
-      ho.prior_sample_tokens = o.prior_sample_tokens;
-      const auto t0 = clock::now();
-      ho.on_progress = [&](int64_t done, int64_t total) {
-        if (!o.progress) return;
-        const double el = std::chrono::duration<double>(clock::now() - t0).count();
-        std::fprintf(stderr, "%scalibration forward: %lld/%lld tokens, ETA %s%s", isatty(2) ? "\r" : "",
-                     (long long)done, (long long)total, fmt_secs(el / double(done) * double(total - done)).c_str(),
-                     isatty(2) && done < total ? "   " : "\n");
-      };
-      // Groups of layers_per_pass layers, one forward pass each; each group's Hessians are saved (and freed)
-      // before the next, and a resumed run skips the groups already saved.
-      for (size_t g0 = 0; g0 < need.size(); g0 += size_t(layers_per_pass)) {
-        ho.layers.assign(need.begin() + long(g0), need.begin() + long(std::min(need.size(), g0 + size_t(layers_per_pass))));
-        if (need.size() > size_t(layers_per_pass))
-          std::fprintf(stderr, "calibration pass %zu/%zu: layers %d..%d\n", g0 / size_t(layers_per_pass) + 1,
-                       (need.size() + size_t(layers_per_pass) - 1) / size_t(layers_per_pass), ho.layers.front(),
-                       ho.layers.back());
-        auto hs = collect_hessians(o.model_dir, *rows, ho);
-        if (!hs.ok()) return hs.error();
-        for (const auto& h : *hs) SPW_TRY(save_layer_hessians(hessian_path(h.layer), h));
-      }
-    }
-  }
-
-  // ---- per-layer quantization ----
+  // ---- quantization, layer by layer; calibration streamed in between ----
+  // Pending layers whose Hessians are on disk (kept from an earlier run) or that need none are quantized first.
+  // The others are calibrated in one layer-major forward, and each is quantized as soon as its Hessians are
+  // written, before the forward goes on (calibration.h). A quantized layer's Hessian file is deleted unless
+  // --keep-hessians. With --max-layers, the calibration still saves the other pending layers' Hessians.
   ThreadPool pool(static_cast<size_t>(threads));
-  int dumps_left = o.dump_wh_dir.empty() ? 0 : o.dump_wh_count;
-  if (dumps_left > 0) {
+  LayerQuantizer lq{o, ck, cb, d, f, threads, o.dump_wh_dir.empty() ? 0 : o.dump_wh_count};
+  if (lq.dumps_left > 0) {
     fs::create_directories(o.dump_wh_dir, ec);
     if (ec) return make_error("--dump-wh ", o.dump_wh_dir, ": cannot create: ", ec.message());
   }
-  for (int slot : pending) {
-    if (o.max_layers >= 0 && result.layers_quantized >= o.max_layers) break;
-    const int l = layers[size_t(slot)];
-    LayerHessians hs;
+  std::vector<int> slot_of(size_t(c.n_layers), -1);
+  for (size_t i = 0; i < layers.size(); ++i) slot_of[size_t(layers[i])] = int(i);
+  auto quantize_pending = [&](int l) -> Status {
+    if (o.max_layers >= 0 && result.layers_quantized >= o.max_layers) return {};
+    const int slot = slot_of[size_t(l)];
+    LayerJob job;
+    job.layer = l;
+    job.experts = experts;
+    job.stems.assign(stems.begin() + long(size_t(slot) * experts.size() * 3),
+                     stems.begin() + long(size_t(slot + 1) * experts.size() * 3));
+    job.shard_path = o.out_dir + "/" + shard_name(slot + 2, n_shards);
+    job.report_path = layer_report_path(l);
+    job.label = "layer " + std::to_string(l) + " (" +
+                std::to_string(result.layers_quantized + result.layers_skipped + 1) + "/" + std::to_string(layers.size()) + ")";
+    std::optional<LayerHessianFile> hessians;
     if (!o.identity_hessian) {
-      auto h = load_layer_hessians(hessian_path(l), l);
+      auto h = LayerHessianFile::open(hessian_path(l), d, f, c.n_experts);
       if (!h.ok()) return h.error();
-      hs = std::move(h.value());
+      hessians = std::move(h.value());
+      job.hessians = &*hessians;
     }
-    const int n_tasks = int(experts.size()) * 3;
-    std::vector<Result<QuantizedTensor>> results(size_t(n_tasks), Error{"not run"});
-    std::vector<TensorReport> reports(static_cast<size_t>(n_tasks));
-    std::vector<int64_t> shapes_k(static_cast<size_t>(n_tasks)), shapes_n(static_cast<size_t>(n_tasks));
-    Progress progress(o.progress, n_tasks, "layer " + std::to_string(l) + " (" + std::to_string(result.layers_quantized + result.layers_skipped + 1) + "/" + std::to_string(layers.size()) + ")");
-    std::atomic<int> next{0};
-    std::mutex dump_mu;
-    Status dump_status;
-    // --device cuda: two workers share the GPU (one loads and dequantizes while the other runs).
-    const int workers = on_cuda ? std::min(threads, 2) : threads;
-    pool.parallel_for(size_t(workers), [&](size_t, size_t) {
-#if defined(SPW_HAVE_QUANTIZE_CUDA)
-      auto gpu = on_cuda ? Exl3CudaQuantizer::create()
-                         : Result<std::unique_ptr<Exl3CudaQuantizer>>(std::unique_ptr<Exl3CudaQuantizer>{});
-#endif
-      for (int task = next++; task < n_tasks; task = next++) {
-        const int ei = task / 3, w = task % 3 + 1, e = experts[size_t(ei)];
-        const std::string& stem = stems[size_t(slot) * experts.size() * 3 + size_t(task)];
-        const int n_out = w == 2 ? d : f, n_in = w == 2 ? f : d;
-        const int64_t k = w == 2 ? kf : kd, n = w == 2 ? kd : kf;
-        auto wt = load_source_weight(ck, stem, n_out, n_in, k, n);
-        if (!wt.ok()) {
-          results[size_t(task)] = wt.error();
-          continue;
-        }
-        std::vector<double> h;
-        double tokens = 0;
-        if (!o.identity_hessian) {
-          h = pad_hessian(w == 2 ? hs.w2[size_t(e)] : hs.w13[size_t(e)], n_in, k);
-          tokens = hs.tokens[size_t(e)];
-        }
-        QuantizeParams qp;
-        qp.bits = o.bits;
-        qp.codebook = cb;
-        qp.seed = tensor_seed(o.seed, l, e, w);
-        qp.sigma_reg = o.sigma_reg;
-        for (QuantizeCandidate& a : qp.alternatives) a.sigma_reg = o.sigma_reg;
-        if (o.single_candidate) qp.alternatives.clear();
-#if defined(SPW_HAVE_QUANTIZE_CUDA)
-        if (on_cuda)
-          results[size_t(task)] = gpu.ok() ? (*gpu)->quantize(wt->data(), k, n, h, qp) : Result<QuantizedTensor>(gpu.error());
-        else
-#endif
-          results[size_t(task)] = exl3_quantize_tensor(wt->data(), k, n, h, qp);
-        if (results[size_t(task)].ok()) {
-          const QuantizedTensor& q = *results[size_t(task)];
-          reports[size_t(task)] = TensorReport{stem, l, e, w, k, n, tokens, q.proxy_err, q.proxy_err_before_refit,
-                                               q.global_scale, q.seconds, q.refit_kept, q.fell_back_to_identity,
-                                               q.sigma_reg, q.candidate, q.candidates, q.scale_mult};
-          std::lock_guard<std::mutex> lock(dump_mu);
-          if (dumps_left > 0) {
-            --dumps_left;
-            SafetensorsWriter dw;
-            dw.add_raw("W", DType::F32, {k, n}, wt->data(), wt->size() * 4);
-            std::vector<float> hf(size_t(k * k));
-            if (h.empty()) for (int64_t i = 0; i < k; ++i) hf[size_t(i * k + i)] = 1.f;
-            else for (size_t i = 0; i < hf.size(); ++i) hf[i] = float(h[i]);
-            dw.add_raw("H", DType::F32, {k, k}, hf.data(), hf.size() * 4);
-            std::vector<float> wq = exl3_weight_ref(q.view(stem));
-            dw.add_raw("W_spillway", DType::F32, {k, n}, wq.data(), wq.size() * 4);
-            double pe[2] = {q.proxy_err, double(o.bits)};
-            dw.add_raw("proxy_err_spillway", DType::F64, {1}, &pe[0], 8);
-            auto st = dw.write(o.dump_wh_dir + "/" + stem + ".safetensors");
-            if (!st.ok()) dump_status = st;
-          }
-        }
-        progress.tick(stem);
-      }
-    });
-    if (!dump_status.ok()) return dump_status.error();
-    SafetensorsWriter shard;
-    ojson layer_report = ojson::array();
-    for (int task = 0; task < n_tasks; ++task) {
-      if (!results[size_t(task)].ok())
-        return make_error("layer ", l, ": ", stems[size_t(slot) * experts.size() * 3 + size_t(task)], ": ",
-                          results[size_t(task)].error().message);
-      const QuantizedTensor& q = *results[size_t(task)];
-      const std::string& stem = reports[size_t(task)].name;
-      shard.add_raw(stem + ".trellis", DType::I16, {q.k / 16, q.n / 16, 16 * q.bits}, q.trellis.data(), q.trellis.size() * 2);
-      shard.add_raw(stem + ".suh", DType::F16, {q.k}, q.suh.data(), q.suh.size() * 2);
-      shard.add_raw(stem + ".svh", DType::F16, {q.n}, q.svh.data(), q.svh.size() * 2);
-      if (cb != Exl3Codebook::k3Inst) {
-        const uint32_t marker = cb == Exl3Codebook::kMul1 ? kExl3Mul1Mult : kExl3McgMult;
-        shard.add_raw(stem + (cb == Exl3Codebook::kMul1 ? ".mul1" : ".mcg"), DType::I32, {}, &marker, 4);
-      }
-      layer_report.push_back(report_json(reports[size_t(task)]));
-    }
-    SPW_TRY(shard.write(o.out_dir + "/" + shard_name(slot + 2, n_shards)));
-    SPW_TRY(write_text_file(layer_report_path(l), layer_report.dump(1) + "\n"));
+    SPW_TRY(quantize_layer(lq, job, pool));
     ++result.layers_quantized;
+    if (!o.keep_hessians && !o.identity_hessian) fs::remove(hessian_path(l), ec);
+    return {};
+  };
+  std::vector<int> need;  // pending layers still to calibrate
+  for (int i : pending) {
+    const int l = layers[size_t(i)];
+    if (!o.identity_hessian && !fs::exists(hessian_path(l))) need.push_back(l);
+    else SPW_TRY(quantize_pending(l));
+  }
+  if (!need.empty()) {
+    auto rows = load_calibration_rows(o.model_dir, o.calibration, o.calibration_tokens, o.row_tokens);
+    if (!rows.ok()) return rows.error();
+    std::fprintf(stderr, "calibration: %zu rows × %d tokens from %s (%lld tokens, %d documents, %d chat); "
+                 "the forward runs layer by layer through layer %d\n",
+                 rows->rows.size(), o.row_tokens, o.calibration.c_str(), (long long)rows->stream_tokens,
+                 rows->n_documents, rows->n_chat, need.back());
+    HessianOptions ho;
+    ho.routing_weighted = o.routing_weighted;
+    ho.gate_up_shared = o.gate_up_shared;
+    ho.prior_tokens = o.prior_tokens;
+    ho.prior_sample_tokens = o.prior_sample_tokens;
+    ho.layers = need;
+    ho.expert_group = expert_group;
+    const auto t0 = clock::now();
+    ho.on_progress = [&](int64_t done, int64_t total) {
+      if (!o.progress) return;
+      const double el = std::chrono::duration<double>(clock::now() - t0).count();
+      std::fprintf(stderr, "%scalibration forward: %lld/%lld token-layers, ETA %s (excluding quantization)%s",
+                   isatty(2) ? "\r" : "", (long long)done, (long long)total,
+                   format_seconds(el / double(done) * double(total - done)).c_str(),
+                   isatty(2) && done < total ? "   " : "\n");
+    };
+    SPW_TRY(collect_hessians(o.model_dir, *rows, ho, hessian_path, quantize_pending));
   }
   const int n_done = result.layers_quantized + result.layers_skipped;
   if (n_done < int(layers.size())) {

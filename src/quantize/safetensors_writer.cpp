@@ -77,6 +77,84 @@ Status SafetensorsWriter::write(const std::string& path, bool atomic) const {
   return write_bytes(path, parts, atomic);
 }
 
+namespace {
+
+uint64_t entry_bytes(const SafetensorsStreamWriter::Entry& e) {
+  uint64_t n = dtype_nbytes(e.dtype);
+  for (int64_t d : e.shape) n *= uint64_t(d);
+  return n;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter::create(const std::string& path,
+                                                                                  std::vector<Entry> entries) {
+  nlohmann::ordered_json header;
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t offset = 0;
+  for (const Entry& e : entries) {
+    if (header.contains(e.name)) return make_error(path, ": tensor '", e.name, "' declared twice");
+    const uint64_t n = entry_bytes(e);
+    header[e.name] = {{"dtype", std::string(dtype_name(e.dtype))}, {"shape", e.shape}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string text = header.dump();
+  while ((text.size() + 8) % 8 != 0) text.push_back(' ');
+  const uint64_t header_len = text.size();
+  uint8_t prefix[8];
+  for (int i = 0; i < 8; ++i) prefix[i] = uint8_t(header_len >> (8 * i));
+
+  std::unique_ptr<SafetensorsStreamWriter> w(new SafetensorsStreamWriter);
+  w->path_ = path;
+  w->tmp_ = path + ".tmp";
+  w->entries_ = std::move(entries);
+  w->file_ = std::fopen(w->tmp_.c_str(), "wb");
+  if (!w->file_) return make_error(w->tmp_, ": cannot open for writing: ", std::strerror(errno));
+  if (std::fwrite(prefix, 1, 8, w->file_) != 8 || std::fwrite(text.data(), 1, text.size(), w->file_) != text.size())
+    return make_error(w->tmp_, ": write failed: ", std::strerror(errno), " (is the disk full?)");
+  return w;
+}
+
+SafetensorsStreamWriter::~SafetensorsStreamWriter() {
+  if (file_) {
+    std::fclose(file_);
+    std::remove(tmp_.c_str());
+  }
+}
+
+Status SafetensorsStreamWriter::append(const std::string& name, const void* data, size_t nbytes) {
+  if (!file_) return make_error(tmp_, ": append after finish or a failed write");
+  if (next_ >= entries_.size() || entries_[next_].name != name || entry_bytes(entries_[next_]) != nbytes)
+    return make_error(tmp_, ": tensor '", name, "' (", nbytes, " bytes) is not the next declared one");
+  ++next_;
+  if (nbytes && std::fwrite(data, 1, nbytes, file_) != nbytes) {
+    const int err = errno;
+    std::fclose(file_);
+    file_ = nullptr;
+    std::remove(tmp_.c_str());
+    return make_error(tmp_, ": write failed: ", std::strerror(err), " (is the disk full?)");
+  }
+  return {};
+}
+
+Status SafetensorsStreamWriter::finish() {
+  if (!file_) return make_error(tmp_, ": finish after a failed write");
+  if (next_ != entries_.size())
+    return make_error(tmp_, ": finished after ", next_, " of ", entries_.size(), " declared tensors");
+  FILE* f = file_;
+  file_ = nullptr;
+  const bool flushed = std::fflush(f) == 0 && !std::ferror(f);
+  const int err = errno;
+  if (std::fclose(f) != 0 || !flushed) {
+    std::remove(tmp_.c_str());
+    return make_error(tmp_, ": write failed: ", std::strerror(flushed ? errno : err), " (is the disk full?)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp_, path_, ec);
+  if (ec) return make_error(path_, ": cannot move ", tmp_, " into place: ", ec.message());
+  return {};
+}
+
 Status write_text_file(const std::string& path, const std::string& text) {
   return write_bytes(path, {{text.data(), text.size()}}, true);
 }

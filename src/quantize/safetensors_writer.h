@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,31 @@ class SafetensorsWriter {
 
  private:
   std::map<std::string, TensorBlob> tensors_;
+};
+
+// A safetensors file written tensor by tensor, for files larger than memory (calibration Hessians): the
+// header is written first from the declared entries, then each tensor's bytes in declaration order. The file
+// appears at `path` only after finish() (written to "<path>.tmp", then renamed); destroying an unfinished
+// writer removes the .tmp. Errors as SafetensorsWriter's.
+class SafetensorsStreamWriter {
+ public:
+  struct Entry {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+  };
+  static Result<std::unique_ptr<SafetensorsStreamWriter>> create(const std::string& path, std::vector<Entry> entries);
+  ~SafetensorsStreamWriter();
+  // The next declared tensor; its name and byte count must match the declaration.
+  Status append(const std::string& name, const void* data, size_t nbytes);
+  Status finish();
+
+ private:
+  SafetensorsStreamWriter() = default;
+  std::string path_, tmp_;
+  std::vector<Entry> entries_;
+  size_t next_ = 0;
+  FILE* file_ = nullptr;
 };
 
 // Writes text to a file atomically (tmp + rename), with the same error reporting.

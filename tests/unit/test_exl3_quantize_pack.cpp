@@ -144,26 +144,37 @@ TEST(Exl3QuantizePack, SigmaRegReachesEveryCandidate) {
   EXPECT_NE(read_file(a + shard), read_file(b + shard));
 }
 
-// A small --calibration-memory makes the Hessians come from one forward pass per layer instead of one for all:
-// the pack is byte-identical (a layer's accumulation does not depend on which other layers are collected), and a
-// budget below one layer's Hessians is refused before any work with a message that names the way out.
-TEST(Exl3QuantizePack, CalibrationInLayerGroupsIsIdentical) {
-  const uint64_t layer_bytes = hessian_layer_bytes(256, 128, 32, false);  // the demo model's d, d_expert, experts
-  EXPECT_LT(hessian_layer_bytes(256, 128, 32, true), layer_bytes);  // no per-expert gate/up accumulators
-  const std::string one = fresh_dir("groups_one"), many = fresh_dir("groups_many");
-  QuantizeModelOptions oa = small_options(one);
-  oa.layers = {8, 9};
-  oa.calibration_memory_gib = 1.0;  // both layers in one pass
+// --calibration-memory bounds the Hessian accumulators held at once: with room for 3 experts instead of all 32 the
+// layer's Hessians are collected in 11 groups, and the Hessian file and the pack are byte-identical (an expert's
+// accumulation does not depend on which others are collected with it); a budget below one expert is refused before
+// any work with a message that names the ways out.
+TEST(Exl3QuantizePack, CalibrationInExpertGroupsIsIdentical) {
+  auto config = read_model_config(kDemo);
+  ASSERT_TRUE(config.ok()) << config.error().message;
+  auto ck = Checkpoint::open(kDemo);
+  ASSERT_TRUE(ck.ok()) << ck.error().message;
+  const CalibrationMemory mem = calibration_memory(*config, *ck, 96, 48, false);
+  EXPECT_LT(calibration_memory(*config, *ck, 96, 48, true).per_expert, mem.per_expert);  // no per-expert gate/up
+  const double gib = double(1ull << 30);
+  const std::string all = fresh_dir("groups_all"), three = fresh_dir("groups_three");
+  QuantizeModelOptions oa = small_options(all);
+  oa.experts = {0, 17};
+  oa.keep_hessians = true;
+  oa.calibration_memory_gib = 1.0;  // every expert at once
   auto ra = quantize_model(oa);
   ASSERT_TRUE(ra.ok()) << ra.error().message;
-  QuantizeModelOptions ob = small_options(many);
-  ob.layers = {8, 9};
-  ob.calibration_memory_gib = 1.5 * double(layer_bytes) / double(1ull << 30);  // one layer per pass
+  QuantizeModelOptions ob = small_options(three);
+  ob.experts = {0, 17};
+  ob.keep_hessians = true;
+  ob.calibration_memory_gib = 3.5 * double(mem.per_expert) / gib;
   auto rb = quantize_model(ob);
   ASSERT_TRUE(rb.ok()) << rb.error().message;
-  expect_same_pack_files(many, one);
+  expect_same_pack_files(three, all);
+  const std::string hessians = "/.quantize-work/hessians/layer-9.safetensors";
+  ASSERT_TRUE(fs::exists(all + hessians));
+  EXPECT_EQ(read_file(three + hessians), read_file(all + hessians));
   QuantizeModelOptions oc = small_options(fresh_dir("groups_none"));
-  oc.calibration_memory_gib = 0.5 * double(layer_bytes) / double(1ull << 30);
+  oc.calibration_memory_gib = 0.5 * double(mem.per_expert) / gib;
   auto rc = quantize_model(oc);
   ASSERT_FALSE(rc.ok());
   EXPECT_NE(rc.error().message.find("does not fit in memory"), std::string::npos) << rc.error().message;

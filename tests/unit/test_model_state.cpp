@@ -189,6 +189,62 @@ void check_batch(Model& m, const char* label) {
   EXPECT_EQ(seqs[2].n_past, 34);
 }
 
+// The layer-major path the streamed calibration takes: a model loaded without layer weights, every sequence's step
+// advanced through layer l (loaded, then dropped) before layer l + 1, gives the logits forward() gives on the fully
+// loaded model, bit for bit (the same ops in the same order per sequence; nothing is shared across sequences), for a
+// prefill step and a second step that reads the state the first left. Misuse is an error, not a crash.
+void check_layer_major(const Model& full, const std::string& arch, const char* label) {
+  LoadOptions model_wide_only;
+  model_wide_only.layer_weights = false;
+  auto loaded = load_model(fixture_model(arch), full.numerics(), model_wide_only);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  Model& m = **loaded;
+  const int64_t vocab = m.config().vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(140, vocab, 21), random_prompt(9, vocab, 22),
+                                                     random_prompt(64, vocab, 23)};
+  const std::vector<std::vector<int32_t>> next = {{5}, random_prompt(3, vocab, 24), {int32_t(vocab - 1)}};
+  ForwardOptions opt;
+  opt.all_logits = true;
+  std::vector<SequenceState> seq_full, seq_lm;
+  for (size_t i = 0; i < prompts.size(); ++i) seq_full.push_back(full.new_sequence()), seq_lm.push_back(m.new_sequence());
+  for (int round = 0; round < 2; ++round) {
+    const auto& toks = round == 0 ? prompts : next;
+    std::vector<LayerwiseStep> steps;
+    for (size_t i = 0; i < toks.size(); ++i) {
+      auto st = m.begin_step(seq_lm[i], toks[i], opt);
+      ASSERT_TRUE(st.ok()) << st.error().message;
+      steps.push_back(std::move(st.value()));
+    }
+    auto unloaded = m.run_layer(steps[0]);
+    ASSERT_FALSE(unloaded.ok());
+    EXPECT_NE(unloaded.error().message.find("not loaded"), std::string::npos) << unloaded.error().message;
+    EXPECT_FALSE(m.finish_step(steps[0]).ok());  // before its layers have run
+    for (int l = 0; l < m.config().n_layers; ++l) {
+      ASSERT_TRUE(m.load_layer(l).ok());
+      for (auto& st : steps) ASSERT_TRUE(m.run_layer(st).ok()) << label << " layer " << l;
+      m.drop_layer(l);
+    }
+    for (size_t i = 0; i < toks.size(); ++i) {
+      auto got = m.finish_step(steps[i]);
+      ASSERT_TRUE(got.ok()) << got.error().message;
+      auto want = full.forward(seq_full[i], toks[i], opt);
+      ASSERT_TRUE(want.ok()) << want.error().message;
+      EXPECT_EQ(*got, *want) << label << " round " << round << " sequence " << i;
+      EXPECT_EQ(seq_lm[i].n_past, seq_full[i].n_past);
+    }
+  }
+}
+
+TEST_F(ModelState, V4LayerMajorStreamedWeightsEqualForward) {
+  v4_->set_numerics(Numerics::reference());
+  check_layer_major(*v4_, "v4", "v4 reference");
+}
+
+TEST_F(ModelState, V41LayerMajorStreamedWeightsEqualForward) {
+  v41_->set_numerics(Numerics::reference());  // with the stale-index_k quirk: the second round reads layer state
+  check_layer_major(*v41_, "v41", "v41 reference");
+}
+
 TEST_F(ModelState, V4ForwardBatchEqualsAlone) {
   v4_->set_numerics(Numerics::reference());
   check_batch(*v4_, "v4 reference");
