@@ -93,24 +93,12 @@ Result<CalibrationRows> load_calibration_rows(const std::string& model_dir, cons
 
 namespace {
 
-// y[m][n_out] = x[m][n_in]·Wᵀ, single-threaded (runs inside the pool's parallel loop).
-void matmul_local(const float* x, const std::vector<float>& w, float* y, int m, int n_in, int n_out) {
-  for (int t = 0; t < m; ++t)
-    for (int o = 0; o < n_out; ++o) {
-      const float* wr = &w[size_t(o) * n_in];
-      const float* xr = x + size_t(t) * n_in;
-      float s = 0;
-      for (int i = 0; i < n_in; ++i) s += xr[i] * wr[i];
-      y[size_t(t) * n_out + o] = s;
-    }
-}
-
 // The expert's SwiGLU output h [m][F] as the reference computes it (bf16 linear outputs, bf16 h).
 void expert_hidden(const Expert& e, const float* xs, int m, int d, float limit, std::vector<float>& h) {
   const int f = e.w1.n_out;
   std::vector<float> g(size_t(m) * f), u(size_t(m) * f);
-  matmul_local(xs, e.w1.w, g.data(), m, d, f);
-  matmul_local(xs, e.w3.w, u.data(), m, d, f);
+  ref::matmul_nt_serial(xs, e.w1.w.data(), g.data(), size_t(m), size_t(d), size_t(f));  // inside the pool's loop
+  ref::matmul_nt_serial(xs, e.w3.w.data(), u.data(), size_t(m), size_t(d), size_t(f));
   ref::round_bf16_inplace(g.data(), g.size());
   ref::round_bf16_inplace(u.data(), u.size());
   h.resize(size_t(m) * f);

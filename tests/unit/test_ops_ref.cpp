@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <numbers>
@@ -70,6 +71,35 @@ TEST(OpsRefMatmul, MatchesDoubleLoopOnOddShapes) {
           max_err = std::max(max_err, err);
         }
       for (size_t i = n_tokens * n_out; i < y.size(); ++i) ASSERT_EQ(y[i], kSentinel) << "guard overwritten at " << i;
+    }
+  }
+}
+
+// The contract the whole reference relies on (chunked prefill = one pass, calibration Hessians equal a plain
+// forward's): every output is the sequential f32 sum in k order, a multiply and an add each rounded — exactly, not
+// within a bound — whatever the token count (the few-token and the tiled paths), tile edges and thread split.
+TEST(OpsRefMatmul, BitIdenticalToTheSequentialScalarSum) {
+  for (size_t n_tokens : {1, 2, 3, 4, 5, 9, 64}) {
+    for (auto [n_in, n_out] : {std::pair<size_t, size_t>{1, 1}, {3, 7}, {31, 33}, {257, 65}, {256, 130}}) {
+      SCOPED_TRACE(::testing::Message() << "n_tokens=" << n_tokens << " n_in=" << n_in << " n_out=" << n_out);
+      auto x = random_floats(n_tokens * n_in, 3000 + unsigned(n_tokens * n_in));
+      auto w = random_floats(n_out * n_in, 4000 + unsigned(n_out * n_in));
+      if (n_in > 2) x[1] = -0.f, w[2] = 0.f;  // signed zeros take the same path through the sum
+      std::vector<float> y(n_tokens * n_out), y_serial(n_tokens * n_out);
+      matmul_nt(x.data(), w.data(), y.data(), n_tokens, n_in, n_out);
+      matmul_nt_serial(x.data(), w.data(), y_serial.data(), n_tokens, n_in, n_out);
+      for (size_t t = 0; t < n_tokens; ++t)
+        for (size_t o = 0; o < n_out; ++o) {
+          volatile float acc = 0.f;  // volatile: one rounded multiply and one rounded add per step, as written
+          for (size_t k = 0; k < n_in; ++k) {
+            volatile float p = x[t * n_in + k] * w[o * n_in + k];
+            acc = acc + p;
+          }
+          const float want = acc;
+          ASSERT_EQ(std::memcmp(&y[t * n_out + o], &want, 4), 0) << "t=" << t << " o=" << o << ": " << y[t * n_out + o]
+                                                                  << " vs " << want;
+          ASSERT_EQ(std::memcmp(&y_serial[t * n_out + o], &want, 4), 0) << "serial t=" << t << " o=" << o;
+        }
     }
   }
 }

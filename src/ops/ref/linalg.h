@@ -9,8 +9,11 @@
 
 namespace spw::ref {
 
-// y[n_tokens, n_out] = x[n_tokens, n_in] · w[n_out, n_in]ᵀ, f32 accumulation (overwrites y).
+// y[n_tokens, n_out] = x[n_tokens, n_in] · w[n_out, n_in]ᵀ, f32 accumulation (overwrites y); every element is the
+// sequential dot product in k order, bit for bit (ref/matmul.cpp says how it is still fast).
 void matmul_nt(const float* x, const float* w, float* y, size_t n_tokens, size_t n_in, size_t n_out);
+// The same on the calling thread only (for callers already inside a global_pool() parallel loop).
+void matmul_nt_serial(const float* x, const float* w, float* y, size_t n_tokens, size_t n_in, size_t n_out);
 
 // y[i] = w[i] · x[i] · rsqrt(mean(x²) + eps) per row of width d; w may be nullptr (weightless).
 // In-place (y == x) is allowed.
