@@ -1,5 +1,7 @@
 // Reference (fake) quantization and checkpoint dequantization (contract in quant.h; math in
-// specs/deepseek-v4.md §2.1 and §3). Scalar and obvious on purpose: fast paths are tested against it.
+// specs/deepseek-v4.md §2.1 and §3). Scalar and obvious on purpose: fast paths are tested against it. The
+// checkpoint dequantizers look their values up in tables made by the same scalar conversions (every weight of a
+// model goes through them at load).
 //
 // Hazard: the pow2 scale is fast_round_scale(amax · fp32(1/max)), a product with the rounded
 // reciprocal, as in the reference kernel, not amax / max. The two differ when amax / max is within
@@ -7,6 +9,7 @@
 #include "formats/quant.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "base/status.h"
@@ -68,27 +71,48 @@ void fake_quant_fp4_e4m3(float* x, size_t n, size_t block) {
   }
 }
 
+namespace {
+
+// Every e4m3 code as f32 (e4m3_to_f32 goes through ldexp; the loaders call it for every weight).
+const std::array<float, 256>& e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[size_t(c)] = e4m3_to_f32(uint8_t(c));
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
 void dequant_fp8_blocks(const uint8_t* q, const uint8_t* scale, size_t rows, size_t cols, size_t block,
                         uint16_t* out_bf16) {
   SPW_CHECK(block > 0);
   const size_t scale_cols = (cols + block - 1) / block;
+  const std::array<float, 256>& e4m3 = e4m3_table();
   for (size_t i = 0; i < rows; ++i) {
     const uint8_t* scale_row = scale + (i / block) * scale_cols;
-    for (size_t j = 0; j < cols; ++j) {
-      float w = e4m3_to_f32(q[i * cols + j]) * e8m0_to_f32(scale_row[j / block]);
-      out_bf16[i * cols + j] = f32_to_bf16(w);
+    for (size_t j0 = 0; j0 < cols; j0 += block) {
+      const float s = e8m0_to_f32(scale_row[j0 / block]);
+      for (size_t j = j0; j < std::min(cols, j0 + block); ++j) out_bf16[i * cols + j] = f32_to_bf16(e4m3[q[i * cols + j]] * s);
     }
   }
 }
 
 void dequant_mxfp4(const uint8_t* packed, const uint8_t* scale, size_t rows, size_t cols, uint16_t* out_bf16) {
   SPW_CHECK(cols % 32 == 0);
+  // One scale per 32 values, so each block's 16 possible outputs are computed once and looked up.
+  uint16_t lut[16];
   for (size_t i = 0; i < rows; ++i) {
-    for (size_t j = 0; j < cols; ++j) {
-      uint8_t byte = packed[i * (cols / 2) + j / 2];
-      uint8_t nibble = (j % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
-      float w = e2m1_to_f32(nibble) * e8m0_to_f32(scale[i * (cols / 32) + j / 32]);
-      out_bf16[i * cols + j] = f32_to_bf16(w);
+    for (size_t j0 = 0; j0 < cols; j0 += 32) {
+      const float s = e8m0_to_f32(scale[i * (cols / 32) + j0 / 32]);
+      for (uint8_t n = 0; n < 16; ++n) lut[n] = f32_to_bf16(e2m1_to_f32(n) * s);
+      const uint8_t* bytes = packed + i * (cols / 2) + j0 / 2;
+      uint16_t* out = out_bf16 + i * cols + j0;
+      for (size_t k = 0; k < 16; ++k) {
+        out[2 * k] = lut[bytes[k] & 0x0f];
+        out[2 * k + 1] = lut[bytes[k] >> 4];
+      }
     }
   }
 }
@@ -96,9 +120,10 @@ void dequant_mxfp4(const uint8_t* packed, const uint8_t* scale, size_t rows, siz
 void dequant_fp8_rows(const uint8_t* q, const uint8_t* scale, size_t rows, size_t cols, size_t block,
                       float* out) {
   SPW_CHECK(block > 0 && cols % block == 0);
+  const std::array<float, 256>& e4m3 = e4m3_table();
   for (size_t i = 0; i < rows; ++i) {
     for (size_t j = 0; j < cols; ++j) {
-      out[i * cols + j] = e4m3_to_f32(q[i * cols + j]) * e8m0_to_f32(scale[i * (cols / block) + j / block]);
+      out[i * cols + j] = e4m3[q[i * cols + j]] * e8m0_to_f32(scale[i * (cols / block) + j / block]);
     }
   }
 }

@@ -161,6 +161,38 @@ TEST(Quant, DequantMxfp4NibbleOrder) {
   EXPECT_EQ(at(1, 63), 0.0f);
 }
 
+// The loaders' table-driven dequantizers give, for every code and a spread of scales (including the subnormal
+// 2^-127, overflow to infinity and the NaN scale), exactly the bf16 bits of the scalar per-element formula.
+TEST(Quant, DequantTablesEqualTheScalarFormulaForEveryCode) {
+  const std::vector<uint8_t> scale_codes = {0, 1, 100, 126, 127, 128, 200, 254, 255};
+  // MXFP4: rows = scale codes, each row 256 bytes = every byte value (both nibble positions), 512 values.
+  const size_t cols = 512, rows = scale_codes.size();
+  std::vector<uint8_t> packed(rows * cols / 2), scale(rows * cols / 32);
+  for (size_t i = 0; i < rows; ++i) {
+    for (size_t b = 0; b < 256; ++b) packed[i * 256 + b] = uint8_t(b);
+    for (size_t j = 0; j < cols / 32; ++j) scale[i * (cols / 32) + j] = scale_codes[i];
+  }
+  std::vector<uint16_t> out(rows * cols);
+  dequant_mxfp4(packed.data(), scale.data(), rows, cols, out.data());
+  for (size_t i = 0; i < rows; ++i)
+    for (size_t j = 0; j < cols; ++j) {
+      const uint8_t byte = packed[i * 256 + j / 2], nibble = j % 2 ? byte >> 4 : byte & 0x0f;
+      ASSERT_EQ(out[i * cols + j], f32_to_bf16(e2m1_to_f32(nibble) * e8m0_to_f32(scale_codes[i])))
+          << "scale " << int(scale_codes[i]) << " nibble " << int(nibble);
+    }
+  // FP8 blocks: every code in a row, 1×8 blocks of one scale code each (256 % 8 == 0), one row per scale code set.
+  const size_t fcols = 256, block = 8;
+  std::vector<uint8_t> q(fcols), fscale(fcols / block);
+  for (size_t j = 0; j < fcols; ++j) q[j] = uint8_t(j);
+  for (uint8_t sc : scale_codes) {
+    std::fill(fscale.begin(), fscale.end(), sc);
+    std::vector<uint16_t> fout(fcols);
+    dequant_fp8_blocks(q.data(), fscale.data(), 1, fcols, block, fout.data());
+    for (size_t j = 0; j < fcols; ++j)
+      ASSERT_EQ(fout[j], f32_to_bf16(e4m3_to_f32(uint8_t(j)) * e8m0_to_f32(sc))) << "scale " << int(sc) << " code " << j;
+  }
+}
+
 TEST(Quant, DequantFp8Rows) {
   // q [2, 8], 1×4 blocks → scale [2, 2].
   const std::vector<uint8_t> q = {0x38, 0x40, 0xb8, 0x3c, 0x38, 0x40, 0xb8, 0x3c,  //
