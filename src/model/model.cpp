@@ -98,6 +98,8 @@ struct LayerwiseStep::State {
   Step s;
   std::vector<float> streams;                // [n, hc, d]
   std::vector<ref::HcCoefficients> carried;  // V4.1 single-pass mHC: the previous sublayer's collapse weights
+  std::vector<float> x, y;                   // [n, d] sublayer input and output
+  std::vector<ref::HcCoefficients> ffn_co;   // the FFN site's coefficients, between its input and its output
   int next = 0;
 };
 
@@ -132,46 +134,72 @@ Result<LayerwiseStep> Model::begin_step(SequenceState& seq, std::span<const int3
 }
 
 Status Model::run_layer(LayerwiseStep& step) const {
-  LayerwiseStep::State& st = *step.state_;
+  LayerwiseStep* one = &step;
+  return run_layer_batch(std::span<LayerwiseStep* const>(&one, 1));
+}
+
+Status Model::run_layer_batch(std::span<LayerwiseStep* const> steps) const {
   const ModelConfig& c = config_;
-  const int l = st.next;
+  if (steps.empty()) return {};
+  const int l = steps[0]->state_->next;
   if (l >= c.n_layers) return make_error("run_layer: the step has run all ", c.n_layers, " layers");
+  for (LayerwiseStep* st : steps)
+    if (st->state_->next != l) return make_error("run_layer_batch: steps at layers ", l, " and ", st->state_->next);
   const LayerWeights& lw = weights_->layers[l];
   if (!lw.loaded()) return make_error("run_layer: layer ", l, "'s weights are not loaded (Model::load_layer)");
-  Step& s = st.s;
-  const ForwardOptions& options = st.options;
-  std::vector<float>& streams = st.streams;
-  const int n = s.n, d = c.d_model;
-  std::vector<float> x(size_t(n) * d), y(size_t(n) * d);
-  std::vector<const std::vector<float>*> pre(n);
 
-  if (options.before_layer) options.before_layer(l, streams);
-  if (c.layers[l].engram) {
-    detail::engram(s, l, streams.data());
-    detail::dump(s, "engram.out", l, streams.data(), streams.size());
+  // Up to the FFN input, step by step.
+  for (LayerwiseStep* step : steps) {
+    LayerwiseStep::State& st = *step->state_;
+    Step& s = st.s;
+    std::vector<float>& streams = st.streams;
+    const int n = s.n, d = c.d_model;
+    st.x.resize(size_t(n) * d);
+    st.y.resize(size_t(n) * d);
+    std::vector<const std::vector<float>*> pre(n);
+
+    if (st.options.before_layer) st.options.before_layer(l, streams);
+    if (c.layers[l].engram) {
+      detail::engram(s, l, streams.data());
+      detail::dump(s, "engram.out", l, streams.data(), streams.size());
+    }
+
+    // Attention sublayer.
+    auto attn_co = hc_coefficients(c, lw.hc_attn, streams.data(), n);
+    for (int i = 0; i < n; ++i) pre[i] = c.is_v41() ? &st.carried[i].pre : &attn_co[i].pre;
+    collapse_and_norm(s, streams.data(), pre, lw.attn_norm, st.x.data());  // [n, d]
+    detail::dump(s, "attn.in", l, st.x.data(), st.x.size());
+    detail::attention(s, l, st.x.data(), st.y.data());                    // [n, d]
+    detail::dump(s, "attn.out", l, st.y.data(), st.y.size());
+    expand(s, streams.data(), st.y.data(), attn_co);                        // [n, hc, d]
+
+    // FFN sublayer input.
+    st.ffn_co = hc_coefficients(c, lw.hc_ffn, streams.data(), n);
+    for (int i = 0; i < n; ++i) pre[i] = c.is_v41() ? &attn_co[i].pre : &st.ffn_co[i].pre;
+    collapse_and_norm(s, streams.data(), pre, lw.ffn_norm, st.x.data());
+    detail::dump(s, "ffn.in", l, st.x.data(), st.x.size());
   }
 
-  // Attention sublayer.
-  auto attn_co = hc_coefficients(c, lw.hc_attn, streams.data(), n);
-  for (int i = 0; i < n; ++i) pre[i] = c.is_v41() ? &st.carried[i].pre : &attn_co[i].pre;
-  collapse_and_norm(s, streams.data(), pre, lw.attn_norm, x.data());  // [n, d]
-  detail::dump(s, "attn.in", l, x.data(), x.size());
-  detail::attention(s, l, x.data(), y.data());                         // [n, d]
-  detail::dump(s, "attn.out", l, y.data(), y.size());
-  expand(s, streams.data(), y.data(), attn_co);                          // [n, hc, d]
+  // The MoE of every step at once: each routed expert runs once on all its tokens.
+  std::vector<Step*> ss;
+  std::vector<const float*> xs;
+  std::vector<float*> ys;
+  for (LayerwiseStep* step : steps) {
+    ss.push_back(&step->state_->s);
+    xs.push_back(step->state_->x.data());
+    ys.push_back(step->state_->y.data());
+  }
+  SPW_TRY(detail::moe_many(ss, l, xs, ys));
 
-  // FFN sublayer.
-  auto ffn_co = hc_coefficients(c, lw.hc_ffn, streams.data(), n);
-  for (int i = 0; i < n; ++i) pre[i] = c.is_v41() ? &attn_co[i].pre : &ffn_co[i].pre;
-  collapse_and_norm(s, streams.data(), pre, lw.ffn_norm, x.data());
-  detail::dump(s, "ffn.in", l, x.data(), x.size());
-  detail::moe(s, l, x.data(), y.data());
-  detail::dump(s, "ffn.out", l, y.data(), y.size());
-  expand(s, streams.data(), y.data(), ffn_co);
-  if (c.is_v41()) st.carried = std::move(ffn_co);
-
-  if (options.on_layer) options.on_layer(l, streams);
-  ++st.next;
+  for (LayerwiseStep* step : steps) {
+    LayerwiseStep::State& st = *step->state_;
+    detail::dump(st.s, "ffn.out", l, st.y.data(), st.y.size());
+    expand(st.s, st.streams.data(), st.y.data(), st.ffn_co);
+    if (c.is_v41()) st.carried = std::move(st.ffn_co);
+    st.ffn_co.clear();
+    if (st.options.on_layer) st.options.on_layer(l, st.streams);
+    ++st.next;
+  }
   return {};
 }
 

@@ -113,6 +113,9 @@ class Model {
   Result<LayerwiseStep> begin_step(SequenceState& seq, std::span<const int32_t> tokens,
                                    const ForwardOptions& options = {}) const;
   Status run_layer(LayerwiseStep& step) const;
+  // run_layer for several steps at the same layer, their MoE together: each routed expert runs once on the tokens
+  // of all of them (and, without values loaded, is dequantized once). Each step's result is what run_layer gives.
+  Status run_layer_batch(std::span<LayerwiseStep* const> steps) const;
   Result<std::vector<float>> finish_step(LayerwiseStep& step) const;
 
   // Layer weights for a model loaded with LoadOptions::layer_weights = false (or to free memory): load_layer

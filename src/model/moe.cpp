@@ -1,8 +1,10 @@
 // MoE sublayer in four stages (docs/STYLE.md rule 4): router → dispatch → experts → combine,
 // plus the shared expert (specs §4.6, §5.3).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "base/thread_pool.h"
 #include "formats/quant.h"
 #include "model/step.h"
 #include "ops/ref/linalg.h"
@@ -59,46 +61,93 @@ void run_expert(const Step& s, const Expert& e, const std::vector<float>& xs, co
 
 }  // namespace
 
-void moe(Step& s, int layer, const float* x, float* out) {
-  const ModelConfig& c = s.c;
-  const LayerWeights& lw = s.w.layers[layer];
-  const int n = s.n, d = c.d_model, K = c.top_k;
+Status moe_many(std::span<Step* const> steps, int layer, std::span<const float* const> x,
+                std::span<float* const> out) {
+  const Step& s0 = *steps[0];
+  const ModelConfig& c = s0.c;
+  const LayerWeights& lw = s0.w.layers[layer];
+  const int d = c.d_model, K = c.top_k, E = c.n_experts;
+  const size_t n_steps = steps.size();
 
-  // Router: [n, top_k] experts and weights.
-  Routing routing = route(s, lw, c.layers[layer].hash_routed, x);
-  if (s.options && s.options->on_intermediate) {
-    const std::vector<float> ids(routing.experts.begin(), routing.experts.end());
-    dump(s, "moe.experts", layer, ids.data(), ids.size());
-    dump(s, "moe.weights", layer, routing.weights.data(), routing.weights.size());
+  // Router, per step: [n, top_k] experts and weights.
+  std::vector<Routing> routing(n_steps);
+  for (size_t i = 0; i < n_steps; ++i) {
+    const Step& s = *steps[i];
+    routing[i] = route(s, lw, c.layers[layer].hash_routed, x[i]);
+    if (s.options && s.options->on_intermediate) {
+      const std::vector<float> ids(routing[i].experts.begin(), routing[i].experts.end());
+      dump(s, "moe.experts", layer, ids.data(), ids.size());
+      dump(s, "moe.weights", layer, routing[i].weights.data(), routing[i].weights.size());
+    }
   }
 
-  // Dispatch: the tokens of each expert, then the experts, then combine (f32 accumulation).
-  std::vector<float> acc(size_t(n) * d, 0.f);
-  std::vector<std::vector<int>> tokens_of(c.n_experts);
-  std::vector<std::vector<float>> weights_of(c.n_experts);
-  for (int i = 0; i < n; ++i)
-    for (int k = 0; k < K; ++k) {
-      tokens_of[routing.experts[size_t(i) * K + k]].push_back(i);
-      weights_of[routing.experts[size_t(i) * K + k]].push_back(routing.weights[size_t(i) * K + k]);
+  // Dispatch: each expert's (step, token, weight), steps then tokens in order.
+  struct Slot {
+    size_t step;
+    int token;
+    float weight;
+  };
+  std::vector<std::vector<Slot>> slots(E);
+  std::vector<std::vector<float>> acc(n_steps);
+  for (size_t i = 0; i < n_steps; ++i) {
+    const int n = steps[i]->n;
+    acc[i].assign(size_t(n) * d, 0.f);
+    for (int t = 0; t < n; ++t)
+      for (int k = 0; k < K; ++k)
+        slots[routing[i].experts[size_t(t) * K + k]].push_back({i, t, routing[i].weights[size_t(t) * K + k]});
+  }
+
+  // Experts in index order, so every token sums its experts' outputs in the order one step alone would (f32
+  // accumulation). A layer loaded without routed-expert values (LoadOptions::routed_expert_values) has each used
+  // expert dequantized from the checkpoint, a pool's worth at a time in parallel, and freed after use.
+  const size_t batch = global_pool().size();
+  std::vector<Expert> loaded(batch);
+  std::vector<Status> load_status(batch);
+  std::vector<float> xs, ys, weights;
+  for (int e0 = 0; e0 < E; e0 += int(batch)) {
+    const int e1 = std::min(E, e0 + int(batch));
+    global_pool().parallel_for(size_t(e1 - e0), [&](size_t b, size_t end) {
+      for (size_t j = b; j < end; ++j) {
+        const int e = e0 + int(j);
+        loaded[j] = Expert{};
+        load_status[j] = {};
+        if (slots[e].empty() || !lw.experts[e].w1.empty()) continue;
+        auto r = load_routed_expert(s0.w, c, layer, e);
+        if (r.ok()) loaded[j] = std::move(r.value());
+        else load_status[j] = r.error();
+      }
+    });
+    for (int e = e0; e < e1; ++e) {
+      if (slots[e].empty()) continue;
+      SPW_TRY(load_status[size_t(e - e0)]);
+      const Expert& ex = lw.experts[e].w1.empty() ? loaded[size_t(e - e0)] : lw.experts[e];
+      xs.resize(slots[e].size() * d);
+      weights.resize(slots[e].size());
+      for (size_t j = 0; j < slots[e].size(); ++j) {
+        const Slot& sl = slots[e][j];
+        std::memcpy(xs.data() + j * d, x[sl.step] + size_t(sl.token) * d, sizeof(float) * d);
+        weights[j] = sl.weight;
+      }
+      run_expert(s0, ex, xs, weights, c.swiglu_limit, ys);
+      for (size_t j = 0; j < slots[e].size(); ++j) {
+        float* a = acc[slots[e][j].step].data() + size_t(slots[e][j].token) * d;
+        for (int k = 0; k < d; ++k) a[k] += ys[j * d + k];
+      }
     }
-  std::vector<float> xs, ys;
-  for (int e = 0; e < c.n_experts; ++e) {
-    if (tokens_of[e].empty()) continue;
-    xs.resize(tokens_of[e].size() * d);
-    for (size_t j = 0; j < tokens_of[e].size(); ++j)
-      std::memcpy(xs.data() + j * d, x + size_t(tokens_of[e][j]) * d, sizeof(float) * d);
-    run_expert(s, lw.experts[e], xs, weights_of[e], c.swiglu_limit, ys);
-    for (size_t j = 0; j < tokens_of[e].size(); ++j)
-      for (int k = 0; k < d; ++k) acc[size_t(tokens_of[e][j]) * d + k] += ys[j * d + k];
   }
 
   // Shared expert: clamped in V4.1 only.
-  std::vector<float> xall(x, x + size_t(n) * d), ones(n, 1.0f), shared;
-  run_expert(s, lw.shared, xall, ones, c.is_v41() ? c.swiglu_limit : 0.f, shared);
-  dump(s, "moe.routed", layer, acc.data(), acc.size());
-  dump(s, "moe.shared", layer, shared.data(), shared.size());
-  for (size_t i = 0; i < acc.size(); ++i) out[i] = acc[i] + shared[i];
-  to_activation(s, out, acc.size());
+  for (size_t i = 0; i < n_steps; ++i) {
+    Step& s = *steps[i];
+    const int n = s.n;
+    std::vector<float> xall(x[i], x[i] + size_t(n) * d), ones(n, 1.0f), shared;
+    run_expert(s, lw.shared, xall, ones, c.is_v41() ? c.swiglu_limit : 0.f, shared);
+    dump(s, "moe.routed", layer, acc[i].data(), acc[i].size());
+    dump(s, "moe.shared", layer, shared.data(), shared.size());
+    for (size_t j = 0; j < acc[i].size(); ++j) out[i][j] = acc[i][j] + shared[j];
+    to_activation(s, out[i], acc[i].size());
+  }
+  return {};
 }
 
 }  // namespace spw::detail

@@ -43,8 +43,12 @@ void to_activation(const Step& s, float* x, size_t n);
 // out[n, d] = attention sublayer of layer `layer` on normed input x[n, d].
 void attention(Step& s, int layer, const float* x, float* out);
 
-// out[n, d] = MoE sublayer (router → experts → combine, plus the shared expert).
-void moe(Step& s, int layer, const float* x, float* out);
+// out[i][n_i, d] = MoE sublayer (router → experts → combine, plus the shared expert) of each step's input x[i]
+// [n_i, d], every expert run once on the tokens of all steps routed to it. Each step's output equals what it alone
+// would give, bit for bit (everything is per token, and each token adds its experts in index order). Routed experts
+// without values (LoadOptions::routed_expert_values = false) are dequantized from the checkpoint as they are used.
+// Errors: a routed expert that cannot be read.
+Status moe_many(std::span<Step* const> steps, int layer, std::span<const float* const> x, std::span<float* const> out);
 
 // V4.1 Engram: gates table rows into the residual streams X[n, hc, d] in place.
 void engram(Step& s, int layer, float* streams);

@@ -183,6 +183,26 @@ void load_attention(TensorSource& src, const ModelConfig& c, const LayerPlan& pl
   }
 }
 
+// A routed expert projection: MXFP4 as released, or EXL3 after `spillway quantize` (model/exl3_experts.h). Without
+// values, only checked (names, dtypes, shapes): n_out, n_in and kind are set, w stays empty.
+Linear routed_expert_linear(TensorSource& src, const std::string& stem, int n_out, int n_in, bool values) {
+  const Exl3Lookup lookup = [&src](const std::string& n) { return src.find(n); };
+  if (!exl3_is_stored(lookup, stem)) {
+    if (values) return src.fp4(stem, n_out, n_in);
+    src.require(stem + ".weight", {DType::I8}, {n_out, n_in / 2});
+    src.require(stem + ".scale", {DType::F8_E8M0}, {n_out, n_in / 32});
+    return Linear{{}, n_out, n_in, LinearKind::Fp4};
+  }
+  if (!values) {
+    auto t = exl3_load(lookup, stem);  // validates; copies only suh/svh
+    if (!t.ok()) src.fail(t.error());
+    return Linear{{}, n_out, n_in, LinearKind::Bf16};
+  }
+  auto l = load_exl3_expert_linear(lookup, stem, n_out, n_in);
+  if (!l.ok()) src.fail(l.error());
+  return l.ok() ? std::move(l.value()) : Linear{};
+}
+
 void load_moe(TensorSource& src, const ModelConfig& c, const LayerPlan& plan, const std::string& p, LayerWeights& lw,
               bool expert_values) {
   const int d = c.d_model, E = c.n_experts, F = c.d_expert;
@@ -207,23 +227,8 @@ void load_moe(TensorSource& src, const ModelConfig& c, const LayerPlan& plan, co
     if (c.is_v41()) lw.gate_bias_vl = src.f32(p + "ffn.gate.bias_vl", {E});
   }
   lw.experts.resize(E);
-  // Experts are MXFP4 as released, or EXL3 after `spillway quantize` (model/exl3_experts.h).
   auto expert = [&src, expert_values](const std::string& stem, int n_out, int n_in) {
-    const Exl3Lookup lookup = [&src](const std::string& n) { return src.find(n); };
-    if (!exl3_is_stored(lookup, stem)) {
-      if (expert_values) return src.fp4(stem, n_out, n_in);
-      src.require(stem + ".weight", {DType::I8}, {n_out, n_in / 2});
-      src.require(stem + ".scale", {DType::F8_E8M0}, {n_out, n_in / 32});
-      return Linear{{}, n_out, n_in, LinearKind::Fp4};
-    }
-    if (!expert_values) {
-      auto t = exl3_load(lookup, stem);  // validates; copies only suh/svh
-      if (!t.ok()) src.fail(t.error());
-      return Linear{{}, n_out, n_in, LinearKind::Bf16};
-    }
-    auto l = load_exl3_expert_linear(lookup, stem, n_out, n_in);
-    if (!l.ok()) src.fail(l.error());
-    return l.ok() ? std::move(l.value()) : Linear{};
+    return routed_expert_linear(src, stem, n_out, n_in, expert_values);
   };
   const Exl3Lookup lookup = [&src](const std::string& n) { return src.find(n); };
   bool all_mxfp4 = expert_values;
@@ -352,6 +357,20 @@ Result<std::unique_ptr<ModelWeights>> load_weights(const std::string& model_dir,
   }
   if (c.is_v41() && !c.engram_layers.empty()) SPW_TRY(load_engram_token_map(model_dir, c, *w));
   return w;
+}
+
+Result<Expert> load_routed_expert(const ModelWeights& w, const ModelConfig& c, int layer, int expert) {
+  if (layer < 0 || layer >= c.n_layers || expert < 0 || expert >= c.n_experts)
+    return make_error("load_routed_expert: layer ", layer, " expert ", expert, " outside the model");
+  TensorSource src(w.checkpoint);
+  const std::string ep = "layers." + std::to_string(layer) + ".ffn.experts." + std::to_string(expert) + ".";
+  const int d = c.d_model, F = c.d_expert;
+  Expert e;
+  e.w1 = routed_expert_linear(src, ep + "w1", F, d, true);
+  e.w2 = routed_expert_linear(src, ep + "w2", d, F, true);
+  e.w3 = routed_expert_linear(src, ep + "w3", F, d, true);
+  if (src.error()) return *src.error();
+  return e;
 }
 
 Status load_layer_weights(ModelWeights& w, const ModelConfig& c, int layer, const LoadOptions& options) {

@@ -100,4 +100,8 @@ Result<std::unique_ptr<ModelWeights>> load_weights(const std::string& model_dir,
 // On error w.layers[layer] is left as it was.
 Status load_layer_weights(ModelWeights& w, const ModelConfig& config, int layer, const LoadOptions& options = {});
 
+// One routed expert's values from w's checkpoint (MXFP4 or EXL3), for layers loaded with routed_expert_values =
+// false: the forward and the calibration dequantize each expert when they use it (model/moe.cpp).
+Result<Expert> load_routed_expert(const ModelWeights& w, const ModelConfig& config, int layer, int expert);
+
 }  // namespace spw

@@ -113,6 +113,11 @@ struct ExpertTokens {
   double n = 0;  // Σ ω
 };
 
+// Calibration tokens whose MoE runs together in the streamed forward: large enough that each routed expert, dequantized
+// once per batch, sees a few hundred tokens (V4.1: 16,384 × 6 / 384 = 256), small enough for the batch's MoE
+// buffers (its inputs and outputs, ≈ 0.7 GB at d = 5120).
+constexpr int64_t kBatchTokens = 16384;
+
 // Tokens per accumulation chunk: bounds the per-thread gather buffers (V4.1: 256 × 5120 floats).
 constexpr int kChunk = 256;
 
@@ -162,9 +167,10 @@ std::vector<ExpertTokens> route_tokens(const ModelConfig& c, const LayerWeights&
 }
 
 // One layer's Hessians from its FFN inputs (every row's "ffn.in"), written to `path` group by group.
-Status write_layer_hessians(const ModelConfig& c, const LayerWeights& lw, int layer, const CalibrationRows& rows,
+Status write_layer_hessians(const ModelConfig& c, const ModelWeights& w, int layer, const CalibrationRows& rows,
                             const std::vector<std::vector<float>>& inputs, const HessianOptions& opt,
                             const std::string& path) {
+  const LayerWeights& lw = w.layers[size_t(layer)];
   const int d = c.d_model, f = c.d_expert, E = c.n_experts;
   const double n0 = opt.prior_tokens;
   const std::vector<ExpertTokens> routed = route_tokens(c, lw, layer, rows, inputs, opt.routing_weighted);
@@ -206,12 +212,23 @@ Status write_layer_hessians(const ModelConfig& c, const LayerWeights& lw, int la
   for (int g0 = 0; g0 < E; g0 += group) {
     const int g1 = std::min(E, g0 + group);
     std::vector<std::vector<double>> h13(size_t(g1 - g0)), h2(size_t(g1 - g0));
+    std::vector<Status> status(size_t(g1 - g0));
     global_pool().parallel_for(size_t(g1 - g0), [&](size_t i0, size_t i1) {
       std::vector<float> xs, h;
       for (size_t i = i0; i < i1; ++i) {
         const int e = g0 + int(i);
         const ExpertTokens& et = routed[size_t(e)];
-        const Expert& ex = lw.experts[size_t(e)];
+        // The layer is loaded without routed-expert values: each expert is dequantized here, used, freed.
+        Expert values;
+        if (lw.experts[size_t(e)].w1.empty()) {
+          auto r = load_routed_expert(w, c, layer, e);
+          if (!r.ok()) {
+            status[i] = r.error();
+            continue;
+          }
+          values = std::move(r.value());
+        }
+        const Expert& ex = lw.experts[size_t(e)].w1.empty() ? values : lw.experts[size_t(e)];
         std::vector<double>& a13 = h13[i];
         std::vector<double>& a2 = h2[i];
         if (!opt.gate_up_shared) a13.assign(size_t(d) * d, 0.0);
@@ -244,6 +261,7 @@ Status write_layer_hessians(const ModelConfig& c, const LayerWeights& lw, int la
         }
       }
     });
+    for (const Status& st : status) SPW_TRY(st);
     for (int e = g0; e < g1; ++e) {
       SPW_TRY((*writer)->add_expert(e, h13[size_t(e - g0)], h2[size_t(e - g0)]));
       h13[size_t(e - g0)] = {};
@@ -258,13 +276,16 @@ Status write_layer_hessians(const ModelConfig& c, const LayerWeights& lw, int la
 }  // namespace
 
 CalibrationMemory calibration_memory(const ModelConfig& c, const Checkpoint& ck, int64_t calibration_tokens,
-                                     int row_tokens, bool gate_up_shared) {
+                                     int row_tokens, bool gate_up_shared, int threads) {
   CalibrationMemory m;
   std::vector<uint64_t> layer_bytes(size_t(c.n_layers), 0);
   for (const auto& [full_name, t] : ck.tensors()) {
     const std::string name = full_name.rfind("model.", 0) == 0 ? full_name.substr(6) : full_name;
-    // Scales are folded into the fp32 values; Engram tables are gathered from the memory map.
-    if (t->dtype == DType::F8_E8M0 || name.find("engram.embed.") != std::string::npos) continue;
+    // Scales are folded into the fp32 values; Engram tables are gathered from the memory map; routed experts are
+    // dequantized one at a time (expert_values).
+    if (t->dtype == DType::F8_E8M0 || name.find("engram.embed.") != std::string::npos ||
+        name.find(".ffn.experts.") != std::string::npos)
+      continue;
     const uint64_t bytes = uint64_t(t->numel()) * (t->dtype == DType::I8 ? 2u : 1u) * 4u;  // I8 = two fp4 codes
     if (name.rfind("layers.", 0) == 0) {
       const int layer = std::atoi(name.c_str() + 7);
@@ -276,10 +297,12 @@ CalibrationMemory calibration_memory(const ModelConfig& c, const Checkpoint& ck,
   }
   for (uint64_t b : layer_bytes) m.largest_layer = std::max(m.largest_layer, b);
   const uint64_t d = uint64_t(c.d_model), f = uint64_t(c.d_expert), hc = uint64_t(c.hc_mult);
+  m.expert_values = uint64_t(std::max(1, threads)) * 4 * 3 * d * f;
   const uint64_t rows = uint64_t(std::max<int64_t>(1, calibration_tokens / std::max(1, row_tokens)));
   const uint64_t tokens = rows * uint64_t(row_tokens);
-  // Streams [n, hc, d] plus a step's x, y; per layer the window ring and the compressed entries and index keys.
-  m.row_state = 4 * tokens * (hc + 2) * d;
+  // Streams [n, hc, d] plus a step's x, y; per layer the window ring and the compressed entries and index keys; the
+  // MoE batch's accumulators and one expert's gathered inputs and outputs (at most every token of the batch).
+  m.row_state = 4 * tokens * (hc + 2) * d + 3 * 4 * uint64_t(std::min<int64_t>(int64_t(tokens), kBatchTokens)) * d;
   for (const LayerPlan& p : c.layers) {
     uint64_t per_row = uint64_t(c.window) * uint64_t(c.d_head);
     if (p.compress_ratio > 0) per_row += uint64_t(row_tokens / p.compress_ratio) * uint64_t(c.d_head + c.index_head_dim);
@@ -327,16 +350,27 @@ Status collect_hessians(const std::string& model_dir, const CalibrationRows& row
   for (const auto& r : rows.rows) row_total += int64_t(r.size());
   const int64_t total = row_total * (last + 1);
   size_t next_collect = 0;
+  // Routed experts are dequantized when used (by the batched MoE, then by the Hessians), never a whole layer's at once.
+  LoadOptions layer_options;
+  layer_options.routed_expert_values = false;
+  std::vector<LayerwiseStep*> batch;
+  for (auto& st : steps) batch.push_back(&st);
   for (int l = 0; l <= last; ++l) {
-    SPW_TRY(model.load_layer(l));
+    SPW_TRY(model.load_layer(l, layer_options));
     const bool collect = opt.layers[next_collect] == l;
     collecting = collect ? l : -1;
-    for (size_t r = 0; r < n_rows; ++r) {
-      SPW_TRY(model.run_layer(steps[r]));
-      done += int64_t(rows.rows[r].size());
+    // Rows in batches that together hold about kBatchTokens tokens: each routed expert is dequantized once per batch.
+    for (size_t r0 = 0; r0 < n_rows;) {
+      size_t r1 = r0;
+      int64_t tokens = 0;
+      while (r1 < n_rows && (r1 == r0 || tokens + int64_t(rows.rows[r1].size()) <= kBatchTokens))
+        tokens += int64_t(rows.rows[r1++].size());
+      SPW_TRY(model.run_layer_batch(std::span<LayerwiseStep* const>(batch.data() + r0, r1 - r0)));
+      done += tokens;
       if (opt.on_progress) opt.on_progress(done, total);
+      r0 = r1;
     }
-    if (collect) SPW_TRY(write_layer_hessians(c, model.weights().layers[size_t(l)], l, rows, inputs, opt, hessian_path(l)));
+    if (collect) SPW_TRY(write_layer_hessians(c, model.weights(), l, rows, inputs, opt, hessian_path(l)));
     model.drop_layer(l);
     for (auto& in : inputs) in = {};
     if (collect) {

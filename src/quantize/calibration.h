@@ -20,7 +20,9 @@
 //
 // Streaming (bounded memory): the forward is layer-major. Every row's step is advanced through layer l (its
 // weights loaded, then dropped) before layer l + 1, so one layer's weights are in memory at a time (the model-wide
-// embedding and head stay), next to every row's residual streams and attention state. A collected layer's FFN
+// embedding and head stay), next to every row's residual streams and attention state. The routed experts are not
+// part of that: the rows' MoE runs in batches (Model::run_layer_batch) and each expert is dequantized from the
+// checkpoint when it is used, a thread's worth at a time. A collected layer's FFN
 // inputs are kept for all calibration tokens; its Hessians are accumulated for `expert_group` experts at a time
 // and streamed to one file per layer (hessian_file.h), so the accumulators in memory are one group's. The caller
 // quantizes each layer from its file before the forward moves on (collect_hessians' on_layer).
@@ -65,15 +67,19 @@ struct HessianOptions {
 // What the streamed calibration holds in memory, in bytes (the plan and --calibration-memory use it).
 struct CalibrationMemory {
   uint64_t model_wide = 0;     // fp32 embedding, head, final norms (Engram tables stay memory-mapped)
-  uint64_t largest_layer = 0;  // fp32 weights of the largest layer: one layer is loaded at a time
-  uint64_t row_state = 0;      // every row's residual streams and per-layer attention state
+  uint64_t largest_layer = 0;  // fp32 weights of the largest layer without its routed experts (one layer at a time)
+  uint64_t expert_values = 0;  // routed experts dequantized at once: one per thread, each freed after use
+  uint64_t row_state = 0;      // every row's residual streams and per-layer attention state, the MoE batch's buffers
   uint64_t layer_inputs = 0;   // one layer's FFN inputs for every calibration token
   uint64_t layer_hessian = 0;  // the layer-wide gate/up accumulator (every token)
   uint64_t per_expert = 0;     // one expert's accumulators while its group is collected
-  uint64_t fixed() const { return model_wide + largest_layer + row_state + layer_inputs + layer_hessian; }
+  uint64_t fixed() const {
+    return model_wide + largest_layer + expert_values + row_state + layer_inputs + layer_hessian;
+  }
 };
+// threads: the calibration's worker count (global_pool().size()).
 CalibrationMemory calibration_memory(const ModelConfig& config, const Checkpoint& checkpoint, int64_t calibration_tokens,
-                                     int row_tokens, bool gate_up_shared);
+                                     int row_tokens, bool gate_up_shared, int threads);
 
 // Runs the streamed calibration forward over `rows` up to the last of options.layers. For each of those layers
 // (ascending), writes its Hessians to hessian_path(layer) (hessian_file.h format), then calls on_layer(layer),

@@ -231,7 +231,8 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
 
   // Calibration memory (calibration.h): the streamed forward holds the model-wide weights, one layer and every
   // row's state; the Hessian accumulators are collected for as many experts at a time as the budget allows.
-  const CalibrationMemory mem = calibration_memory(c, ck, o.calibration_tokens, o.row_tokens, o.gate_up_shared);
+  const CalibrationMemory mem = calibration_memory(c, ck, o.calibration_tokens, o.row_tokens, o.gate_up_shared,
+                                                  int(global_pool().size()));
   const uint64_t ram_bytes = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
   const double budget_d = o.calibration_memory_gib > 0 ? o.calibration_memory_gib * double(1ull << 30)
                                                         : 0.8 * double(ram_bytes) - double(mem.fixed());
@@ -254,7 +255,9 @@ Result<QuantizeModelResult> quantize_model(const QuantizeModelOptions& o) {
       << (o.identity_hessian
               ? std::string()
               : "\n  calibration memory: " + fmt_bytes(double(calibration_peak)) + " = " + fmt_bytes(double(mem.model_wide)) +
-                    " model-wide weights + " + fmt_bytes(double(mem.largest_layer)) + " for one layer (fp32; one at a time) + " +
+                    " model-wide weights + " + fmt_bytes(double(mem.largest_layer)) +
+                    " for one layer without its routed experts + " + fmt_bytes(double(mem.expert_values)) +
+                    " for the routed experts in use (one per thread, dequantized when used) + " +
                     fmt_bytes(double(mem.row_state + mem.layer_inputs)) + " for the rows' state and one layer's inputs + " +
                     fmt_bytes(double(mem.layer_hessian)) + " layer Hessian + Hessians of " + std::to_string(expert_group) +
                     " of " + std::to_string(c.n_experts) + " experts at a time (" + fmt_bytes(double(mem.per_expert)) +

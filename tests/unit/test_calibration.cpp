@@ -182,19 +182,22 @@ TEST(Calibration, StreamedHessiansEqualPlainForwardPerExpert) { run_case(false, 
 
 TEST(Calibration, StreamedHessiansEqualPlainForwardSharedGateUp) { run_case(true, 0); }
 
-// What the plan counts for the model-wide weights: the fp32 embedding and head, the final norm and the Engram token
-// map, not the per-layer tensors (one layer at a time) nor the Engram tables (gathered from the memory map).
-TEST(Calibration, MemoryPlanCountsModelWideWeights) {
+// What the plan counts: the model-wide fp32 embedding and head, final norm and Engram token map; one layer without its
+// routed experts (one layer at a time, experts dequantized when used) — more than its shared expert, less than its
+// routed experts as fp32; one routed expert per thread; not the Engram tables (gathered from the memory map).
+TEST(Calibration, MemoryPlanCountsWhatTheStreamedForwardHolds) {
   auto config = read_model_config(kDemo);
   ASSERT_TRUE(config.ok());
   auto ck = Checkpoint::open(kDemo);
   ASSERT_TRUE(ck.ok());
-  const CalibrationMemory m = calibration_memory(*config, *ck, 1024, 512, false);
-  const uint64_t vocab = uint64_t(config->vocab_size), d = uint64_t(config->d_model);
+  const CalibrationMemory m = calibration_memory(*config, *ck, 1024, 512, false, 3);
+  const uint64_t vocab = uint64_t(config->vocab_size), d = uint64_t(config->d_model), f = uint64_t(config->d_expert);
   EXPECT_EQ(m.model_wide, 4 * (2 * vocab * d + d + vocab));
-  EXPECT_GT(m.largest_layer, 4 * uint64_t(config->n_experts) * 3 * d * uint64_t(config->d_expert));  // experts as fp32
+  EXPECT_GT(m.largest_layer, 4 * 3 * d * f);                                     // the shared expert and more
+  EXPECT_LT(m.largest_layer, 4 * uint64_t(config->n_experts) * 3 * d * f);       // not the routed experts
+  EXPECT_EQ(m.expert_values, 3 * 4 * 3 * d * f);
   EXPECT_EQ(m.layer_inputs, 4 * 1024 * d);
-  EXPECT_EQ(m.per_expert, 8 * (d * d + 3 * uint64_t(config->d_expert) * uint64_t(config->d_expert)));
+  EXPECT_EQ(m.per_expert, 8 * (d * d + 3 * f * f));
 }
 
 }  // namespace

@@ -153,8 +153,8 @@ TEST(Exl3QuantizePack, CalibrationInExpertGroupsIsIdentical) {
   ASSERT_TRUE(config.ok()) << config.error().message;
   auto ck = Checkpoint::open(kDemo);
   ASSERT_TRUE(ck.ok()) << ck.error().message;
-  const CalibrationMemory mem = calibration_memory(*config, *ck, 96, 48, false);
-  EXPECT_LT(calibration_memory(*config, *ck, 96, 48, true).per_expert, mem.per_expert);  // no per-expert gate/up
+  const CalibrationMemory mem = calibration_memory(*config, *ck, 96, 48, false, 2);
+  EXPECT_LT(calibration_memory(*config, *ck, 96, 48, true, 2).per_expert, mem.per_expert);  // no per-expert gate/up
   const double gib = double(1ull << 30);
   const std::string all = fresh_dir("groups_all"), three = fresh_dir("groups_three");
   QuantizeModelOptions oa = small_options(all);

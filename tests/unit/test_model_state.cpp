@@ -192,8 +192,10 @@ void check_batch(Model& m, const char* label) {
 // The layer-major path the streamed calibration takes: a model loaded without layer weights, every sequence's step
 // advanced through layer l (loaded, then dropped) before layer l + 1, gives the logits forward() gives on the fully
 // loaded model, bit for bit (the same ops in the same order per sequence; nothing is shared across sequences), for a
-// prefill step and a second step that reads the state the first left. Misuse is an error, not a crash.
-void check_layer_major(const Model& full, const std::string& arch, const char* label) {
+// prefill step and a second step that reads the state the first left. `batched`: the layers are loaded without
+// routed-expert values and the steps run together (run_layer_batch: one MoE for all, each expert dequantized when
+// used), which must not change a bit either. Misuse is an error, not a crash.
+void check_layer_major(const Model& full, const std::string& arch, const char* label, bool batched) {
   LoadOptions model_wide_only;
   model_wide_only.layer_weights = false;
   auto loaded = load_model(fixture_model(arch), full.numerics(), model_wide_only);
@@ -220,8 +222,16 @@ void check_layer_major(const Model& full, const std::string& arch, const char* l
     EXPECT_NE(unloaded.error().message.find("not loaded"), std::string::npos) << unloaded.error().message;
     EXPECT_FALSE(m.finish_step(steps[0]).ok());  // before its layers have run
     for (int l = 0; l < m.config().n_layers; ++l) {
-      ASSERT_TRUE(m.load_layer(l).ok());
-      for (auto& st : steps) ASSERT_TRUE(m.run_layer(st).ok()) << label << " layer " << l;
+      LoadOptions layer_options;
+      layer_options.routed_expert_values = !batched;
+      ASSERT_TRUE(m.load_layer(l, layer_options).ok());
+      if (batched) {
+        std::vector<LayerwiseStep*> all;
+        for (auto& st : steps) all.push_back(&st);
+        ASSERT_TRUE(m.run_layer_batch(all).ok()) << label << " layer " << l;
+      } else {
+        for (auto& st : steps) ASSERT_TRUE(m.run_layer(st).ok()) << label << " layer " << l;
+      }
       m.drop_layer(l);
     }
     for (size_t i = 0; i < toks.size(); ++i) {
@@ -237,12 +247,14 @@ void check_layer_major(const Model& full, const std::string& arch, const char* l
 
 TEST_F(ModelState, V4LayerMajorStreamedWeightsEqualForward) {
   v4_->set_numerics(Numerics::reference());
-  check_layer_major(*v4_, "v4", "v4 reference");
+  check_layer_major(*v4_, "v4", "v4 reference", false);
+  check_layer_major(*v4_, "v4", "v4 reference, batched MoE, experts on use", true);
 }
 
 TEST_F(ModelState, V41LayerMajorStreamedWeightsEqualForward) {
   v41_->set_numerics(Numerics::reference());  // with the stale-index_k quirk: the second round reads layer state
-  check_layer_major(*v41_, "v41", "v41 reference");
+  check_layer_major(*v41_, "v41", "v41 reference", false);
+  check_layer_major(*v41_, "v41", "v41 reference, batched MoE, experts on use", true);
 }
 
 TEST_F(ModelState, V4ForwardBatchEqualsAlone) {
