@@ -179,18 +179,8 @@ Status write_layer_hessians(const ModelConfig& c, const ModelWeights& w, int lay
   std::vector<double> h_layer(size_t(d) * d, 0.0);
   double n_layer = 0;
   global_pool().parallel_for(size_t(d), [&](size_t a0, size_t a1) {
-    for (size_t r = 0; r < rows.rows.size(); ++r) {
-      const int n = int(rows.rows[r].size());
-      const float* x = inputs[r].data();
-      for (int t = 0; t < n; ++t) {
-        const float* xt = x + size_t(t) * d;
-        for (size_t a = a0; a < a1; ++a) {
-          const double xa = double(xt[a]);
-          double* row = &h_layer[a * size_t(d)];
-          for (int b = 0; b < d; ++b) row[b] += xa * double(xt[b]);
-        }
-      }
-    }
+    for (size_t r = 0; r < rows.rows.size(); ++r)
+      hessian_add_outer_rows(h_layer, inputs[r].data(), nullptr, int(rows.rows[r].size()), d, int(a0), int(a1));
   });
   for (const auto& r : rows.rows) n_layer += double(r.size());
 

@@ -122,14 +122,24 @@ uint16_t to_f16(double v) { return exl3_f64_to_f16(v); }
 }  // namespace
 
 void hessian_add_outer(std::vector<double>& h, const float* x, const float* weights, int m, int d) {
+  hessian_add_outer_rows(h, x, weights, m, d, 0, d);
+}
+
+// Vectorized along a row of h (no reduction: every element still adds its tokens in order, and this file is built
+// with -ffp-contract=off), so the clones give the same bits as the plain loop.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void hessian_add_outer_rows(
+    std::vector<double>& h, const float* x, const float* weights, int m, int d, int a0, int a1) {
   std::vector<double> xd(static_cast<size_t>(d));
+  double* hd = h.data();
   for (int t = 0; t < m; ++t) {
     const double w = weights ? weights[t] : 1.0;
     for (int a = 0; a < d; ++a) xd[size_t(a)] = x[size_t(t) * d + a];
-    for (int a = 0; a < d; ++a) {
-      const double xa = w * xd[size_t(a)];
-      double* row = &h[size_t(a) * d];
-      for (int b = 0; b < d; ++b) row[b] += xa * xd[size_t(b)];
+    const double* xv = xd.data();
+    for (int a = a0; a < a1; ++a) {
+      const double xa = w * xv[a];
+      double* row = hd + size_t(a) * d;
+#pragma GCC ivdep
+      for (int b = 0; b < d; ++b) row[b] += xa * xv[b];
     }
   }
 }

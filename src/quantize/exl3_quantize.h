@@ -117,6 +117,8 @@ Result<std::vector<double>> block_ldl(const std::vector<double>& h, int64_t k);
 // weights is null), fp64, rows in order. calibration.cpp accumulates with it; it is also the
 // reference of hessian_accumulate_cuda (quantize/cuda/exl3_steps_cuda.h).
 void hessian_add_outer(std::vector<double>& h, const float* x, const float* weights, int m, int d);
+// The same for rows [a0, a1) of h only (callers split the rows over threads; each element's sum is unchanged).
+void hessian_add_outer_rows(std::vector<double>& h, const float* x, const float* weights, int m, int d, int a0, int a1);
 
 // Standard deviation of a codebook's 65,536 values.
 double codebook_sigma(Exl3Codebook cb);
