@@ -181,6 +181,34 @@ TEST(Exl3QuantizePack, CalibrationInExpertGroupsIsIdentical) {
   EXPECT_NE(rc.error().message.find("--gate-up-shared"), std::string::npos) << rc.error().message;
 }
 
+// The streamed calibration interleaves calibration and quantization: stopped after one of two layers, a calibrated
+// run leaves the quantized layer's shard (its Hessian file deleted) and the other layer's Hessians on disk; the resumed
+// run quantizes that layer from them, and the pack equals an uninterrupted run's.
+TEST(Exl3QuantizePack, CalibratedResumeUsesTheSavedHessians) {
+  const std::string a = fresh_dir("cal_resume_a"), b = fresh_dir("cal_resume_b");
+  QuantizeModelOptions oa = small_options(a);
+  oa.layers = {8, 9};
+  oa.max_layers = 1;
+  auto r1 = quantize_model(oa);
+  ASSERT_TRUE(r1.ok()) << r1.error().message;
+  EXPECT_FALSE(r1->complete);
+  EXPECT_EQ(r1->layers_quantized, 1);
+  EXPECT_FALSE(fs::exists(a + "/.quantize-work/hessians/layer-8.safetensors")) << "quantized: its Hessians are deleted";
+  ASSERT_TRUE(fs::exists(a + "/.quantize-work/hessians/layer-9.safetensors")) << "not quantized: kept for the resume";
+  oa.max_layers = -1;
+  auto r2 = quantize_model(oa);
+  ASSERT_TRUE(r2.ok()) << r2.error().message;
+  EXPECT_TRUE(r2->complete);
+  EXPECT_EQ(r2->layers_skipped, 1);
+  EXPECT_EQ(r2->layers_quantized, 1);
+  EXPECT_FALSE(fs::exists(a + "/.quantize-work/hessians")) << "a complete pack keeps no Hessians without --keep-hessians";
+  QuantizeModelOptions ob = small_options(b);
+  ob.layers = {8, 9};
+  auto r3 = quantize_model(ob);
+  ASSERT_TRUE(r3.ok()) << r3.error().message;
+  expect_same_pack_files(b, a);
+}
+
 TEST(Exl3QuantizePack, ResumedRunIsByteIdentical) {
   const std::string a = fresh_dir("resume_a"), b = fresh_dir("resume_b");
   // Uncalibrated to keep the test fast; calibrated runs resume from the same per-layer files
