@@ -270,9 +270,21 @@ Result<std::vector<std::vector<float>>> Model::forward_batch(std::span<SequenceS
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (auto st = validate_input(*seqs[i], tokens[i]); !st.ok()) return make_error("sequence ", i, ": ", st.error().message);
   }
-  std::vector<std::vector<float>> out;
+  // Layer by layer over all the sequences, so each layer's MoE runs once for every sequence's tokens (each routed
+  // expert reads its weights once per step instead of once per sequence); per sequence this is exactly forward().
+  std::vector<LayerwiseStep> steps;
+  steps.reserve(seqs.size());
   for (size_t i = 0; i < seqs.size(); ++i) {
-    auto r = forward(*seqs[i], tokens[i], options);
+    auto st = begin_step(*seqs[i], tokens[i], options);
+    if (!st.ok()) return make_error("sequence ", i, ": ", st.error().message);
+    steps.push_back(std::move(st.value()));
+  }
+  std::vector<LayerwiseStep*> all;
+  for (auto& st : steps) all.push_back(&st);
+  for (int l = 0; l < config_.n_layers; ++l) SPW_TRY(run_layer_batch(all));
+  std::vector<std::vector<float>> out;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    auto r = finish_step(steps[i]);
     if (!r.ok()) return make_error("sequence ", i, ": ", r.error().message);
     out.push_back(std::move(r.value()));
   }

@@ -126,8 +126,10 @@ class Model {
   // Errors for token lists the model cannot take (empty, ids outside the vocabulary, foreign state).
   Status validate_input(const SequenceState& seq, std::span<const int32_t> tokens) const;
 
-  // Several independent sequences in one call; results match calling forward on each. Inputs are
-  // validated before any sequence advances, so an error leaves every sequence unchanged.
+  // Several independent sequences in one call; results match calling forward on each, bit for bit (the layers run
+  // for all sequences in turn and each layer's MoE runs once for all of them: run_layer_batch; the options'
+  // callbacks therefore come layer by layer across the sequences). Inputs are validated before any sequence
+  // advances, so an invalid input leaves every sequence unchanged.
   Result<std::vector<std::vector<float>>> forward_batch(std::span<SequenceState* const> seqs,
                                                         std::span<const std::span<const int32_t>> tokens,
                                                         const ForwardOptions& options = {}) const;
