@@ -41,6 +41,34 @@ Status write_bytes(const std::string& path, const std::vector<std::pair<const vo
   return {};
 }
 
+// The 8-byte little-endian header length and the JSON header (insertion order: __metadata__, then the tensors as
+// listed, with contiguous data offsets), space-padded so the data starts 8-byte aligned. Error: a name listed twice.
+struct HeaderEntry {
+  const std::string& name;
+  DType dtype;
+  const std::vector<int64_t>& shape;
+  uint64_t nbytes;
+};
+
+Result<std::string> header_block(const std::vector<HeaderEntry>& entries) {
+  nlohmann::ordered_json header;
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t offset = 0;
+  for (const HeaderEntry& e : entries) {
+    if (header.contains(e.name)) return make_error("tensor '", e.name, "' listed twice");
+    header[e.name] = {{"dtype", std::string(dtype_name(e.dtype))},
+                      {"shape", e.shape},
+                      {"data_offsets", {offset, offset + e.nbytes}}};
+    offset += e.nbytes;
+  }
+  std::string text = header.dump();
+  while ((text.size() + 8) % 8 != 0) text.push_back(' ');
+  const uint64_t header_len = text.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = char(uint8_t(header_len >> (8 * i)));
+  return out + text;
+}
+
 }  // namespace
 
 void SafetensorsWriter::add_raw(const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data,
@@ -57,22 +85,11 @@ uint64_t SafetensorsWriter::data_nbytes() const {
 }
 
 Status SafetensorsWriter::write(const std::string& path, bool atomic) const {
-  // nlohmann::ordered_json keeps insertion order: __metadata__ first, then tensors by name.
-  nlohmann::ordered_json header;
-  header["__metadata__"] = {{"format", "pt"}};
-  uint64_t offset = 0;
-  for (const auto& [name, t] : tensors_) {
-    header[name] = {{"dtype", std::string(dtype_name(t.dtype))},
-                    {"shape", t.shape},
-                    {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
-  }
-  std::string text = header.dump();
-  while ((text.size() + 8) % 8 != 0) text.push_back(' ');
-  const uint64_t header_len = text.size();
-  uint8_t prefix[8];
-  for (int i = 0; i < 8; ++i) prefix[i] = uint8_t(header_len >> (8 * i));
-  std::vector<std::pair<const void*, size_t>> parts{{prefix, 8}, {text.data(), text.size()}};
+  std::vector<HeaderEntry> entries;
+  for (const auto& [name, t] : tensors_) entries.push_back({name, t.dtype, t.shape, t.bytes.size()});
+  auto header = header_block(entries);  // tensors by name (std::map order)
+  if (!header.ok()) return make_error(path, ": ", header.error().message);
+  std::vector<std::pair<const void*, size_t>> parts{{header->data(), header->size()}};
   for (const auto& [name, t] : tensors_) parts.emplace_back(t.bytes.data(), t.bytes.size());
   return write_bytes(path, parts, atomic);
 }
@@ -89,20 +106,10 @@ uint64_t entry_bytes(const SafetensorsStreamWriter::Entry& e) {
 
 Result<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter::create(const std::string& path,
                                                                                   std::vector<Entry> entries) {
-  nlohmann::ordered_json header;
-  header["__metadata__"] = {{"format", "pt"}};
-  uint64_t offset = 0;
-  for (const Entry& e : entries) {
-    if (header.contains(e.name)) return make_error(path, ": tensor '", e.name, "' declared twice");
-    const uint64_t n = entry_bytes(e);
-    header[e.name] = {{"dtype", std::string(dtype_name(e.dtype))}, {"shape", e.shape}, {"data_offsets", {offset, offset + n}}};
-    offset += n;
-  }
-  std::string text = header.dump();
-  while ((text.size() + 8) % 8 != 0) text.push_back(' ');
-  const uint64_t header_len = text.size();
-  uint8_t prefix[8];
-  for (int i = 0; i < 8; ++i) prefix[i] = uint8_t(header_len >> (8 * i));
+  std::vector<HeaderEntry> listed;
+  for (const Entry& e : entries) listed.push_back({e.name, e.dtype, e.shape, entry_bytes(e)});
+  auto header = header_block(listed);
+  if (!header.ok()) return make_error(path, ": ", header.error().message);
 
   std::unique_ptr<SafetensorsStreamWriter> w(new SafetensorsStreamWriter);
   w->path_ = path;
@@ -110,7 +117,7 @@ Result<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter::create
   w->entries_ = std::move(entries);
   w->file_ = std::fopen(w->tmp_.c_str(), "wb");
   if (!w->file_) return make_error(w->tmp_, ": cannot open for writing: ", std::strerror(errno));
-  if (std::fwrite(prefix, 1, 8, w->file_) != 8 || std::fwrite(text.data(), 1, text.size(), w->file_) != text.size())
+  if (std::fwrite(header->data(), 1, header->size(), w->file_) != header->size())
     return make_error(w->tmp_, ": write failed: ", std::strerror(errno), " (is the disk full?)");
   return w;
 }
