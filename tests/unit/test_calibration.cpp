@@ -182,9 +182,9 @@ TEST(Calibration, StreamedHessiansEqualPlainForwardPerExpert) { run_case(false, 
 
 TEST(Calibration, StreamedHessiansEqualPlainForwardSharedGateUp) { run_case(true, 0); }
 
-// What the plan counts: the model-wide fp32 embedding and head, final norm and Engram token map; one layer without its
-// routed experts (one layer at a time, experts dequantized when used) — more than its shared expert, less than its
-// routed experts as fp32; one routed expert per thread; not the Engram tables (gathered from the memory map).
+// What the plan counts: the model-wide fp32 embedding and head, final norm and Engram token map (from the checkpoint's
+// inventory, not the MTP or Engram tables); one layer without its routed experts — more than its shared expert, less
+// than its routed experts as fp32; one routed expert per thread; and how those scale.
 TEST(Calibration, MemoryPlanCountsWhatTheStreamedForwardHolds) {
   auto config = read_model_config(kDemo);
   ASSERT_TRUE(config.ok());
@@ -195,9 +195,12 @@ TEST(Calibration, MemoryPlanCountsWhatTheStreamedForwardHolds) {
   EXPECT_EQ(m.model_wide, 4 * (2 * vocab * d + d + vocab));
   EXPECT_GT(m.largest_layer, 4 * 3 * d * f);                                     // the shared expert and more
   EXPECT_LT(m.largest_layer, 4 * uint64_t(config->n_experts) * 3 * d * f);       // not the routed experts
-  EXPECT_EQ(m.expert_values, 3 * 4 * 3 * d * f);
-  EXPECT_EQ(m.layer_inputs, 4 * 1024 * d);
-  EXPECT_EQ(m.per_expert, 8 * (d * d + 3 * f * f));
+  // One whole fp32 expert (w1, w2, w3) per thread; the inputs grow with the calibration tokens; sharing gate/up drops
+  // exactly one d×d fp64 accumulator per expert.
+  EXPECT_EQ(calibration_memory(*config, *ck, 1024, 512, false, 6).expert_values, 2 * m.expert_values);
+  EXPECT_EQ(m.expert_values, 3 * uint64_t(sizeof(float)) * 3 * d * f);
+  EXPECT_EQ(calibration_memory(*config, *ck, 2048, 512, false, 3).layer_inputs, 2 * m.layer_inputs);
+  EXPECT_EQ(m.per_expert - calibration_memory(*config, *ck, 1024, 512, true, 3).per_expert, uint64_t(sizeof(double)) * d * d);
 }
 
 }  // namespace
