@@ -203,5 +203,50 @@ TEST(Calibration, MemoryPlanCountsWhatTheStreamedForwardHolds) {
   EXPECT_EQ(m.per_expert - calibration_memory(*config, *ck, 1024, 512, true, 3).per_expert, uint64_t(sizeof(double)) * d * d);
 }
 
+// The Hessian file round-trips expert by expert (shared gate/up written once), a file for another model's shapes is
+// refused with what to do, and the streamed writer refuses tensors out of order and leaves nothing behind unfinished.
+TEST(HessianFile, RoundTripAndClearErrors) {
+  const std::string dir = testing::TempDir() + "/spw_hessian_file";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const int d = 4, f = 2;
+  const std::vector<double> tokens = {3, 0, 7};
+  auto matrix = [](int n, double base) {
+    std::vector<double> m(size_t(n) * n);
+    for (size_t i = 0; i < m.size(); ++i) m[i] = base + double(i);
+    return m;
+  };
+  for (bool shared : {false, true}) {
+    const std::string path = dir + (shared ? "/shared.safetensors" : "/per_expert.safetensors");
+    auto w = LayerHessianWriter::create(path, d, f, tokens, 10.0, shared);
+    ASSERT_TRUE(w.ok()) << w.error().message;
+    for (int e = 0; e < 3; ++e) ASSERT_TRUE((*w)->add_expert(e, matrix(d, 100.0 * e), matrix(f, -10.0 * e)).ok());
+    ASSERT_TRUE((*w)->finish(matrix(d, 7.0)).ok());
+    auto h = LayerHessianFile::open(path, d, f, 3);
+    ASSERT_TRUE(h.ok()) << h.error().message;
+    EXPECT_EQ(h->layer_tokens(), 10.0);
+    EXPECT_EQ(h->tokens(2), 7.0);
+    for (int e = 0; e < 3; ++e) {
+      const std::vector<double> g13 = h->padded(e, false, 6), g2 = h->padded(e, true, 2);
+      const std::vector<double> want13 = shared ? matrix(d, 7.0) : matrix(d, 100.0 * e);
+      for (int i = 0; i < d; ++i)
+        for (int j = 0; j < 6; ++j) EXPECT_EQ(g13[size_t(i) * 6 + j], j < d ? want13[size_t(i) * d + j] : 0.0);
+      for (int j = d * 6; j < 36; ++j) EXPECT_EQ(g13[size_t(j)], 0.0) << "padding rows";
+      EXPECT_EQ(g2, matrix(f, -10.0 * e));
+    }
+    auto wrong = LayerHessianFile::open(path, d + 1, f, 3);
+    ASSERT_FALSE(wrong.ok());
+    EXPECT_NE(wrong.error().message.find("recalibrate"), std::string::npos) << wrong.error().message;
+  }
+  {
+    const std::string path = dir + "/unfinished.safetensors";
+    auto w = LayerHessianWriter::create(path, d, f, tokens, 10.0, false);
+    ASSERT_TRUE(w.ok());
+    EXPECT_FALSE((*w)->add_expert(1, matrix(d, 0), matrix(f, 0)).ok()) << "expert 1 before expert 0";
+  }
+  EXPECT_FALSE(fs::exists(dir + "/unfinished.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/unfinished.safetensors.tmp")) << "an unfinished writer removes its temporary file";
+}
+
 }  // namespace
 }  // namespace spw::quant

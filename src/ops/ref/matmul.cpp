@@ -3,7 +3,8 @@
 // but computed with SIMD lanes across outputs instead of along k: a tile of kOut outputs has its weights transposed
 // to [k][kOut] once, and kTok tokens share every loaded weight row. The order of every sum is unchanged and this
 // file is built with -ffp-contract=off (no fused multiply-add), so the values are bit-identical to the scalar loop
-// (tests/unit/test_ops_ref.cpp checks it), only 10–50× faster than its one dependent add chain per output.
+// (tests/unit/test_ops_ref.cpp checks it), without one dependent add chain per output (end-to-end effect measured in
+// bench/results/quantize_demo.md and server_load_cpu.md, session 18).
 #include <algorithm>
 #include <vector>
 
