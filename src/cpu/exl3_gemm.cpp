@@ -18,6 +18,7 @@ const char* cpu_isa_name(CpuIsa isa) {
     case CpuIsa::kScalar: return "scalar";
     case CpuIsa::kAvx2: return "avx2";
     case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx512Fp16: return "avx512fp16";
   }
   return "?";
 }
@@ -26,8 +27,10 @@ CpuIsa cpu_isa_detect() {
   static const CpuIsa isa = [] {
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+      if (__builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512fp16")) return CpuIsa::kAvx512Fp16;
       return CpuIsa::kAvx512;
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
       return CpuIsa::kAvx2;
 #endif
@@ -184,7 +187,13 @@ void exl3_tiles_scalar(const Exl3Part& P, Exl3Decode) {
 }
 
 Exl3TileFn exl3_tile_fn(CpuIsa isa) {
-  return isa == CpuIsa::kAvx512 ? exl3_tiles_avx512 : isa == CpuIsa::kAvx2 ? exl3_tiles_avx2 : exl3_tiles_scalar;
+  switch (isa) {
+    case CpuIsa::kAvx512Fp16: return exl3_tiles_avx512fp16;
+    case CpuIsa::kAvx512: return exl3_tiles_avx512;
+    case CpuIsa::kAvx2: return exl3_tiles_avx2;
+    case CpuIsa::kScalar: break;
+  }
+  return exl3_tiles_scalar;
 }
 
 void exl3_split(int64_t n_tk, int64_t n_tn, int64_t n_parts, int64_t* k_splits, int64_t* n_splits) {

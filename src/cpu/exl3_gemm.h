@@ -35,7 +35,9 @@
 
 namespace spw {
 
-enum class CpuIsa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// Ordered: each level's machines run every lower level. kAvx512Fp16 = AVX-512 F/BW/VL + VBMI + FP16
+// (Sapphire Rapids and later; exl3_gemm_avx512fp16.cpp).
+enum class CpuIsa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Fp16 = 3 };
 const char* cpu_isa_name(CpuIsa isa);
 // Best ISA this machine supports (CPUID, once).
 CpuIsa cpu_isa_detect();
@@ -44,7 +46,7 @@ CpuIsa cpu_isa_detect();
 enum class Exl3Decode { kArith = 0, kLut = 1 };
 
 struct Exl3CpuOptions {
-  CpuIsa isa = CpuIsa::kAvx512;     // capped at cpu_isa_detect()
+  CpuIsa isa = CpuIsa::kAvx512Fp16;  // capped at cpu_isa_detect()
   Exl3Decode decode = Exl3Decode::kArith;
   int k_splits = 0;                 // 0: chosen from the shape and thread count; else forced (tests)
 };
@@ -89,6 +91,11 @@ using Exl3TileFn = void (*)(const Exl3Part& part, Exl3Decode decode);
 void exl3_tiles_scalar(const Exl3Part&, Exl3Decode);
 void exl3_tiles_avx2(const Exl3Part&, Exl3Decode);
 void exl3_tiles_avx512(const Exl3Part&, Exl3Decode);
+void exl3_tiles_avx512fp16(const Exl3Part&, Exl3Decode);  // kLut: exl3_tiles_avx512's
+// The AVX-512 FP16 kernel's pieces, for tests (callable only where cpu_isa_detect() ≥ kAvx512Fp16): the
+// fp16 codebook values of n states, and a tile's 256 states in canonical position order.
+void exl3_codebook_avx512fp16(Exl3Codebook cb, const uint16_t* states, int64_t n, uint16_t* out);
+void exl3_tile_states_avx512fp16(const uint16_t* tile, Exl3Bits bits, uint16_t out[256]);
 Exl3TileFn exl3_tile_fn(CpuIsa isa);
 
 // Normalized fp32 Sylvester Hadamard of 128 values in place (AVX2 version bit-identical to scalar).

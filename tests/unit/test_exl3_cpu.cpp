@@ -1,5 +1,5 @@
 // spw_cpu EXL3 x·W (cpu/exl3_gemm.h) against the fp64 reference exl3_matmul_ref, on every ISA this
-// machine has (scalar, AVX2, AVX-512), at V4.1 expert shapes (5120×2304, 2304×5120), 4096×2048 and
+// machine has (scalar, AVX2, AVX-512, AVX-512 FP16), at V4.1 expert shapes (5120×2304, 2304×5120), 4096×2048 and
 // awkward ones, m = 1..64, every codebook, K 1..8 and half-integer, both decode modes (arithmetic and
 // table) and forced k-splits. Output guard regions must stay untouched and no NaN may appear. Tolerance:
 // 1e-4·RMS(y) per element (fp32 summation order only, k ≤ 5120 terms ⇒ ~1e-6 relative expected).
@@ -144,37 +144,81 @@ TEST(Exl3Cpu, KSplits) {
 }
 
 TEST(Exl3Cpu, DecodeBitExact) {
-  // Part = one tile row, token i one-hot on row i of the tile: u[i][col] is Ŵ[16·tk + i][col] exactly.
+  // Part = one tile row; m tokens one-hot on rows r0 .. r0 + m − 1 of the tile: u[i][col] is Ŵ[16·tk + r0 + i][col]
+  // exactly (every other product is 0). m = 1, 2, 3 run the kernels' per-group paths, m = 16 the blocked one.
   uint32_t seed = 400;
-  std::vector<int> k_x2s;
-  for (int k_x2 = 2; k_x2 <= 16; ++k_x2) k_x2s.push_back(k_x2);
-  for (int k_x2 : k_x2s)
+  for (int k_x2 = 2; k_x2 <= 16; ++k_x2)
     for (int cb = 0; cb < 3; ++cb) {
       if ((k_x2 & 1) && cb != 2) continue;
       const int64_t k = 256, n = 256, n_tk = k / 16;
       Owned o = random_tensor(k, n, k_x2, static_cast<Exl3Codebook>(cb), false, seed++);
       const std::vector<uint16_t> w = exl3_decode_inner(o.t);
-      std::vector<float> xe(16 * n_tk * 32, 0.0f);
-      for (int i = 0; i < 16; ++i)
-        for (int64_t tk = 0; tk < n_tk; ++tk)
-          for (int p = 0; p < 32; ++p) xe[(tk * 16 + i) * 32 + p] = exl3_perm_row(p) == i ? 1.0f : 0.0f;
-      for (int isa = 0; isa <= static_cast<int>(cpu_isa_detect()); ++isa)
-        for (Exl3Decode dec : {Exl3Decode::kArith, Exl3Decode::kLut}) {
-          std::vector<float> u(16 * n);
-          int64_t bad = 0;
-          for (int64_t tk = 0; tk < n_tk; ++tk) {
-            detail::Exl3Part part{&o.t, xe.data(), 16, tk, tk + 1, 0, n / 16, u.data(), n};
-            detail::exl3_tile_fn(static_cast<CpuIsa>(isa))(part, dec);
-            for (int i = 0; i < 16; ++i)
-              for (int64_t c = 0; c < n; ++c) {
-                const float want = exl3_f16_to_f32(w[(tk * 16 + i) * n + c]);
-                if (u[i * n + c] != want) ++bad;
+      for (int m : {1, 2, 3, 16}) {
+        for (int isa = 0; isa <= static_cast<int>(cpu_isa_detect()); ++isa)
+          for (Exl3Decode dec : {Exl3Decode::kArith, Exl3Decode::kLut}) {
+            int64_t bad = 0;
+            for (int r0 = 0; r0 < 16; r0 += m) {
+              std::vector<float> xe(m * n_tk * 32, 0.0f);
+              for (int i = 0; i < m; ++i)
+                for (int64_t tk = 0; tk < n_tk; ++tk)
+                  for (int p = 0; p < 32; ++p) xe[(tk * m + i) * 32 + p] = exl3_perm_row(p) == r0 + i ? 1.0f : 0.0f;
+              std::vector<float> u(m * n);
+              for (int64_t tk = 0; tk < n_tk; ++tk) {
+                detail::Exl3Part part{&o.t, xe.data(), m, tk, tk + 1, 0, n / 16, u.data(), n};
+                detail::exl3_tile_fn(static_cast<CpuIsa>(isa))(part, dec);
+                for (int i = 0; i < m && r0 + i < 16; ++i)
+                  for (int64_t c = 0; c < n; ++c)
+                    if (u[i * n + c] != exl3_f16_to_f32(w[(tk * 16 + r0 + i) * n + c])) ++bad;
               }
+            }
+            EXPECT_EQ(bad, 0) << cpu_isa_name(static_cast<CpuIsa>(isa)) << (dec == Exl3Decode::kLut ? " lut" : " arith")
+                              << " k_x2=" << k_x2 << " cb=" << exl3_codebook_name(static_cast<Exl3Codebook>(cb))
+                              << " m=" << m;
           }
-          EXPECT_EQ(bad, 0) << cpu_isa_name(static_cast<CpuIsa>(isa)) << (dec == Exl3Decode::kLut ? " lut" : " arith")
-                            << " k_x2=" << k_x2 << " cb=" << exl3_codebook_name(static_cast<Exl3Codebook>(cb));
-        }
+      }
     }
+}
+
+// The AVX-512 FP16 kernel's two pieces against the definitions in formats/exl3: the 16-bit-lane codebook
+// for every one of the 65,536 states of each codebook, and the vpermt2b + vpmultishiftqb state
+// extraction for every bit width (integer and half-integer K) on random tiles. Needs the ISA: skipped,
+// with the reason printed, on machines without it (the AVX2 / AVX-512 cases above still run).
+TEST(Exl3Cpu, Avx512Fp16CodebookEqualsTheDefinitionForEveryState) {
+  if (cpu_isa_detect() < CpuIsa::kAvx512Fp16) GTEST_SKIP() << "no AVX-512 FP16 + VBMI on this machine";
+  std::vector<uint16_t> states(65536), got(65536);
+  for (uint32_t s = 0; s < 65536; ++s) states[s] = static_cast<uint16_t>(s);
+  for (int cb = 0; cb < 3; ++cb) {
+    const auto c = static_cast<Exl3Codebook>(cb);
+    std::fill(got.begin(), got.end(), 0);
+    detail::exl3_codebook_avx512fp16(c, states.data(), 65536, got.data());
+    int64_t bad = 0, first = -1;
+    for (uint32_t s = 0; s < 65536; ++s)
+      if (got[s] != exl3_codebook_f16(c, static_cast<uint16_t>(s)) && bad++ == 0) first = s;
+    EXPECT_EQ(bad, 0) << exl3_codebook_name(c) << ": first wrong state " << first;
+  }
+  // A count that is not a multiple of 32 must not write past its end.
+  std::vector<uint16_t> out(40, 0xBEEF);
+  detail::exl3_codebook_avx512fp16(Exl3Codebook::kMul1, states.data(), 37, out.data());
+  for (int i = 0; i < 37; ++i) EXPECT_EQ(out[i], exl3_codebook_f16(Exl3Codebook::kMul1, static_cast<uint16_t>(i)));
+  for (int i = 37; i < 40; ++i) EXPECT_EQ(out[i], 0xBEEF);
+}
+
+TEST(Exl3Cpu, Avx512Fp16StatesEqualTheDefinitionForEveryBitWidth) {
+  if (cpu_isa_detect() < CpuIsa::kAvx512Fp16) GTEST_SKIP() << "no AVX-512 FP16 + VBMI on this machine";
+  std::mt19937 rng(17);
+  for (int k_x2 = 2; k_x2 <= 16; ++k_x2) {
+    const Exl3Bits bits{k_x2};
+    int64_t bad = 0;
+    for (int rep = 0; rep < 50; ++rep) {
+      std::vector<uint16_t> tile(bits.words_per_tile());
+      for (auto& v : tile) v = rng() & 0xffff;
+      uint16_t want[256], got[256];
+      exl3_tile_states(tile.data(), bits, want);
+      detail::exl3_tile_states_avx512fp16(tile.data(), bits, got);
+      for (int p = 0; p < 256; ++p) bad += want[p] != got[p];
+    }
+    EXPECT_EQ(bad, 0) << "k_x2=" << k_x2;
+  }
 }
 
 TEST(Exl3Cpu, Had128Avx2MatchesScalar) {
