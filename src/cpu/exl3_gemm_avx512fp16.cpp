@@ -15,8 +15,9 @@
 //             bit-identical (tested for all 65,536 states of each codebook);
 //   product   two vcvtph2ps and two fp32 FMAs, as before.
 // That is ~18 micro-ops per 32 weights. Layout, work split and accumulation order follow the AVX-512
-// kernel: lane e of group g is tile position 32g + e (rows by e, columns g and g + 8), xe holds a k-tile's
-// 32 activations per token in lane order, and m ≥ 4 decodes kBlock tiles of a column into L1 first.
+// kernel: lane e of group g is tile position 32g + e (rows by e, columns g and g + 8) and xe holds a
+// k-tile's 32 activations per token in lane order; the tile grid is walked in strips of contiguous tiles
+// (tiles_small, tiles_many).
 // The table-lookup decode mode (Exl3Decode::kLut) is the AVX-512 kernel's.
 #include <immintrin.h>
 
@@ -177,7 +178,6 @@ inline void group_values(const uint8_t* tile, const Sources& src, const ExtractT
   hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1));
 }
 
-constexpr int kBlock = 4;
 constexpr int kPrefetchTiles = 4;  // tiles ahead down a column (2–8 measured equal from L3)
 
 // Every cache line of a tile (≤ 256 bytes). Forced inline: GCC 12 at -O2 left a helper that only prefetches
@@ -251,56 +251,54 @@ void tiles_small(const Exl3Part& P) {
   }
 }
 
-// m ≥ 4: kBlock tiles of a column decoded into L1, then each token with its 8 accumulators in registers.
+// m ≥ 4: the same strips, each tile decoded once into 16 registers and then applied to every token. The
+// accumulators (m × strip × 8 vectors) are kept within kAccBytes of L1 by narrowing the strip as m grows
+// (16 column tiles at m = 4, one at m ≥ 64); per token and tile that is 16 FMAs against 8 accumulator
+// loads and stores, so the FMA ports bound it rather than the decode.
+constexpr int64_t kAccBytes = 16 << 10;
+
 template <int CB, bool kPerGroup>
-void tiles_blocked(const Exl3Part& P) {
+void tiles_many(const Exl3Part& P) {
   const Exl3Tensor& t = *P.t;
   const ExtractTables& X = extract_tables(t.bits);
   const int T = X.tile_bytes;
   const int64_t row_bytes = (t.n / 16) * T, m = P.m;
-  alignas(64) float vb[kBlock][256];
+  const int strip = static_cast<int>(std::clamp<int64_t>(kAccBytes / (m * 512), 1, kStrip));
   thread_local std::vector<float> acc_v;
-  if (acc_v.size() < static_cast<size_t>(m) * 128 + 16) acc_v.resize(static_cast<size_t>(m) * 128 + 16);
+  const size_t acc_floats = static_cast<size_t>(m) * strip * 128;
+  if (acc_v.size() < acc_floats + 16) acc_v.resize(acc_floats + 16);
   float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(acc_v.data()) + 63) & ~uintptr_t(63));
-  for (int64_t tn = P.tn0; tn < P.tn1; ++tn) {
-    std::memset(acc, 0, sizeof(float) * 128 * m);
-    const uint8_t* w = reinterpret_cast<const uint8_t*>(t.tile(P.tk0, tn));
-    for (int64_t tkb = P.tk0; tkb < P.tk1; tkb += kBlock) {
-      const int nb = static_cast<int>(std::min<int64_t>(kBlock, P.tk1 - tkb));
-      for (int b = 0; b < nb; ++b, w += row_bytes) {
-        if (tkb + b + kPrefetchTiles < P.tk1) prefetch_tile(w + kPrefetchTiles * row_bytes, T);
+  for (int64_t s0 = P.tn0; s0 < P.tn1; s0 += strip) {
+    const int ns = static_cast<int>(std::min<int64_t>(strip, P.tn1 - s0));
+    std::memset(acc, 0, sizeof(float) * acc_floats);
+    const uint8_t* row = reinterpret_cast<const uint8_t*>(t.tile(P.tk0, s0));
+    for (int64_t tk = P.tk0; tk < P.tk1; ++tk, row += row_bytes) {
+      const bool prefetch = tk + kPrefetchRows < P.tk1;
+      const float* xt = P.xe + tk * m * 32;
+      const uint8_t* w = row;
+      for (int j = 0; j < ns; ++j, w += T) {
+        if (prefetch) prefetch_tile(w + kPrefetchRows * row_bytes, T);
         const Sources src = kPerGroup ? Sources{_mm512_setzero_si512(), _mm512_loadu_si512(w)} : tile_sources(w, X);
+        __m512 v[16];
 #pragma GCC unroll 8
-        for (int g = 0; g < 8; ++g) {
-          __m512 lo, hi;
-          group_values<CB, kPerGroup>(w, src, X, g, lo, hi);
-          _mm512_store_ps(vb[b] + 32 * g, lo);
-          _mm512_store_ps(vb[b] + 32 * g + 16, hi);
-        }
-      }
-      for (int64_t i = 0; i < m; ++i) {
-        float* a = acc + i * 128;
-        __m512 s[8];
-#pragma GCC unroll 8
-        for (int g = 0; g < 8; ++g) s[g] = _mm512_load_ps(a + 16 * g);
-        for (int b = 0; b < nb; ++b) {
-          const float* x = P.xe + ((tkb + b) * m + i) * 32;
-          const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        for (int g = 0; g < 8; ++g) group_values<CB, kPerGroup>(w, src, X, g, v[2 * g], v[2 * g + 1]);
+        for (int64_t i = 0; i < m; ++i) {
+          const __m512 x0 = _mm512_loadu_ps(xt + 32 * i), x1 = _mm512_loadu_ps(xt + 32 * i + 16);
+          float* a = acc + (i * strip + j) * 128;
 #pragma GCC unroll 8
           for (int g = 0; g < 8; ++g) {
-            s[g] = _mm512_fmadd_ps(_mm512_load_ps(vb[b] + 32 * g), x0, s[g]);
-            s[g] = _mm512_fmadd_ps(_mm512_load_ps(vb[b] + 32 * g + 16), x1, s[g]);
+            const __m512 sum = _mm512_fmadd_ps(v[2 * g], x0, _mm512_load_ps(a + 16 * g));
+            _mm512_store_ps(a + 16 * g, _mm512_fmadd_ps(v[2 * g + 1], x1, sum));
           }
         }
-#pragma GCC unroll 8
-        for (int g = 0; g < 8; ++g) _mm512_store_ps(a + 16 * g, s[g]);
       }
     }
-    for (int64_t i = 0; i < m; ++i) {
-      __m512 s[8];
-      for (int g = 0; g < 8; ++g) s[g] = _mm512_load_ps(acc + i * 128 + 16 * g);
-      store_columns(s, P.u + i * P.ldu + tn * 16);
-    }
+    for (int64_t i = 0; i < m; ++i)
+      for (int j = 0; j < ns; ++j) {
+        __m512 v[8];
+        for (int g = 0; g < 8; ++g) v[g] = _mm512_load_ps(acc + (i * strip + j) * 128 + 16 * g);
+        store_columns(v, P.u + i * P.ldu + (s0 + j) * 16);
+      }
   }
 }
 
@@ -310,7 +308,7 @@ void tiles(const Exl3Part& P) {
     case 1: return tiles_small<CB, kPerGroup, 1>(P);
     case 2: return tiles_small<CB, kPerGroup, 2>(P);
     case 3: return tiles_small<CB, kPerGroup, 3>(P);
-    default: return tiles_blocked<CB, kPerGroup>(P);
+    default: return tiles_many<CB, kPerGroup>(P);
   }
 }
 
