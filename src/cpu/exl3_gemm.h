@@ -13,12 +13,16 @@
 // up in the 65,536-entry fp32 table by gather (kLut; measured slower on both AVX2 and AVX-512, kept for
 // comparison). With m < 4 each decoded group of 2 (AVX-512) or 4 (AVX2) vectors is used at once by every
 // token; with m ≥ 4, 4 tiles down a column are decoded into L1 and each token then accumulates over them
-// in registers. Activations are laid out [k-tile][token][32] so one tile's token rows are contiguous. Threads split the (k-slice × column-range) parts of the tile
-// grid; k-slices are summed in fixed order in stage 3, so results do not depend on timing.
+// in registers. Activations are laid out [k-tile][token][32] so one tile's token rows are contiguous.
+// On machines with AVX-512 FP16 + VBMI, exl3_gemm_avx512fp16.cpp replaces this (2× at m = 1): 32 states per
+// vpermt2b + vpmultishiftqb, codebooks in 16-bit lanes with fp16 arithmetic (same bits), and the grid walked
+// in strips of contiguous tiles instead of down columns (see its header). Threads split the (k-slice ×
+// column-range) parts of the tile grid; k-slices are summed in fixed order in stage 3, so results do not
+// depend on timing.
 //
 // Contract: x [m][k] fp32 row-major, y [m][n] fp32 row-major, overwritten; no aliasing; m ≥ 1 (tuned
-// for 1..64 tokens; larger m works). Threads: the given pool (global_pool() when null). ISA: AVX-512
-// (F+BW+VL), else AVX2+FMA+F16C, else scalar, picked at run time; exl3_matmul_cpu_isa forces one (tests).
+// for 1..64 tokens; larger m works). Threads: the given pool (global_pool() when null). ISA: AVX-512 FP16
+// (+VBMI), else AVX-512 (F+BW+VL), else AVX2+FMA+F16C, else scalar, picked at run time; exl3_matmul_cpu_isa forces one (tests).
 // Scratch lives in per-thread buffers that grow and are kept (no allocation once warm).
 // Accuracy: differs from exl3_matmul_ref (fp64) only by fp32 summation order: relative error
 // ~1e-6·√k; tests allow 1e-4 of RMS(y). Both decode modes give identical codebook values.
