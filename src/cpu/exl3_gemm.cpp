@@ -277,7 +277,11 @@ void exl3_matmul_cpu_opts(const Exl3CpuOptions& opt, const Exl3Tensor& t, const 
   const detail::Exl3TileFn fn = detail::exl3_tile_fn(isa);
   tp.parallel_for(static_cast<size_t>(k_splits * n_splits), [&](size_t a, size_t b) {
     for (size_t q = a; q < b; ++q)
-      fn(detail::exl3_part(t, xe, m, k_splits, n_splits, static_cast<int64_t>(q), u, t.n), opt.decode);
+    {
+      detail::Exl3Part part = detail::exl3_part(t, xe, m, k_splits, n_splits, static_cast<int64_t>(q), u, t.n);
+      part.amx = opt.amx;
+      fn(part, opt.decode);
+    }
   });
 
   // Stage 3: y = had128(Σ slices) ∘ svh + bias.

@@ -53,6 +53,7 @@ struct Exl3CpuOptions {
   CpuIsa isa = CpuIsa::kAvx512Fp16;  // capped at cpu_isa_detect()
   Exl3Decode decode = Exl3Decode::kArith;
   int k_splits = 0;                 // 0: chosen from the shape and thread count; else forced (tests)
+  bool amx = true;                  // AMX tiles for m ≥ 16 where the machine has them (false: AVX-512 FMAs)
 };
 
 void exl3_matmul_cpu(const Exl3Tensor& t, const float* x, int64_t m, float* y, ThreadPool* pool = nullptr);
@@ -90,12 +91,18 @@ struct Exl3Part {
   int64_t tk0, tk1, tn0, tn1;
   float* u;
   int64_t ldu;
+  bool amx = true;  // the AVX-512 FP16 kernel may hand m ≥ kAmxMinTokens to AMX (Exl3CpuOptions::amx)
 };
 using Exl3TileFn = void (*)(const Exl3Part& part, Exl3Decode decode);
 void exl3_tiles_scalar(const Exl3Part&, Exl3Decode);
 void exl3_tiles_avx2(const Exl3Part&, Exl3Decode);
 void exl3_tiles_avx512(const Exl3Part&, Exl3Decode);
 void exl3_tiles_avx512fp16(const Exl3Part&, Exl3Decode);  // kLut: exl3_tiles_avx512's
+// AMX (BF16 tiles over exact bf16 planes of Ŵ and x; exl3_gemm_amx.cpp): taken by exl3_tiles_avx512fp16 for
+// m ≥ kAmxMinTokens when amx_ready() (AMX-BF16 + AVX-512 BF16 present and the OS granted the tile state).
+inline constexpr int64_t kAmxMinTokens = 16;
+bool amx_ready();
+void exl3_tiles_amx(const Exl3Part&);
 // The AVX-512 FP16 kernel's pieces, for tests (callable only where cpu_isa_detect() ≥ kAvx512Fp16): the
 // fp16 codebook values of n states, and a tile's 256 states in canonical position order.
 void exl3_codebook_avx512fp16(Exl3Codebook cb, const uint16_t* states, int64_t n, uint16_t* out);

@@ -5,8 +5,9 @@
 // Why a separate kernel: the AVX-512 kernel (exl3_gemm_avx512.cpp) spends ~14 port-0/5 micro-ops per 16
 // weights (32-bit lanes: state shifts, vpmulld, a fp32 → fp16 → fp32 round trip), ~140 cycles per tile at
 // m = 1, far from the read bandwidth. Here, per 32 weights:
-//   states    vpermt2b gathers, for each qword, the 8 stream bytes its 4 states live in (MSB-first, as the
-//             qword's value), and vpmultishiftqb cuts the 16-bit states out of it (ExtractTables);
+//   states    vpermb (vpermt2b for the ring-wrap group) gathers, for each qword, the 8 stream bytes its
+//             4 states live in (MSB-first, as the qword's value), and vpmultishiftqb cuts the 16-bit
+//             states out of it (ExtractTables);
 //   codebook  in 16-bit lanes: the 32-bit hash x = st·M split as x_lo = lo16(st·M_lo), x_hi = hi16(st·M_lo)
 //             + lo16(st·M_hi); mul1 sums x's four bytes (two vpmaddubsw), makes the fp16 1024 + sum by
 //             or-ing in the exponent and finishes with one fp16 FMA; MCG/3INST mask both halves (one
@@ -27,23 +28,12 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/exl3_avx512fp16_decode.h"
 #include "cpu/exl3_gemm.h"
 
 namespace spw::detail {
+namespace fp16 {
 namespace {
-
-// Where the 16-bit states of a tile come from, for one bit width. A tile is T = 16·k_x2 bytes: 32-bit
-// words, each an MSB-first chunk of the ring stream stored little-endian (spec §1.4). Group g (positions
-// 32g .. 32g + 31) is gathered by vpermt2b from two 64-byte sources S0, S1 of the tile: for T ≤ 128 the
-// same two for every group (S0 = bytes [0, 64), S1 = the last 64 bytes; T < 64 loads S0 masked), for
-// T > 128 S0 = bytes [s0[g], s0[g] + 64) and S1 = bytes [0, 64) (the ring wrap of group 0).
-struct ExtractTables {
-  int tile_bytes = 0;
-  bool per_group_source = false;
-  int32_t s0[8] = {};
-  alignas(64) uint8_t gather[8][64];  // vpermt2b index: qword j's byte i ← stream byte b0(j) + 7 − i
-  alignas(64) uint8_t shift[8][64];   // vpmultishiftqb control: lane e's low and high byte
-};
 
 [[noreturn]] void table_bug(int k_x2, const char* what) {
   std::fprintf(stderr, "exl3 avx512fp16 tables: k_x2=%d: %s\n", k_x2, what);
@@ -55,7 +45,7 @@ int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1)
 void build_tables(Exl3Bits bits, ExtractTables& X) {
   const int T = 16 * bits.k_x2;
   X.tile_bytes = T;
-  X.per_group_source = T > 128;
+  X.small_tile = T < 64;
   int64_t a[256];  // stream bit where position p's 16-bit window starts (negative: wraps to the end)
   int64_t end = 0;
   for (int p = 0; p < 256; ++p) {
@@ -69,9 +59,10 @@ void build_tables(Exl3Bits bits, ExtractTables& X) {
   };
   for (int g = 0; g < 8; ++g) {
     int s0 = 0;
-    if (X.per_group_source) {
+    if (!X.small_tile) {
       const int64_t first = floor_div(a[32 * g], 8);
-      s0 = first < 0 ? T - 64 : static_cast<int>(std::min<int64_t>(4 * (first / 4), T - 64));
+      s0 = g == 0 ? T - 64 : static_cast<int>(std::min<int64_t>(4 * (first / 4), T - 64));
+      if (g > 0 && first < 0) table_bug(bits.k_x2, "a group other than the first wraps");
     }
     X.s0[g] = s0;
     for (int j = 0; j < 8; ++j) {
@@ -84,15 +75,14 @@ void build_tables(Exl3Bits bits, ExtractTables& X) {
         int src = 0;  // bytes past `last` are never read by vpmultishiftqb: any index will do
         if (b <= last) {
           const int mb = memory_byte(b);
-          if (!X.per_group_source) {
-            src = mb < 64 ? mb : 64 + mb - (T - 64);
-            if (T < 64 && mb >= T) table_bug(bits.k_x2, "byte outside a small tile");
+          if (X.small_tile) {
+            src = mb;
           } else if (mb >= s0 && mb < s0 + 64) {
             src = mb - s0;
-          } else if (mb < 64) {
+          } else if (g == 0 && mb < 64) {
             src = 64 + mb;
           } else {
-            table_bug(bits.k_x2, "state byte in neither source");
+            table_bug(bits.k_x2, "state byte outside its group's window");
           }
         }
         X.gather[g][8 * j + i] = static_cast<uint8_t>(src);
@@ -109,6 +99,8 @@ void build_tables(Exl3Bits bits, ExtractTables& X) {
   }
 }
 
+}  // namespace
+
 const ExtractTables& extract_tables(Exl3Bits bits) {
   static const ExtractTables* tables = [] {
     auto* out = new ExtractTables[17];
@@ -118,79 +110,7 @@ const ExtractTables& extract_tables(Exl3Bits bits) {
   return tables[bits.k_x2];
 }
 
-constexpr uint32_t k3InstMult = 89226354u, k3InstAdd = 64248484u;
-
-inline __m512i lo16(uint32_t v) { return _mm512_set1_epi16(static_cast<short>(v & 0xFFFF)); }
-inline __m512i hi16(uint32_t v) { return _mm512_set1_epi16(static_cast<short>(v >> 16)); }
-
-// fp16 codebook values of 32 16-bit states (CB: 0 = 3INST, 1 = MCG, 2 = MUL1; spec §2.1).
-template <int CB>
-inline __m512h codebook(__m512i st) {
-  constexpr uint32_t M = CB == 2 ? kExl3Mul1Mult : CB == 1 ? kExl3McgMult : k3InstMult;
-  __m512i x_lo = _mm512_mullo_epi16(st, lo16(M));
-  __m512i x_hi = _mm512_add_epi16(_mm512_mulhi_epu16(st, lo16(M)), _mm512_mullo_epi16(st, hi16(M)));
-  if constexpr (CB == 2) {
-    const __m512i ones = _mm512_set1_epi8(1);
-    const __m512i sum = _mm512_add_epi16(_mm512_maddubs_epi16(x_lo, ones), _mm512_maddubs_epi16(x_hi, ones));
-    const __m512h h = _mm512_castsi512_ph(_mm512_or_si512(sum, _mm512_set1_epi16(0x6400)));  // fp16 1024 + sum
-    return _mm512_fmadd_ph(h, _mm512_castsi512_ph(_mm512_set1_epi16(0x1EEE)),
-                           _mm512_castsi512_ph(_mm512_set1_epi16(static_cast<short>(0xC931))));
-  } else {
-    if constexpr (CB == 0) {  // + k3InstAdd with the carry out of the low half
-      x_lo = _mm512_add_epi16(x_lo, lo16(k3InstAdd));
-      const __mmask32 carry = _mm512_cmplt_epu16_mask(x_lo, lo16(k3InstAdd));
-      x_hi = _mm512_add_epi16(x_hi, hi16(k3InstAdd));
-      x_hi = _mm512_mask_add_epi16(x_hi, carry, x_hi, _mm512_set1_epi16(1));
-    }
-    // (x & 0x8FFF) ^ 0x3B60 in each half: ternary-logic function (A & B) ^ C = 0x6A.
-    const __m512i keep = _mm512_set1_epi16(static_cast<short>(0x8FFF)), flip = _mm512_set1_epi16(0x3B60);
-    x_lo = _mm512_ternarylogic_epi32(x_lo, keep, flip, 0x6A);
-    x_hi = _mm512_ternarylogic_epi32(x_hi, keep, flip, 0x6A);
-    return _mm512_add_ph(_mm512_castsi512_ph(x_lo), _mm512_castsi512_ph(x_hi));  // exact sum, one rounding
-  }
-}
-
-struct Sources {
-  __m512i s0, s1;
-};
-
-inline Sources tile_sources(const uint8_t* tile, const ExtractTables& X) {
-  if (X.tile_bytes >= 64)
-    return {_mm512_loadu_si512(tile), _mm512_loadu_si512(tile + X.tile_bytes - 64)};
-  const __mmask64 mask = (__mmask64(1) << X.tile_bytes) - 1;
-  return {_mm512_maskz_loadu_epi8(mask, tile), _mm512_setzero_si512()};
-}
-
-// Group g's 32 states of a tile.
-template <bool kPerGroup>
-inline __m512i group_states(const uint8_t* tile, const Sources& src, const ExtractTables& X, int g) {
-  const __m512i s0 = kPerGroup ? _mm512_loadu_si512(tile + X.s0[g]) : src.s0;
-  const __m512i bytes = _mm512_permutex2var_epi8(s0, _mm512_load_si512(X.gather[g]), src.s1);
-  return _mm512_multishift_epi64_epi8(_mm512_load_si512(X.shift[g]), bytes);
-}
-
-// Group g's weights as fp32: positions 32g .. 32g + 15 and 32g + 16 .. 32g + 31.
-template <int CB, bool kPerGroup>
-inline void group_values(const uint8_t* tile, const Sources& src, const ExtractTables& X, int g, __m512& lo,
-                         __m512& hi) {
-  const __m512i v = _mm512_castph_si512(codebook<CB>(group_states<kPerGroup>(tile, src, X, g)));
-  lo = _mm512_cvtph_ps(_mm512_castsi512_si256(v));
-  hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1));
-}
-
-constexpr int kPrefetchTiles = 4;  // tiles ahead down a column (2–8 measured equal from L3)
-
-// Every cache line of a tile (≤ 256 bytes). Forced inline: GCC 12 at -O2 left a helper that only prefetches
-// out of line, found it free of side effects and deleted every call (no prefetch instruction in the object;
-// the kernel ran 2× slower from L3).
-[[gnu::always_inline]] inline void prefetch_tile(const uint8_t* tile, int tile_bytes) {
-  const char* p = reinterpret_cast<const char*>(tile);
-  __builtin_prefetch(p, 0, 3);
-  if (tile_bytes > 64) __builtin_prefetch(p + 64, 0, 3);
-  if (tile_bytes > 128) __builtin_prefetch(p + 128, 0, 3);
-  if (tile_bytes > 192) __builtin_prefetch(p + 192, 0, 3);
-  __builtin_prefetch(p + tile_bytes - 1, 0, 3);
-}
+namespace {
 
 // Lane l of accumulator g holds column g (l mod 8 < 4) or g + 8 (otherwise).
 inline void store_columns(const __m512* acc, float* u) {
@@ -208,7 +128,7 @@ inline void store_columns(const __m512* acc, float* u) {
 // in L1; each column's sum still runs over tk in order.
 constexpr int kStrip = 16, kPrefetchRows = 2;
 
-template <int CB, bool kPerGroup, int M>
+template <int CB, bool kSmall, int M>
 void tiles_small(const Exl3Part& P) {
   const Exl3Tensor& t = *P.t;
   const ExtractTables& X = extract_tables(t.bits);
@@ -229,11 +149,11 @@ void tiles_small(const Exl3Part& P) {
       const uint8_t* w = row;
       for (int j = 0; j < ns; ++j, w += T) {
         if (prefetch) prefetch_tile(w + kPrefetchRows * row_bytes, T);
-        const Sources src = kPerGroup ? Sources{_mm512_setzero_si512(), _mm512_loadu_si512(w)} : tile_sources(w, X);
+        const __m512i small = kSmall ? small_tile_bytes(w, X) : _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int g = 0; g < 8; ++g) {
           __m512 lo, hi;
-          group_values<CB, kPerGroup>(w, src, X, g, lo, hi);
+          group_values<CB, kSmall>(w, small, X, g, lo, hi);
           for (int i = 0; i < M; ++i) {
             float* a = acc[i][j] + 16 * g;
             __m512 sum = _mm512_fmadd_ps(lo, x[i][0], _mm512_load_ps(a));
@@ -257,7 +177,7 @@ void tiles_small(const Exl3Part& P) {
 // loads and stores, so the FMA ports bound it rather than the decode.
 constexpr int64_t kAccBytes = 16 << 10;
 
-template <int CB, bool kPerGroup>
+template <int CB, bool kSmall>
 void tiles_many(const Exl3Part& P) {
   const Exl3Tensor& t = *P.t;
   const ExtractTables& X = extract_tables(t.bits);
@@ -278,10 +198,10 @@ void tiles_many(const Exl3Part& P) {
       const uint8_t* w = row;
       for (int j = 0; j < ns; ++j, w += T) {
         if (prefetch) prefetch_tile(w + kPrefetchRows * row_bytes, T);
-        const Sources src = kPerGroup ? Sources{_mm512_setzero_si512(), _mm512_loadu_si512(w)} : tile_sources(w, X);
+        const __m512i small = kSmall ? small_tile_bytes(w, X) : _mm512_setzero_si512();
         __m512 v[16];
 #pragma GCC unroll 8
-        for (int g = 0; g < 8; ++g) group_values<CB, kPerGroup>(w, src, X, g, v[2 * g], v[2 * g + 1]);
+        for (int g = 0; g < 8; ++g) group_values<CB, kSmall>(w, small, X, g, v[2 * g], v[2 * g + 1]);
         for (int64_t i = 0; i < m; ++i) {
           const __m512 x0 = _mm512_loadu_ps(xt + 32 * i), x1 = _mm512_loadu_ps(xt + 32 * i + 16);
           float* a = acc + (i * strip + j) * 128;
@@ -302,26 +222,30 @@ void tiles_many(const Exl3Part& P) {
   }
 }
 
-template <int CB, bool kPerGroup>
+template <int CB, bool kSmall>
 void tiles(const Exl3Part& P) {
   switch (P.m) {
-    case 1: return tiles_small<CB, kPerGroup, 1>(P);
-    case 2: return tiles_small<CB, kPerGroup, 2>(P);
-    case 3: return tiles_small<CB, kPerGroup, 3>(P);
-    default: return tiles_many<CB, kPerGroup>(P);
+    case 1: return tiles_small<CB, kSmall, 1>(P);
+    case 2: return tiles_small<CB, kSmall, 2>(P);
+    case 3: return tiles_small<CB, kSmall, 3>(P);
+    default: return tiles_many<CB, kSmall>(P);
   }
 }
 
 template <int CB>
 void tiles_cb(const Exl3Part& P) {
-  if (extract_tables(P.t->bits).per_group_source) tiles<CB, true>(P);
+  if (extract_tables(P.t->bits).small_tile) tiles<CB, true>(P);
   else tiles<CB, false>(P);
 }
 
 }  // namespace
+}  // namespace fp16
+
+using namespace fp16;
 
 void exl3_tiles_avx512fp16(const Exl3Part& P, Exl3Decode decode) {
   if (decode == Exl3Decode::kLut) return exl3_tiles_avx512(P, decode);
+  if (P.amx && P.m >= kAmxMinTokens && amx_ready()) return exl3_tiles_amx(P);
   switch (P.t->codebook) {
     case Exl3Codebook::k3Inst: return tiles_cb<0>(P);
     case Exl3Codebook::kMcg: return tiles_cb<1>(P);
@@ -341,9 +265,9 @@ void exl3_codebook_avx512fp16(Exl3Codebook cb, const uint16_t* states, int64_t n
 void exl3_tile_states_avx512fp16(const uint16_t* tile, Exl3Bits bits, uint16_t out[256]) {
   const ExtractTables& X = extract_tables(bits);
   const auto* w = reinterpret_cast<const uint8_t*>(tile);
-  const Sources src = X.per_group_source ? Sources{_mm512_setzero_si512(), _mm512_loadu_si512(w)} : tile_sources(w, X);
+  const __m512i small = X.small_tile ? small_tile_bytes(w, X) : _mm512_setzero_si512();
   for (int g = 0; g < 8; ++g) {
-    const __m512i st = X.per_group_source ? group_states<true>(w, src, X, g) : group_states<false>(w, src, X, g);
+    const __m512i st = X.small_tile ? group_states<true>(w, small, X, g) : group_states<false>(w, small, X, g);
     _mm512_storeu_si512(out + 32 * g, st);
   }
 }

@@ -35,8 +35,10 @@ void run_jobs(std::vector<Job>& jobs, ThreadPool& tp, const Exl3CpuOptions& opt)
     for (size_t q = a; q < b; ++q) {
       const size_t i = std::upper_bound(first.begin(), first.end(), static_cast<int64_t>(q)) - first.begin() - 1;
       const Job& j = jobs[i];
-      fn(detail::exl3_part(*j.t, j.xe, j.m, j.k_splits, j.n_splits, static_cast<int64_t>(q) - first[i], j.u, j.t->n),
-         opt.decode);
+      detail::Exl3Part part =
+          detail::exl3_part(*j.t, j.xe, j.m, j.k_splits, j.n_splits, static_cast<int64_t>(q) - first[i], j.u, j.t->n);
+      part.amx = opt.amx;
+      fn(part, opt.decode);
     }
   });
 }

@@ -4,7 +4,8 @@
 // table) and forced k-splits. Output guard regions must stay untouched and no NaN may appear. Tolerance:
 // 1e-4·RMS(y) per element (fp32 summation order only, k ≤ 5120 terms ⇒ ~1e-6 relative expected).
 // Decode exactness is checked separately and bit for bit: the tile kernels with one-hot activations must
-// reproduce exl3_decode_inner for every ISA, decode mode, codebook and K.
+// reproduce exl3_decode_inner for every ISA, decode mode, codebook and K (and, where the machine has AMX,
+// with the tile unit on and off at m ≥ 16).
 // Compiled only where spw_cpu is linked (SPW_HAVE_CPU comes from its interface).
 #if defined(SPW_HAVE_CPU)
 #include "cpu/exl3_gemm.h"
@@ -61,13 +62,18 @@ void check(const Exl3Tensor& t, int64_t m, uint32_t seed, int k_splits = 0) {
   rms = std::sqrt(rms / ref.size());
   const int64_t guard = 64;
   const float sentinel = 12345.678f;
-  for (int run = 0; run <= 2 * static_cast<int>(cpu_isa_detect()); ++run) {
+  // Runs: scalar, then each SIMD ISA with both decodes; where AMX is ready, the top ISA once more with AMX
+  // off, so m ≥ 16 checks both the tile unit and the FMA path.
+  const int last_run = 2 * static_cast<int>(cpu_isa_detect()) + (detail::amx_ready() ? 1 : 0);
+  for (int run = 0; run <= last_run; ++run) {
+    const bool no_amx = run > 2 * static_cast<int>(cpu_isa_detect());
     Exl3CpuOptions opt;
-    opt.isa = static_cast<CpuIsa>((run + 1) / 2);
-    opt.decode = run > 0 && run % 2 == 0 ? Exl3Decode::kLut : Exl3Decode::kArith;
+    opt.isa = no_amx ? cpu_isa_detect() : static_cast<CpuIsa>((run + 1) / 2);
+    opt.decode = run > 0 && run % 2 == 0 && !no_amx ? Exl3Decode::kLut : Exl3Decode::kArith;
     opt.k_splits = k_splits;
+    opt.amx = !no_amx;
     SCOPED_TRACE(std::string(cpu_isa_name(opt.isa)) + (opt.decode == Exl3Decode::kLut ? " lut" : " arith") +
-                 " k_splits=" + std::to_string(k_splits));
+                 (no_amx ? " amx off" : "") + " k_splits=" + std::to_string(k_splits));
     std::vector<float> y(m * t.n + 2 * guard, sentinel);
     exl3_matmul_cpu_opts(opt, t, x.data(), m, y.data() + guard);
     for (int64_t i = 0; i < guard; ++i) {
@@ -155,7 +161,11 @@ TEST(Exl3Cpu, DecodeBitExact) {
       const std::vector<uint16_t> w = exl3_decode_inner(o.t);
       for (int m : {1, 2, 3, 16}) {
         for (int isa = 0; isa <= static_cast<int>(cpu_isa_detect()); ++isa)
-          for (Exl3Decode dec : {Exl3Decode::kArith, Exl3Decode::kLut}) {
+          for (int variant = 0; variant < 3; ++variant) {  // arith, table, arith without AMX
+            const Exl3Decode dec = variant == 1 ? Exl3Decode::kLut : Exl3Decode::kArith;
+            const bool amx = variant != 2;
+            if (!amx && !(isa == static_cast<int>(CpuIsa::kAvx512Fp16) && m >= detail::kAmxMinTokens && detail::amx_ready()))
+              continue;
             int64_t bad = 0;
             for (int r0 = 0; r0 < 16; r0 += m) {
               std::vector<float> xe(m * n_tk * 32, 0.0f);
@@ -165,6 +175,7 @@ TEST(Exl3Cpu, DecodeBitExact) {
               std::vector<float> u(m * n);
               for (int64_t tk = 0; tk < n_tk; ++tk) {
                 detail::Exl3Part part{&o.t, xe.data(), m, tk, tk + 1, 0, n / 16, u.data(), n};
+                part.amx = amx;
                 detail::exl3_tile_fn(static_cast<CpuIsa>(isa))(part, dec);
                 for (int i = 0; i < m && r0 + i < 16; ++i)
                   for (int64_t c = 0; c < n; ++c)
@@ -173,7 +184,7 @@ TEST(Exl3Cpu, DecodeBitExact) {
             }
             EXPECT_EQ(bad, 0) << cpu_isa_name(static_cast<CpuIsa>(isa)) << (dec == Exl3Decode::kLut ? " lut" : " arith")
                               << " k_x2=" << k_x2 << " cb=" << exl3_codebook_name(static_cast<Exl3Codebook>(cb))
-                              << " m=" << m;
+                              << " m=" << m << (amx ? "" : " amx off");
           }
       }
     }

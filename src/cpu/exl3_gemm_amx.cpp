@@ -1,0 +1,255 @@
+// EXL3 tile stage on AMX (BF16 tiles), for m ≥ kAmxMinTokens on machines with AVX-512 FP16 + VBMI, AVX-512
+// BF16 and AMX-BF16 (Sapphire Rapids and later; the H200 machine's host has AMX). Built with those flags;
+// run only after amx_ready().
+//
+// Why: with many tokens the AVX-512 kernel is bound by 16 FMAs per token and tile (exl3_gemm_avx512fp16.cpp,
+// tiles_many), while one TDPBF16PS does 16 × 16 × 32 multiply-adds. BF16 has 8 significant bits, the
+// codebook values 11 (fp16-exact) and the activations 24, so both are split exactly into bf16 planes:
+// w = w_hi + w_lo (w_hi = w truncated to bf16, w_lo = the rest, ≤ 3 bits) and x = x1 + x2 + x3. Five
+// products are kept — w_hi·x1, w_hi·x2, w_hi·x3, w_lo·x1, w_lo·x2 — each exact in fp32 and accumulated in
+// fp32 by the tile unit; the dropped w_lo·x3 is below 2⁻²⁴ of |w·x|. So the result is the fp32 sum of the
+// same products as the FMA kernels up to summation order (the tolerance tests of test_exl3_cpu.cpp hold it to
+// the same 1e-4·RMS bound; one-hot activations still give Ŵ bit for bit).
+//
+// Operands (C[n][token] += Σ_k A[n][k]·B[k][token]): A = the weights, 16 output columns × 32 k of two tiles
+// down a column (tk, tk + 1), one row per column; B = the activations in VNNI pairs, 16 k-pairs × 16 tokens.
+// The k order inside an A row is the decode's own lane order (lanes e with e mod 8 < 4 hold column g of
+// group g, e mod 8 ≥ 4 column g + 8, both in the same row order), and B is built in that order, so no
+// transpose is needed: one vpermw per group puts column g's 16 values before column g + 8's. Up to four
+// 16-token blocks share each decoded A (four C tiles); more tokens loop over blocks of 64.
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/exl3_avx512fp16_decode.h"
+#include "cpu/exl3_gemm.h"
+
+namespace spw::detail {
+namespace {
+
+using namespace fp16;
+
+// Lane order of an A row: lanes e of a group holding column g (e mod 8 < 4), then those holding g + 8.
+struct RowOrder {
+  alignas(64) uint16_t perm[32];  // vpermw index
+  int lane[16];                   // xe lane of A-row slot s (= x at the slot's row)
+  RowOrder() {
+    int a = 0, b = 16;
+    for (int e = 0; e < 32; ++e) {
+      if (e % 8 < 4) perm[a++] = static_cast<uint16_t>(e);
+      else perm[b++] = static_cast<uint16_t>(e);
+    }
+    for (int s = 0; s < 16; ++s) lane[s] = perm[s];
+  }
+};
+const RowOrder& row_order() {
+  static const RowOrder r;
+  return r;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+constexpr int kTokenBlock = 16, kMaxBlocks = 4;
+
+// The three bf16 planes of x for one pair of k-tiles and one block of 16 tokens, VNNI: plane p, row r
+// (k-pair 2r, 2r + 1), token t → 2 bf16 at [p][r][2t .. 2t + 1]. Slot s < 16 is tile tk, s ≥ 16 tile tk + 1.
+struct XPlanes {
+  alignas(64) uint16_t v[3][16][32];
+};
+
+inline uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float bf16_value(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void build_planes(const Exl3Part& P, int64_t tk, int64_t t0, int nt, XPlanes& out) {
+  const RowOrder& R = row_order();
+  std::memset(&out, 0, sizeof out);
+  for (int half = 0; half < 2; ++half) {
+    if (tk + half >= P.tk1) break;  // odd tail: the second tile's k-slots stay zero
+    for (int t = 0; t < nt; ++t) {
+      const float* x = P.xe + ((tk + half) * P.m + t0 + t) * 32;
+      for (int s = 0; s < 16; ++s) {
+        const int k = 16 * half + s;
+        float rest = x[R.lane[s]];
+        for (int p = 0; p < 3; ++p) {  // truncation: each plane exact, the remainder exact in fp32
+          const uint16_t h = bf16_bits(rest);
+          out.v[p][k / 2][2 * t + (k & 1)] = h;
+          rest -= bf16_value(h);
+        }
+      }
+    }
+  }
+}
+
+// A (hi and lo planes, 16 rows × 32 bf16) of one tile into k-slots [16·half, 16·half + 16).
+template <int CB, bool kSmall>
+inline void decode_a(const uint8_t* w, const ExtractTables& X, int half, uint16_t (*a_hi)[32],
+                     uint16_t (*a_lo)[32]) {
+  const __m512i small = kSmall ? small_tile_bytes(w, X) : _mm512_setzero_si512();
+  const __m512i perm = _mm512_load_si512(row_order().perm);
+  const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+#pragma GCC unroll 8
+  for (int g = 0; g < 8; ++g) {
+    const __m512i v = _mm512_permutexvar_epi16(perm, _mm512_castph_si512(codebook<CB>(group_states<kSmall>(w, small, X, g))));
+    for (int c = 0; c < 2; ++c) {  // c = 0: column g, c = 1: column g + 8
+      const __m512 f = _mm512_cvtph_ps(c ? _mm512_extracti64x4_epi64(v, 1) : _mm512_castsi512_si256(v));
+      const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(f), top));
+      const __m512 lo = _mm512_sub_ps(f, hi);  // exact
+      const int row = g + 8 * c;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&a_hi[row][16 * half]),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(hi), 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&a_lo[row][16 * half]),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(lo), 16)));
+    }
+  }
+}
+
+// C[block] += A_hi·(x1 + x2 + x3) + A_lo·(x1 + x2), A in tmm4/5, B planes through tmm6/7. (GCC's tile
+// intrinsics paste the register number into the instruction text, so it must be a literal: a macro.)
+#define SPW_AMX_ACCUMULATE(C, xp)   \
+  do {                              \
+    _tile_loadd(6, (xp).v[0], 64);  \
+    _tile_dpbf16ps(C, 4, 6);        \
+    _tile_dpbf16ps(C, 5, 6);        \
+    _tile_loadd(7, (xp).v[1], 64);  \
+    _tile_dpbf16ps(C, 4, 7);        \
+    _tile_dpbf16ps(C, 5, 7);        \
+    _tile_loadd(6, (xp).v[2], 64);  \
+    _tile_dpbf16ps(C, 4, 6);        \
+  } while (0)
+
+template <int CB, bool kSmall>
+void tiles_amx(const Exl3Part& P) {
+  const Exl3Tensor& t = *P.t;
+  const ExtractTables& X = extract_tables(t.bits);
+  const int T = X.tile_bytes;
+  const int64_t row_bytes = (t.n / 16) * T, n_pairs = (P.tk1 - P.tk0 + 1) / 2;
+
+  TileConfig cfg;
+  for (int i = 0; i < 8; ++i) {
+    cfg.colsb[i] = 64;
+    cfg.rows[i] = 16;
+  }
+  _tile_loadconfig(&cfg);
+
+  thread_local std::vector<XPlanes> planes_v;
+  struct alignas(64) ABuf {
+    uint16_t hi[16][32], lo[16][32];
+  } abuf[2];
+  alignas(64) float c_out[16][16];
+  for (int64_t t0 = 0; t0 < P.m; t0 += kTokenBlock * kMaxBlocks) {
+    const int n_blocks = static_cast<int>(std::min<int64_t>(kMaxBlocks, (P.m - t0 + kTokenBlock - 1) / kTokenBlock));
+    planes_v.resize(static_cast<size_t>(n_pairs) * n_blocks);
+    for (int64_t pr = 0; pr < n_pairs; ++pr)
+      for (int b = 0; b < n_blocks; ++b) {
+        const int64_t tb = t0 + b * kTokenBlock;
+        build_planes(P, P.tk0 + 2 * pr, tb, static_cast<int>(std::min<int64_t>(kTokenBlock, P.m - tb)),
+                     planes_v[pr * n_blocks + b]);
+      }
+    for (int64_t tn = P.tn0; tn < P.tn1; ++tn) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      const uint8_t* w = reinterpret_cast<const uint8_t*>(t.tile(P.tk0, tn));
+      // Pair pr is decoded into buffer pr mod 2 while the tile unit multiplies pair pr − 1: a tile load
+      // straight after the stores that wrote its data would wait for them to reach L1.
+      for (int64_t pr = 0; pr <= n_pairs; ++pr) {
+        if (pr < n_pairs) {
+          ABuf& a = abuf[pr & 1];
+          for (int half = 0; half < 2; ++half, w += row_bytes) {
+            const int64_t tk = P.tk0 + 2 * pr + half;
+            if (tk >= P.tk1) {  // odd tail: zero weights in the second half
+              for (int r = 0; r < 16; ++r) {
+                std::memset(&a.hi[r][16], 0, 32);
+                std::memset(&a.lo[r][16], 0, 32);
+              }
+              break;
+            }
+            if (tk + kPrefetchTiles < P.tk1) prefetch_tile(w + kPrefetchTiles * row_bytes, T);
+            decode_a<CB, kSmall>(w, X, half, a.hi, a.lo);
+          }
+        }
+        if (pr == 0) continue;
+        const ABuf& a = abuf[(pr - 1) & 1];
+        _tile_loadd(4, a.hi, 64);
+        _tile_loadd(5, a.lo, 64);
+        const XPlanes* xp = &planes_v[(pr - 1) * n_blocks];
+        SPW_AMX_ACCUMULATE(0, xp[0]);
+        if (n_blocks > 1) SPW_AMX_ACCUMULATE(1, xp[1]);
+        if (n_blocks > 2) SPW_AMX_ACCUMULATE(2, xp[2]);
+        if (n_blocks > 3) SPW_AMX_ACCUMULATE(3, xp[3]);
+      }
+      for (int b = 0; b < n_blocks; ++b) {
+        switch (b) {
+          case 0: _tile_stored(0, c_out, 64); break;
+          case 1: _tile_stored(1, c_out, 64); break;
+          case 2: _tile_stored(2, c_out, 64); break;
+          default: _tile_stored(3, c_out, 64); break;
+        }
+        const int64_t tb = t0 + b * kTokenBlock;
+        const int nt = static_cast<int>(std::min<int64_t>(kTokenBlock, P.m - tb));
+        for (int i = 0; i < nt; ++i)
+          for (int n = 0; n < 16; ++n) P.u[(tb + i) * P.ldu + tn * 16 + n] = c_out[n][i];
+      }
+    }
+  }
+  _tile_release();
+}
+
+#undef SPW_AMX_ACCUMULATE
+
+template <int CB>
+void tiles_amx_cb(const Exl3Part& P) {
+  if (extract_tables(P.t->bits).small_tile) tiles_amx<CB, true>(P);
+  else tiles_amx<CB, false>(P);
+}
+
+bool cpu_has_amx_bf16() {
+  unsigned a, b, c, d;
+  __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+  const bool tile = (d >> 24) & 1, bf16_tiles = (d >> 22) & 1;
+  __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+  const bool avx512_bf16 = (a >> 5) & 1;
+  return tile && bf16_tiles && avx512_bf16;
+}
+
+}  // namespace
+
+bool amx_ready() {
+  // Linux hands out the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA);
+  // without it the first tile instruction faults.
+  static const bool ready = [] {
+    if (cpu_isa_detect() < CpuIsa::kAvx512Fp16 || !cpu_has_amx_bf16()) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ready;
+}
+
+void exl3_tiles_amx(const Exl3Part& P) {
+  switch (P.t->codebook) {
+    case Exl3Codebook::k3Inst: return tiles_amx_cb<0>(P);
+    case Exl3Codebook::kMcg: return tiles_amx_cb<1>(P);
+    case Exl3Codebook::kMul1: return tiles_amx_cb<2>(P);
+  }
+}
+
+}  // namespace spw::detail
