@@ -6,7 +6,7 @@
 // 2. exl3_matmul_cpu (default ISA and decode) at K = 2, 3, 4 × {mul1, mcg} on 8192×8192 and the V4.1
 //    expert shapes 5120×2304 (w1/w3) and 2304×5120 (w2), m = 1, 4, 16, 64: µs per call, trellis GB/s,
 //    % of the measured read bandwidth.
-// 2b. The lower SIMD kernels this machine also runs (AVX2, AVX-512 below AVX-512 FP16) on the same K = 3
+// 2b. Where AMX is used (m ≥ 16), the same kernel with it off; then the lower SIMD kernels this machine also runs (AVX2, AVX-512 below AVX-512 FP16) on the same K = 3
 //    tensors, for a same-run comparison.
 // 3. Decode modes side by side (arithmetic vs 65,536-entry table) at K = 3, m = 1 and 16.
 // 4. exl3_moe_cpu for one V4.1 layer: 6 experts × 1 token (K = 3 mul1), and 6 experts × 8 tokens.
@@ -137,10 +137,11 @@ int main(int argc, char** argv) {
   struct Shape { const char* name; int64_t k, n; };
   const Shape shapes[] = {{"dense", 8192, 8192}, {"v41_w13", 5120, 2304}, {"v41_w2", 2304, 5120}};
   auto run_one = [&](const Shape& sh, int K, Exl3Codebook cb, int64_t m, spw::Exl3Decode dec,
-                     spw::CpuIsa run_isa) {
+                     spw::CpuIsa run_isa, bool amx = true) {
     Exl3Tensor t = make_tensor(sh.k, sh.n, 2 * K, cb, 7);
     spw::Exl3CpuOptions opt;
     opt.isa = run_isa;
+    opt.amx = amx;
     opt.decode = dec;
     const double sec = time_calls([&] {
       t.trellis = tp.take(t.trellis_nbytes() / 2);
@@ -160,7 +161,16 @@ int main(int argc, char** argv) {
       for (Exl3Codebook cb : {Exl3Codebook::kMul1, Exl3Codebook::kMcg})
         for (int64_t m : {1, 4, 16, 64}) run_one(sh, K, cb, m, spw::Exl3Decode::kArith, isa);
 
-  // Same process, same tensors: each SIMD kernel this machine runs, so ISA gains are read within one run.
+  // Same process, same tensors: the top kernel without AMX (where it has it), then each lower SIMD kernel
+  // this machine runs, so ISA gains are read within one run.
+  if (spw::detail::amx_ready()) {
+    std::printf("\n## the %s kernel without AMX, m ≥ %lld (K = 3, decode: arith)\n\n", spw::cpu_isa_name(isa),
+                static_cast<long long>(spw::detail::kAmxMinTokens));
+    std::printf("| tensor | K | cb | k×n | m | µs | trellis GB/s | %% of read bw |\n|---|---|---|---|---|---|---|---|\n");
+    for (const Shape& sh : shapes)
+      for (Exl3Codebook cb : {Exl3Codebook::kMul1, Exl3Codebook::kMcg})
+        for (int64_t m : {16, 64}) run_one(sh, 3, cb, m, spw::Exl3Decode::kArith, isa, false);
+  }
   for (int lower = static_cast<int>(spw::CpuIsa::kAvx2); lower < static_cast<int>(isa); ++lower) {
     const auto li = static_cast<spw::CpuIsa>(lower);
     std::printf("\n## the %s kernel on the same tensors (K = 3, decode: arith)\n\n", spw::cpu_isa_name(li));

@@ -59,6 +59,7 @@ struct alignas(64) TileConfig {
 };
 
 constexpr int kTokenBlock = 16, kMaxBlocks = 4;
+constexpr int64_t kPlaneBytesPerChunk = 384 << 10;  // of a core's 2 MB L2
 
 // The three bf16 planes of x for one pair of k-tiles and one block of 16 tokens, VNNI: plane p, row r
 // (k-pair 2r, 2r + 1), token t → 2 bf16 at [p][r][2t .. 2t + 1]. Slot s < 16 is tile tk, s ≥ 16 tile tk + 1.
@@ -150,10 +151,11 @@ void tiles_amx(const Exl3Part& P) {
   _tile_loadconfig(&cfg);
 
   thread_local std::vector<XPlanes> planes_v;
+  thread_local std::vector<float> c_acc_v;  // [column tile][block][16 columns][16 tokens] between k-chunks
   struct alignas(64) ABuf {
     uint16_t hi[16][32], lo[16][32];
   } abuf[2];
-  alignas(64) float c_out[16][16];
+  const int64_t n_tn = P.tn1 - P.tn0;
   for (int64_t t0 = 0; t0 < P.m; t0 += kTokenBlock * kMaxBlocks) {
     const int n_blocks = static_cast<int>(std::min<int64_t>(kMaxBlocks, (P.m - t0 + kTokenBlock - 1) / kTokenBlock));
     planes_v.resize(static_cast<size_t>(n_pairs) * n_blocks);
@@ -163,53 +165,68 @@ void tiles_amx(const Exl3Part& P) {
         build_planes(P, P.tk0 + 2 * pr, tb, static_cast<int>(std::min<int64_t>(kTokenBlock, P.m - tb)),
                      planes_v[pr * n_blocks + b]);
       }
-    for (int64_t tn = P.tn0; tn < P.tn1; ++tn) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      const uint8_t* w = reinterpret_cast<const uint8_t*>(t.tile(P.tk0, tn));
-      // Pair pr is decoded into buffer pr mod 2 while the tile unit multiplies pair pr − 1: a tile load
-      // straight after the stores that wrote its data would wait for them to reach L1.
-      for (int64_t pr = 0; pr <= n_pairs; ++pr) {
-        if (pr < n_pairs) {
-          ABuf& a = abuf[pr & 1];
-          for (int half = 0; half < 2; ++half, w += row_bytes) {
-            const int64_t tk = P.tk0 + 2 * pr + half;
-            if (tk >= P.tk1) {  // odd tail: zero weights in the second half
-              for (int r = 0; r < 16; ++r) {
-                std::memset(&a.hi[r][16], 0, 32);
-                std::memset(&a.lo[r][16], 0, 32);
+    c_acc_v.resize(static_cast<size_t>(n_tn) * n_blocks * 256 + 16);
+    float* c_acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(c_acc_v.data()) + 63) & ~uintptr_t(63));
+    // k in chunks whose activation planes stay in L2 while every column tile of the part goes by.
+    const int64_t chunk = std::max<int64_t>(1, kPlaneBytesPerChunk / (n_blocks * static_cast<int64_t>(sizeof(XPlanes))));
+    for (int64_t p0 = 0; p0 < n_pairs; p0 += chunk) {
+      const int64_t p1 = std::min(n_pairs, p0 + chunk);
+      for (int64_t tn = P.tn0; tn < P.tn1; ++tn) {
+        float* c = c_acc + (tn - P.tn0) * n_blocks * 256;
+        if (p0 == 0) {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+        } else {
+          _tile_loadd(0, c, 64);
+          if (n_blocks > 1) _tile_loadd(1, c + 256, 64);
+          if (n_blocks > 2) _tile_loadd(2, c + 512, 64);
+          if (n_blocks > 3) _tile_loadd(3, c + 768, 64);
+        }
+        const uint8_t* w = reinterpret_cast<const uint8_t*>(t.tile(P.tk0 + 2 * p0, tn));
+        // Pair pr is decoded into buffer pr mod 2 while the tile unit multiplies pair pr − 1: a tile load
+        // straight after the stores that wrote its data would wait for them to reach L1.
+        for (int64_t pr = p0; pr <= p1; ++pr) {
+          if (pr < p1) {
+            ABuf& a = abuf[pr & 1];
+            for (int half = 0; half < 2; ++half, w += row_bytes) {
+              const int64_t tk = P.tk0 + 2 * pr + half;
+              if (tk >= P.tk1) {  // odd tail: zero weights in the second half
+                for (int r = 0; r < 16; ++r) {
+                  std::memset(&a.hi[r][16], 0, 32);
+                  std::memset(&a.lo[r][16], 0, 32);
+                }
+                break;
               }
-              break;
+              if (tk + kPrefetchTiles < P.tk1) prefetch_tile(w + kPrefetchTiles * row_bytes, T);
+              decode_a<CB, kSmall>(w, X, half, a.hi, a.lo);
             }
-            if (tk + kPrefetchTiles < P.tk1) prefetch_tile(w + kPrefetchTiles * row_bytes, T);
-            decode_a<CB, kSmall>(w, X, half, a.hi, a.lo);
           }
+          if (pr == p0) continue;
+          const ABuf& a = abuf[(pr - 1) & 1];
+          _tile_loadd(4, a.hi, 64);
+          _tile_loadd(5, a.lo, 64);
+          const XPlanes* xp = &planes_v[(pr - 1) * n_blocks];
+          SPW_AMX_ACCUMULATE(0, xp[0]);
+          if (n_blocks > 1) SPW_AMX_ACCUMULATE(1, xp[1]);
+          if (n_blocks > 2) SPW_AMX_ACCUMULATE(2, xp[2]);
+          if (n_blocks > 3) SPW_AMX_ACCUMULATE(3, xp[3]);
         }
-        if (pr == 0) continue;
-        const ABuf& a = abuf[(pr - 1) & 1];
-        _tile_loadd(4, a.hi, 64);
-        _tile_loadd(5, a.lo, 64);
-        const XPlanes* xp = &planes_v[(pr - 1) * n_blocks];
-        SPW_AMX_ACCUMULATE(0, xp[0]);
-        if (n_blocks > 1) SPW_AMX_ACCUMULATE(1, xp[1]);
-        if (n_blocks > 2) SPW_AMX_ACCUMULATE(2, xp[2]);
-        if (n_blocks > 3) SPW_AMX_ACCUMULATE(3, xp[3]);
+        _tile_stored(0, c, 64);
+        if (n_blocks > 1) _tile_stored(1, c + 256, 64);
+        if (n_blocks > 2) _tile_stored(2, c + 512, 64);
+        if (n_blocks > 3) _tile_stored(3, c + 768, 64);
       }
+    }
+    for (int64_t tn = P.tn0; tn < P.tn1; ++tn)
       for (int b = 0; b < n_blocks; ++b) {
-        switch (b) {
-          case 0: _tile_stored(0, c_out, 64); break;
-          case 1: _tile_stored(1, c_out, 64); break;
-          case 2: _tile_stored(2, c_out, 64); break;
-          default: _tile_stored(3, c_out, 64); break;
-        }
+        const float* c = c_acc + ((tn - P.tn0) * n_blocks + b) * 256;  // [16 columns][16 tokens]
         const int64_t tb = t0 + b * kTokenBlock;
         const int nt = static_cast<int>(std::min<int64_t>(kTokenBlock, P.m - tb));
         for (int i = 0; i < nt; ++i)
-          for (int n = 0; n < 16; ++n) P.u[(tb + i) * P.ldu + tn * 16 + n] = c_out[n][i];
+          for (int n = 0; n < 16; ++n) P.u[(tb + i) * P.ldu + tn * 16 + n] = c[n * 16 + i];
       }
-    }
   }
   _tile_release();
 }
