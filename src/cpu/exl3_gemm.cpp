@@ -18,6 +18,7 @@ const char* cpu_isa_name(CpuIsa isa) {
     case CpuIsa::kScalar: return "scalar";
     case CpuIsa::kAvx2: return "avx2";
     case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx512Vbmi: return "avx512vbmi";
     case CpuIsa::kAvx512Fp16: return "avx512fp16";
   }
   return "?";
@@ -29,6 +30,7 @@ CpuIsa cpu_isa_detect() {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
       if (__builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512fp16")) return CpuIsa::kAvx512Fp16;
+      if (__builtin_cpu_supports("avx512vbmi")) return CpuIsa::kAvx512Vbmi;
       return CpuIsa::kAvx512;
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
@@ -189,6 +191,7 @@ void exl3_tiles_scalar(const Exl3Part& P, Exl3Decode) {
 Exl3TileFn exl3_tile_fn(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx512Fp16: return exl3_tiles_avx512fp16;
+    case CpuIsa::kAvx512Vbmi: return exl3_tiles_avx512vbmi;
     case CpuIsa::kAvx512: return exl3_tiles_avx512;
     case CpuIsa::kAvx2: return exl3_tiles_avx2;
     case CpuIsa::kScalar: break;

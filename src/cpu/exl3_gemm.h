@@ -22,7 +22,7 @@
 //
 // Contract: x [m][k] fp32 row-major, y [m][n] fp32 row-major, overwritten; no aliasing; m ≥ 1 (tuned
 // for 1..64 tokens; larger m works). Threads: the given pool (global_pool() when null). ISA: AVX-512 FP16
-// (+VBMI), else AVX-512 (F+BW+VL), else AVX2+FMA+F16C, else scalar, picked at run time; exl3_matmul_cpu_isa forces one (tests).
+// (+VBMI), else AVX-512 VBMI, else AVX-512 (F+BW+VL), else AVX2+FMA+F16C, else scalar, picked at run time; exl3_matmul_cpu_isa forces one (tests).
 // Scratch lives in per-thread buffers that grow and are kept (no allocation once warm).
 // Accuracy: differs from exl3_matmul_ref (fp64) only by fp32 summation order: relative error
 // ~1e-6·√k; tests allow 1e-4 of RMS(y). Both decode modes give identical codebook values.
@@ -39,9 +39,10 @@
 
 namespace spw {
 
-// Ordered: each level's machines run every lower level. kAvx512Fp16 = AVX-512 F/BW/VL + VBMI + FP16
-// (Sapphire Rapids and later; exl3_gemm_avx512fp16.cpp).
-enum class CpuIsa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Fp16 = 3 };
+// Ordered: each level's machines run every lower level. kAvx512Vbmi = AVX-512 F/BW/VL + VBMI (Zen 4,
+// Ice Lake; exl3_gemm_avx512vbmi.cpp), kAvx512Fp16 = that + FP16 (Sapphire Rapids and later;
+// exl3_gemm_avx512fp16.cpp).
+enum class CpuIsa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vbmi = 3, kAvx512Fp16 = 4 };
 const char* cpu_isa_name(CpuIsa isa);
 // Best ISA this machine supports (CPUID, once).
 CpuIsa cpu_isa_detect();
@@ -97,16 +98,19 @@ using Exl3TileFn = void (*)(const Exl3Part& part, Exl3Decode decode);
 void exl3_tiles_scalar(const Exl3Part&, Exl3Decode);
 void exl3_tiles_avx2(const Exl3Part&, Exl3Decode);
 void exl3_tiles_avx512(const Exl3Part&, Exl3Decode);
+void exl3_tiles_avx512vbmi(const Exl3Part&, Exl3Decode);  // kLut: exl3_tiles_avx512's
 void exl3_tiles_avx512fp16(const Exl3Part&, Exl3Decode);  // kLut: exl3_tiles_avx512's
 // AMX (BF16 tiles over exact bf16 planes of Ŵ and x; exl3_gemm_amx.cpp): taken by exl3_tiles_avx512fp16 for
 // m ≥ kAmxMinTokens when amx_ready() (AMX-BF16 + AVX-512 BF16 present and the OS granted the tile state).
 inline constexpr int64_t kAmxMinTokens = 16;
 bool amx_ready();
 void exl3_tiles_amx(const Exl3Part&);
-// The AVX-512 FP16 kernel's pieces, for tests (callable only where cpu_isa_detect() ≥ kAvx512Fp16): the
-// fp16 codebook values of n states, and a tile's 256 states in canonical position order.
+// The VBMI kernels' pieces, for tests (callable only where cpu_isa_detect() reaches the ISA in the name):
+// the fp16 codebook values of n states (FP16 arithmetic; fp32 and one rounding), and a tile's 256 states
+// in canonical position order.
 void exl3_codebook_avx512fp16(Exl3Codebook cb, const uint16_t* states, int64_t n, uint16_t* out);
-void exl3_tile_states_avx512fp16(const uint16_t* tile, Exl3Bits bits, uint16_t out[256]);
+void exl3_codebook_avx512vbmi(Exl3Codebook cb, const uint16_t* states, int64_t n, uint16_t* out);
+void exl3_tile_states_avx512vbmi(const uint16_t* tile, Exl3Bits bits, uint16_t out[256]);
 Exl3TileFn exl3_tile_fn(CpuIsa isa);
 
 // Normalized fp32 Sylvester Hadamard of 128 values in place (AVX2 version bit-identical to scalar).

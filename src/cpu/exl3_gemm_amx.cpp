@@ -25,13 +25,13 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/exl3_avx512fp16_decode.h"
+#include "cpu/exl3_avx512vbmi_decode.h"
 #include "cpu/exl3_gemm.h"
 
 namespace spw::detail {
 namespace {
 
-using namespace fp16;
+using namespace vbmi;
 
 // Lane order of an A row: lanes e of a group holding column g (e mod 8 < 4), then those holding g + 8.
 struct RowOrder {

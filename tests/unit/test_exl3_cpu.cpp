@@ -1,5 +1,5 @@
 // spw_cpu EXL3 x·W (cpu/exl3_gemm.h) against the fp64 reference exl3_matmul_ref, on every ISA this
-// machine has (scalar, AVX2, AVX-512, AVX-512 FP16), at V4.1 expert shapes (5120×2304, 2304×5120), 4096×2048 and
+// machine has (scalar, AVX2, AVX-512, AVX-512 VBMI, AVX-512 FP16), at V4.1 expert shapes (5120×2304, 2304×5120), 4096×2048 and
 // awkward ones, m = 1..64, every codebook, K 1..8 and half-integer, both decode modes (arithmetic and
 // table) and forced k-splits. Output guard regions must stay untouched and no NaN may appear. Tolerance:
 // 1e-4·RMS(y) per element (fp32 summation order only, k ≤ 5120 terms ⇒ ~1e-6 relative expected).
@@ -190,32 +190,42 @@ TEST(Exl3Cpu, DecodeBitExact) {
     }
 }
 
-// The AVX-512 FP16 kernel's two pieces against the definitions in formats/exl3: the 16-bit-lane codebook
-// for every one of the 65,536 states of each codebook, and the vpermt2b + vpmultishiftqb state
-// extraction for every bit width (integer and half-integer K) on random tiles. Needs the ISA: skipped,
-// with the reason printed, on machines without it (the AVX2 / AVX-512 cases above still run).
-TEST(Exl3Cpu, Avx512Fp16CodebookEqualsTheDefinitionForEveryState) {
-  if (cpu_isa_detect() < CpuIsa::kAvx512Fp16) GTEST_SKIP() << "no AVX-512 FP16 + VBMI on this machine";
+// The VBMI kernels' pieces against the definitions in formats/exl3: the 16-bit-lane codebooks (FP16
+// arithmetic, and fp32 with one rounding) for every one of the 65,536 states of each codebook, and the
+// vpermb/vpermt2b + vpmultishiftqb state extraction for every bit width (integer and half-integer K) on
+// random tiles. Each needs its ISA: skipped, with the reason printed, on machines without it (the AVX2 /
+// AVX-512 cases above still run).
+void expect_codebook_matches(void (*fn)(Exl3Codebook, const uint16_t*, int64_t, uint16_t*), const char* name) {
   std::vector<uint16_t> states(65536), got(65536);
   for (uint32_t s = 0; s < 65536; ++s) states[s] = static_cast<uint16_t>(s);
   for (int cb = 0; cb < 3; ++cb) {
     const auto c = static_cast<Exl3Codebook>(cb);
     std::fill(got.begin(), got.end(), 0);
-    detail::exl3_codebook_avx512fp16(c, states.data(), 65536, got.data());
+    fn(c, states.data(), 65536, got.data());
     int64_t bad = 0, first = -1;
     for (uint32_t s = 0; s < 65536; ++s)
       if (got[s] != exl3_codebook_f16(c, static_cast<uint16_t>(s)) && bad++ == 0) first = s;
-    EXPECT_EQ(bad, 0) << exl3_codebook_name(c) << ": first wrong state " << first;
+    EXPECT_EQ(bad, 0) << name << " " << exl3_codebook_name(c) << ": first wrong state " << first;
   }
   // A count that is not a multiple of 32 must not write past its end.
   std::vector<uint16_t> out(40, 0xBEEF);
-  detail::exl3_codebook_avx512fp16(Exl3Codebook::kMul1, states.data(), 37, out.data());
-  for (int i = 0; i < 37; ++i) EXPECT_EQ(out[i], exl3_codebook_f16(Exl3Codebook::kMul1, static_cast<uint16_t>(i)));
-  for (int i = 37; i < 40; ++i) EXPECT_EQ(out[i], 0xBEEF);
+  fn(Exl3Codebook::kMul1, states.data(), 37, out.data());
+  for (int i = 0; i < 37; ++i) EXPECT_EQ(out[i], exl3_codebook_f16(Exl3Codebook::kMul1, static_cast<uint16_t>(i))) << name;
+  for (int i = 37; i < 40; ++i) EXPECT_EQ(out[i], 0xBEEF) << name;
 }
 
-TEST(Exl3Cpu, Avx512Fp16StatesEqualTheDefinitionForEveryBitWidth) {
+TEST(Exl3Cpu, Avx512Fp16CodebookEqualsTheDefinitionForEveryState) {
   if (cpu_isa_detect() < CpuIsa::kAvx512Fp16) GTEST_SKIP() << "no AVX-512 FP16 + VBMI on this machine";
+  expect_codebook_matches(detail::exl3_codebook_avx512fp16, "avx512fp16");
+}
+
+TEST(Exl3Cpu, Avx512VbmiCodebookEqualsTheDefinitionForEveryState) {
+  if (cpu_isa_detect() < CpuIsa::kAvx512Vbmi) GTEST_SKIP() << "no AVX-512 VBMI on this machine";
+  expect_codebook_matches(detail::exl3_codebook_avx512vbmi, "avx512vbmi");
+}
+
+TEST(Exl3Cpu, Avx512VbmiStatesEqualTheDefinitionForEveryBitWidth) {
+  if (cpu_isa_detect() < CpuIsa::kAvx512Vbmi) GTEST_SKIP() << "no AVX-512 VBMI on this machine";
   std::mt19937 rng(17);
   for (int k_x2 = 2; k_x2 <= 16; ++k_x2) {
     const Exl3Bits bits{k_x2};
@@ -225,7 +235,7 @@ TEST(Exl3Cpu, Avx512Fp16StatesEqualTheDefinitionForEveryBitWidth) {
       for (auto& v : tile) v = rng() & 0xffff;
       uint16_t want[256], got[256];
       exl3_tile_states(tile.data(), bits, want);
-      detail::exl3_tile_states_avx512fp16(tile.data(), bits, got);
+      detail::exl3_tile_states_avx512vbmi(tile.data(), bits, got);
       for (int p = 0; p < 256; ++p) bad += want[p] != got[p];
     }
     EXPECT_EQ(bad, 0) << "k_x2=" << k_x2;
