@@ -135,12 +135,84 @@ void tiles(const Exl3Part& P) {
   }
 }
 
+// m < kBlockedMinTokens: strips of kStrip adjacent column tiles, a k-tile row of the strip at a time. The
+// strip's tiles are contiguous (tiles are stored row-major), so each 4 KB page visited gives kStrip tiles
+// instead of one as in the column walk above (measured on this kernel, 8192² K3 mul1 m = 1, 2 threads:
+// see bench/results/exl3_cpu_ci_class.md, session 19); the accumulators (m × kStrip × 8 vectors) stay in
+// L1 and each column still sums over tk in order, so results are unchanged bit for bit.
+constexpr int kStrip = 16, kPrefetchRows = 2;
+
+template <int CB, bool kLut>
+void tiles_strips(const Exl3Part& P) {
+  const Exl3Tensor& t = *P.t;
+  const Exl3Lanes& L = exl3_lanes(t.bits);
+  const int nw = L.n_words, n_edge = L.n_edge8;
+  const int64_t n_tn = t.n / 16, m = P.m;
+  const float* lut = exl3_codebook_lut_f32(t.codebook);
+  thread_local std::vector<float> acc_v;
+  const size_t acc_floats = static_cast<size_t>(m) * kStrip * 64;
+  if (acc_v.size() < acc_floats + 8) acc_v.resize(acc_floats + 8);
+  float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(acc_v.data()) + 31) & ~uintptr_t(31));
+  const int64_t tile_nbytes = 4 * nw, row_nwords = n_tn * nw;
+  for (int64_t s0 = P.tn0; s0 < P.tn1; s0 += kStrip) {
+    const int ns = static_cast<int>(std::min<int64_t>(kStrip, P.tn1 - s0));
+    std::memset(acc, 0, sizeof(float) * acc_floats);
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(t.tile(P.tk0, s0));
+    for (int64_t tk = P.tk0; tk < P.tk1; ++tk, row += row_nwords) {
+      if (tk + kPrefetchRows < P.tk1) {  // the strip's row kPrefetchRows ahead, contiguous
+        const char* pf = reinterpret_cast<const char*>(row + kPrefetchRows * row_nwords);
+        for (int64_t o = 0; o < ns * tile_nbytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+      }
+      const float* xt = P.xe + tk * m * 32;
+      const uint32_t* w = row;
+      for (int j = 0; j < ns; ++j, w += nw) {
+        const __m256i edge = _mm256_broadcastsi128_si256(
+            _mm_alignr_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)),
+                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + nw - 4)), 12));
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) {
+          __m256 v[4];
+#pragma GCC unroll 4
+          for (int r = 0; r < 4; ++r) {
+            const int q = 4 * c + r;
+            const __m256i chunk = q < n_edge ? edge
+                                             : _mm256_broadcastsi128_si256(
+                                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + L.base8[q])));
+            const __m256i bytes = _mm256_shuffle_epi8(chunk, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shuf8[q])));
+            const __m256i st = _mm256_srli_epi32(
+                _mm256_sllv_epi32(bytes, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shl8[q]))), 16);
+            if constexpr (kLut) v[r] = _mm256_i32gather_ps(lut, st, 4);
+            else v[r] = codebook<CB>(st);
+          }
+          for (int64_t i = 0; i < m; ++i) {
+            const float* x = xt + i * 32;
+            float* a = acc + (i * kStrip + j) * 64 + 8 * c;
+            __m256 s = _mm256_load_ps(a);
+            s = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x), s);
+            s = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(x + 8), s);
+            s = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(x + 16), s);
+            s = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(x + 24), s);
+            _mm256_store_ps(a, s);
+          }
+        }
+      }
+    }
+    for (int64_t i = 0; i < m; ++i)
+      for (int j = 0; j < ns; ++j)
+        for (int c = 0; c < 8; ++c) {
+          const float* sv = acc + (i * kStrip + j) * 64 + 8 * c;  // lanes 0..3: column c, 4..7: column c + 8
+          P.u[i * P.ldu + (s0 + j) * 16 + c] = (sv[0] + sv[1]) + (sv[2] + sv[3]);
+          P.u[i * P.ldu + (s0 + j) * 16 + c + 8] = (sv[4] + sv[5]) + (sv[6] + sv[7]);
+        }
+  }
+}
+
 template <bool kLut, bool kBlocked>
 void tiles_cb(const Exl3Part& P) {
   switch (P.t->codebook) {
-    case Exl3Codebook::k3Inst: return tiles<0, kLut, kBlocked>(P);
-    case Exl3Codebook::kMcg: return tiles<1, kLut, kBlocked>(P);
-    case Exl3Codebook::kMul1: return tiles<2, kLut, kBlocked>(P);
+    case Exl3Codebook::k3Inst: return kBlocked ? tiles<0, kLut, true>(P) : tiles_strips<0, kLut>(P);
+    case Exl3Codebook::kMcg: return kBlocked ? tiles<1, kLut, true>(P) : tiles_strips<1, kLut>(P);
+    case Exl3Codebook::kMul1: return kBlocked ? tiles<2, kLut, true>(P) : tiles_strips<2, kLut>(P);
   }
 }
 
