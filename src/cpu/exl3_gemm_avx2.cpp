@@ -39,16 +39,38 @@ inline __m256 codebook(__m256i st) {
   }
 }
 
-// kBlocked (m ≥ kBlockedMinTokens): decode kBlock tiles down one column into an L1 buffer, then each
-// token runs over them with its 8 accumulators in registers (4 x loads + 32 FMAs per tile, no
-// accumulator traffic). Otherwise every decoded group of 4 vectors is used by each token at once.
+// Ring-wrap chunk of a tile: its last word, then words 0..2 (both halves).
+inline __m256i ring_edge(const uint32_t* w, int nw) {
+  return _mm256_broadcastsi128_si256(_mm_alignr_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)),
+                                                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + nw - 4)), 12));
+}
+
+// Vectors q = 4c .. 4c + 3 of a tile (lane q, rows by q mod 4, columns c and c + 8) as fp32 values.
+template <int CB, bool kLut>
+inline void decode_group(const uint32_t* w, __m256i edge, const Exl3Lanes& L, const float* lut, int c, __m256 v[4]) {
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+    const int q = 4 * c + r;
+    const __m256i chunk = q < L.n_edge8 ? edge
+                                        : _mm256_broadcastsi128_si256(
+                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + L.base8[q])));
+    const __m256i bytes = _mm256_shuffle_epi8(chunk, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shuf8[q])));
+    const __m256i st =
+        _mm256_srli_epi32(_mm256_sllv_epi32(bytes, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shl8[q]))), 16);
+    if constexpr (kLut) v[r] = _mm256_i32gather_ps(lut, st, 4);
+    else v[r] = codebook<CB>(st);
+  }
+}
+
+// m ≥ kBlockedMinTokens: decode kBlock tiles down one column into an L1 buffer, then each token runs over
+// them with its 8 accumulators in registers (4 x loads + 32 FMAs per tile, no accumulator traffic).
 constexpr int kBlock = 4, kBlockedMinTokens = 4;
 
-template <int CB, bool kLut, bool kBlocked>
-void tiles(const Exl3Part& P) {
+template <int CB, bool kLut>
+void tiles_blocked(const Exl3Part& P) {
   const Exl3Tensor& t = *P.t;
   const Exl3Lanes& L = exl3_lanes(t.bits);
-  const int nw = L.n_words, n_edge = L.n_edge8;
+  const int nw = L.n_words;
   const int64_t n_tn = t.n / 16, m = P.m;
   const float* lut = exl3_codebook_lut_f32(t.codebook);
   thread_local std::vector<float> acc_v;
@@ -68,63 +90,35 @@ void tiles(const Exl3Part& P) {
           const char* pf = reinterpret_cast<const char*>(w + kPrefetchTiles * row_nwords);
           for (int64_t o = 0; o < tile_nbytes + 63; o += 64) _mm_prefetch(pf + std::min(o, tile_nbytes - 1), _MM_HINT_T0);
         }
-        // Ring-wrap chunk: the tile's last word, then words 0..2.
-        const __m256i edge = _mm256_broadcastsi128_si256(
-            _mm_alignr_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)),
-                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + nw - 4)), 12));
-        const float* xt = P.xe + tk * m * 32;  // all tokens' rows of this k-tile, contiguous
+        const __m256i edge = ring_edge(w, nw);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; ++c) {  // vector q = 4c + r: lane q, rows by r = q mod 4, columns c and c + 8
           __m256 v[4];
-#pragma GCC unroll 4
-          for (int r = 0; r < 4; ++r) {
-            const int q = 4 * c + r;
-            const __m256i chunk = q < n_edge ? edge
-                                             : _mm256_broadcastsi128_si256(
-                                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + L.base8[q])));
-            const __m256i bytes = _mm256_shuffle_epi8(chunk, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shuf8[q])));
-            const __m256i st = _mm256_srli_epi32(
-                _mm256_sllv_epi32(bytes, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shl8[q]))), 16);
-            if constexpr (kLut) v[r] = _mm256_i32gather_ps(lut, st, 4);
-            else v[r] = codebook<CB>(st);
-            if constexpr (kBlocked) _mm256_store_ps(vb[b] + 8 * q, v[r]);
-          }
-          if constexpr (!kBlocked) {
-            for (int64_t i = 0; i < m; ++i) {
-              const float* x = xt + i * 32;
-              float* a = acc + i * 64 + 8 * c;
-              __m256 s = _mm256_load_ps(a);
-              s = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x), s);
-              s = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(x + 8), s);
-              s = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(x + 16), s);
-              s = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(x + 24), s);
-              _mm256_store_ps(a, s);
-            }
-          }
+          decode_group<CB, kLut>(w, edge, L, lut, c, v);
+          for (int r = 0; r < 4; ++r) _mm256_store_ps(vb[b] + 8 * (4 * c + r), v[r]);
         }
       }
-      if constexpr (kBlocked)
-        for (int64_t i = 0; i < m; ++i) {
-          float* a = acc + i * 64;
-          __m256 s[8];
+      for (int64_t i = 0; i < m; ++i) {
+        float* a = acc + i * 64;
+        __m256 s[8];
 #pragma GCC unroll 8
-          for (int c = 0; c < 8; ++c) s[c] = _mm256_load_ps(a + 8 * c);
-          for (int b = 0; b < nb; ++b) {
-            const float* x = P.xe + ((tkb + b) * m + i) * 32;
-            const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8), x2 = _mm256_loadu_ps(x + 16),
-                         x3 = _mm256_loadu_ps(x + 24);
-            const float* vq = vb[b];
+        for (int c = 0; c < 8; ++c) s[c] = _mm256_load_ps(a + 8 * c);
+        for (int b = 0; b < nb; ++b) {
+          const float* x = P.xe + ((tkb + b) * m + i) * 32;
+          const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8), x2 = _mm256_loadu_ps(x + 16),
+                       x3 = _mm256_loadu_ps(x + 24);
+          const float* vq = vb[b];
 #pragma GCC unroll 8
-            for (int c = 0; c < 8; ++c) {
-              s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c), x0, s[c]);
-              s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c + 8), x1, s[c]);
-              s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c + 16), x2, s[c]);
-              s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c + 24), x3, s[c]);
-            }
+          for (int c = 0; c < 8; ++c) {
+            s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c), x0, s[c]);
+            s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c + 8), x1, s[c]);
+            s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c + 16), x2, s[c]);
+            s[c] = _mm256_fmadd_ps(_mm256_load_ps(vq + 32 * c + 24), x3, s[c]);
           }
-#pragma GCC unroll 8
-          for (int c = 0; c < 8; ++c) _mm256_store_ps(a + 8 * c, s[c]);
         }
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) _mm256_store_ps(a + 8 * c, s[c]);
+      }
     }
     for (int64_t i = 0; i < m; ++i)
       for (int c = 0; c < 8; ++c) {
@@ -137,16 +131,16 @@ void tiles(const Exl3Part& P) {
 
 // m < kBlockedMinTokens: strips of kStrip adjacent column tiles, a k-tile row of the strip at a time. The
 // strip's tiles are contiguous (tiles are stored row-major), so each 4 KB page visited gives kStrip tiles
-// instead of one as in the column walk above (measured on this kernel, 8192² K3 mul1 m = 1, 2 threads:
-// see bench/results/exl3_cpu_ci_class.md, session 19); the accumulators (m × kStrip × 8 vectors) stay in
-// L1 and each column still sums over tk in order, so results are unchanged bit for bit.
+// instead of one as in the column walk above (≈ 8 % at 8192², K3 mul1, m = 1 on 2 threads: this kernel is
+// compute-bound, the gap to DRAM latency was small; bench/results/exl3_cpu_ci_class.md, session 19). The
+// accumulators (m × kStrip × 8 vectors) stay in L1 and each column still sums over tk in order.
 constexpr int kStrip = 16, kPrefetchRows = 2;
 
 template <int CB, bool kLut>
 void tiles_strips(const Exl3Part& P) {
   const Exl3Tensor& t = *P.t;
   const Exl3Lanes& L = exl3_lanes(t.bits);
-  const int nw = L.n_words, n_edge = L.n_edge8;
+  const int nw = L.n_words;
   const int64_t n_tn = t.n / 16, m = P.m;
   const float* lut = exl3_codebook_lut_f32(t.codebook);
   thread_local std::vector<float> acc_v;
@@ -166,24 +160,11 @@ void tiles_strips(const Exl3Part& P) {
       const float* xt = P.xe + tk * m * 32;
       const uint32_t* w = row;
       for (int j = 0; j < ns; ++j, w += nw) {
-        const __m256i edge = _mm256_broadcastsi128_si256(
-            _mm_alignr_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)),
-                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + nw - 4)), 12));
+        const __m256i edge = ring_edge(w, nw);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; ++c) {
           __m256 v[4];
-#pragma GCC unroll 4
-          for (int r = 0; r < 4; ++r) {
-            const int q = 4 * c + r;
-            const __m256i chunk = q < n_edge ? edge
-                                             : _mm256_broadcastsi128_si256(
-                                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + L.base8[q])));
-            const __m256i bytes = _mm256_shuffle_epi8(chunk, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shuf8[q])));
-            const __m256i st = _mm256_srli_epi32(
-                _mm256_sllv_epi32(bytes, _mm256_load_si256(reinterpret_cast<const __m256i*>(L.shl8[q]))), 16);
-            if constexpr (kLut) v[r] = _mm256_i32gather_ps(lut, st, 4);
-            else v[r] = codebook<CB>(st);
-          }
+          decode_group<CB, kLut>(w, edge, L, lut, c, v);
           for (int64_t i = 0; i < m; ++i) {
             const float* x = xt + i * 32;
             float* a = acc + (i * kStrip + j) * 64 + 8 * c;
@@ -210,9 +191,9 @@ void tiles_strips(const Exl3Part& P) {
 template <bool kLut, bool kBlocked>
 void tiles_cb(const Exl3Part& P) {
   switch (P.t->codebook) {
-    case Exl3Codebook::k3Inst: return kBlocked ? tiles<0, kLut, true>(P) : tiles_strips<0, kLut>(P);
-    case Exl3Codebook::kMcg: return kBlocked ? tiles<1, kLut, true>(P) : tiles_strips<1, kLut>(P);
-    case Exl3Codebook::kMul1: return kBlocked ? tiles<2, kLut, true>(P) : tiles_strips<2, kLut>(P);
+    case Exl3Codebook::k3Inst: return kBlocked ? tiles_blocked<0, kLut>(P) : tiles_strips<0, kLut>(P);
+    case Exl3Codebook::kMcg: return kBlocked ? tiles_blocked<1, kLut>(P) : tiles_strips<1, kLut>(P);
+    case Exl3Codebook::kMul1: return kBlocked ? tiles_blocked<2, kLut>(P) : tiles_strips<2, kLut>(P);
   }
 }
 
