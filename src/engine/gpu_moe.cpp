@@ -1,6 +1,6 @@
 // MoE sublayer on the GPU in four stages (router → dispatch → experts → combine, model/moe.cpp),
 // plus the shared expert; and V4.1 Engram (model/engram.cpp). The router runs on the GPU; then
-//  - device dispatch (steps of ≤ 16 rows; GpuModelOptions::moe_dispatch): dense experts as grouped
+//  - device dispatch (steps of ≤ 16 rows, ≤ 64 for dense experts; GpuModelOptions::moe_dispatch): dense experts as grouped
 //    GEMVs over the (token, slot) pairs, EXL3 experts as the fused decode kernel (cuda/exl3_moe.h,
 //    reference_rounding); both read the expert ids from device memory, no host round trip
 //    (moe_dispatch.h);
@@ -244,12 +244,22 @@ Status routed_device(GpuStep& s, int layer, const float* x, const DeviceSpan<int
 }
 
 bool use_device_dispatch(const GpuStep& s, int layer) {
+  const bool dense = s.st.expert_tables[layer].ready();
   const bool exl3 = s.st.exl3_moe[layer].ready() && int64_t(s.n) * s.c.top_k <= s.st.exl3_moe_ws.max_pairs;
-  if (s.moe_dispatch == MoeDispatch::kHost || !(s.st.expert_tables[layer].ready() || exl3)) return false;
-  return s.moe_dispatch == MoeDispatch::kDevice || s.n <= kDeviceDispatchRows;
+  if (s.moe_dispatch == MoeDispatch::kHost || !(dense || exl3)) return false;
+  return s.moe_dispatch == MoeDispatch::kDevice || s.n <= (dense ? dense_device_dispatch_rows() : kDeviceDispatchRows);
 }
 
 }  // namespace
+
+int dense_device_dispatch_rows() {
+  static const int rows = [] {
+    const char* env = std::getenv("SPILLWAY_DENSE_DEVICE_ROWS");
+    const int v = env ? std::atoi(env) : 0;
+    return v > 0 ? v : kDeviceDispatchRowsDense;
+  }();
+  return rows;
+}
 
 bool moe_on_device(const GpuStep& s) {
   for (int l = 0; l < s.c.n_layers; ++l)
