@@ -35,15 +35,13 @@ using namespace vbmi;
 
 // Lane order of an A row: lanes e of a group holding column g (e mod 8 < 4), then those holding g + 8.
 struct RowOrder {
-  alignas(64) uint16_t perm[32];  // vpermw index
-  int lane[16];                   // xe lane of A-row slot s (= x at the slot's row)
+  alignas(64) uint16_t perm[32];  // vpermw index; its first 16 entries: the xe lane of A-row slot s
   RowOrder() {
     int a = 0, b = 16;
     for (int e = 0; e < 32; ++e) {
       if (e % 8 < 4) perm[a++] = static_cast<uint16_t>(e);
       else perm[b++] = static_cast<uint16_t>(e);
     }
-    for (int s = 0; s < 16; ++s) lane[s] = perm[s];
   }
 };
 const RowOrder& row_order() {
@@ -67,33 +65,25 @@ struct XPlanes {
   alignas(64) uint16_t v[3][16][32];
 };
 
-inline uint16_t bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>(u >> 16);
-}
-inline float bf16_value(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+// bf16 bit patterns of 16 fp32 values that are bf16-exact (their low 16 bits are zero).
+inline __m256i top_halves(__m512 v) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)); }
 
 void build_planes(const Exl3Part& P, int64_t tk, int64_t t0, int nt, XPlanes& out) {
-  const RowOrder& R = row_order();
+  const __m512i slot_lane = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row_order().perm)));
+  const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  // Slots 2j, 2j + 1 of a half are one dword of VNNI row 8·half + j: rows are 16 dwords apart.
+  const __m256i row_of_pair = _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112);
   std::memset(&out, 0, sizeof out);
   for (int half = 0; half < 2; ++half) {
     if (tk + half >= P.tk1) break;  // odd tail: the second tile's k-slots stay zero
     for (int t = 0; t < nt; ++t) {
       const float* x = P.xe + ((tk + half) * P.m + t0 + t) * 32;
-      for (int s = 0; s < 16; ++s) {
-        const int k = 16 * half + s;
-        float rest = x[R.lane[s]];
-        for (int p = 0; p < 3; ++p) {  // truncation: each plane exact, the remainder exact in fp32
-          const uint16_t h = bf16_bits(rest);
-          out.v[p][k / 2][2 * t + (k & 1)] = h;
-          rest -= bf16_value(h);
-        }
+      // The 16 slot values in A-row order, then three truncations: each plane exact, the rest exact in fp32.
+      __m512 rest = _mm512_permutex2var_ps(_mm512_loadu_ps(x), slot_lane, _mm512_loadu_ps(x + 16));
+      for (int p = 0; p < 3; ++p) {
+        const __m512 plane = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(rest), top));
+        rest = _mm512_sub_ps(rest, plane);
+        _mm256_i32scatter_epi32(reinterpret_cast<int*>(&out.v[p][8 * half][2 * t]), row_of_pair, top_halves(plane), 4);
       }
     }
   }

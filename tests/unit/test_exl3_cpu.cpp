@@ -2,7 +2,9 @@
 // machine has (scalar, AVX2, AVX-512, AVX-512 VBMI, AVX-512 FP16), at V4.1 expert shapes (5120×2304, 2304×5120), 4096×2048 and
 // awkward ones, m = 1..64, every codebook, K 1..8 and half-integer, both decode modes (arithmetic and
 // table) and forced k-splits. Output guard regions must stay untouched and no NaN may appear. Tolerance:
-// 1e-4·RMS(y) per element (fp32 summation order only, k ≤ 5120 terms ⇒ ~1e-6 relative expected).
+// 2e-5·RMS(y) per element: fp32 summation order only (k ≤ 5120 terms; measured at most 6.4e-6 on these
+// cases, by the scalar kernel), with room to spare, yet tight enough to fail an AMX path that drops its
+// third bf16 plane of x (measured 4.6e-5 to 5.9e-5), which 1e-4 let pass.
 // Decode exactness is checked separately and bit for bit: the tile kernels with one-hot activations must
 // reproduce exl3_decode_inner for every ISA, decode mode, codebook and K (and, where the machine has AMX,
 // with the tile unit on and off at m ≥ 16).
@@ -85,7 +87,7 @@ void check(const Exl3Tensor& t, int64_t m, uint32_t seed, int k_splits = 0) {
       ASSERT_FALSE(std::isnan(y[guard + i])) << i;
       max_err = std::max(max_err, std::fabs(double(y[guard + i]) - ref[i]));
     }
-    EXPECT_LT(max_err, 1e-4 * rms) << "k=" << t.k << " n=" << t.n << " K2=" << t.bits.k_x2 << " cb="
+    EXPECT_LT(max_err, 2e-5 * rms) << "k=" << t.k << " n=" << t.n << " K2=" << t.bits.k_x2 << " cb="
                                     << exl3_codebook_name(t.codebook) << " m=" << m;
   }
 }
@@ -146,7 +148,7 @@ TEST(Exl3Cpu, KSplits) {
   for (size_t i = 0; i < ref.size(); ++i) rms += double(ref[i]) * ref[i];
   rms = std::sqrt(rms / ref.size());
   for (size_t i = 0; i < ref.size(); ++i) max_err = std::max(max_err, std::fabs(double(y[i]) - ref[i]));
-  EXPECT_LT(max_err, 1e-4 * rms);
+  EXPECT_LT(max_err, 2e-5 * rms);
 }
 
 TEST(Exl3Cpu, DecodeBitExact) {
