@@ -9,7 +9,10 @@
 // products are kept — w_hi·x1, w_hi·x2, w_hi·x3, w_lo·x1, w_lo·x2 — each exact in fp32 and accumulated in
 // fp32 by the tile unit; the dropped w_lo·x3 is below 2⁻²⁴ of |w·x|. So the result is the fp32 sum of the
 // same products as the FMA kernels up to summation order (the tolerance tests of test_exl3_cpu.cpp hold it to
-// the same 1e-4·RMS bound; one-hot activations still give Ŵ bit for bit).
+// the same 2e-5·RMS bound as the FMA kernels, which a dropped third plane of x exceeds; one-hot activations
+// still give Ŵ bit for bit). The k range is walked in chunks whose activation planes stay in L2 while every
+// column tile of the part goes by (C is kept in memory between chunks), and the next pair of tiles is
+// decoded while the tile unit multiplies the previous one.
 //
 // Operands (C[n][token] += Σ_k A[n][k]·B[k][token]): A = the weights, 16 output columns × 32 k of two tiles
 // down a column (tk, tk + 1), one row per column; B = the activations in VNNI pairs, 16 k-pairs × 16 tokens.
