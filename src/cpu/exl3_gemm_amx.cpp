@@ -98,20 +98,32 @@ inline void decode_a(const uint8_t* w, const ExtractTables& X, int half, uint16_
                      uint16_t (*a_lo)[32]) {
   const __m512i small = kSmall ? small_tile_bytes(w, X) : _mm512_setzero_si512();
   const __m512i perm = _mm512_load_si512(row_order().perm);
-  const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  // The high 16 bits of each dword of two fp32 vectors, as 32 words (a's 16 first).
+  alignas(64) static constexpr uint16_t kOddWords[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
+                                                         23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
+                                                         45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  const __m512i odd_words = _mm512_load_si512(kOddWords);
 #pragma GCC unroll 8
   for (int g = 0; g < 8; ++g) {
+    // 32 fp16 values, column g's 16 then column g + 8's; each normal or ±0 (codebook values).
     const __m512i v = _mm512_permutexvar_epi16(perm, _mm512_castph_si512(codebook<CB>(group_states<kSmall>(w, small, X, g))));
-    for (int c = 0; c < 2; ++c) {  // c = 0: column g, c = 1: column g + 8
-      const __m512 f = _mm512_cvtph_ps(c ? _mm512_extracti64x4_epi64(v, 1) : _mm512_castsi512_si256(v));
-      const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(f), top));
-      const __m512 lo = _mm512_sub_ps(f, hi);  // exact
-      const int row = g + 8 * c;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&a_hi[row][16 * half]),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(hi), 16)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&a_lo[row][16 * half]),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(lo), 16)));
-    }
+    // hi: v truncated to bf16's 8 significant bits, still an fp16; lo = v − hi exactly (≤ 3 bits, may be subnormal).
+    const __m512i hi = _mm512_and_si512(v, _mm512_set1_epi16(static_cast<short>(0xFFF8)));
+    const __m512h lo = _mm512_sub_ph(_mm512_castsi512_ph(v), _mm512_castsi512_ph(hi));
+    // hi as bf16 by its bits: exponent rebased by 127 − 15 (0x3800 after the shift), zeros kept zero, sign kept.
+    const __mmask32 nonzero = _mm512_test_epi16_mask(hi, _mm512_set1_epi16(0x7FFF));
+    const __m512i hi_mag = _mm512_maskz_add_epi16(
+        nonzero, _mm512_and_si512(_mm512_srli_epi16(hi, 3), _mm512_set1_epi16(0x0FFF)), _mm512_set1_epi16(0x3800));
+    const __m512i hi_bf = _mm512_ternarylogic_epi32(hi_mag, hi, _mm512_set1_epi16(static_cast<short>(0x8000)), 0xF8);
+    // lo through fp32 (subnormal fp16 inputs convert exactly), then its bf16 bits (exact: ≤ 3 bits).
+    const __m512i lo_bits = _mm512_castph_si512(lo);
+    const __m512i lo_bf = _mm512_permutex2var_epi16(
+        _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(lo_bits))), odd_words,
+        _mm512_castps_si512(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(lo_bits, 1))));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(&a_hi[g][16 * half]), _mm512_castsi512_si256(hi_bf));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(&a_hi[g + 8][16 * half]), _mm512_extracti64x4_epi64(hi_bf, 1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(&a_lo[g][16 * half]), _mm512_castsi512_si256(lo_bf));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(&a_lo[g + 8][16 * half]), _mm512_extracti64x4_epi64(lo_bf, 1));
   }
 }
 
