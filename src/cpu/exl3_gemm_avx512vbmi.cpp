@@ -1,7 +1,7 @@
 // EXL3 tile kernel for AVX-512 with VBMI but without FP16 arithmetic (AMD Zen 4 and 5, Intel Ice Lake): the
 // state extraction and 16-bit-lane hash of the AVX-512 FP16 kernel (exl3_gemm_avx512fp16.cpp, whose header
 // explains the method) and its strips of contiguous tiles; the codebook values are computed exactly in
-// fp32 and rounded once to fp16 precision (vcvtps2ph + vcvtph2ps) instead of by fp16 arithmetic. Built with
+// fp32 and rounded once to fp16 precision (a Veltkamp split, round_f16) instead of by fp16 arithmetic. Built with
 // -mavx512vbmi (and F/BW/VL), without -mavx512fp16; runs where cpu_isa_detect() ≥ CpuIsa::kAvx512Vbmi. This
 // file also builds the extraction tables both kernels (and AMX) use. The table-lookup decode mode is the
 // AVX-512 kernel's.
