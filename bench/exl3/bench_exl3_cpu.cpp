@@ -6,7 +6,7 @@
 // 2. exl3_matmul_cpu (default ISA and decode) at K = 2, 3, 4 × {mul1, mcg} on 8192×8192 and the V4.1
 //    expert shapes 5120×2304 (w1/w3) and 2304×5120 (w2), m = 1, 4, 16, 64: µs per call, trellis GB/s,
 //    % of the measured read bandwidth.
-// 2b. Where AMX is used (m ≥ 16), the same kernel with it off; then the lower SIMD kernels this machine also runs (AVX2, AVX-512 below AVX-512 FP16) on the same K = 3
+// 2b. Where AMX is used (m ≥ kAmxMinTokens), the same kernel with it off at m = 16 and 64; then the lower SIMD kernels this machine also runs (AVX2, AVX-512 below AVX-512 FP16) on the same K = 3
 //    tensors, for a same-run comparison.
 // 3. Decode modes side by side (arithmetic vs 65,536-entry table) at K = 3, m = 1 and 16.
 // 4. exl3_moe_cpu for one V4.1 layer: 6 experts × 1 token (K = 3 mul1), and 6 experts × 8 tokens.

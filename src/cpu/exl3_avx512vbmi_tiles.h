@@ -79,7 +79,7 @@ void tiles_small(const Exl3Part& P) {
 // accumulators (m × strip × 8 vectors) are kept within kAccBytes of L1 by narrowing the strip as m grows
 // (8 column tiles at m = 4, one from m = 32; 16 KB measured a little faster than 32 KB at m = 16 and far
 // faster than 64 KB); per token and tile that is 16 FMAs against 8 accumulator loads and stores, so the
-// FMA ports bound it rather than the decode. (Where AMX is ready, m ≥ 16 goes there instead.)
+// FMA ports bound it rather than the decode. (Where AMX is ready, m ≥ kAmxMinTokens goes there instead.)
 constexpr int64_t kAccBytes = 16 << 10;
 
 template <int CB, bool kSmall>

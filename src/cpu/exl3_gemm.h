@@ -54,7 +54,7 @@ struct Exl3CpuOptions {
   CpuIsa isa = CpuIsa::kAvx512Fp16;  // capped at cpu_isa_detect()
   Exl3Decode decode = Exl3Decode::kArith;
   int k_splits = 0;                 // 0: chosen from the shape and thread count; else forced (tests)
-  bool amx = true;                  // AMX tiles for m ≥ 16 where the machine has them (false: AVX-512 FMAs)
+  bool amx = true;                  // AMX tiles for m ≥ detail::kAmxMinTokens where the machine has them
 };
 
 void exl3_matmul_cpu(const Exl3Tensor& t, const float* x, int64_t m, float* y, ThreadPool* pool = nullptr);
@@ -102,7 +102,9 @@ void exl3_tiles_avx512vbmi(const Exl3Part&, Exl3Decode);  // kLut: exl3_tiles_av
 void exl3_tiles_avx512fp16(const Exl3Part&, Exl3Decode);  // kLut: exl3_tiles_avx512's
 // AMX (BF16 tiles over exact bf16 planes of Ŵ and x; exl3_gemm_amx.cpp): taken by exl3_tiles_avx512fp16 for
 // m ≥ kAmxMinTokens when amx_ready() (AMX-BF16 + AVX-512 BF16 present and the OS granted the tile state).
-inline constexpr int64_t kAmxMinTokens = 16;
+// From 10 tokens AMX wins: one tile pair costs ≈ 54 ns whatever m ≤ 16 (decode-bound), the FMA path 49 ns at 8,
+// 58 at 10, 81 at 16 (2048², one thread, hot; session 19).
+inline constexpr int64_t kAmxMinTokens = 10;
 bool amx_ready();
 void exl3_tiles_amx(const Exl3Part&);
 // The VBMI kernels' pieces, for tests (callable only where cpu_isa_detect() reaches the ISA in the name):

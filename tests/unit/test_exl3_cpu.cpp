@@ -7,7 +7,7 @@
 // third bf16 plane of x (measured 4.6e-5 to 5.9e-5), which 1e-4 let pass.
 // Decode exactness is checked separately and bit for bit: the tile kernels with one-hot activations must
 // reproduce exl3_decode_inner for every ISA, decode mode, codebook and K (and, where the machine has AMX,
-// with the tile unit on and off at m ≥ 16).
+// with the tile unit on and off at m = 16).
 // Compiled only where spw_cpu is linked (SPW_HAVE_CPU comes from its interface).
 #if defined(SPW_HAVE_CPU)
 #include "cpu/exl3_gemm.h"
@@ -65,7 +65,7 @@ void check(const Exl3Tensor& t, int64_t m, uint32_t seed, int k_splits = 0) {
   const int64_t guard = 64;
   const float sentinel = 12345.678f;
   // Runs: scalar, then each SIMD ISA with both decodes; where AMX is ready, the top ISA once more with AMX
-  // off, so m ≥ 16 checks both the tile unit and the FMA path.
+  // off, so m ≥ kAmxMinTokens checks both the tile unit and the FMA path.
   const int last_run = 2 * static_cast<int>(cpu_isa_detect()) + (detail::amx_ready() ? 1 : 0);
   for (int run = 0; run <= last_run; ++run) {
     const bool no_amx = run > 2 * static_cast<int>(cpu_isa_detect());
