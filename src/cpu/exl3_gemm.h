@@ -102,7 +102,7 @@ void exl3_tiles_avx512vbmi(const Exl3Part&, Exl3Decode);  // kLut: exl3_tiles_av
 void exl3_tiles_avx512fp16(const Exl3Part&, Exl3Decode);  // kLut: exl3_tiles_avx512's
 // AMX (BF16 tiles over exact bf16 planes of Ŵ and x; exl3_gemm_amx.cpp): taken by exl3_tiles_avx512fp16 for
 // m ≥ kAmxMinTokens when amx_ready() (AMX-BF16 + AVX-512 BF16 present and the OS granted the tile state).
-// From 10 tokens AMX wins: one tile pair costs ≈ 54 ns whatever m ≤ 16 (decode-bound), the FMA path 49 ns at 8,
+// From 10 tokens AMX wins: a tile costs it ≈ 54 ns whatever m ≤ 16 (decode-bound), the FMA path 49 ns at 8,
 // 58 at 10, 81 at 16 (2048², one thread, hot; session 19).
 inline constexpr int64_t kAmxMinTokens = 10;
 bool amx_ready();
