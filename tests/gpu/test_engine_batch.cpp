@@ -14,7 +14,7 @@
 // Device MoE dispatch (engine/moe_dispatch.h: grouped GEMVs over (token, slot) pairs) against the
 // host dispatch (per-expert GEMV calls on gathered rows): the two sum each expert product in another
 // order, so a bf16 rounding of an expert output may flip by one ulp; asserted: after layer 0 of a
-// 16-token prefill, ≥ 99% of the residual-stream values within 2 bf16 ulps (a wrong expert, weight
+// 16-token (V4 also 48-token) prefill, ≥ 99% of the residual-stream values within 2 bf16 ulps (a wrong expert, weight
 // or quant block moves far more values), the share at every later layer printed.
 // The fused EXL3 decode kernel in reference_rounding mode (what the engine runs for EXL3 experts at
 // decode, cuda/exl3_moe.h) against the engine's per-expert EXL3 path (exl3_gemm_cuda per linear, bf16
@@ -172,12 +172,12 @@ bool within_2_bf16_ulps(float a, float b) {
   return std::fabs(a - b) <= std::ldexp(1.0f, e - 7);
 }
 
-void device_vs_host_moe(const std::string& arch) {
+void device_vs_host_moe(const std::string& arch, int prompt_len = 16) {
   ASSERT_TRUE(gpu_test::have_gpu()) << "no CUDA device: the GPU engine tests need one";
   auto host = load_gpu(arch, 1, engine::MoeDispatch::kHost);
   auto dev = load_gpu(arch, 1, engine::MoeDispatch::kDevice);
   ASSERT_TRUE(host && dev);
-  const std::vector<int32_t> prompt = tokens(16, 7, int(host->config().vocab_size));
+  const std::vector<int32_t> prompt = tokens(prompt_len, 7, int(host->config().vocab_size));
   std::vector<std::vector<float>> layers_host, layers_dev;
   ForwardOptions oh, od;
   oh.on_layer = [&](int, const std::vector<float>& x) { layers_host.push_back(x); };
@@ -198,8 +198,8 @@ void device_vs_host_moe(const std::string& arch) {
       else if (first_far == SIZE_MAX) first_far = i;
     }
     const double share = double(close) / double(layers_host[l].size());
-    std::printf("  [moe dispatch %s] layer %zu: %.4f of the streams within 2 bf16 ulps (device vs host)\n",
-                arch.c_str(), l, share);
+    std::printf("  [moe dispatch %s, %d rows] layer %zu: %.4f of the streams within 2 bf16 ulps (device vs host)\n",
+                arch.c_str(), prompt_len, l, share);
     if (l == 0) {
       EXPECT_GE(share, 0.99) << arch << " layer 0: first value beyond 2 bf16 ulps at " << first_far << " (host "
                              << layers_host[0][first_far] << ", device " << layers_dev[0][first_far] << ")";
@@ -208,6 +208,8 @@ void device_vs_host_moe(const std::string& arch) {
 }
 
 TEST(EngineBatch, V4DeviceMoeMatchesHostDispatch) { device_vs_host_moe("v4"); }
+// 48 rows: dense experts take the device dispatch up to 64 rows by default (moe_dispatch.h, session 19).
+TEST(EngineBatch, V4DeviceMoeMatchesHostDispatch48Rows) { device_vs_host_moe("v4", 48); }
 TEST(EngineBatch, V41DeviceMoeMatchesHostDispatch) { device_vs_host_moe("v41"); }
 
 Exl3Tensor random_exl3(std::vector<uint16_t>& trellis, int64_t k, int64_t n, int K, std::mt19937& rng) {
