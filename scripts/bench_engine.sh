@@ -22,7 +22,8 @@
 # (the generator is CPU work): $OUT/gpu_tests.log. The golden fixtures must be in the tree (tests/golden/fixtures).
 # More than 8 files in $OUT (the device tool returns 8) are packed into $OUT/bench_out.tar.gz, bench_main.log kept beside it.
 # Switches: SKIP_V41=1, SKIP_V4=1, KEEP_MODELS=1 (reuse /tmp/synth_* if present), BENCH_ARGS (extra bench
-# flags), SYNTH_ARGS (extra generator flags, e.g. "--width-divisor 16 --engram-vocab 1000" for a smoke run).
+# flags), SYNTH_ARGS (extra generator flags, e.g. "--width-divisor 16 --engram-vocab 1000" for a smoke run),
+# AB_ENV / AB_ARGS (environment A/B runs after the default ones; see below).
 set -u
 cd "$(dirname "$0")/.."
 [ -f .exl3pack/dev.tar.xz ] && [ ! -x .exl3dev/spillway ] && tar xJf .exl3pack/dev.tar.xz
@@ -70,8 +71,22 @@ run_bench() {  # name, dir
     --json "$OUT/bench_$1.json" --batch-prompt 512 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_$1.md"
   echo "rc ${PIPESTATUS[0]}" | tee -a "$OUT/bench_main.log"
 }
-[ -z "${SKIP_V41:-}" ] && run_bench v41_exl3 $V41_DIR
-[ -z "${SKIP_V4:-}" ] && run_bench v4_mxfp4 $V4_DIR
+[ -z "${SKIP_V41:-}" ] && [ -z "${SKIP_MAIN:-}" ] && run_bench v41_exl3 $V41_DIR
+[ -z "${SKIP_V4:-}" ] && [ -z "${SKIP_MAIN:-}" ] && run_bench v4_mxfp4 $V4_DIR
+# A/B switches (docs/settings.md), each measured on both models after the default runs, one at a time:
+#   AB_ENV="SPILLWAY_DENSE_DEVICE_ROWS=16 SPILLWAY_F32_SPLIT_GEMM=1" AB_ARGS="--batches 16 64"
+# writes bench_<model>_<VAR>.md; AB_ARGS replaces BENCH_ARGS for those runs (fewer phases fit the call).
+# On a warm machine a second call can run only these: KEEP_MODELS=1 SKIP_MAIN=1 AB_ENV=... bash scripts/bench_engine.sh
+for ab in ${AB_ENV:-}; do
+  var=${ab%%=*}
+  for m in ${SKIP_V41:+skip}v41_exl3:$V41_DIR ${SKIP_V4:+skip}v4_mxfp4:$V4_DIR; do
+    case $m in skip*) continue ;; esac
+    echo "== A/B $ab on ${m%%:*}" | tee -a "$OUT/bench_main.log"
+    timeout "$BENCH_TIMEOUT" env LD_LIBRARY_PATH=$SPW_LIBS "$ab" "$SPW" bench --model "${m#*:}" --batch-prompt 512 \
+      ${AB_ARGS:-${BENCH_ARGS:-}} > "$OUT/bench_${m%%:*}_$var.md" 2>&1
+    echo "rc $?" | tee -a "$OUT/bench_main.log"
+  done
+done
 # The device tool returns at most 8 files from $OUT and drops the rest: past that, everything goes into one tarball.
 if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
   tar czf /tmp/bench_out.tar.gz -C "$(dirname "$OUT")" "$(basename "$OUT")" &&
