@@ -39,6 +39,13 @@ inline __m256 codebook(__m256i st) {
   }
 }
 
+// This thread's accumulator scratch of at least n floats, 32-byte aligned (grows, is kept).
+inline float* acc_scratch(size_t n) {
+  thread_local std::vector<float> v;
+  if (v.size() < n + 8) v.resize(n + 8);
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 31) & ~uintptr_t(31));
+}
+
 // Ring-wrap chunk of a tile: its last word, then words 0..2 (both halves).
 inline __m256i ring_edge(const uint32_t* w, int nw) {
   return _mm256_broadcastsi128_si256(_mm_alignr_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)),
@@ -73,9 +80,7 @@ void tiles_blocked(const Exl3Part& P) {
   const int nw = L.n_words;
   const int64_t n_tn = t.n / 16, m = P.m;
   const float* lut = exl3_codebook_lut_f32(t.codebook);
-  thread_local std::vector<float> acc_v;
-  if (acc_v.size() < static_cast<size_t>(m) * 64 + 8) acc_v.resize(static_cast<size_t>(m) * 64 + 8);
-  float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(acc_v.data()) + 31) & ~uintptr_t(31));
+  float* acc = acc_scratch(static_cast<size_t>(m) * 64);
   const int64_t tile_nbytes = 4 * nw, row_nwords = n_tn * nw;
   constexpr int kPrefetchTiles = 4;
   alignas(32) float vb[kBlock][256];
@@ -143,10 +148,8 @@ void tiles_strips(const Exl3Part& P) {
   const int nw = L.n_words;
   const int64_t n_tn = t.n / 16, m = P.m;
   const float* lut = exl3_codebook_lut_f32(t.codebook);
-  thread_local std::vector<float> acc_v;
   const size_t acc_floats = static_cast<size_t>(m) * kStrip * 64;
-  if (acc_v.size() < acc_floats + 8) acc_v.resize(acc_floats + 8);
-  float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(acc_v.data()) + 31) & ~uintptr_t(31));
+  float* acc = acc_scratch(acc_floats);
   const int64_t tile_nbytes = 4 * nw, row_nwords = n_tn * nw;
   for (int64_t s0 = P.tn0; s0 < P.tn1; s0 += kStrip) {
     const int ns = static_cast<int>(std::min<int64_t>(kStrip, P.tn1 - s0));
