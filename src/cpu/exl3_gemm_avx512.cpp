@@ -3,7 +3,9 @@
 // cpu_isa_detect() saw AVX-512. Same structure as exl3_gemm_avx2.cpp: per vector, states by an 8-word
 // window + vpermd into four 16-byte chunks + vpshufb + shift (Exl3Lanes), codebook values by arithmetic
 // (fp16-exact) or by gather from the fp32 table; per column group of 2 vectors, every token accumulates
-// at once. Contract: cpu/exl3_gemm.h (detail::).
+// at once (m < 4, over strips of contiguous tiles) or kBlock tiles are decoded first (m ≥ 4). Used on
+// AVX-512 machines without VBMI (Skylake-X, Cascade Lake); newer ones take exl3_gemm_avx512vbmi.cpp or
+// _avx512fp16.cpp. Contract: cpu/exl3_gemm.h (detail::).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -37,20 +39,57 @@ inline __m512 codebook(__m512i st) {
   }
 }
 
-// kBlocked (m ≥ kBlockedMinTokens): as in the AVX2 kernel, kBlock decoded tiles in an L1 buffer, then
-// each token with its 8 accumulators in registers (2 x loads + 16 FMAs per tile).
+// This thread's accumulator scratch of at least n floats, 64-byte aligned (grows, is kept).
+inline float* acc_scratch(size_t n) {
+  thread_local std::vector<float> v;
+  if (v.size() < n + 16) v.resize(n + 16);
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
+}
+
+// Ring-wrap window of a tile: its last word, then words 0..6.
+inline __m512i ring_edge(const uint32_t* w, int nw) {
+  return _mm512_castsi256_si512(_mm256_alignr_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)),
+                                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + nw - 8)), 7));
+}
+
+// Vectors q = 2c, 2c + 1 of a tile (lanes 2q, 2q + 1; rows by q mod 2, columns c and c + 8) as fp32 values.
+template <int CB, bool kLut>
+inline void decode_pair(const uint32_t* w, __m512i edge, const Exl3Lanes& L, const float* lut, int c, __m512 v[2]) {
+#pragma GCC unroll 2
+  for (int r = 0; r < 2; ++r) {
+    const int q = 2 * c + r;
+    const __m512i window = q < L.n_edge16
+                               ? edge
+                               : _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + L.base16[q])));
+    const __m512i chunks = _mm512_permutexvar_epi32(_mm512_load_si512(L.perm16[q]), window);
+    const __m512i bytes = _mm512_shuffle_epi8(chunks, _mm512_load_si512(L.shuf16[q]));
+    const __m512i st = _mm512_srli_epi32(_mm512_sllv_epi32(bytes, _mm512_load_si512(L.shl16[q])), 16);
+    if constexpr (kLut) v[r] = _mm512_i32gather_ps(st, lut, 4);
+    else v[r] = codebook<CB>(st);
+  }
+}
+
+// Lane l of accumulator c holds column c (l mod 8 < 4) or c + 8 (otherwise).
+inline void store_columns(const float* acc, float* u) {
+  for (int c = 0; c < 8; ++c) {
+    const __m512 s = _mm512_load_ps(acc + 16 * c);
+    u[c] = _mm512_mask_reduce_add_ps(0x0F0F, s);
+    u[c + 8] = _mm512_mask_reduce_add_ps(0xF0F0, s);
+  }
+}
+
+// m ≥ kBlockedMinTokens: as in the AVX2 kernel, kBlock decoded tiles down one column in an L1 buffer,
+// then each token with its 8 accumulators in registers (2 x loads + 16 FMAs per tile).
 constexpr int kBlock = 4, kBlockedMinTokens = 4;
 
-template <int CB, bool kLut, bool kBlocked>
-void tiles(const Exl3Part& P) {
+template <int CB, bool kLut>
+void tiles_blocked(const Exl3Part& P) {
   const Exl3Tensor& t = *P.t;
   const Exl3Lanes& L = exl3_lanes(t.bits);
-  const int nw = L.n_words, n_edge = L.n_edge16;
+  const int nw = L.n_words;
   const int64_t n_tn = t.n / 16, m = P.m;
   const float* lut = exl3_codebook_lut_f32(t.codebook);
-  thread_local std::vector<float> acc_v;
-  if (acc_v.size() < static_cast<size_t>(m) * 128 + 16) acc_v.resize(static_cast<size_t>(m) * 128 + 16);
-  float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(acc_v.data()) + 63) & ~uintptr_t(63));
+  float* acc = acc_scratch(static_cast<size_t>(m) * 128);
   const int64_t tile_nbytes = 4 * nw, row_nwords = n_tn * nw;
   constexpr int kPrefetchTiles = 4;
   alignas(64) float vb[kBlock][256];
@@ -65,75 +104,90 @@ void tiles(const Exl3Part& P) {
           const char* pf = reinterpret_cast<const char*>(w + kPrefetchTiles * row_nwords);
           for (int64_t o = 0; o < tile_nbytes + 63; o += 64) _mm_prefetch(pf + std::min(o, tile_nbytes - 1), _MM_HINT_T0);
         }
-        // Ring-wrap window: the tile's last word, then words 0..6.
-        const __m512i edge = _mm512_castsi256_si512(
-            _mm256_alignr_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)),
-                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + nw - 8)), 7));
-        const float* xt = P.xe + tk * m * 32;  // all tokens' rows of this k-tile, contiguous
+        const __m512i edge = ring_edge(w, nw);
 #pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c) {  // vector q = 2c + r: lanes 2q, 2q + 1, rows by r, columns c and c + 8
+        for (int c = 0; c < 8; ++c) {
           __m512 v[2];
-#pragma GCC unroll 2
-          for (int r = 0; r < 2; ++r) {
-            const int q = 2 * c + r;
-            const __m512i window = q < n_edge ? edge
-                                              : _mm512_castsi256_si512(
-                                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + L.base16[q])));
-            const __m512i chunks = _mm512_permutexvar_epi32(_mm512_load_si512(L.perm16[q]), window);
-            const __m512i bytes = _mm512_shuffle_epi8(chunks, _mm512_load_si512(L.shuf16[q]));
-            const __m512i st = _mm512_srli_epi32(_mm512_sllv_epi32(bytes, _mm512_load_si512(L.shl16[q])), 16);
-            if constexpr (kLut) v[r] = _mm512_i32gather_ps(st, lut, 4);
-            else v[r] = codebook<CB>(st);
-            if constexpr (kBlocked) _mm512_store_ps(vb[b] + 16 * q, v[r]);
-          }
-          if constexpr (!kBlocked) {
-            for (int64_t i = 0; i < m; ++i) {
-              const float* x = xt + i * 32;
-              float* a = acc + i * 128 + 16 * c;
-              __m512 s = _mm512_load_ps(a);
-              s = _mm512_fmadd_ps(v[0], _mm512_loadu_ps(x), s);
-              s = _mm512_fmadd_ps(v[1], _mm512_loadu_ps(x + 16), s);
-              _mm512_store_ps(a, s);
-            }
-          }
+          decode_pair<CB, kLut>(w, edge, L, lut, c, v);
+          _mm512_store_ps(vb[b] + 32 * c, v[0]);
+          _mm512_store_ps(vb[b] + 32 * c + 16, v[1]);
         }
       }
-      if constexpr (kBlocked)
-        for (int64_t i = 0; i < m; ++i) {
-          float* a = acc + i * 128;
-          __m512 s[8];
+      for (int64_t i = 0; i < m; ++i) {
+        float* a = acc + i * 128;
+        __m512 s[8];
 #pragma GCC unroll 8
-          for (int c = 0; c < 8; ++c) s[c] = _mm512_load_ps(a + 16 * c);
-          for (int b = 0; b < nb; ++b) {
-            const float* x = P.xe + ((tkb + b) * m + i) * 32;
-            const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-            const float* vq = vb[b];
+        for (int c = 0; c < 8; ++c) s[c] = _mm512_load_ps(a + 16 * c);
+        for (int b = 0; b < nb; ++b) {
+          const float* x = P.xe + ((tkb + b) * m + i) * 32;
+          const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+          const float* vq = vb[b];
 #pragma GCC unroll 8
-            for (int c = 0; c < 8; ++c) {
-              s[c] = _mm512_fmadd_ps(_mm512_load_ps(vq + 32 * c), x0, s[c]);
-              s[c] = _mm512_fmadd_ps(_mm512_load_ps(vq + 32 * c + 16), x1, s[c]);
-            }
+          for (int c = 0; c < 8; ++c) {
+            s[c] = _mm512_fmadd_ps(_mm512_load_ps(vq + 32 * c), x0, s[c]);
+            s[c] = _mm512_fmadd_ps(_mm512_load_ps(vq + 32 * c + 16), x1, s[c]);
           }
-#pragma GCC unroll 8
-          for (int c = 0; c < 8; ++c) _mm512_store_ps(a + 16 * c, s[c]);
         }
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) _mm512_store_ps(a + 16 * c, s[c]);
+      }
     }
-    // Lane l of accumulator c holds column c (l mod 8 < 4) or c + 8 (otherwise).
-    for (int64_t i = 0; i < m; ++i)
-      for (int c = 0; c < 8; ++c) {
-        __m512 s = _mm512_load_ps(acc + i * 128 + 16 * c);
-        P.u[i * P.ldu + tn * 16 + c] = _mm512_mask_reduce_add_ps(0x0F0F, s);
-        P.u[i * P.ldu + tn * 16 + c + 8] = _mm512_mask_reduce_add_ps(0xF0F0, s);
+    for (int64_t i = 0; i < m; ++i) store_columns(acc + i * 128, P.u + i * P.ldu + tn * 16);
+  }
+}
+
+// m < kBlockedMinTokens: strips of kStrip adjacent column tiles, a k-tile row of the strip at a time (tiles
+// are stored row-major, so the strip's tiles are contiguous; the column walk above touches a new 4 KB page
+// per tile), accumulators (m × kStrip × 8 vectors) in L1, each column summing over tk in order.
+constexpr int kStrip = 16, kPrefetchRows = 2;
+
+template <int CB, bool kLut>
+void tiles_strips(const Exl3Part& P) {
+  const Exl3Tensor& t = *P.t;
+  const Exl3Lanes& L = exl3_lanes(t.bits);
+  const int nw = L.n_words;
+  const int64_t n_tn = t.n / 16, m = P.m;
+  const float* lut = exl3_codebook_lut_f32(t.codebook);
+  const size_t acc_floats = static_cast<size_t>(m) * kStrip * 128;
+  float* acc = acc_scratch(acc_floats);
+  const int64_t tile_nbytes = 4 * nw, row_nwords = n_tn * nw;
+  for (int64_t s0 = P.tn0; s0 < P.tn1; s0 += kStrip) {
+    const int ns = static_cast<int>(std::min<int64_t>(kStrip, P.tn1 - s0));
+    std::memset(acc, 0, sizeof(float) * acc_floats);
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(t.tile(P.tk0, s0));
+    for (int64_t tk = P.tk0; tk < P.tk1; ++tk, row += row_nwords) {
+      if (tk + kPrefetchRows < P.tk1) {  // the strip's row kPrefetchRows ahead, contiguous
+        const char* pf = reinterpret_cast<const char*>(row + kPrefetchRows * row_nwords);
+        for (int64_t o = 0; o < ns * tile_nbytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
       }
+      const float* xt = P.xe + tk * m * 32;
+      const uint32_t* w = row;
+      for (int j = 0; j < ns; ++j, w += nw) {
+        const __m512i edge = ring_edge(w, nw);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) {
+          __m512 v[2];
+          decode_pair<CB, kLut>(w, edge, L, lut, c, v);
+          for (int64_t i = 0; i < m; ++i) {
+            const float* x = xt + i * 32;
+            float* a = acc + (i * kStrip + j) * 128 + 16 * c;
+            __m512 s = _mm512_fmadd_ps(v[0], _mm512_loadu_ps(x), _mm512_load_ps(a));
+            _mm512_store_ps(a, _mm512_fmadd_ps(v[1], _mm512_loadu_ps(x + 16), s));
+          }
+        }
+      }
+    }
+    for (int64_t i = 0; i < m; ++i)
+      for (int j = 0; j < ns; ++j) store_columns(acc + (i * kStrip + j) * 128, P.u + i * P.ldu + (s0 + j) * 16);
   }
 }
 
 template <bool kLut, bool kBlocked>
 void tiles_cb(const Exl3Part& P) {
   switch (P.t->codebook) {
-    case Exl3Codebook::k3Inst: return tiles<0, kLut, kBlocked>(P);
-    case Exl3Codebook::kMcg: return tiles<1, kLut, kBlocked>(P);
-    case Exl3Codebook::kMul1: return tiles<2, kLut, kBlocked>(P);
+    case Exl3Codebook::k3Inst: return kBlocked ? tiles_blocked<0, kLut>(P) : tiles_strips<0, kLut>(P);
+    case Exl3Codebook::kMcg: return kBlocked ? tiles_blocked<1, kLut>(P) : tiles_strips<1, kLut>(P);
+    case Exl3Codebook::kMul1: return kBlocked ? tiles_blocked<2, kLut>(P) : tiles_strips<2, kLut>(P);
   }
 }
 
