@@ -17,8 +17,13 @@
 namespace spw::detail {
 namespace {
 
+// fp32 → fp16 precision (11 significant bits, round to nearest even) by a Veltkamp split, as the VBMI kernel
+// does (exl3_avx512vbmi_decode.h: equal to vcvtps2ph + vcvtph2ps for every codebook value, tested exhaustively
+// there on the same exact values; three FP ops instead of four µops). This file is built with -ffp-contract=off
+// so that GCC keeps the split's roundings apart.
 inline __m512 round_f16(__m512 v) {
-  return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m512 c = _mm512_mul_ps(v, _mm512_set1_ps(8193.0f));
+  return _mm512_add_ps(_mm512_sub_ps(v, c), c);
 }
 
 // CB: 0 = 3INST, 1 = MCG, 2 = MUL1 (spec §2.1); the same exact arithmetic as the AVX2 kernel.
