@@ -12,6 +12,7 @@
 
 #include "cpu/exl3_avx512vbmi_decode.h"
 #include "cpu/exl3_gemm.h"
+#include "cpu/exl3_strips.h"
 
 namespace spw::detail::vbmi {
 namespace {
@@ -24,55 +25,47 @@ inline void store_columns(const __m512* acc, float* u) {
   }
 }
 
-// M = 1..3 tokens: each group's values are used at once by every token. The tile grid is walked in strips
-// of kStrip column tiles, a k-tile row of the strip at a time: the strip's tiles are contiguous in memory
-// (tiles are stored row-major), so each visit to a 4 KB page reads kStrip tiles instead of one (walking
-// down one column touched a new page per tile and left the kernel latency-bound from DRAM), and the
-// next rows are prefetched a whole strip-row ahead. The accumulators (kStrip × 8 vectors per token) stay
-// in L1; each column's sum still runs over tk in order.
-constexpr int kStrip = 16, kPrefetchRows = 2;
+// Accumulator scratch of this thread, at least n floats, 64-byte aligned (grows, is kept).
+inline float* acc_scratch(size_t n) {
+  thread_local std::vector<float> v;
+  if (v.size() < n + 16) v.resize(n + 16);
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
+}
+
+// The strip's accumulators to u: token i, tile j at acc + (i·strip + j)·128.
+inline void store_strip(const Exl3Part& P, const float* acc, int strip, int64_t s0, int ns) {
+  for (int64_t i = 0; i < P.m; ++i)
+    for (int j = 0; j < ns; ++j) {
+      __m512 v[8];
+      for (int g = 0; g < 8; ++g) v[g] = _mm512_load_ps(acc + (i * strip + j) * 128 + 16 * g);
+      store_columns(v, P.u + i * P.ldu + (s0 + j) * 16);
+    }
+}
+
+// M = 1..3 tokens: each group's values are used at once by every token, over strips of kStrip contiguous
+// column tiles (exl3_strips.h); the accumulators (kStrip × 8 vectors per token) stay in L1.
+constexpr int kStrip = 16;
 
 template <int CB, bool kSmall, int M>
 void tiles_small(const Exl3Part& P) {
-  const Exl3Tensor& t = *P.t;
-  const ExtractTables& X = extract_tables(t.bits);
-  const int T = X.tile_bytes;
-  const int64_t row_bytes = (t.n / 16) * T;
-  alignas(64) float acc[M][kStrip][128];
-  for (int64_t s0 = P.tn0; s0 < P.tn1; s0 += kStrip) {
-    const int ns = static_cast<int>(std::min<int64_t>(kStrip, P.tn1 - s0));
-    std::memset(acc, 0, sizeof acc);
-    const uint8_t* row = reinterpret_cast<const uint8_t*>(t.tile(P.tk0, s0));
-    for (int64_t tk = P.tk0; tk < P.tk1; ++tk, row += row_bytes) {
-      const bool prefetch = tk + kPrefetchRows < P.tk1;
-      __m512 x[M][2];
-      for (int i = 0; i < M; ++i) {
-        x[i][0] = _mm512_loadu_ps(P.xe + (tk * M + i) * 32);
-        x[i][1] = _mm512_loadu_ps(P.xe + (tk * M + i) * 32 + 16);
-      }
-      const uint8_t* w = row;
-      for (int j = 0; j < ns; ++j, w += T) {
-        if (prefetch) prefetch_tile(w + kPrefetchRows * row_bytes, T);
+  const ExtractTables& X = extract_tables(P.t->bits);
+  alignas(64) float acc[M * kStrip * 128];
+  walk_strips(
+      P, X.tile_bytes, kStrip, acc, M * kStrip * 128,
+      [&](const uint8_t* w, int j, const float* xt) {
         const __m512i small = kSmall ? small_tile_bytes(w, X) : _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int g = 0; g < 8; ++g) {
           __m512 lo, hi;
           group_values<CB, kSmall>(w, small, X, g, lo, hi);
           for (int i = 0; i < M; ++i) {
-            float* a = acc[i][j] + 16 * g;
-            __m512 sum = _mm512_fmadd_ps(lo, x[i][0], _mm512_load_ps(a));
-            _mm512_store_ps(a, _mm512_fmadd_ps(hi, x[i][1], sum));
+            float* a = acc + (i * kStrip + j) * 128 + 16 * g;
+            const __m512 sum = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xt + 32 * i), _mm512_load_ps(a));
+            _mm512_store_ps(a, _mm512_fmadd_ps(hi, _mm512_loadu_ps(xt + 32 * i + 16), sum));
           }
         }
-      }
-    }
-    for (int i = 0; i < M; ++i)
-      for (int j = 0; j < ns; ++j) {
-        __m512 v[8];
-        for (int g = 0; g < 8; ++g) v[g] = _mm512_load_ps(acc[i][j] + 16 * g);
-        store_columns(v, P.u + i * P.ldu + (s0 + j) * 16);
-      }
-  }
+      },
+      [&](int64_t s0, int ns) { store_strip(P, acc, kStrip, s0, ns); });
 }
 
 // m ≥ 4: the same strips, each tile decoded once into 16 registers and then applied to every token. The
@@ -84,25 +77,14 @@ constexpr int64_t kAccBytes = 16 << 10;
 
 template <int CB, bool kSmall>
 void tiles_many(const Exl3Part& P) {
-  const Exl3Tensor& t = *P.t;
-  const ExtractTables& X = extract_tables(t.bits);
-  const int T = X.tile_bytes;
-  const int64_t row_bytes = (t.n / 16) * T, m = P.m;
+  const ExtractTables& X = extract_tables(P.t->bits);
+  const int64_t m = P.m;
   const int strip = static_cast<int>(std::clamp<int64_t>(kAccBytes / (m * 512), 1, kStrip));
-  thread_local std::vector<float> acc_v;
   const size_t acc_floats = static_cast<size_t>(m) * strip * 128;
-  if (acc_v.size() < acc_floats + 16) acc_v.resize(acc_floats + 16);
-  float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(acc_v.data()) + 63) & ~uintptr_t(63));
-  for (int64_t s0 = P.tn0; s0 < P.tn1; s0 += strip) {
-    const int ns = static_cast<int>(std::min<int64_t>(strip, P.tn1 - s0));
-    std::memset(acc, 0, sizeof(float) * acc_floats);
-    const uint8_t* row = reinterpret_cast<const uint8_t*>(t.tile(P.tk0, s0));
-    for (int64_t tk = P.tk0; tk < P.tk1; ++tk, row += row_bytes) {
-      const bool prefetch = tk + kPrefetchRows < P.tk1;
-      const float* xt = P.xe + tk * m * 32;
-      const uint8_t* w = row;
-      for (int j = 0; j < ns; ++j, w += T) {
-        if (prefetch) prefetch_tile(w + kPrefetchRows * row_bytes, T);
+  float* acc = acc_scratch(acc_floats);
+  walk_strips(
+      P, X.tile_bytes, strip, acc, acc_floats,
+      [&](const uint8_t* w, int j, const float* xt) {
         const __m512i small = kSmall ? small_tile_bytes(w, X) : _mm512_setzero_si512();
         __m512 v[16];
 #pragma GCC unroll 8
@@ -116,15 +98,8 @@ void tiles_many(const Exl3Part& P) {
             _mm512_store_ps(a + 16 * g, _mm512_fmadd_ps(v[2 * g + 1], x1, sum));
           }
         }
-      }
-    }
-    for (int64_t i = 0; i < m; ++i)
-      for (int j = 0; j < ns; ++j) {
-        __m512 v[8];
-        for (int g = 0; g < 8; ++g) v[g] = _mm512_load_ps(acc + (i * strip + j) * 128 + 16 * g);
-        store_columns(v, P.u + i * P.ldu + (s0 + j) * 16);
-      }
-  }
+      },
+      [&](int64_t s0, int ns) { store_strip(P, acc, strip, s0, ns); });
 }
 
 template <int CB, bool kSmall>

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu/exl3_gemm.h"
+#include "cpu/exl3_strips.h"
 
 namespace spw::detail {
 namespace {
@@ -142,35 +143,22 @@ void tiles_blocked(const Exl3Part& P) {
   }
 }
 
-// m < kBlockedMinTokens: strips of kStrip adjacent column tiles, a k-tile row of the strip at a time. The
-// strip's tiles are contiguous (tiles are stored row-major), so each 4 KB page visited gives kStrip tiles
-// instead of one as in the column walk above (≈ 8 % at 8192², K3 mul1, m = 1 on 2 threads: this kernel is
-// compute-bound, the gap to DRAM latency was small; bench/results/exl3_cpu_ci_class.md, session 19). The
-// accumulators (m × kStrip × 8 vectors) stay in L1 and each column still sums over tk in order.
-constexpr int kStrip = 16, kPrefetchRows = 2;
+// m < kBlockedMinTokens: strips of kStrip contiguous column tiles (exl3_strips.h; ≈ 8 % at 8192², K3 mul1, m = 1
+// on 2 threads, bench/results/exl3_cpu_ci_class.md, session 19), accumulators (m × kStrip × 8 vectors) in L1.
+constexpr int kStrip = 16;
 
 template <int CB, bool kLut>
 void tiles_strips(const Exl3Part& P) {
-  const Exl3Tensor& t = *P.t;
-  const Exl3Lanes& L = exl3_lanes(t.bits);
+  const Exl3Lanes& L = exl3_lanes(P.t->bits);
   const int nw = L.n_words;
-  const int64_t n_tn = t.n / 16, m = P.m;
-  const float* lut = exl3_codebook_lut_f32(t.codebook);
+  const int64_t m = P.m;
+  const float* lut = exl3_codebook_lut_f32(P.t->codebook);
   const size_t acc_floats = static_cast<size_t>(m) * kStrip * 64;
   float* acc = acc_scratch(acc_floats);
-  const int64_t tile_nbytes = 4 * nw, row_nwords = n_tn * nw;
-  for (int64_t s0 = P.tn0; s0 < P.tn1; s0 += kStrip) {
-    const int ns = static_cast<int>(std::min<int64_t>(kStrip, P.tn1 - s0));
-    std::memset(acc, 0, sizeof(float) * acc_floats);
-    const uint32_t* row = reinterpret_cast<const uint32_t*>(t.tile(P.tk0, s0));
-    for (int64_t tk = P.tk0; tk < P.tk1; ++tk, row += row_nwords) {
-      if (tk + kPrefetchRows < P.tk1) {  // the strip's row kPrefetchRows ahead, contiguous
-        const char* pf = reinterpret_cast<const char*>(row + kPrefetchRows * row_nwords);
-        for (int64_t o = 0; o < ns * tile_nbytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-      }
-      const float* xt = P.xe + tk * m * 32;
-      const uint32_t* w = row;
-      for (int j = 0; j < ns; ++j, w += nw) {
+  walk_strips(
+      P, 4 * nw, kStrip, acc, acc_floats,
+      [&](const uint8_t* bytes, int j, const float* xt) {
+        const auto* w = reinterpret_cast<const uint32_t*>(bytes);
         const __m256i edge = ring_edge(w, nw);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; ++c) {
@@ -187,16 +175,16 @@ void tiles_strips(const Exl3Part& P) {
             _mm256_store_ps(a, s);
           }
         }
-      }
-    }
-    for (int64_t i = 0; i < m; ++i)
-      for (int j = 0; j < ns; ++j)
-        for (int c = 0; c < 8; ++c) {
-          const float* sv = acc + (i * kStrip + j) * 64 + 8 * c;  // lanes 0..3: column c, 4..7: column c + 8
-          P.u[i * P.ldu + (s0 + j) * 16 + c] = (sv[0] + sv[1]) + (sv[2] + sv[3]);
-          P.u[i * P.ldu + (s0 + j) * 16 + c + 8] = (sv[4] + sv[5]) + (sv[6] + sv[7]);
-        }
-  }
+      },
+      [&](int64_t s0, int ns) {
+        for (int64_t i = 0; i < m; ++i)
+          for (int j = 0; j < ns; ++j)
+            for (int c = 0; c < 8; ++c) {
+              const float* sv = acc + (i * kStrip + j) * 64 + 8 * c;  // lanes 0..3: column c, 4..7: c + 8
+              P.u[i * P.ldu + (s0 + j) * 16 + c] = (sv[0] + sv[1]) + (sv[2] + sv[3]);
+              P.u[i * P.ldu + (s0 + j) * 16 + c + 8] = (sv[4] + sv[5]) + (sv[6] + sv[7]);
+            }
+      });
 }
 
 template <bool kLut, bool kBlocked>

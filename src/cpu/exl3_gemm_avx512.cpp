@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu/exl3_gemm.h"
+#include "cpu/exl3_strips.h"
 
 namespace spw::detail {
 namespace {
@@ -141,33 +142,22 @@ void tiles_blocked(const Exl3Part& P) {
   }
 }
 
-// m < kBlockedMinTokens: strips of kStrip adjacent column tiles, a k-tile row of the strip at a time (tiles
-// are stored row-major, so the strip's tiles are contiguous; the column walk above touches a new 4 KB page
-// per tile), accumulators (m × kStrip × 8 vectors) in L1, each column summing over tk in order.
-constexpr int kStrip = 16, kPrefetchRows = 2;
+// m < kBlockedMinTokens: strips of kStrip contiguous column tiles (exl3_strips.h), accumulators
+// (m × kStrip × 8 vectors) in L1.
+constexpr int kStrip = 16;
 
 template <int CB, bool kLut>
 void tiles_strips(const Exl3Part& P) {
-  const Exl3Tensor& t = *P.t;
-  const Exl3Lanes& L = exl3_lanes(t.bits);
+  const Exl3Lanes& L = exl3_lanes(P.t->bits);
   const int nw = L.n_words;
-  const int64_t n_tn = t.n / 16, m = P.m;
-  const float* lut = exl3_codebook_lut_f32(t.codebook);
+  const int64_t m = P.m;
+  const float* lut = exl3_codebook_lut_f32(P.t->codebook);
   const size_t acc_floats = static_cast<size_t>(m) * kStrip * 128;
   float* acc = acc_scratch(acc_floats);
-  const int64_t tile_nbytes = 4 * nw, row_nwords = n_tn * nw;
-  for (int64_t s0 = P.tn0; s0 < P.tn1; s0 += kStrip) {
-    const int ns = static_cast<int>(std::min<int64_t>(kStrip, P.tn1 - s0));
-    std::memset(acc, 0, sizeof(float) * acc_floats);
-    const uint32_t* row = reinterpret_cast<const uint32_t*>(t.tile(P.tk0, s0));
-    for (int64_t tk = P.tk0; tk < P.tk1; ++tk, row += row_nwords) {
-      if (tk + kPrefetchRows < P.tk1) {  // the strip's row kPrefetchRows ahead, contiguous
-        const char* pf = reinterpret_cast<const char*>(row + kPrefetchRows * row_nwords);
-        for (int64_t o = 0; o < ns * tile_nbytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-      }
-      const float* xt = P.xe + tk * m * 32;
-      const uint32_t* w = row;
-      for (int j = 0; j < ns; ++j, w += nw) {
+  walk_strips(
+      P, 4 * nw, kStrip, acc, acc_floats,
+      [&](const uint8_t* bytes, int j, const float* xt) {
+        const auto* w = reinterpret_cast<const uint32_t*>(bytes);
         const __m512i edge = ring_edge(w, nw);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; ++c) {
@@ -180,11 +170,11 @@ void tiles_strips(const Exl3Part& P) {
             _mm512_store_ps(a, _mm512_fmadd_ps(v[1], _mm512_loadu_ps(x + 16), s));
           }
         }
-      }
-    }
-    for (int64_t i = 0; i < m; ++i)
-      for (int j = 0; j < ns; ++j) store_columns(acc + (i * kStrip + j) * 128, P.u + i * P.ldu + (s0 + j) * 16);
-  }
+      },
+      [&](int64_t s0, int ns) {
+        for (int64_t i = 0; i < m; ++i)
+          for (int j = 0; j < ns; ++j) store_columns(acc + (i * kStrip + j) * 128, P.u + i * P.ldu + (s0 + j) * 16);
+      });
 }
 
 template <bool kLut, bool kBlocked>
