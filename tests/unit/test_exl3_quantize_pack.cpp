@@ -181,18 +181,24 @@ TEST(Exl3QuantizePack, CalibrationInExpertGroupsIsIdentical) {
   EXPECT_NE(rc.error().message.find("--gate-up-shared"), std::string::npos) << rc.error().message;
 }
 
+// Layers 8 and 9 of `o`, stopped after one (--max-layers 1): one layer quantized, the pack incomplete. Leaves
+// o.layers = {8, 9} and o.max_layers = 1 for the caller to change.
+void quantize_first_of_two_layers(QuantizeModelOptions& o) {
+  o.layers = {8, 9};
+  o.max_layers = 1;
+  auto r = quantize_model(o);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_FALSE(r->complete);
+  EXPECT_EQ(r->layers_quantized, 1);
+}
+
 // The streamed calibration interleaves calibration and quantization: stopped after one of two layers, a calibrated
 // run leaves the quantized layer's shard (its Hessian file deleted) and the other layer's Hessians on disk; the resumed
 // run quantizes that layer from them, and the pack equals an uninterrupted run's.
 TEST(Exl3QuantizePack, CalibratedResumeUsesTheSavedHessians) {
   const std::string a = fresh_dir("cal_resume_a"), b = fresh_dir("cal_resume_b");
   QuantizeModelOptions oa = small_options(a);
-  oa.layers = {8, 9};
-  oa.max_layers = 1;
-  auto r1 = quantize_model(oa);
-  ASSERT_TRUE(r1.ok()) << r1.error().message;
-  EXPECT_FALSE(r1->complete);
-  EXPECT_EQ(r1->layers_quantized, 1);
+  ASSERT_NO_FATAL_FAILURE(quantize_first_of_two_layers(oa));
   EXPECT_FALSE(fs::exists(a + "/.quantize-work/hessians/layer-8.safetensors")) << "quantized: its Hessians are deleted";
   ASSERT_TRUE(fs::exists(a + "/.quantize-work/hessians/layer-9.safetensors")) << "not quantized: kept for the resume";
   oa.max_layers = -1;
@@ -215,12 +221,7 @@ TEST(Exl3QuantizePack, ResumedRunIsByteIdentical) {
   // plus the cached Hessians (.quantize-work/hessians).
   QuantizeModelOptions oa = small_options(a);
   oa.identity_hessian = true;
-  oa.layers = {8, 9};
-  oa.max_layers = 1;
-  auto r1 = quantize_model(oa);
-  ASSERT_TRUE(r1.ok()) << r1.error().message;
-  EXPECT_FALSE(r1->complete);
-  EXPECT_EQ(r1->layers_quantized, 1);
+  ASSERT_NO_FATAL_FAILURE(quantize_first_of_two_layers(oa));
   oa.max_layers = -1;
   oa.threads = 1;  // a different thread count must not change the bytes
   auto r2 = quantize_model(oa);
