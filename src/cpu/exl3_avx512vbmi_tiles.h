@@ -25,13 +25,6 @@ inline void store_columns(const __m512* acc, float* u) {
   }
 }
 
-// Accumulator scratch of this thread, at least n floats, 64-byte aligned (grows, is kept).
-inline float* acc_scratch(size_t n) {
-  thread_local std::vector<float> v;
-  if (v.size() < n + 16) v.resize(n + 16);
-  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
-}
-
 // The strip's accumulators to u: token i, tile j at acc + (i·strip + j)·128.
 inline void store_strip(const Exl3Part& P, const float* acc, int strip, int64_t s0, int ns) {
   for (int64_t i = 0; i < P.m; ++i)

@@ -48,13 +48,6 @@ inline __m256 codebook(__m256i st) {
   }
 }
 
-// This thread's accumulator scratch of at least n floats, 32-byte aligned (grows, is kept).
-inline float* acc_scratch(size_t n) {
-  thread_local std::vector<float> v;
-  if (v.size() < n + 8) v.resize(n + 8);
-  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 31) & ~uintptr_t(31));
-}
-
 // Ring-wrap chunk of a tile: its last word, then words 0..2 (both halves).
 inline __m256i ring_edge(const uint32_t* w, int nw) {
   return _mm256_broadcastsi128_si256(_mm_alignr_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)),

@@ -45,13 +45,6 @@ inline __m512 codebook(__m512i st) {
   }
 }
 
-// This thread's accumulator scratch of at least n floats, 64-byte aligned (grows, is kept).
-inline float* acc_scratch(size_t n) {
-  thread_local std::vector<float> v;
-  if (v.size() < n + 16) v.resize(n + 16);
-  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
-}
-
 // Ring-wrap window of a tile: its last word, then words 0..6.
 inline __m512i ring_edge(const uint32_t* w, int nw) {
   return _mm512_castsi256_si512(_mm256_alignr_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)),

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "cpu/exl3_gemm.h"
 
@@ -18,6 +19,13 @@ namespace spw::detail {
 namespace {
 
 constexpr int kPrefetchRows = 2;
+
+// This thread's accumulator scratch of at least n floats, 64-byte aligned (grows, is kept).
+inline float* acc_scratch(size_t n) {
+  thread_local std::vector<float> v;
+  if (v.size() < n + 16) v.resize(n + 16);
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
+}
 
 // For every strip: zero acc[0, acc_floats), then tile(w, j, xt) for each k-tile row in order and each tile j
 // of the strip (w: its bytes, xt: the k-tile's activations of all tokens), then done(s0, ns) with the strip's
