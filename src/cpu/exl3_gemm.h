@@ -103,8 +103,8 @@ void exl3_tiles_avx512fp16(const Exl3Part&, Exl3Decode);  // kLut: exl3_tiles_av
 // AMX (BF16 tiles over exact bf16 planes of Ŵ and x; exl3_gemm_amx.cpp): taken by exl3_tiles_avx512fp16 for
 // m ≥ kAmxMinTokens when amx_ready() (AMX-BF16 + AVX-512 BF16 present and the OS granted the tile state).
 // From 10 tokens AMX wins: its cost per tile is nearly flat up to 16 tokens (decode-bound) while the FMA path
-// grows with m (bench/exl3/bench_exl3_cpu_tiles: K3 mul1, m = 10 / 12 / 16 ≈ 55–64 / 64 / 61–63 ns with AMX,
-// 59–69 / 80 / 86–99 without; at 8 tokens the FMA path is as fast; session 19).
+// grows with m (bench/exl3/bench_exl3_cpu_tiles: K3 mul1, m = 10 / 12 / 16 ≈ 55–64 / 58–60 / 61–63 ns with AMX,
+// 59–67 / 75–77 / 86–99 without; at 8 tokens the FMA path is as fast; session 19).
 inline constexpr int64_t kAmxMinTokens = 10;
 bool amx_ready();
 void exl3_tiles_amx(const Exl3Part&);
