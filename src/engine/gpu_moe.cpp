@@ -1,6 +1,6 @@
 // MoE sublayer on the GPU in four stages (router → dispatch → experts → combine, model/moe.cpp),
 // plus the shared expert; and V4.1 Engram (model/engram.cpp). The router runs on the GPU; then
-//  - device dispatch (steps of ≤ 16 rows, ≤ 64 for dense experts; GpuModelOptions::moe_dispatch): dense experts as grouped
+//  - device dispatch (steps of ≤ 16 rows, SPILLWAY_DENSE_DEVICE_ROWS for dense experts; GpuModelOptions::moe_dispatch): dense experts as grouped
 //    GEMVs over the (token, slot) pairs, EXL3 experts as the fused decode kernel (cuda/exl3_moe.h,
 //    reference_rounding); both read the expert ids from device memory, no host round trip
 //    (moe_dispatch.h);

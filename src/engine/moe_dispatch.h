@@ -44,15 +44,17 @@ namespace spw::engine {
 // fused kernel's workspace is sized for it; and the most rows a decode step is captured into CUDA graphs
 // with).
 constexpr int kDeviceDispatchRows = 16;
-// For dense-table experts (MXFP4 as released, FP8, BF16) the device dispatch is taken up to this many rows.
-// Why more: the host dispatch reads each distinct expert once but costs a host round trip and ~5 launches
+// For dense-table experts (MXFP4 as released, FP8, BF16) the device dispatch is taken up to
+// SPILLWAY_DENSE_DEVICE_ROWS rows (default kDeviceDispatchRowsDense). Why more than 16: the host dispatch reads each distinct expert once but costs a host round trip and ~5 launches
 // per expert; the device dispatch reads one expert per (token, slot) pair in a few launches. V4-Flash
 // (256 experts of 3 × 4096 × 2048 MXFP4, 13.4 MB; top-6) at 64 rows: host ≈ 200 distinct experts × (3.2 µs
 // of HBM + launches) — measured 46.5 ms per 4-layer step on the H200 (session 17, batch 64 slower than
 // batch 16) — against 384 pairs × 3.2 µs ≈ 1.2 ms per layer for the device path before L2 reuse. The
 // break-even is near 300 rows by that arithmetic; 64 is the largest decode bucket the benches run.
-// SPILLWAY_DENSE_DEVICE_ROWS overrides it (16 = the rule before session 19, for A/B timing).
-constexpr int kDeviceDispatchRowsDense = 64;
+// The default stays 16 (the rule before session 19) until a GPU run has shown 64 correct and faster:
+// SPILLWAY_DENSE_DEVICE_ROWS=64 turns it on (EngineBatch.V4DeviceMoeMatchesHostDispatch48Rows checks the
+// device path at 48 rows either way).
+constexpr int kDeviceDispatchRowsDense = 16;
 int dense_device_dispatch_rows();
 
 struct DeviceExpert;
