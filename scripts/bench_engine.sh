@@ -74,7 +74,7 @@ run_bench() {  # name, dir
 [ -z "${SKIP_V41:-}" ] && [ -z "${SKIP_MAIN:-}" ] && run_bench v41_exl3 $V41_DIR
 [ -z "${SKIP_V4:-}" ] && [ -z "${SKIP_MAIN:-}" ] && run_bench v4_mxfp4 $V4_DIR
 # A/B switches (docs/settings.md), each measured on both models after the default runs, one at a time:
-#   AB_ENV="SPILLWAY_DENSE_DEVICE_ROWS=16 SPILLWAY_F32_SPLIT_GEMM=1" AB_ARGS="--batches 16 64"
+#   AB_ENV="SPILLWAY_DENSE_DEVICE_ROWS=16 SPILLWAY_F32_SPLIT_GEMM=0" AB_ARGS="--batches 16 64"
 # writes bench_<model>_<VAR>.md; AB_ARGS replaces BENCH_ARGS for those runs (fewer phases fit the call).
 # On a warm machine a second call can run only these: KEEP_MODELS=1 SKIP_MAIN=1 AB_ENV=... bash scripts/bench_engine.sh
 for ab in ${AB_ENV:-}; do

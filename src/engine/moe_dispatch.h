@@ -51,10 +51,10 @@ constexpr int kDeviceDispatchRows = 16;
 // of HBM + launches) — measured 46.5 ms per 4-layer step on the H200 (session 17, batch 64 slower than
 // batch 16) — against 384 pairs × 3.2 µs ≈ 1.2 ms per layer for the device path before L2 reuse. The
 // break-even is near 300 rows by that arithmetic; 64 is the largest decode bucket the benches run.
-// The default stays 16 (the rule before session 19) until a GPU run has shown 64 correct and faster:
-// SPILLWAY_DENSE_DEVICE_ROWS=64 turns it on (EngineBatch.V4DeviceMoeMatchesHostDispatch48Rows checks the
-// device path at 48 rows either way).
-constexpr int kDeviceDispatchRowsDense = 16;
+// Measured (H200, session 20, bench/results/engine_h200.md): V4 batch 64 45.8 → 31.7 ms per 4-layer step
+// with 64 here instead of 16; EngineBatch.V4DeviceMoeMatchesHostDispatch48Rows checks the device path at 48
+// rows against the host dispatch. SPILLWAY_DENSE_DEVICE_ROWS=16 restores the old rule for A/B runs.
+constexpr int kDeviceDispatchRowsDense = 64;
 int dense_device_dispatch_rows();
 
 struct DeviceExpert;

@@ -208,7 +208,7 @@ void device_vs_host_moe(const std::string& arch, int prompt_len = 16) {
 }
 
 TEST(EngineBatch, V4DeviceMoeMatchesHostDispatch) { device_vs_host_moe("v4"); }
-// 48 rows: what SPILLWAY_DENSE_DEVICE_ROWS=64 would let dense experts take by default (moe_dispatch.h, session 19).
+// 48 rows: dense experts take the device dispatch up to kDeviceDispatchRowsDense = 64 rows (moe_dispatch.h).
 TEST(EngineBatch, V4DeviceMoeMatchesHostDispatch48Rows) { device_vs_host_moe("v4", 48); }
 TEST(EngineBatch, V41DeviceMoeMatchesHostDispatch) { device_vs_host_moe("v41"); }
 

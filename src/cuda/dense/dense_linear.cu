@@ -34,7 +34,7 @@ std::atomic<bool>& gemv_mma_flag() {
 std::atomic<bool>& f32_split_gemm_flag() {
   static std::atomic<bool> on{[] {
     const char* env = std::getenv("SPILLWAY_F32_SPLIT_GEMM");
-    return env && env[0] == '1';
+    return !(env && env[0] == '0');
   }()};
   return on;
 }

@@ -106,9 +106,10 @@ bool stack_keeps_rows(const DeviceLinear& w, std::span<const int> part_rows);
 bool gemv_mma_enabled();
 void set_gemv_mma(bool on);
 // The kGemm path of f32-product bf16 weights (router, head; n_tokens > 16): the pedantic fp32 cuBLAS GEMM on a
-// weight dequantized to f32 (default), or three bf16 planes of x through one bf16 tensor-core GEMM with exact
-// products (SPILLWAY_F32_SPLIT_GEMM=1 at start, or set_f32_split_gemm; dense_linear.cu linear_gemm_split3).
-// Compiled in session 17 and not yet run on a GPU: off until CudaDense.F32ProductSplitGemm has passed there.
+// weight dequantized to f32, or three bf16 planes of x through one bf16 tensor-core GEMM with exact products
+// (default; SPILLWAY_F32_SPLIT_GEMM=0 at start, or set_f32_split_gemm(false), takes the fp32 GEMM;
+// dense_linear.cu linear_gemm_split3). H200, session 20: V4.1 batch-64 decode 22.3 → 17.4 ms per 4-layer step,
+// V4 45.8 → 41.8 ms (bench/results/engine_h200.md); CudaDense.F32ProductSplitGemm checks it against the fp32 GEMM.
 bool f32_split_gemm_enabled();
 void set_f32_split_gemm(bool on);
 // Whether linear_cuda takes the GEMV path for this path and token count.
