@@ -39,6 +39,10 @@ namespace {
 
 constexpr int kTilesInSmem = 32;  // per block, read by every warp (64 KB of trellis for K = 6 at most)
 constexpr int kStageTiles = 8;    // the GEMV's 128-k stage: the int8 form rescales once per stage
+// Words between the x rows of two tokens: padded so that the 32 lanes' x loads hit distinct banks, as the GEMV's
+// padded rows do (exl3_bulk.cuh: ld = kpb + 8 halves). fp16: 8 words per tile, row ≡ 4 banks apart (4·g + t4);
+// int8 ×4: 16 words per tile, 64-bit loads served per half-warp, rows ≡ 8 banks apart (8·g + 2·t4).
+constexpr int kXStrideExact = kTilesInSmem * 8 + 4, kXStrideInt8 = kTilesInSmem * 16 + 8;
 
 enum Variant { kExact = 0, kInt8 = 1 };
 
@@ -57,15 +61,16 @@ __global__ void __launch_bounds__(256) ceiling_kernel(const uint32_t* __restrict
                                                       int reps, float* __restrict__ out) {
   constexpr int kWords = 8 * K;
   __shared__ uint32_t tiles[kTilesInSmem * kWords];
-  __shared__ uint32_t xs[8 * kTilesInSmem * 16];  // 8 tokens × the k of the tiles: fp16 pairs or int8 ×4 words
+  constexpr int kXStride = V == kExact ? kXStrideExact : kXStrideInt8;
+  __shared__ __align__(16) uint32_t xs[8 * kXStride];  // 8 tokens × the k of the tiles: fp16 pairs or int8 ×4 words
   for (int i = threadIdx.x; i < kTilesInSmem * kWords; i += blockDim.x) tiles[i] = words[i];
-  for (int i = threadIdx.x; i < 8 * kTilesInSmem * 16; i += blockDim.x) xs[i] = xg[i];
+  for (int i = threadIdx.x; i < 8 * kXStride; i += blockDim.x) xs[i] = xg[i];
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int t4 = lane & 3, g = lane >> 2;
   const LaneWindow lw = lane_window<K>(lane);
   float c[4] = {};
-  const uint32_t* xrow = xs + g * kTilesInSmem * 16;
+  const uint32_t* xrow = xs + g * kXStride;
 #pragma unroll 1
   for (int r = 0; r < reps; ++r) {
     asm volatile("" ::: "memory");  // the tiles are read again every pass, as a GEMV reads new ones
@@ -207,7 +212,7 @@ int main(int argc, char** argv) {
   const double read_bw = hbm_read_bandwidth(n_sms);
   std::printf("hbm read bandwidth: %.0f GB/s\n\n", read_bw / 1e9);
 
-  std::vector<uint32_t> h_words(kTilesInSmem * 8 * 6), h_x(8 * kTilesInSmem * 16);
+  std::vector<uint32_t> h_words(kTilesInSmem * 8 * 6), h_x(8 * kXStrideInt8);
   uint32_t st = 12345;
   for (auto& w : h_words) w = st = st * 1664525u + 1013904223u;
   for (auto& v : h_x) v = 0x3c003c00u ^ ((st = st * 1664525u + 1013904223u) & 0x03ff03ffu);  // fp16 pairs ≈ 1..2
