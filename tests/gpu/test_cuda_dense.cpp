@@ -274,6 +274,14 @@ TEST_F(CudaDense, F32ProductSplitGemm) {
   run_case(DenseFormat::kBf16, 129280, 5120, 0, 0, true, {17, 64}, ws_, 602);  // head
   run_case(DenseFormat::kBf16, 1023, 1040, 0, 0, true, {17, 300}, ws_, 603);
   run_case(DenseFormat::kBf16, 4096, 5120, 0, 0, true, {300, 512}, ws_, 604);
+  // Token chunks (x3 in at most half the scratch): with a 1 MB scratch, 300 tokens of k = 5120 run as 17 chunks
+  // of 17 and one of 11; 300 tokens of k = 1040 as three chunks of 84 and one of 48, each with y3 in two chunks of
+  // output rows (512 + 511).
+  LinearWorkspace small;
+  ASSERT_TRUE(linear_workspace_alloc(small, 512, 5120, size_t(1) << 20).ok());
+  run_case(DenseFormat::kBf16, 384, 5120, 0, 0, true, {17, 300}, small, 605);
+  run_case(DenseFormat::kBf16, 1023, 1040, 0, 0, true, {40, 300}, small, 606);
+  linear_workspace_free(small);
 }
 
 // V4-Flash (fp8 128×128 weight blocks, activation blocks of 128), spec §2.2.

@@ -194,13 +194,24 @@ Status linear_gemm(const DeviceLinear& w, const float* x, int n_tokens, float* y
   auto* h = static_cast<cublasHandle_t>(ws.cublas);
   if (cublasStatus_t s = cublasSetStream(h, stream); s != CUBLAS_STATUS_SUCCESS) return cublas_error("set stream", s);
   if (w.f32_product && w.format == DenseFormat::kBf16 && w.act_block == 0 && f32_split_gemm_enabled()) {
-    // When x3 and a y3 chunk of ≥ 128 rows fit the scratch; else (long prefill chunks) the fp32 GEMM below.
-    const size_t x3_nbytes = (6 * static_cast<size_t>(n_tokens) * w.n_in + 255) / 256 * 256;
-    const size_t y3_row_nbytes = 12 * static_cast<size_t>(n_tokens);
-    const size_t fit = x3_nbytes < ws.wbuf_nbytes ? (ws.wbuf_nbytes - x3_nbytes) / y3_row_nbytes / 128 * 128 : 0;
-    if (fit > 0)
-      return linear_gemm_split3(w, x, n_tokens, y, ws, stream, h, x3_nbytes,
-                                static_cast<int>(std::min<size_t>(fit, static_cast<size_t>(w.n_out))));
+    // Tokens in chunks whose x3 takes at most half the scratch (a 4096-token prefill chunk of the router or the
+    // compressors, 126 MB of x3 at d = 5120, runs as 4 chunks instead of falling back to the fp32 GEMM); the rest
+    // holds y3 for ≥ 128 output rows at a time, else the fp32 GEMM below.
+    const size_t x3_token_nbytes = 6 * static_cast<size_t>(w.n_in);
+    const int tc = static_cast<int>(std::min<size_t>(n_tokens, ws.wbuf_nbytes / 2 / x3_token_nbytes));
+    const size_t x3_nbytes = (x3_token_nbytes * tc + 255) / 256 * 256;
+    const size_t fit = tc > 0 && x3_nbytes < ws.wbuf_nbytes ? (ws.wbuf_nbytes - x3_nbytes) / (12 * size_t(tc)) / 128 * 128 : 0;
+    if (fit > 0) {
+      const int chunk = static_cast<int>(std::min<size_t>(fit, static_cast<size_t>(w.n_out)));
+      for (int t0 = 0; t0 < n_tokens; t0 += tc) {
+        const size_t t0s = static_cast<size_t>(t0);
+        if (Status st = linear_gemm_split3(w, x + t0s * w.n_in, std::min(tc, n_tokens - t0), y + t0s * w.n_out, ws,
+                                           stream, h, x3_nbytes, chunk);
+            !st.ok())
+          return st;
+      }
+      return {};
+    }
   }
   // f32 products (and F32-stored weights) run a pedantic fp32 GEMM; everything else bf16 inputs.
   const bool f32 = w.f32_product || w.format == DenseFormat::kF32;
