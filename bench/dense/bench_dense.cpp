@@ -17,18 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "../common/cuda_check.h"
 #include "cuda/dense/dense_linear.h"
 
 using namespace spw;
 
-#define CK(x)                                                                                     \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 #define ST(x)                                                                                     \
   do {                                                                                            \
     Status s_ = (x);                                                                              \

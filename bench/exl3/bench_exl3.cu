@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "../common/cuda_check.h"
+#include "../common/hbm_read.cuh"
 #include "cpu/exl3_gemm.h"
 #include "cuda/exl3_gemm.h"
 #include "cuda/exl3_grouped.h"
@@ -34,23 +36,6 @@
 
 using namespace spw;
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-
-__global__ void read_kernel(const float4* p, size_t n, float* out) {
-  float s = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    float4 v = __ldcs(p + i);
-    s += v.x + v.y + v.z + v.w;
-  }
-  if (s == 1234.5f) *out = s;  // keeps the loads alive
-}
 
 // µs per call of fn(i) (i = the call's index) over `reps` timed calls after `warmup` untimed ones: CUDA events
 // around the timed calls, so launch overhead counts and nothing waits between calls.
@@ -424,8 +409,6 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&a, bw_bytes));
   CK(cudaMalloc(&b, bw_bytes));
   CK(cudaMemset(a, 1, bw_bytes));
-  float* dummy;
-  CK(cudaMalloc(&dummy, 4));
   for (int i = 0; i < 3; ++i) CK(cudaMemcpy(b, a, bw_bytes, cudaMemcpyDeviceToDevice));
   CK(cudaEventRecord(e0));
   for (int i = 0; i < 10; ++i) CK(cudaMemcpyAsync(b, a, bw_bytes, cudaMemcpyDeviceToDevice));
@@ -434,13 +417,7 @@ int main(int argc, char** argv) {
   float ms;
   CK(cudaEventElapsedTime(&ms, e0, e1));
   const double copy_bw = 2.0 * bw_bytes * 10 / (ms * 1e-3);
-  read_kernel<<<prop.multiProcessorCount * 8, 512>>>(static_cast<const float4*>(a), bw_bytes / 16, dummy);
-  CK(cudaEventRecord(e0));
-  for (int i = 0; i < 10; ++i) read_kernel<<<prop.multiProcessorCount * 8, 512>>>(static_cast<const float4*>(a), bw_bytes / 16, dummy);
-  CK(cudaEventRecord(e1));
-  CK(cudaEventSynchronize(e1));
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  const double read_bw = double(bw_bytes) * 10 / (ms * 1e-3);
+  const double read_bw = spw::bench::hbm_read_bandwidth(a, bw_bytes, prop.multiProcessorCount);
   std::printf("hbm copy bandwidth (read+write bytes): %.0f GB/s\nhbm read bandwidth: %.0f GB/s\n", copy_bw / 1e9, read_bw / 1e9);
   CK(cudaFree(a));
   CK(cudaFree(b));

@@ -22,18 +22,11 @@
 #include <cstdlib>
 #include <vector>
 
+#include "../common/cuda_check.h"
+#include "../common/hbm_read.cuh"
 #include "cuda/exl3_device.cuh"
 
 using namespace spw::exl3dev;
-
-#define CK(x)                                                                                        \
-  do {                                                                                               \
-    cudaError_t e_ = (x);                                                                            \
-    if (e_ != cudaSuccess) {                                                                         \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
-      std::exit(1);                                                                                  \
-    }                                                                                                \
-  } while (0)
 
 namespace {
 
@@ -118,69 +111,38 @@ struct Shape {
   int blocks_per_sm, warps_per_block;
 };
 
-template <int K, int CB, int V>
-double tiles_per_second(const uint32_t* words, const uint32_t* x, float* out, int n_sms, Shape sh, double ms_target) {
-  auto kernel = ceiling_kernel<K, CB, V>;
-  const int blocks = n_sms * sh.blocks_per_sm, threads = sh.warps_per_block * 32;
+// Milliseconds of one launch (CUDA events).
+template <class Launch>
+float launch_ms(Launch&& launch) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  // calibrate reps to ~ms_target, then best of three
-  int reps = 64;
-  float ms = 0;
-  for (int pass = 0; pass < 2; ++pass) {
-    CK(cudaEventRecord(e0));
-    kernel<<<blocks, threads>>>(words, x, reps, out);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaGetLastError());
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    reps = std::max(1, static_cast<int>(reps * ms_target / std::max(ms, 0.01f)));
-  }
-  double best = 0;
-  for (int i = 0; i < 3; ++i) {
-    CK(cudaEventRecord(e0));
-    kernel<<<blocks, threads>>>(words, x, reps, out);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double tiles = double(blocks) * sh.warps_per_block * reps * kTilesInSmem;
-    best = std::max(best, tiles / (ms * 1e-3));
-  }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  return best;
-}
-
-__global__ void read_kernel(const float4* p, size_t n, float* out) {
-  float s = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float4 v = __ldcs(p + i);
-    s += v.x + v.y + v.z + v.w;
-  }
-  if (s == 1234.5f) *out = s;  // keeps the loads alive
-}
-
-double hbm_read_bandwidth(int n_sms) {
-  const size_t bytes = size_t(2) << 30;
-  void* a;
-  float* dummy;
-  CK(cudaMalloc(&a, bytes));
-  CK(cudaMalloc(&dummy, 4));
-  CK(cudaMemset(a, 1, bytes));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  read_kernel<<<n_sms * 8, 512>>>(static_cast<const float4*>(a), bytes / 16, dummy);
   CK(cudaEventRecord(e0));
-  for (int i = 0; i < 10; ++i) read_kernel<<<n_sms * 8, 512>>>(static_cast<const float4*>(a), bytes / 16, dummy);
+  launch();
   CK(cudaEventRecord(e1));
   CK(cudaEventSynchronize(e1));
-  float ms;
+  CK(cudaGetLastError());
+  float ms = 0;
   CK(cudaEventElapsedTime(&ms, e0, e1));
-  CK(cudaFree(a));
-  CK(cudaFree(dummy));
-  return double(bytes) * 10 / (ms * 1e-3);
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return ms;
+}
+
+template <int K, int CB, int V>
+double tiles_per_second(const uint32_t* words, const uint32_t* x, float* out, int n_sms, Shape sh, double ms_target) {
+  const int blocks = n_sms * sh.blocks_per_sm, threads = sh.warps_per_block * 32;
+  int reps = 64;
+  auto launch = [&] { ceiling_kernel<K, CB, V><<<blocks, threads>>>(words, x, reps, out); };
+  // reps calibrated to ~ms_target (twice), then the best of three launches
+  for (int pass = 0; pass < 2; ++pass)
+    reps = std::max(1, static_cast<int>(reps * ms_target / std::max(launch_ms(launch), 0.01f)));
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const double tiles = double(blocks) * sh.warps_per_block * reps * kTilesInSmem;
+    best = std::max(best, tiles / (launch_ms(launch) * 1e-3));
+  }
+  return best;
 }
 
 template <int K, int CB, int V>
@@ -209,7 +171,12 @@ int main(int argc, char** argv) {
   int clock_khz = 0;
   CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   std::printf("device: %s, %d SMs, max SM clock %.2f GHz\n", prop.name, n_sms, clock_khz / 1e6);
-  const double read_bw = hbm_read_bandwidth(n_sms);
+  const size_t bw_bytes = size_t(2) << 30;
+  void* bw_buf;
+  CK(cudaMalloc(&bw_buf, bw_bytes));
+  CK(cudaMemset(bw_buf, 1, bw_bytes));
+  const double read_bw = spw::bench::hbm_read_bandwidth(bw_buf, bw_bytes, n_sms);
+  CK(cudaFree(bw_buf));
   std::printf("hbm read bandwidth: %.0f GB/s\n\n", read_bw / 1e9);
 
   std::vector<uint32_t> h_words(kTilesInSmem * 8 * 6), h_x(8 * kXStrideInt8);
