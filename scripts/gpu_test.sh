@@ -16,7 +16,7 @@
 # Runs: our unit tests (CPU incl. AVX-512), every GPU test (spw_gpu_tests: EXL3 kernels, the forward's ops, dense
 # linears, attention, the CUDA quantizer, the GPU engine), bench_exl3 (HBM bandwidth, our kernels vs roofline, fused MoE, prefill),
 # bench_dense (dense linears vs roofline and cuBLAS), bench_quantize (CUDA quantizer seconds per V4.1 expert tensor),
-# bench_exl3_cpu (STREAM-like read vs CPU kernels), exllamav3's JIT build, tools/exl3/make_fixtures.py
+# bench_exl3_cpu (STREAM-like read vs CPU kernels) and bench_exl3_cpu_threads (thread sweep), exllamav3's JIT build, tools/exl3/make_fixtures.py
 # (exllamav3's quantizer), the fixture test on them, bench/exl3/bench_exllamav3.py on the same tensors (int8
 # GEMV default and EXL3_INT8_GEMV=0) and tools/quantize/compare_exllamav3.py on the dumped W/H.
 # The working tree travels with the call (64 MiB at most), hence stripped, xz-compressed binaries.
@@ -32,7 +32,7 @@ if [ "${1:-}" = stage ]; then
   # binaries of an earlier stage are removed first, so the pack holds exactly these.
   rm -f .exl3dev/spillway .exl3dev/spw_gpu_tests .exl3dev/spw_unit_tests .exl3dev/bench_*
   pwd > .exl3dev/source_dir  # the tests' fixture path (scripts/link_build_path.sh links it on the GPU machine)
-  for b in ${STAGE_BINS:-tests/spw_gpu_tests tests/spw_unit_tests bench/exl3/bench_exl3 bench/exl3/bench_exl3_cpu \
+  for b in ${STAGE_BINS:-tests/spw_gpu_tests tests/spw_unit_tests bench/exl3/bench_exl3 bench/exl3/bench_exl3_cpu bench/exl3/bench_exl3_cpu_threads \
            bench/dense/bench_dense bench/quantize/bench_quantize bin/spillway}; do
     [ -f build/$b ] && cp build/$b .exl3dev/ && strip .exl3dev/$(basename $b)
   done
@@ -74,13 +74,19 @@ fi
 [ -x .exl3dev/bench_dense ] && timeout 200 .exl3dev/bench_dense 2>&1 | tee "$OUT/bench_dense.md"
 [ -x .exl3dev/bench_quantize ] && timeout 200 .exl3dev/bench_quantize 2>&1 | tee "$OUT/bench_quantize.md"
 [ -x .exl3dev/bench_quantize ] && timeout 100 .exl3dev/bench_quantize --single-candidate 2>&1 | tee -a "$OUT/bench_quantize.md"
-[ -z "${SKIP_CPU:-}" ] && [ -x .exl3dev/bench_exl3_cpu ] && timeout 150 .exl3dev/bench_exl3_cpu 16 2>&1 | tee -a "$OUT/bench_spillway.md"
+# The CPU benchmarks run with the cores free: after exllamav3's JIT build (its compiler jobs would share them).
+cpu_benches() {
+  [ -n "${SKIP_CPU:-}" ] && return
+  [ -x .exl3dev/bench_exl3_cpu ] && timeout 150 .exl3dev/bench_exl3_cpu "$(nproc)" 2>&1 | tee -a "$OUT/bench_spillway.md"
+  [ -x .exl3dev/bench_exl3_cpu_threads ] && timeout 120 .exl3dev/bench_exl3_cpu_threads 2>&1 | tee "$OUT/bench_cpu_threads.md"
+}
 # Nsight Compute + SASS mix of our kernels while the extension still builds (one file back: profile.txt).
 [ -z "${SKIP_TESTS:-}${SKIP_PROFILE:-}" ] && timeout 150 bash scripts/gpu_profile.sh /tmp/exl3_prof > /tmp/exl3_prof.summary 2>&1
 [ -z "${SKIP_TESTS:-}${SKIP_PROFILE:-}" ] && cat /tmp/exl3_prof.summary /tmp/exl3_prof/*.txt > "$OUT/profile.txt" 2>/dev/null
-[ -n "${ONLY_OURS:-}" ] && exit 0
+[ -n "${ONLY_OURS:-}" ] && { cpu_benches; exit 0; }
 wait $JIT
 tail -5 /tmp/jit.log | tee -a "$OUT/main.log"
+cpu_benches
 if [ -z "${SKIP_FIXTURES:-}" ]; then
   python3 tools/exl3/make_fixtures.py "$OUT/fixtures" 2>&1 | tee -a "$OUT/main.log"
   SPW_EXL3_FIXTURE_DIR="$OUT/fixtures" .exl3dev/spw_unit_tests --gtest_filter='Exl3Fixtures*' 2>&1 | tee -a "$OUT/main.log"

@@ -30,6 +30,7 @@ struct EngineBenchOptions {
   int batch_steps = 16;             // timed steps per batch size
   int64_t batch_prompt_max = 1024;  // batch prompts spread over [max/4, max]
   int chunk = 4096;                 // prefill chunk = the budget's max_step_tokens
+  int prefill_runs = 3;             // timed prefill runs per length (the median is reported)
   int max_seqs = 0;                 // 0: the largest batch
   int64_t max_context = 0;          // 0: what the runs need
   int project_layers = 0;           // 0: 40 (V4.1) or 43 (V4)

@@ -16,7 +16,7 @@ struct BenchFlags {
   std::string model_dir, json_path;
   std::vector<int> batches{1, 4, 16, 64};
   std::vector<int64_t> prefill{4096, 40960};
-  int decode_steps = 32, batch_steps = 16, chunk = 4096, max_seqs = 0, project_layers = 0, copy_mib = 2048;
+  int decode_steps = 32, batch_steps = 16, chunk = 4096, prefill_runs = 3, max_seqs = 0, project_layers = 0, copy_mib = 2048;
   int64_t decode_context = 1024, batch_prompt_max = 1024, max_context = 0;
   uint64_t seed = 1;
   bool plan_only = false;
@@ -32,6 +32,7 @@ int run_bench(const BenchFlags& f) {
   o.decode_steps = f.decode_steps;
   o.batch_steps = f.batch_steps;
   o.chunk = f.chunk;
+  o.prefill_runs = f.prefill_runs;
   o.max_seqs = f.max_seqs;
   o.project_layers = f.project_layers;
   o.copy_mib = f.copy_mib;
@@ -64,6 +65,10 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--batch-steps", f->batch_steps, "timed decode steps per batch size")->capture_default_str();
   cmd->add_option("--batch-prompt", f->batch_prompt_max, "batch prompts have max/4..max tokens")
+      ->capture_default_str();
+  cmd->add_option("--prefill-runs", f->prefill_runs, "timed runs per prefill length, after a warm-up chunk; the "
+                                                     "median is reported")
+      ->check(CLI::Range(1, 100))
       ->capture_default_str();
   cmd->add_option("--chunk", f->chunk, "prefill chunk (the budget's max_step_tokens)")->capture_default_str();
   cmd->add_option("--max-seqs", f->max_seqs, "KV budget sequences (0: the largest batch)")->capture_default_str();

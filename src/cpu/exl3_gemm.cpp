@@ -11,6 +11,8 @@
 #include <mutex>
 #include <vector>
 
+#include "formats/dtypes.h"
+
 namespace spw {
 
 const char* cpu_isa_name(CpuIsa isa) {
@@ -240,9 +242,9 @@ void exl3_factors(const Exl3Tensor& t, std::vector<float>& suh, std::vector<floa
   suh.resize(t.k);
   svh.resize(t.n);
   bias.resize(t.bias.size());
-  for (int64_t i = 0; i < t.k; ++i) suh[i] = exl3_f16_to_f32(t.suh[i]);
-  for (int64_t j = 0; j < t.n; ++j) svh[j] = exl3_f16_to_f32(t.svh[j]);
-  for (size_t j = 0; j < bias.size(); ++j) bias[j] = exl3_f16_to_f32(t.bias[j]);
+  f16_to_f32_n(t.suh.data(), suh.data(), suh.size());
+  f16_to_f32_n(t.svh.data(), svh.data(), svh.size());
+  f16_to_f32_n(t.bias.data(), bias.data(), bias.size());
 }
 
 }  // namespace detail
@@ -260,7 +262,8 @@ void exl3_matmul_cpu_opts(const Exl3CpuOptions& opt, const Exl3Tensor& t, const 
   const float* bias_p = bias.empty() ? nullptr : bias.data();
 
   int64_t k_splits = 1, n_splits = 1;
-  detail::exl3_split(n_tk, n_tn, static_cast<int64_t>(tp.size()), &k_splits, &n_splits);
+  const int64_t ppt = std::max(1, opt.parts_per_thread);
+  detail::exl3_split(n_tk, n_tn, static_cast<int64_t>(tp.size()) * ppt, &k_splits, &n_splits);
   if (opt.k_splits > 0) {
     k_splits = std::min<int64_t>(opt.k_splits, n_tk);
     n_splits = std::max<int64_t>(1, std::min<int64_t>(n_tn, static_cast<int64_t>(tp.size()) / k_splits));
@@ -285,7 +288,7 @@ void exl3_matmul_cpu_opts(const Exl3CpuOptions& opt, const Exl3Tensor& t, const 
       part.amx = opt.amx;
       fn(part, opt.decode);
     }
-  });
+  }, 1, static_cast<size_t>(ppt));
 
   // Stage 3: y = had128(Σ slices) ∘ svh + bias.
   tp.parallel_for(static_cast<size_t>(m), [&](size_t a, size_t b) {

@@ -55,6 +55,11 @@ struct Exl3CpuOptions {
   Exl3Decode decode = Exl3Decode::kArith;
   int k_splits = 0;                 // 0: chosen from the shape and thread count; else forced (tests)
   bool amx = true;                  // AMX tiles for m ≥ detail::kAmxMinTokens where the machine has them
+  // Parts of the tile grid per pool thread. More than one lets threads that finish early take over parts of
+  // slow or late ones (SMT siblings, busy vCPUs, a worker woken late), at the cost of shorter runs per part;
+  // on the 2-core dev box 4 was 1–3 % slower than 1 (session 21). bench_exl3_cpu_threads prints both at the
+  // sweep's largest thread count, for hosts where the threads are not equal.
+  int parts_per_thread = 1;
 };
 
 void exl3_matmul_cpu(const Exl3Tensor& t, const float* x, int64_t m, float* y, ThreadPool* pool = nullptr);

@@ -25,7 +25,8 @@ struct Job {
 // chosen so the total divides evenly over the threads.
 void run_jobs(std::vector<Job>& jobs, ThreadPool& tp, const Exl3CpuOptions& opt) {
   const int64_t n_threads = static_cast<int64_t>(tp.size()), n_jobs = static_cast<int64_t>(jobs.size());
-  const int64_t parts = n_threads / std::gcd(n_jobs, n_threads);
+  const int64_t ppt = std::max(1, opt.parts_per_thread), slots = n_threads * ppt;
+  const int64_t parts = slots / std::gcd(n_jobs, slots);
   for (Job& j : jobs) detail::exl3_split(j.t->k / 16, j.t->n / 16, parts, &j.k_splits, &j.n_splits);
   std::vector<int64_t> first(jobs.size() + 1, 0);
   for (size_t i = 0; i < jobs.size(); ++i) first[i + 1] = first[i] + jobs[i].k_splits * jobs[i].n_splits;
@@ -40,7 +41,7 @@ void run_jobs(std::vector<Job>& jobs, ThreadPool& tp, const Exl3CpuOptions& opt)
       part.amx = opt.amx;
       fn(part, opt.decode);
     }
-  });
+  }, 1, static_cast<size_t>(ppt));
 }
 
 struct Factors {
@@ -103,7 +104,7 @@ void exl3_moe_cpu(const Exl3ExpertWeights* experts, int64_t n_experts, const flo
 
   // Scratch (per calling thread, kept): expanded inputs, slice sums, activations.
   thread_local std::vector<float> xe13, xe2, u13, u2, y2;
-  const int64_t max_parts = static_cast<int64_t>(tp.size());  // k_splits ≤ parts ≤ threads
+  const int64_t max_parts = static_cast<int64_t>(tp.size()) * std::max(1, opt.parts_per_thread);  // k_splits ≤ parts
   xe13.resize(static_cast<size_t>(2 * n_rows * n_tk1 * 32));
   xe2.resize(static_cast<size_t>(n_rows * n_tk2 * 32));
   u13.resize(static_cast<size_t>(2 * max_parts * n_rows * f));

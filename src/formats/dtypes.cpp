@@ -5,6 +5,10 @@
 // only rounding is the one the format itself performs.
 #include "formats/dtypes.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <array>
 #include <bit>
 #include <cmath>
@@ -95,6 +99,25 @@ float f16_to_f32(uint16_t bits) {
   if (exp == 0x1f) return mant ? std::numeric_limits<float>::quiet_NaN() * sign : sign * INFINITY;
   if (exp == 0) return sign * std::ldexp(static_cast<float>(mant), -24);
   return sign * std::ldexp(static_cast<float>(mant | 0x400), exp - 25);
+}
+
+#if defined(__x86_64__)
+namespace {
+__attribute__((target("avx,f16c"))) void f16_to_f32_n_f16c(const uint16_t* in, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  for (; i < n; ++i) out[i] = f16_to_f32(in[i]);
+}
+}  // namespace
+#endif
+
+void f16_to_f32_n(const uint16_t* in, float* out, size_t n) {
+#if defined(__x86_64__)
+  static const bool f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  if (f16c) return f16_to_f32_n_f16c(in, out, n);
+#endif
+  for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(in[i]);
 }
 
 float e4m3_to_f32(uint8_t code) {

@@ -36,6 +36,27 @@ TEST(DTypes, NamesSizesRoundTrip) {
   EXPECT_FALSE(dtype_from_name("").has_value());
 }
 
+// The batch conversion (F16C where present) against the scalar one, on every fp16 code, at lengths that
+// exercise the 8-wide body and the scalar tail, from unaligned starts.
+TEST(DTypes, F16BatchMatchesScalarOnEveryCode) {
+  std::vector<uint16_t> codes(65536 + 7);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint16_t>(i);
+  for (size_t offset : {0, 1, 5}) {
+    const size_t n = 65536 + 7 - offset - (offset ? 1 : 0);
+    std::vector<float> out(n + 1, 12345.0f);
+    f16_to_f32_n(codes.data() + offset, out.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      const float want = f16_to_f32(codes[offset + i]);
+      if (std::isnan(want))
+        ASSERT_TRUE(std::isnan(out[i])) << "code " << codes[offset + i];
+      else
+        ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(want)) << "code " << codes[offset + i];
+    }
+    EXPECT_EQ(out[n], 12345.0f) << "wrote past n";
+  }
+  f16_to_f32_n(nullptr, nullptr, 0);  // empty is fine
+}
+
 TEST(DTypes, E4m3DecodeAllCodes) {
   for (int c = 0; c < 256; ++c) {
     float v = e4m3_to_f32(static_cast<uint8_t>(c));
