@@ -9,7 +9,9 @@
 // 2b. Where AMX is used (m ≥ kAmxMinTokens), the same kernel with it off at m = 16 and 64; then the lower SIMD kernels this machine also runs (AVX2, AVX-512 below AVX-512 FP16) on the same K = 3
 //    tensors, for a same-run comparison.
 // 3. Decode modes side by side (arithmetic vs 65,536-entry table) at K = 3, m = 1 and 16.
-// 4. exl3_moe_cpu for one V4.1 layer: 6 experts × 1 token (K = 3 mul1), and 6 experts × 8 tokens.
+// 3b. Where the machine runs it, the approximate int16-activation kernel (K = 3 mul1, m = 1, 4, 8).
+// 4. exl3_moe_cpu for one V4.1 layer: 6 experts × 1 token (K = 3 mul1), and 6 experts × 8 tokens; exact,
+//    then with int16 activations where the machine runs them.
 // Tensors: random trellis words (any bit pattern is a valid trellis), fixed seed, no files. Every call
 // reads a different copy of the trellis from a 512 MiB pool (no cache reuse between calls). Timing:
 // wall clock over repeated calls until ≥ 0.15 s (at least 3 calls) after one warm-up call.
@@ -103,6 +105,26 @@ int main(int argc, char** argv) {
     for (Exl3Codebook cb : {Exl3Codebook::kMul1, Exl3Codebook::kMcg})
       for (int64_t m : {1, 16}) run_one(sh, 3, cb, m, spw::Exl3Decode::kLut, isa);
 
+  // The approximate int16-activation kernel (Exl3Activations::kInt16, MUL1 only), where the machine runs it.
+  if (spw::detail::exl3_int16_ready()) {
+    std::printf("\n## int16 activations (Exl3Activations::kInt16, approximate: ~2e-4 relative error), K = 3 mul1\n\n");
+    std::printf("| tensor | K | cb | k×n | m | µs | trellis GB/s | %% of read bw |\n|---|---|---|---|---|---|---|---|\n");
+    for (const Shape& sh : shapes)
+      for (int64_t m : {1, 4, 8}) {
+        Exl3Tensor t = make_tensor(sh.k, sh.n, 6, Exl3Codebook::kMul1, 7);
+        spw::Exl3CpuOptions opt;
+        opt.activations = spw::Exl3Activations::kInt16;
+        const double sec = time_calls([&] {
+          t.trellis = tp.take(t.trellis_nbytes() / 2);
+          spw::exl3_matmul_cpu_opts(opt, t, x.data(), m, y.data(), &pool);
+        });
+        const double gbs = double(t.trellis_nbytes()) / sec / 1e9;
+        std::printf("| %s | 3 | mul1 | %lldx%lld | %lld | %.0f | %.2f | %.1f%% |\n", sh.name, static_cast<long long>(sh.k),
+                    static_cast<long long>(sh.n), static_cast<long long>(m), sec * 1e6, gbs, 100.0 * gbs / bw);
+        std::fflush(stdout);
+      }
+  }
+
   // One V4.1 MoE layer: 6 routed experts (K = 3 mul1), d = 5120, f = 2304.
   std::printf("\n## exl3_moe_cpu: one V4.1 layer, K = 3 mul1 (d 5120, f 2304)\n\n");
   std::printf("| experts × tokens | µs | trellis MB read | trellis GB/s | %% of read bw |\n|---|---|---|---|---|\n");
@@ -114,21 +136,27 @@ int main(int argc, char** argv) {
   }
   std::vector<spw::Exl3ExpertWeights> experts(6);
   for (int e = 0; e < 6; ++e) experts[e] = {&w[3 * e], &w[3 * e + 1], &w[3 * e + 2]};
-  for (int64_t n_tokens : {1, 8}) {
-    std::vector<int32_t> ids(n_tokens * 6);
-    std::vector<float> wts(n_tokens * 6, 1.0f / 6), out(n_tokens * 5120, 0.0f);
-    for (int64_t j = 0; j < n_tokens; ++j)
-      for (int sl = 0; sl < 6; ++sl) ids[j * 6 + sl] = static_cast<int32_t>((sl + j) % 6);
-    size_t nbytes = 0;
-    for (const Exl3Tensor& t : w) nbytes += t.trellis_nbytes();
-    const double sec = time_calls([&] {
-      for (Exl3Tensor& t : w) t.trellis = tp.take(t.trellis_nbytes() / 2);
-      spw::exl3_moe_cpu(experts.data(), 6, x.data(), n_tokens, ids.data(), wts.data(), 6, 10.0f, out.data(), &pool);
-    });
-    const double gbs = double(nbytes) / sec / 1e9;
-    std::printf("| 6 × %lld | %.0f | %.1f | %.2f | %.1f%% |\n", static_cast<long long>(n_tokens), sec * 1e6, nbytes / 1e6,
-                gbs, 100.0 * gbs / bw);
-  }
+  const bool int16_ready = spw::detail::exl3_int16_ready();
+  for (int64_t n_tokens : {1, 8})
+      for (bool int16 : {false, true}) {
+      if (int16 && !int16_ready) continue;
+      spw::Exl3CpuOptions opt;
+      if (int16) opt.activations = spw::Exl3Activations::kInt16;
+      std::vector<int32_t> ids(n_tokens * 6);
+      std::vector<float> wts(n_tokens * 6, 1.0f / 6), out(n_tokens * 5120, 0.0f);
+      for (int64_t j = 0; j < n_tokens; ++j)
+        for (int sl = 0; sl < 6; ++sl) ids[j * 6 + sl] = static_cast<int32_t>((sl + j) % 6);
+      size_t nbytes = 0;
+      for (const Exl3Tensor& t : w) nbytes += t.trellis_nbytes();
+      const double sec = time_calls([&] {
+        for (Exl3Tensor& t : w) t.trellis = tp.take(t.trellis_nbytes() / 2);
+        spw::exl3_moe_cpu(experts.data(), 6, x.data(), n_tokens, ids.data(), wts.data(), 6, 10.0f, out.data(), &pool,
+                          opt);
+      });
+      const double gbs = double(nbytes) / sec / 1e9;
+      std::printf("| 6 × %lld%s | %.0f | %.1f | %.2f | %.1f%% |\n", static_cast<long long>(n_tokens),
+                  int16 ? " (int16 activations)" : "", sec * 1e6, nbytes / 1e6, gbs, 100.0 * gbs / bw);
+    }
   std::printf("\ntotal bench time: %.1f s\n", seconds_since(t_start));
   return 0;
 }

@@ -11,7 +11,8 @@
 //   - exl3_matmul_cpu 8192² K = 3 mul1, m = 1 and exl3_moe_cpu for one V4.1 layer (6 experts × 1 token):
 //     µs, speed-up over T = 1, trellis GB/s, % of the same T's read bandwidth.
 // Then the two EXL3 rows again at max_threads with the pool's spin budget 0 (workers sleep between calls)
-// and with 4 parts of the tile grid per thread (over-decomposition, for unequal threads): what each is worth. Why: on the H200 host (session 20) 16 threads ran 8192² m = 1 only
+// and with 4 parts of the tile grid per thread (over-decomposition, for unequal threads): what each is worth;
+// and with the approximate int16-activation kernel (Exl3Activations::kInt16) where the machine runs it. Why: on the H200 host (session 20) 16 threads ran 8192² m = 1 only
 // 1.74× faster than the 2-core dev box; this separates core count, SMT, quota, fork/join and memory.
 #include <algorithm>
 #include <cstdio>
@@ -216,5 +217,10 @@ int main(int argc, char** argv) {
   spw::Exl3CpuOptions more_parts;
   more_parts.parts_per_thread = 4;
   report("4 parts per thread", time_exl3(c, words, pool, more_parts));
+  if (spw::detail::exl3_int16_ready()) {
+    spw::Exl3CpuOptions int16;
+    int16.activations = spw::Exl3Activations::kInt16;
+    report("int16 activations (approximate)", time_exl3(c, words, pool, int16));
+  }
   return 0;
 }

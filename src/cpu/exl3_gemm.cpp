@@ -201,6 +201,40 @@ Exl3TileFn exl3_tile_fn(CpuIsa isa) {
   return exl3_tiles_scalar;
 }
 
+bool exl3_int16_ready() {
+#if defined(__x86_64__)
+  static const bool ready = cpu_isa_detect() >= CpuIsa::kAvx512Vbmi && __builtin_cpu_supports("avx512vnni");
+  return ready;
+#else
+  return false;
+#endif
+}
+
+bool exl3_use_int16(const Exl3CpuOptions& opt, const Exl3Tensor& t, int64_t m) {
+  return opt.activations == Exl3Activations::kInt16 && t.codebook == Exl3Codebook::kMul1 && m < kAmxMinTokens &&
+         opt.decode == Exl3Decode::kArith && std::min(opt.isa, cpu_isa_detect()) >= CpuIsa::kAvx512Vbmi &&
+         exl3_int16_ready();
+}
+
+void exl3_quantize_xe(const float* xe, int64_t n_tk, int64_t m, int64_t i, int16_t* xq, float* scale) {
+  for (int64_t b = 0; b * 8 < n_tk; ++b) {
+    const int64_t tk0 = 8 * b, tk1 = std::min(n_tk, tk0 + 8);
+    float amax = 0;
+    for (int64_t tk = tk0; tk < tk1; ++tk) {
+      const float* v = xe + (tk * m + i) * 32;
+      for (int l = 0; l < 32; ++l) amax = std::max(amax, std::fabs(v[l]));
+    }
+    const float s = amax > 0 ? amax / kExl3Int16Max : 1.0f, inv = 1.0f / s;
+    scale[b * m + i] = s;
+    for (int64_t tk = tk0; tk < tk1; ++tk) {
+      const float* v = xe + (tk * m + i) * 32;
+      int16_t* q = xq + (tk * m + i) * 32;
+      for (int l = 0; l < 32; ++l)
+        q[l] = static_cast<int16_t>(std::clamp(std::nearbyint(v[l] * inv), -float(kExl3Int16Max), float(kExl3Int16Max)));
+    }
+  }
+}
+
 void exl3_split(int64_t n_tk, int64_t n_tn, int64_t n_parts, int64_t* k_splits, int64_t* n_splits) {
   // Among pk·pn = n_parts (pk | n_parts), the smallest largest part; column ranges narrower than 4 tiles
   // (short contiguous runs of trellis) only when nothing else fits; ties go to fewer k-slices.
@@ -254,7 +288,8 @@ void exl3_matmul_cpu_opts(const Exl3CpuOptions& opt, const Exl3Tensor& t, const 
   const CpuIsa isa = std::min(opt.isa, cpu_isa_detect());
   ThreadPool& tp = pool ? *pool : global_pool();
   const int64_t n_tk = t.k / 16, n_tn = t.n / 16;
-  thread_local std::vector<float> suh, svh, bias, xe_v, u_v;
+  thread_local std::vector<float> suh, svh, bias, xe_v, u_v, xq_scale_v;
+  thread_local std::vector<int16_t> xq_v;
   detail::exl3_factors(t, suh, svh, bias);
   // (thread_local names inside the lambdas would mean the worker's own copies: use pointers.)
   const float* suh_p = suh.data();
@@ -272,10 +307,22 @@ void exl3_matmul_cpu_opts(const Exl3CpuOptions& opt, const Exl3Tensor& t, const 
   const size_t grain_x = static_cast<size_t>(std::max<int64_t>(1, 65536 / t.k));
   const size_t grain_y = static_cast<size_t>(std::max<int64_t>(1, 65536 / (t.n * k_splits)));
 
-  // Stage 1: xe = had128(x ∘ suh) in lane order.
+  // Stage 1: xe = had128(x ∘ suh) in lane order (and quantized, for the int16 kernel).
   float* xe = scratch(xe_v, static_cast<size_t>(m) * n_tk * 32);
+  const bool int16 = detail::exl3_use_int16(opt, t, m);
+  int16_t* xq = nullptr;
+  float* xq_scale = nullptr;
+  if (int16) {
+    xq_v.resize(static_cast<size_t>(m) * n_tk * 32);
+    xq_scale_v.resize(static_cast<size_t>(m) * ((n_tk + 7) / 8));
+    xq = xq_v.data();
+    xq_scale = xq_scale_v.data();
+  }
   tp.parallel_for(static_cast<size_t>(m), [&](size_t a, size_t b) {
-    for (size_t i = a; i < b; ++i) detail::exl3_expand_x(x + i * t.k, suh_p, t.k, xe + i * 32, m * 32, isa);
+    for (size_t i = a; i < b; ++i) {
+      detail::exl3_expand_x(x + i * t.k, suh_p, t.k, xe + i * 32, m * 32, isa);
+      if (int16) detail::exl3_quantize_xe(xe, n_tk, m, static_cast<int64_t>(i), xq, xq_scale);
+    }
   }, grain_x);
 
   // Stage 2: u = xr · Ŵ per part; one k-slice writes y directly.
@@ -286,7 +333,10 @@ void exl3_matmul_cpu_opts(const Exl3CpuOptions& opt, const Exl3Tensor& t, const 
     {
       detail::Exl3Part part = detail::exl3_part(t, xe, m, k_splits, n_splits, static_cast<int64_t>(q), u, t.n);
       part.amx = opt.amx;
-      fn(part, opt.decode);
+      part.xq = xq;
+      part.xq_scale = xq_scale;
+      if (int16) detail::exl3_tiles_int16(part);
+      else fn(part, opt.decode);
     }
   }, 1, static_cast<size_t>(ppt));
 

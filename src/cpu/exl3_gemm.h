@@ -50,6 +50,15 @@ CpuIsa cpu_isa_detect();
 // How codebook values are produced in the SIMD kernels (the scalar kernel always uses the table).
 enum class Exl3Decode { kArith = 0, kLut = 1 };
 
+// What the activations are multiplied in. kFp32 is exact: the fp16 Ŵ of the definition times fp32 x, summed
+// in fp32. kInt16 is a separate, approximate option for MUL1 tensors on AVX-512 VBMI + VNNI machines
+// (exl3_gemm_int16.cpp): each token's xr is quantized to 15-bit integers (a scale per 128-row block), multiplied
+// by the codebook's byte sums in integer dot products (vpdpwssd), and the codebook's affine map is applied
+// after the sum, so Ŵ's fp16 rounding is skipped. Its error against the fp64 reference is measured in
+// tests/unit/test_exl3_cpu.cpp and bench_exl3_cpu; elsewhere (other codebooks, machines without VNNI or
+// VBMI, the table decode) the exact path runs.
+enum class Exl3Activations { kFp32 = 0, kInt16 = 1 };
+
 struct Exl3CpuOptions {
   CpuIsa isa = CpuIsa::kAvx512Fp16;  // capped at cpu_isa_detect()
   Exl3Decode decode = Exl3Decode::kArith;
@@ -60,6 +69,7 @@ struct Exl3CpuOptions {
   // on the 2-core dev box 4 was 1–3 % slower than 1 (session 21). bench_exl3_cpu_threads prints both at the
   // sweep's largest thread count, for hosts where the threads are not equal.
   int parts_per_thread = 1;
+  Exl3Activations activations = Exl3Activations::kFp32;
 };
 
 void exl3_matmul_cpu(const Exl3Tensor& t, const float* x, int64_t m, float* y, ThreadPool* pool = nullptr);
@@ -98,6 +108,10 @@ struct Exl3Part {
   float* u;
   int64_t ldu;
   bool amx = true;  // the AVX-512 FP16 kernel may hand m ≥ kAmxMinTokens to AMX (Exl3CpuOptions::amx)
+  // Exl3Activations::kInt16 (exl3_tiles_int16 only): xe quantized, same layout as xe, and the scales
+  // [k-block of 128 rows][token] (exl3_quantize_xe).
+  const int16_t* xq = nullptr;
+  const float* xq_scale = nullptr;
 };
 using Exl3TileFn = void (*)(const Exl3Part& part, Exl3Decode decode);
 void exl3_tiles_scalar(const Exl3Part&, Exl3Decode);
@@ -120,6 +134,19 @@ void exl3_codebook_avx512fp16(Exl3Codebook cb, const uint16_t* states, int64_t n
 void exl3_codebook_avx512vbmi(Exl3Codebook cb, const uint16_t* states, int64_t n, uint16_t* out);
 void exl3_tile_states_avx512vbmi(const uint16_t* tile, Exl3Bits bits, uint16_t out[256]);
 Exl3TileFn exl3_tile_fn(CpuIsa isa);
+// The int16-activation MUL1 kernel (Exl3Activations::kInt16; needs P.xq, P.xq_scale and a MUL1 tensor) and
+// whether this machine runs it (AVX-512 VBMI and VNNI).
+void exl3_tiles_int16(const Exl3Part& P);
+bool exl3_int16_ready();
+// Whether a product of m tokens with these options takes the int16 kernel: below kAmxMinTokens tokens (from
+// there the exact kernels' AMX path is faster: dev box, 8192² K = 3, m = 16: 13.4 ms int16 vs 9.5 ms exact;
+// m = 1: 2.56 vs 3.36 ms, m = 4: 4.9 vs 5.05 ms, session 21).
+bool exl3_use_int16(const Exl3CpuOptions& opt, const Exl3Tensor& t, int64_t m);
+// Quantizes token i's xe (all n_tk k-tiles, layout as exl3_expand_x with tk_stride = 32·m) to xq (same
+// layout), one scale per 128-row block b (8 k-tiles): scale[b·m + i] = max|xe over the block| / kExl3Int16Max
+// (1 when all zero), |q| ≤ kExl3Int16Max.
+inline constexpr int kExl3Int16Max = 16383;
+void exl3_quantize_xe(const float* xe, int64_t n_tk, int64_t m, int64_t i, int16_t* xq, float* scale);
 
 // Normalized fp32 Sylvester Hadamard of 128 values in place (AVX2 version bit-identical to scalar).
 void had128_f32_scalar(float* v);

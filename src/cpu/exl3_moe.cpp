@@ -19,6 +19,8 @@ struct Job {
   int64_t m;
   float* u;
   int64_t k_splits, n_splits;
+  const int16_t* xq = nullptr;  // set: the int16 kernel (Exl3Activations::kInt16)
+  const float* xq_scale = nullptr;
 };
 
 // Runs every part of every job in one pass over the pool. Jobs of equal shape get equal part counts,
@@ -39,7 +41,10 @@ void run_jobs(std::vector<Job>& jobs, ThreadPool& tp, const Exl3CpuOptions& opt)
       detail::Exl3Part part =
           detail::exl3_part(*j.t, j.xe, j.m, j.k_splits, j.n_splits, static_cast<int64_t>(q) - first[i], j.u, j.t->n);
       part.amx = opt.amx;
-      fn(part, opt.decode);
+      part.xq = j.xq;
+      part.xq_scale = j.xq_scale;
+      if (j.xq) detail::exl3_tiles_int16(part);
+      else fn(part, opt.decode);
     }
   }, 1, static_cast<size_t>(ppt));
 }
@@ -103,7 +108,8 @@ void exl3_moe_cpu(const Exl3ExpertWeights* experts, int64_t n_experts, const flo
   auto bias_of = [](const Factors& F) { return F.bias.empty() ? nullptr : F.bias.data(); };
 
   // Scratch (per calling thread, kept): expanded inputs, slice sums, activations.
-  thread_local std::vector<float> xe13, xe2, u13, u2, y2;
+  thread_local std::vector<float> xe13, xe2, u13, u2, y2, s13, s2;
+  thread_local std::vector<int16_t> xq13, xq2;  // quantized xe13, xe2 where the int16 kernel runs
   const int64_t max_parts = static_cast<int64_t>(tp.size()) * std::max(1, opt.parts_per_thread);  // k_splits ≤ parts
   xe13.resize(static_cast<size_t>(2 * n_rows * n_tk1 * 32));
   xe2.resize(static_cast<size_t>(n_rows * n_tk2 * 32));
@@ -115,6 +121,30 @@ void exl3_moe_cpu(const Exl3ExpertWeights* experts, int64_t n_experts, const flo
   float* u13_p = u13.data();
   float* u2_p = u2.data();
   float* y2_p = y2.data();
+  // Int16 activations per matrix (w1, w3, w2 of each active expert): exl3_use_int16.
+  std::vector<char> use_int16(static_cast<size_t>(3 * n_active));
+  bool any13 = false, any2 = false;
+  for (int64_t a = 0; a < n_active; ++a) {
+    const Exl3ExpertWeights& ew = experts[active[a]];
+    const int64_t m = row0[a + 1] - row0[a];
+    use_int16[3 * a] = detail::exl3_use_int16(opt, *ew.w1, m);
+    use_int16[3 * a + 1] = detail::exl3_use_int16(opt, *ew.w3, m);
+    use_int16[3 * a + 2] = detail::exl3_use_int16(opt, *ew.w2, m);
+    any13 = any13 || use_int16[3 * a] || use_int16[3 * a + 1];
+    any2 = any2 || use_int16[3 * a + 2];
+  }
+  if (any13) {
+    xq13.resize(xe13.size());
+    s13.resize(static_cast<size_t>(2 * n_rows * n_tk1 / 8));
+  }
+  if (any2) {
+    xq2.resize(xe2.size());
+    s2.resize(static_cast<size_t>(n_rows * n_tk2 / 8));
+  }
+  int16_t* xq13_p = xq13.data();
+  int16_t* xq2_p = xq2.data();
+  float* s13_p = s13.data();
+  float* s2_p = s2.data();
   const size_t grain1 = static_cast<size_t>(std::max<int64_t>(1, 32768 / d));
   const size_t grain2 = static_cast<size_t>(std::max<int64_t>(1, 32768 / f));
 
@@ -127,8 +157,11 @@ void exl3_moe_cpu(const Exl3ExpertWeights* experts, int64_t n_experts, const flo
       const int64_t r = static_cast<int64_t>(q) / 2, which = static_cast<int64_t>(q) % 2, a = row_expert[r];
       // Layout: expert a's gate block, then its up block, each [n_tk1][m_a][32].
       const int64_t m = row0[a + 1] - row0[a];
-      float* dst = xe13_p + (2 * row0[a] + which * m) * n_tk1 * 32 + (r - row0[a]) * 32;
+      const int64_t block = (2 * row0[a] + which * m) * n_tk1 * 32;
+      float* dst = xe13_p + block + (r - row0[a]) * 32;
       detail::exl3_expand_x(x + row_token[r] * d, fp[3 * a + which].suh.data(), d, dst, m * 32, isa);
+      if (use_int16[3 * a + which])
+        detail::exl3_quantize_xe(xe13_p + block, n_tk1, m, r - row0[a], xq13_p + block, s13_p + block / (32 * 8)  /* a scale per 8 k-tiles of the block */);
     }
   }, grain1);
 
@@ -140,8 +173,10 @@ void exl3_moe_cpu(const Exl3ExpertWeights* experts, int64_t n_experts, const flo
     for (int which = 0; which < 2; ++which) {
       const Exl3ExpertWeights& ew = experts[active[a]];
       u13_at[2 * a + which] = u13_p + (2 * row0[a] + which * m) * max_parts * f;
-      jobs.push_back({which ? ew.w3 : ew.w1, xe13_p + (2 * row0[a] + which * m) * n_tk1 * 32, m,
-                      u13_at[2 * a + which], 1, 1});
+      const int64_t block = (2 * row0[a] + which * m) * n_tk1 * 32;
+      const bool q = use_int16[3 * a + which];
+      jobs.push_back({which ? ew.w3 : ew.w1, xe13_p + block, m, u13_at[2 * a + which], 1, 1,
+                      q ? xq13_p + block : nullptr, q ? s13_p + block / (32 * 8) : nullptr});
     }
   }
   run_jobs(jobs, tp, opt);
@@ -160,6 +195,8 @@ void exl3_moe_cpu(const Exl3ExpertWeights* experts, int64_t n_experts, const flo
       detail::exl3_finish_y(ju.u + i * f, ju.k_splits, m * f, fp[3 * a + 1].svh.data(), bias_of(fp[3 * a + 1]), f, u, isa);
       ref::swiglu(g, u, g, static_cast<size_t>(f), swiglu_limit, row_weight[r]);
       detail::exl3_expand_x(g, fp[3 * a + 2].suh.data(), f, xe2_p + row0[a] * n_tk2 * 32 + i * 32, m * 32, isa);
+      if (use_int16[3 * a + 2])
+        detail::exl3_quantize_xe(xe2_p + row0[a] * n_tk2 * 32, n_tk2, m, i, xq2_p + row0[a] * n_tk2 * 32, s2_p + row0[a] * n_tk2 / 8);
     }
   }, grain2);
 
@@ -167,7 +204,9 @@ void exl3_moe_cpu(const Exl3ExpertWeights* experts, int64_t n_experts, const flo
   std::vector<Job> jobs2;
   for (int64_t a = 0; a < n_active; ++a) {
     const int64_t m = row0[a + 1] - row0[a];
-    jobs2.push_back({experts[active[a]].w2, xe2_p + row0[a] * n_tk2 * 32, m, u2_p + row0[a] * max_parts * d, 1, 1});
+    const bool q = use_int16[3 * a + 2];
+    jobs2.push_back({experts[active[a]].w2, xe2_p + row0[a] * n_tk2 * 32, m, u2_p + row0[a] * max_parts * d, 1, 1,
+                     q ? xq2_p + row0[a] * n_tk2 * 32 : nullptr, q ? s2_p + row0[a] * n_tk2 / 8 : nullptr});
   }
   run_jobs(jobs2, tp, opt);
   tp.parallel_for(static_cast<size_t>(n_rows), [&](size_t lo, size_t hi) {

@@ -28,11 +28,11 @@ inline float* acc_scratch(size_t n) {
 }
 
 // For every strip: zero acc[0, acc_floats), then tile(w, j, xt) for each k-tile row in order and each tile j
-// of the strip (w: its bytes, xt: the k-tile's activations of all tokens), then done(s0, ns) with the strip's
-// first column tile and width.
-template <class Tile, class Done>
+// of the strip (w: its bytes, xt: the k-tile's activations of all tokens) followed by row_done(tk), then
+// done(s0, ns) with the strip's first column tile and width.
+template <class Tile, class RowDone, class Done>
 inline void walk_strips(const Exl3Part& P, int64_t tile_bytes, int strip, float* acc, size_t acc_floats, Tile&& tile,
-                        Done&& done) {
+                        RowDone&& row_done, Done&& done) {
   const int64_t row_bytes = (P.t->n / 16) * tile_bytes;
   for (int64_t s0 = P.tn0; s0 < P.tn1; s0 += strip) {
     const int ns = static_cast<int>(std::min<int64_t>(strip, P.tn1 - s0));
@@ -50,9 +50,16 @@ inline void walk_strips(const Exl3Part& P, int64_t tile_bytes, int strip, float*
         }
         tile(w, j, xt);
       }
+      row_done(tk);
     }
     done(s0, ns);
   }
+}
+
+template <class Tile, class Done>
+inline void walk_strips(const Exl3Part& P, int64_t tile_bytes, int strip, float* acc, size_t acc_floats, Tile&& tile,
+                        Done&& done) {
+  walk_strips(P, tile_bytes, strip, acc, acc_floats, tile, [](int64_t) {}, done);
 }
 
 }  // namespace

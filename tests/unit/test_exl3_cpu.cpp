@@ -11,6 +11,7 @@
 // Compiled only where spw_cpu is linked (SPW_HAVE_CPU comes from its interface).
 #if defined(SPW_HAVE_CPU)
 #include "cpu/exl3_gemm.h"
+#include "exl3_random.h"
 
 #include <gtest/gtest.h>
 
@@ -24,31 +25,12 @@
 namespace spw {
 namespace {
 
-struct Owned {
-  std::vector<uint16_t> trellis;
-  Exl3Tensor t;
-};
+using Owned = test::OwnedExl3;
 
 Owned random_tensor(int64_t k, int64_t n, int k_x2, Exl3Codebook cb, bool bias, uint32_t seed) {
   std::mt19937 rng(seed);
   Owned o;
-  o.t.name = "random";
-  o.t.k = k;
-  o.t.n = n;
-  o.t.bits.k_x2 = k_x2;
-  o.t.codebook = cb;
-  o.trellis.resize(static_cast<size_t>(k / 16) * (n / 16) * o.t.bits.words_per_tile());
-  for (auto& w : o.trellis) w = rng() & 0xffff;
-  o.t.trellis = o.trellis.data();
-  std::normal_distribution<float> nd(0, 1);
-  o.t.suh.resize(k);
-  o.t.svh.resize(n);
-  for (auto& v : o.t.suh) v = exl3_f64_to_f16(0.03 * nd(rng));
-  for (auto& v : o.t.svh) v = exl3_f64_to_f16(((rng() & 1) ? 1 : -1) * (1 + 0.2 * nd(rng)));
-  if (bias) {
-    o.t.bias.resize(n);
-    for (auto& v : o.t.bias) v = exl3_f64_to_f16(0.1 * nd(rng));
-  }
+  test::fill_random_exl3(o, k, n, k_x2, cb, rng, 0.03f, bias);
   return o;
 }
 

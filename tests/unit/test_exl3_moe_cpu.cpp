@@ -13,30 +13,16 @@
 #include <random>
 #include <vector>
 
+#include "exl3_random.h"
 #include "ops/ref/moe.h"
 
 namespace spw {
 namespace {
 
-struct OwnedTensor {
-  std::vector<uint16_t> trellis;
-  Exl3Tensor t;
-};
+using OwnedTensor = test::OwnedExl3;
 
 void make_tensor(OwnedTensor& o, int64_t k, int64_t n, int k_x2, Exl3Codebook cb, std::mt19937& rng, float su_scale) {
-  o.t.name = "expert";
-  o.t.k = k;
-  o.t.n = n;
-  o.t.bits.k_x2 = k_x2;
-  o.t.codebook = cb;
-  o.trellis.resize(static_cast<size_t>(k / 16) * (n / 16) * o.t.bits.words_per_tile());
-  for (auto& w : o.trellis) w = rng() & 0xffff;
-  o.t.trellis = o.trellis.data();
-  std::normal_distribution<float> nd(0, 1);
-  o.t.suh.resize(k);
-  o.t.svh.resize(n);
-  for (auto& v : o.t.suh) v = exl3_f64_to_f16(su_scale * nd(rng));
-  for (auto& v : o.t.svh) v = exl3_f64_to_f16(((rng() & 1) ? 1 : -1) * (1 + 0.2 * nd(rng)));
+  test::fill_random_exl3(o, k, n, k_x2, cb, rng, su_scale, false);
 }
 
 struct Layer {
