@@ -112,7 +112,9 @@ void ThreadPool::run_chunks(uint64_t word) {
 
 void ThreadPool::worker_loop() {
   tl_running_in = this;
-  uint32_t seen = generation_of(job_.load(std::memory_order_acquire));
+  // Generation 0: no job exists before the constructor returns. (Reading the job word here instead lost the
+  // first job for a worker that started after it was published: it took that job as seen and slept through it.)
+  uint32_t seen = 0;
   for (;;) {
     auto deadline = Clock::now() + std::chrono::microseconds(spin_us_);
     uint64_t word = 0;
