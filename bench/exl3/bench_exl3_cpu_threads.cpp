@@ -41,16 +41,9 @@ std::string first_line(const char* path) {
   return line;
 }
 
-std::string cpuinfo_field(const char* key) {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind(key, 0) == 0) return line.substr(line.find(':') + 2);
-  return "(not found)";
-}
-
-std::string status_field(const char* key) {
-  std::ifstream f("/proc/self/status");
+// The value after ':' on the first line of `path` that starts with `key`.
+std::string field(const char* path, const char* key) {
+  std::ifstream f(path);
   std::string line;
   while (std::getline(f, line))
     if (line.rfind(key, 0) == 0) return line.substr(line.find(':') + 2);
@@ -60,14 +53,14 @@ std::string status_field(const char* key) {
 // Lines that tell what 'N hardware threads' means here: SMT siblings, the CPUs this process may use, and a
 // CPU quota (cgroup v2 cpu.max, or v1 cfs quota/period) that can bind before the core count does.
 void print_topology() {
-  std::printf("CPU: %s; %u hardware threads, cpu MHz %s\n", cpuinfo_field("model name").c_str(),
-              std::thread::hardware_concurrency(), cpuinfo_field("cpu MHz").c_str());
+  std::printf("CPU: %s; %u hardware threads, cpu MHz %s\n", field("/proc/cpuinfo", "model name").c_str(),
+              std::thread::hardware_concurrency(), field("/proc/cpuinfo", "cpu MHz").c_str());
   std::printf("cpu0 SMT siblings %s; cpu%u siblings %s; allowed CPUs %s\n",
               first_line("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").c_str(),
               std::thread::hardware_concurrency() - 1,
               first_line(("/sys/devices/system/cpu/cpu" + std::to_string(std::thread::hardware_concurrency() - 1) +
                           "/topology/thread_siblings_list").c_str()).c_str(),
-              status_field("Cpus_allowed_list").c_str());
+              field("/proc/self/status", "Cpus_allowed_list").c_str());
   std::printf("CPU quota: cgroup v2 cpu.max %s; v1 cfs quota %s / period %s µs\n\n",
               first_line("/sys/fs/cgroup/cpu.max").c_str(), first_line("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").c_str(),
               first_line("/sys/fs/cgroup/cpu/cpu.cfs_period_us").c_str());
