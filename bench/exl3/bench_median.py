@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-cell median of several bench_exl3_cpu outputs (the same binary run back to back).
 
-    python3 tools/bench_median.py run1.md run2.md run3.md
+    python3 bench/exl3/bench_median.py run1.md run2.md run3.md
 
 Prints, for each section of the bench and each row (tensor, K, codebook, shape, m), the median µs over
 the runs and the spread (min–max), so a table quoted from them is not one noisy run's.
@@ -19,9 +19,10 @@ def parse(path):
         m = re.match(r"\| (\S+) \| (\d+) \| (\w+) \| (\d+x\d+) \| (\d+) \| (\d+) \|", line)
         if m and section:
             cells[(section,) + m.groups()[:5]] = int(m.group(6))
-        m = re.match(r"\| (\d+) × (\d+) \| (\d+) \|", line)
+        m = re.match(r"\| (\d+) × (\d+)( \([^)]*\))? \| (\d+) \|", line)
         if m and section:
-            cells[(section, "moe", m.group(1), m.group(2))] = int(m.group(3))
+            variant = (m.group(3) or "").strip(" ()")
+            cells[(section, "moe" + (" " + variant if variant else ""), m.group(1), m.group(2))] = int(m.group(4))
     return cells
 
 
