@@ -22,21 +22,15 @@
 
 using namespace spw;
 
-#define ST(x)                                                                                     \
-  do {                                                                                            \
-    Status s_ = (x);                                                                              \
-    if (!s_.ok()) {                                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_.error().message.c_str()); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
+#define ST(x)                                                                                            \
+  do {                                                                                                   \
+    Status s_ = (x);                                                                                     \
+    if (!s_.ok()) spw::bench::fail_call(__FILE__, __LINE__, #x, s_.error().message.c_str());             \
   } while (0)
-#define CB(x)                                                                                     \
-  do {                                                                                            \
-    cublasStatus_t s_ = (x);                                                                      \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                            \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cublasGetStatusString(s_));  \
-      std::exit(1);                                                                               \
-    }                                                                                             \
+#define CB(x)                                                                                            \
+  do {                                                                                                   \
+    cublasStatus_t s_ = (x);                                                                             \
+    if (s_ != CUBLAS_STATUS_SUCCESS) spw::bench::fail_call(__FILE__, __LINE__, #x, cublasGetStatusString(s_)); \
   } while (0)
 
 namespace {

@@ -3,6 +3,7 @@
 //   bench_exl3_cpu [threads]        (default: all hardware threads)
 //
 // 1. Read bandwidth: all threads sum a 1 GiB buffer (best of 3) — the roofline for streaming trellis.
+// 1b. The fp16 → fp32 conversion of one V4.1 expert tensor's factors: one value at a time vs f16_to_f32_n.
 // 2. exl3_matmul_cpu (default ISA and decode) at K = 2, 3, 4 × {mul1, mcg} on 8192×8192 and the V4.1
 //    expert shapes 5120×2304 (w1/w3) and 2304×5120 (w2), m = 1, 4, 16, 64: µs per call, trellis GB/s,
 //    % of the measured read bandwidth.
@@ -28,6 +29,7 @@
 #include "base/thread_pool.h"
 #include "cpu/exl3_gemm.h"
 #include "cpu/exl3_moe.h"
+#include "formats/dtypes.h"
 #include "formats/exl3.h"
 #include "cpu_bench_util.h"
 
@@ -47,6 +49,20 @@ int main(int argc, char** argv) {
   std::printf("# bench_exl3_cpu: %zu threads, isa %s\n\n", pool.size(), spw::cpu_isa_name(isa));
   const double bw = read_bandwidth_gbs(pool);
   std::printf("read bandwidth (sum over 1 GiB, %zu threads, best of 3): %.1f GB/s\n\n", pool.size(), bw);
+
+  // The per-call factor conversion (suh + svh of one V4.1 expert tensor, 5120 + 2304 fp16 values): one value
+  // at a time through exl3_f16_to_f32 (what every product did before session 21) and f16_to_f32_n (F16C).
+  {
+    std::vector<uint16_t> h(5120 + 2304);
+    for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(0x3000 + (i * 37) % 0x3000);
+    std::vector<float> f(h.size());
+    const double scalar = time_calls([&] {
+      for (size_t i = 0; i < h.size(); ++i) f[i] = spw::exl3_f16_to_f32(h[i]);
+    });
+    const double batch = time_calls([&] { spw::f16_to_f32_n(h.data(), f.data(), h.size()); });
+    std::printf("fp16 factors of one V4.1 expert tensor (7424 values) to fp32: %.2f µs one at a time, %.2f µs "
+                "batched (F16C where present)\n\n", scalar * 1e6, batch * 1e6);
+  }
 
   Pool tp(size_t(512) << 20);
   std::vector<float> x(64 * 8192), y(64 * 8192);

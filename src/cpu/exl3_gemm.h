@@ -66,7 +66,7 @@ struct Exl3CpuOptions {
   bool amx = true;                  // AMX tiles for m ≥ detail::kAmxMinTokens where the machine has them
   // Parts of the tile grid per pool thread. More than one lets threads that finish early take over parts of
   // slow or late ones (SMT siblings, busy vCPUs, a worker woken late), at the cost of shorter runs per part;
-  // on the 2-core dev box 4 was 1–3 % slower than 1 (session 21). bench_exl3_cpu_threads prints both at the
+  // on the 2-core dev box 4 was no faster (1–3 % slower, within that VM's noise; session 21). bench_exl3_cpu_threads prints both at the
   // sweep's largest thread count, for hosts where the threads are not equal.
   int parts_per_thread = 1;
   Exl3Activations activations = Exl3Activations::kFp32;
@@ -138,9 +138,10 @@ Exl3TileFn exl3_tile_fn(CpuIsa isa);
 // whether this machine runs it (AVX-512 VBMI and VNNI).
 void exl3_tiles_int16(const Exl3Part& P);
 bool exl3_int16_ready();
-// Whether a product of m tokens with these options takes the int16 kernel: below kAmxMinTokens tokens (from
-// there the exact kernels' AMX path is faster: dev box, 8192² K = 3, m = 16: 13.4 ms int16 vs 9.5 ms exact;
-// m = 1: 2.56 vs 3.36 ms, m = 4: 4.9 vs 5.05 ms, session 21).
+// Whether a product of m tokens with these options takes the int16 kernel: below kAmxMinTokens tokens. Dev box,
+// 8192² K = 3, 2 threads (bench/results/exl3_cpu_ci_class.md, session 21): m = 1 2.56 ms int16 vs 3.52 ms exact,
+// m = 4 4.91 vs 5.34 ms, m = 8 8.18 ms int16; from 10 tokens the exact kernel's AMX path takes over (m = 16: one
+// run of the int16 kernel before this cutoff took 13.4 ms against the exact 9.5 ms).
 bool exl3_use_int16(const Exl3CpuOptions& opt, const Exl3Tensor& t, int64_t m);
 // Quantizes token i's xe (all n_tk k-tiles, layout as exl3_expand_x with tk_stride = 32·m) to xq (same
 // layout), one scale per 128-row block b (8 k-tiles): scale[b·m + i] = max|xe over the block| / kExl3Int16Max

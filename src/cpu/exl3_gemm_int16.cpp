@@ -2,7 +2,7 @@
 // exl3_gemm.h) for AVX-512 VBMI + VNNI. This file alone is built with those flags; it runs only where
 // exl3_int16_ready().
 //
-// Why: the exact FP16 kernel spends ~17 port-0/5 micro-ops per 32 weights, 7 of them turning each byte sum
+// Why: the exact FP16 kernel spends ~17 port-0/5 micro-ops per 32 weights (counted from the instruction sequences), 7 of them turning each byte sum
 // into an fp16 weight and multiplying it in fp32 (fp16 FMA, two vcvtph2ps, two fp32 FMAs). MUL1's weight is
 // affine in the byte sum b of its hash: ŵ = fp16(k_inv·(1024 + b) + k_bias). Without that fp16 rounding,
 //   Σ_k x_k ŵ_kn ≈ k_inv · Σ_k x_k b_kn + c · Σ_k x_k,   c = 1024·k_inv + k_bias = −3.453125,

@@ -133,6 +133,30 @@ TEST(Exl3Cpu, KSplits) {
   EXPECT_LT(max_err, 2e-5 * rms);
 }
 
+// Exl3CpuOptions::parts_per_thread: 4 parts per thread of a 3-thread pool (12 parts: k-slices and column ranges
+// the default split never makes) must give the reference's product within the same bound.
+TEST(Exl3Cpu, MorePartsPerThread) {
+  ThreadPool pool(3);
+  uint32_t seed = 350;
+  for (auto [k, n, m] : {std::tuple{5120, 2304, 1}, {2304, 5120, 3}, {1152, 256, 7}, {384, 640, 16}}) {
+    Owned o = random_tensor(k, n, 6, static_cast<Exl3Codebook>(seed % 3), (seed & 1) != 0, seed);
+    ++seed;
+    std::vector<float> x(m * k), ref(m * n), y(m * n);
+    std::mt19937 rng(seed++);
+    std::normal_distribution<float> nd(0, 1);
+    for (auto& v : x) v = nd(rng);
+    exl3_matmul_ref(o.t, x.data(), m, ref.data());
+    Exl3CpuOptions opt;
+    opt.parts_per_thread = 4;
+    exl3_matmul_cpu_opts(opt, o.t, x.data(), m, y.data(), &pool);
+    double rms = 0, max_err = 0;
+    for (size_t i = 0; i < ref.size(); ++i) rms += double(ref[i]) * ref[i];
+    rms = std::sqrt(rms / ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) max_err = std::max(max_err, std::fabs(double(y[i]) - ref[i]));
+    EXPECT_LT(max_err, 2e-5 * rms) << "k=" << k << " n=" << n << " m=" << m;
+  }
+}
+
 TEST(Exl3Cpu, DecodeBitExact) {
   // Part = one tile row; m tokens one-hot on rows r0 .. r0 + m − 1 of the tile: u[i][col] is Ŵ[16·tk + r0 + i][col]
   // exactly (every other product is 0). m = 1, 2, 3 run the kernels' per-group paths, m = 16 the blocked one.

@@ -2,7 +2,7 @@
 // g = exl3_matmul_ref(W1), u = exl3_matmul_ref(W3), h = ref::swiglu(g, u, limit, weight),
 // out += exl3_matmul_ref(W2, h). Cases: several tokens sharing experts, unused slots (-1), experts
 // with no tokens, the clamp active (large activations), no clamp, accumulation into a non-zero out,
-// every ISA and both decode modes, 1 and 3 threads. Tolerance: 1e-4·RMS(out) (fp32 summation order in
+// every ISA and both decode modes, 1 and 3 threads, 1 and 4 parts per thread. Tolerance: 1e-4·RMS(out) (fp32 summation order in
 // three products; the SwiGLU input differs by ~1e-6 relative, silu is smooth).
 #if defined(SPW_HAVE_CPU)
 #include "cpu/exl3_moe.h"
@@ -75,25 +75,27 @@ void check_layer(const Layer& L, int64_t n_tokens, const std::vector<int32_t>& i
   for (size_t i = 0; i < ref.size(); ++i) rms += double(ref[i] - base[i]) * (ref[i] - base[i]);
   rms = std::sqrt(rms / ref.size());
   ASSERT_GT(rms, 0);
-  for (size_t threads : {1, 3}) {
-    ThreadPool pool(threads);
-    for (int run = 0; run <= 2 * static_cast<int>(cpu_isa_detect()); ++run) {
-      Exl3CpuOptions opt;
-      opt.isa = static_cast<CpuIsa>((run + 1) / 2);
-      opt.decode = run > 0 && run % 2 == 0 ? Exl3Decode::kLut : Exl3Decode::kArith;
-      SCOPED_TRACE(std::string(cpu_isa_name(opt.isa)) + (opt.decode == Exl3Decode::kLut ? " lut" : " arith") +
-                   " threads=" + std::to_string(threads));
-      std::vector<float> out = base;
-      exl3_moe_cpu(L.experts.data(), static_cast<int64_t>(L.experts.size()), x.data(), n_tokens, ids.data(), wts.data(),
-                   top_k, limit, out.data(), &pool, opt);
-      double max_err = 0;
-      for (size_t i = 0; i < out.size(); ++i) {
-        ASSERT_FALSE(std::isnan(out[i])) << i;
-        max_err = std::max(max_err, std::fabs(double(out[i]) - ref[i]));
+  for (size_t threads : {1, 3})
+    for (int parts_per_thread : {1, 4}) {  // 4: more, smaller parts (and their k-slice scratch) per job
+      ThreadPool pool(threads);
+      for (int run = 0; run <= 2 * static_cast<int>(cpu_isa_detect()); ++run) {
+        Exl3CpuOptions opt;
+        opt.isa = static_cast<CpuIsa>((run + 1) / 2);
+        opt.decode = run > 0 && run % 2 == 0 ? Exl3Decode::kLut : Exl3Decode::kArith;
+        opt.parts_per_thread = parts_per_thread;
+        SCOPED_TRACE(std::string(cpu_isa_name(opt.isa)) + (opt.decode == Exl3Decode::kLut ? " lut" : " arith") +
+                     " threads=" + std::to_string(threads) + " parts_per_thread=" + std::to_string(parts_per_thread));
+        std::vector<float> out = base;
+        exl3_moe_cpu(L.experts.data(), static_cast<int64_t>(L.experts.size()), x.data(), n_tokens, ids.data(), wts.data(),
+                     top_k, limit, out.data(), &pool, opt);
+        double max_err = 0;
+        for (size_t i = 0; i < out.size(); ++i) {
+          ASSERT_FALSE(std::isnan(out[i])) << i;
+          max_err = std::max(max_err, std::fabs(double(out[i]) - ref[i]));
+        }
+        EXPECT_LT(max_err, 1e-4 * rms) << "tokens=" << n_tokens << " limit=" << limit;
       }
-      EXPECT_LT(max_err, 1e-4 * rms) << "tokens=" << n_tokens << " limit=" << limit;
     }
-  }
 }
 
 TEST(Exl3MoeCpu, TokensGroupedPerExpert) {
