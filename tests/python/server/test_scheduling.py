@@ -185,16 +185,23 @@ def test_queue_overflow_gives_503(spillway_bin, model_dir):
 
 
 def test_sigterm_finishes_in_flight_and_exits_0(spillway_bin, model_dir):
+    # Every token of the in-flight request must arrive, in order: the streamed ids are compared with the
+    # same greedy request run to completion before the signal (an SSE event may carry several tokens).
     s = Server(spillway_bin, model_dir)
-    body = {"prompt": [0, 3, 4], "max_tokens": 60, "temperature": 0, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", s.base + "/v1/completions", json=body, headers=s.headers(), timeout=60) as r:
+    body = {"prompt": [0, 3, 4], "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+    expected = httpx.post(s.base + "/v1/completions", json=body, headers=s.headers(), timeout=60).json()
+    expected_ids = expected["choices"][0]["token_ids"]
+    assert len(expected_ids) == 60
+    with httpx.stream("POST", s.base + "/v1/completions", json={**body, "stream": True}, headers=s.headers(),
+                      timeout=60) as r:
         it = r.iter_lines()
-        next(l for l in it if l.startswith("data: "))
+        events = [next(l for l in it if l.startswith("data: "))]
         s.proc.send_signal(signal.SIGTERM)
-        rest = [l for l in it if l.startswith("data: ")]
-    assert rest[-1] == "data: [DONE]"
-    n = 1 + sum(len(json.loads(l[6:])["choices"][0]["token_ids"]) for l in rest[:-1])
-    assert n == 60
+        events += [l for l in it if l.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(l[6:])["choices"][0] for l in events[:-1]]
+    assert [t for c in chunks for t in c["token_ids"]] == expected_ids
+    assert chunks[-1]["finish_reason"] == "length"
     assert s.proc.wait(30) == 0
 
 
