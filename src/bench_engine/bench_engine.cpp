@@ -17,6 +17,7 @@
 
 #include "bench_engine/device_rates.h"
 #include "bench_engine/model_costs.h"
+#include "cuda/kernel_settings.h"
 #include "cuda/launch.h"
 #include "engine/gpu_model.h"
 #include "model/config.h"
@@ -210,6 +211,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
   const int max_batch = o.batches.empty() ? 1 : *std::max_element(o.batches.begin(), o.batches.end());
   const int64_t max_prefill = o.prefill.empty() ? 0 : *std::max_element(o.prefill.begin(), o.prefill.end());
   engine::GpuModelOptions gopt;
+  gopt.moe_paths = engine::moe_paths_from(o.gpu);
   gopt.budget.max_seqs = o.max_seqs > 0 ? o.max_seqs : std::max(1, max_batch);
   gopt.budget.max_context =
       o.max_context > 0 ? o.max_context
@@ -256,6 +258,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
                  e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
     return 2;
   }
+  cuda::apply_kernel_settings(o.gpu);  // before any weights are uploaded (dense_linear.h: set_gemv_mma)
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf("\n## Device: %s, %d SMs, %.1f GiB\n\n", prop.name, prop.multiProcessorCount,

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "base/settings.h"
 #include "cli/commands.h"
 #if defined(SPW_HAVE_BENCH_ENGINE)
 #include "bench_engine/bench_engine.h"
@@ -41,6 +42,7 @@ int run_bench(const BenchFlags& f) {
   o.max_context = f.max_context;
   o.seed = f.seed;
   o.plan_only = f.plan_only;
+  o.gpu = settings().gpu;
   return bench::run_engine_bench(o);
 #else
   std::fprintf(stderr, "spillway bench: this build has no GPU engine (CUDA was not found at configure time); "

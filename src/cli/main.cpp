@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include "base/log.h"
+#include "base/settings.h"
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   auto bench = spw::cli::add_bench_command(app);
   CLI11_PARSE(app, argc, argv);
   spw::log_init(log_level);
+  spw::settings();  // the SPILLWAY_* variables without a flag, read once here (base/settings.h)
   if (app.got_subcommand("run")) return run();
   if (app.got_subcommand("inspect")) return inspect();
   if (app.got_subcommand("serve")) return serve();

@@ -49,6 +49,7 @@
 #include "base/status.h"
 #include "cuda/dense/dense_linear.h"
 #include "engine/memory_plan.h"
+#include "engine/moe_dispatch.h"
 #include "engine/step_graphs.h"
 #include "model/model.h"
 
@@ -72,6 +73,8 @@ struct GpuModelOptions {
   // the (token, slot) pairs, engine/moe_dispatch.h) and longer ones per expert with the token lists on
   // the host (GEMMs that read each expert once); kHost / kDevice force one (tests compare them).
   MoeDispatch moe_dispatch = MoeDispatch::kAuto;
+  // The EXL3 and dense expert paths (moe_dispatch.h); moe_paths_from(settings().gpu) gives the environment's.
+  MoePaths moe_paths;
   // Decode steps whose MoE dispatches on the device (≤ 16 sequences) run from CUDA graphs, recorded per
   // step and updated in place (engine/step_graphs.h); false launches every kernel directly.
   bool cuda_graphs = true;
