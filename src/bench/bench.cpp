@@ -1,4 +1,4 @@
-#include "bench_engine/bench_engine.h"
+#include "bench/bench.h"
 
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
@@ -15,8 +15,8 @@
 #include <random>
 #include <span>
 
-#include "bench_engine/device_rates.h"
-#include "bench_engine/model_costs.h"
+#include "bench/device_rates.h"
+#include "bench/model_costs.h"
 #include "cuda/kernel_settings.h"
 #include "cuda/launch.h"
 #include "engine/gpu_model.h"
