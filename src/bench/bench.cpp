@@ -464,8 +464,8 @@ int run_engine_bench(const EngineBenchOptions& o) {
   // ---- prefill ----
   // One warm-up chunk on a throwaway sequence first (the decode phases ran chunks of at most ~1024 rows: the
   // first 4096-row step pays cuBLASLt's heuristics, lazy module loads and the arena's growth), then
-  // prefill_runs timed runs per length, each on a fresh sequence; the median run is reported. (Session 20
-  // measured one cold run per length: V4.1 4096 gave 25668 then 18673 tokens/s on two machines.)
+  // prefill_runs timed runs per length, each on a fresh sequence; the median run is reported. (A single
+  // cold run per length is not repeatable: V4.1 at 4096 tokens gave 25668 then 18673 tokens/s on two machines.)
   std::printf("\n## Prefill: one sequence, random tokens, chunks of %d; median of %d runs after a warm-up chunk\n\n",
               o.chunk, o.prefill_runs);
   std::printf("| prompt | s (median) | min / max s | tokens/s | first / last chunk s | GFLOP/token | TFLOP/s | "
@@ -548,7 +548,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
   // measured bandwidth), a lower bound on its time: the rest of the measured time is the layers', an upper
   // bound per layer, so the projection errs slow. (Splitting the time in proportion to bytes, as the first
   // version did, gave the head ~53 % of the token while it ran near the roofline and the layers at ~15 %:
-  // 14.1 ms projected where the kernel trace of session 7 puts 40 layers near 23 ms.)
+  // 14.1 ms projected where a kernel trace puts 40 layers near 23 ms.)
   const double fixed_b = double(db.fixed_total()), layers_b = token_bytes - fixed_b;
   const double t_fixed = std::min(ms_per_token, fixed_b / *bw * 1e3), t_layer = (ms_per_token - t_fixed) / c.n_layers;
   const double proj_ms = t_fixed + n_proj * t_layer;

@@ -421,7 +421,7 @@ Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int3
   if (Status e = begin_step(s); !e.ok()) return make_error("decode: ", e.error().message);
   // CUDA graphs (step_graphs.h) when the step has no host round trip; the guard ends an interrupted recording.
   // Past kDeviceDispatchRows (dense experts may dispatch on the device further: SPILLWAY_DENSE_DEVICE_ROWS) only
-  // when the device dispatch is forced: capture of those larger steps has not run on a GPU yet (session 19).
+  // when the device dispatch is forced: capture of those larger steps has not run on a GPU yet.
   if (st.cuda_graphs && moe_on_device(s) && (B <= kDeviceDispatchRows || options_.moe_dispatch == MoeDispatch::kDevice))
     s.graphs = &st.graphs;
   struct AbortRecording {

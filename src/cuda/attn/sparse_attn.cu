@@ -6,7 +6,7 @@
 // codes and scales decoded by bit assembly). The earlier kernel took one (head, query) per block and
 // decoded every row once per head and pass: 64 decodes of each channel per decode call, which made it
 // instruction-bound (150 µs per decode call at 1 K context, 379 ms per 4096-token prefill call on the
-// H200; bench/results/engine_h200.md, session 6).
+// H200; bench/results/engine_h200.md).
 //
 // The arithmetic, shared by both paths below so that they give bit-identical results:
 //   logits: ℓ_j = (q·c_j)·scale: lane l sums q[c]·c_j[c] over c = l, l + 32, ... in order, then an
@@ -509,7 +509,7 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
     return make_error("sparse_attn_cuda: the tensor-core split path needs bf16 q and p and d_head % 64 == 0");
   // Only on request for now: in the engine it moved the V4 golden model's layer 2 (HCA) off the CPU reference in
   // EngineGolden.V4TeacherForcedLayers (77.9 % of values within 2 bf16 ulps, 99.9 % with the scalar split), while
-  // every CudaAttnSparse case passes; not yet understood (bench/results/engine_h200.md, session 13).
+  // every CudaAttnSparse case passes; not yet understood (bench/results/engine_h200.md).
   const bool split_mma = split_mma_ok && a.path == SparseAttnPath::kSplitTensorCore;
   s.n_seg = segments_of(max_rows);
   const int64_t qh = int64_t(a.n_q) * a.n_heads;

@@ -154,7 +154,7 @@ Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y
 // 3·n_tokens rows of one bf16 GEMM (the weight read once per chunk), then y = (hi·W + mid·W) + lo·W in f32. Each
 // product of a bf16 weight and a bf16 plane is exact in the fp32 accumulator, so no bit of x is dropped, where
 // the pedantic fp32 GEMM runs on the FFMA pipes from a weight dequantized to f32 (at 64 decode rows the head
-// and the router took ~23 % of a V4.1 step that way: bench/results/engine_h200.md, session 17). Sums differ in
+// and the router took ~23 % of a V4.1 step that way: bench/results/engine_h200.md). Sums differ in
 // order (and the tensor cores' accumulation in rounding) from that GEMM. Scratch: x3 then a y3 chunk in ws.wbuf.
 Status linear_gemm_split3(const DeviceLinear& w, const float* x, int n_tokens, float* y, LinearWorkspace& ws,
                           cudaStream_t stream, cublasHandle_t h, size_t x3_nbytes, int chunk) {
