@@ -395,12 +395,6 @@ __global__ void __launch_bounds__(kMaxThreads, 1) split_fused_kernel(SparseAttnA
 
 }  // namespace
 
-void set_sparse_attn_switches(const SparseAttnSwitches& s) {
-  mma_allowed.store(s.mma, std::memory_order_relaxed);
-  vec4_allowed.store(s.vec4, std::memory_order_relaxed);
-  fused_allowed.store(s.fused, std::memory_order_relaxed);
-}
-
 size_t sparse_attn_split_scratch_floats(int n_q, int n_heads, int d_head, int64_t max_rows) {
   const int64_t qh = int64_t(n_q) * n_heads, n_seg = segments_of(max_rows);
   return size_t(qh * (max_rows + n_seg * (2 + d_head)));
@@ -438,6 +432,12 @@ bool grid_is_resident(const void* kernel, dim3 grid, int threads, size_t smem) {
   return int64_t(grid.x) * grid.y * grid.z <= int64_t(per_sm) * n_sms;
 }
 }  // namespace
+
+void set_sparse_attn_switches(const SparseAttnSwitches& s) {
+  mma_allowed.store(s.mma, std::memory_order_relaxed);
+  vec4_allowed.store(s.vec4, std::memory_order_relaxed);
+  fused_allowed.store(s.fused, std::memory_order_relaxed);
+}
 
 bool sparse_attn_uses_split(int n_q, int n_heads) { return int64_t(n_q) * n_heads <= kSparseAttnSplitMaxBlocks; }
 
