@@ -3,7 +3,18 @@
 # the V4.1 architecture), answering one OpenAI chat request, then shutting down cleanly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh > /tmp/spillway-build.log 2>&1 || { tail -30 /tmp/spillway-build.log; exit 1; }
+# The build's full output goes to a log; the terminal shows its progress (cmake's percentage), and the
+# log's tail if it fails.
+build_log=/tmp/spillway-build.log
+echo "building spillway (full output in $build_log)" >&2
+if ! scripts/build.sh 2>&1 | tee "$build_log" | awk '
+    match($0, /^\[ *[0-9]+%\]/) {
+      pct = substr($0, 2, RLENGTH - 3) + 0
+      if (pct >= shown + 10 || pct == 100) { printf "  build %3d%%\n", pct > "/dev/stderr"; shown = pct }
+    }' ; then
+  tail -30 "$build_log"
+  exit 1
+fi
 port=${SPILLWAY_PORT:-8421}
 log=$(mktemp)
 build/bin/spillway serve --port "$port" > "$log" 2>&1 &

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything Spillway needs to build and test on a fresh Debian 12 machine.
-# Idempotent. Debian packages only (see README "Dependencies" for why each one).
+# Idempotent and quiet unless something fails. Debian packages only (see README "Dependencies" for why each one).
 set -euo pipefail
 
 packages=(
@@ -24,11 +24,16 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
+  # apt's output goes to a log, shown only when a step fails.
+  log=$(mktemp /tmp/spillway-setup.XXXXXX.log)
+  echo "setup: installing ${#missing[@]} Debian packages (${missing[*]})"
   sudo_cmd=()
   [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}"
-else
-  echo "setup: all Debian packages present"
+  if ! { "${sudo_cmd[@]}" apt-get update -q &&
+         DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}"; } > "$log" 2>&1; then
+    cat "$log" >&2
+    echo "setup: apt-get failed (output above, also in $log)" >&2
+    exit 1
+  fi
+  rm -f "$log"
 fi

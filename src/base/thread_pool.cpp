@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <memory>
 
+#include "base/settings.h"
+
 namespace spw {
 
 namespace {
@@ -32,15 +34,9 @@ void cpu_relax() {
 // The pool whose job this thread is running (nested calls run inline).
 thread_local const ThreadPool* tl_running_in = nullptr;
 
-int spin_us_from_env() {
-  const char* env = std::getenv("SPILLWAY_CPU_SPIN_US");
-  if (!env || !*env) return ThreadPool::kDefaultSpinUs;
-  return std::max(0, std::atoi(env));
-}
-
 }  // namespace
 
-ThreadPool::ThreadPool(size_t n_threads, int spin_us) : spin_us_(spin_us >= 0 ? spin_us : spin_us_from_env()) {
+ThreadPool::ThreadPool(size_t n_threads, int spin_us) : spin_us_(spin_us >= 0 ? spin_us : settings().cpu_spin_us) {
   if (n_threads == 0) n_threads = std::max(1u, std::thread::hardware_concurrency());
   for (size_t i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
 }

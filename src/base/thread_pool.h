@@ -19,12 +19,14 @@
 #include <thread>
 #include <vector>
 
+#include "base/settings.h"
+
 namespace spw {
 
 class ThreadPool {
  public:
   // n_threads == 0 picks std::thread::hardware_concurrency(). spin_us: how long an idle worker polls for
-  // the next job before it sleeps (negative: SPILLWAY_CPU_SPIN_US, default kDefaultSpinUs).
+  // the next job before it sleeps (negative: settings().cpu_spin_us, SPILLWAY_CPU_SPIN_US, default kDefaultSpinUs).
   explicit ThreadPool(size_t n_threads = 0, int spin_us = -1);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -41,7 +43,7 @@ class ThreadPool {
   void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain = 1,
                     size_t chunks_per_thread = 1);
 
-  static constexpr int kDefaultSpinUs = 200;
+  static constexpr int kDefaultSpinUs = Settings{}.cpu_spin_us;
 
  private:
   void worker_loop();

@@ -1,12 +1,13 @@
 // `spillway bench --model DIR`: the GPU engine's decode, batched decode and prefill speed against the
 // GPU's own measured bandwidth and tensor-core rate, memory per component, and the projection to the
-// full model (src/bench_engine/bench_engine.h). CUDA builds only; elsewhere it says so.
+// full model (src/bench/bench.h). CUDA builds only; elsewhere it says so.
 #include <cstdio>
 #include <memory>
 
+#include "base/settings.h"
 #include "cli/commands.h"
-#if defined(SPW_HAVE_BENCH_ENGINE)
-#include "bench_engine/bench_engine.h"
+#if defined(SPW_HAVE_BENCH)
+#include "bench/bench.h"
 #endif
 
 namespace spw::cli {
@@ -23,7 +24,7 @@ struct BenchFlags {
 };
 
 int run_bench(const BenchFlags& f) {
-#if defined(SPW_HAVE_BENCH_ENGINE)
+#if defined(SPW_HAVE_BENCH)
   bench::EngineBenchOptions o;
   o.model_dir = f.model_dir;
   o.json_path = f.json_path;
@@ -41,6 +42,7 @@ int run_bench(const BenchFlags& f) {
   o.max_context = f.max_context;
   o.seed = f.seed;
   o.plan_only = f.plan_only;
+  o.gpu = settings().gpu;
   return bench::run_engine_bench(o);
 #else
   std::fprintf(stderr, "spillway bench: this build has no GPU engine (CUDA was not found at configure time); "

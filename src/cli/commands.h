@@ -11,7 +11,7 @@ std::function<int()> add_run_command(CLI::App& app);
 std::function<int()> add_inspect_command(CLI::App& app);
 std::function<int()> add_serve_command(CLI::App& app);
 std::function<int()> add_quantize_command(CLI::App& app);
-std::function<int()> add_eval_kl_command(CLI::App& app);
+std::function<int()> add_kl_command(CLI::App& app);
 std::function<int()> add_bench_command(CLI::App& app);
 
 }  // namespace spw::cli

@@ -1,5 +1,5 @@
 // `spillway quantize`: calibrated EXL3 quantization of the routed experts (docs/quantize.md), and
-// `spillway eval-kl`: KL / top-1 agreement of quantized packs against their source model.
+// `spillway kl` (alias `eval-kl`): KL / top-1 agreement of quantized packs against their source model.
 #include <cstdio>
 #include <memory>
 
@@ -63,7 +63,7 @@ std::function<int()> add_quantize_command(CLI::App& app) {
   };
 }
 
-std::function<int()> add_eval_kl_command(CLI::App& app) {
+std::function<int()> add_kl_command(CLI::App& app) {
   struct Opts {
     std::string p, text, per_position;
     std::vector<std::string> q;
@@ -74,7 +74,8 @@ std::function<int()> add_eval_kl_command(CLI::App& app) {
     std::string shard = "0/1";
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* cmd = app.add_subcommand("eval-kl", "KL(P‖Q) and top-1 agreement of models against a reference on the same text");
+  CLI::App* cmd = app.add_subcommand("kl", "KL(P‖Q) and top-1 agreement of models against a reference on the same text");
+  cmd->alias("eval-kl");  // the command's former name, kept for existing scripts
   cmd->add_option("--model", o->p, "reference model P (e.g. the source)")->required();
   cmd->add_option("--quantized", o->q, "model(s) Q (e.g. quantized packs; P runs once for all)")->required();
   cmd->add_option("--text", o->text, "held-out text (.txt) or .jsonl")->required();

@@ -3,6 +3,7 @@
 // prompt and the output are token ids (models without a tokenizer).
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -83,6 +84,15 @@ int32_t sample(const std::vector<float>& logits, float temperature, float top_p,
   return probs[n_keep - 1].second;
 }
 
+// Prefill and decode speed on stderr, after the output (stdout stays the generated text alone).
+void print_rates(size_t n_prompt, double prefill_s, int n_decoded, double decode_s) {
+  auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
+  std::fprintf(stderr, "prefill: %zu tokens in %.3f s, %.1f tokens/s\n", n_prompt, prefill_s,
+               rate(double(n_prompt), prefill_s));
+  std::fprintf(stderr, "decode: %d tokens in %.3f s, %.1f tokens/s\n", n_decoded, decode_s,
+               rate(double(n_decoded), decode_s));
+}
+
 int run(RunOptions o) {
   if (o.threads > 0) set_global_pool_threads(o.threads);
   if (o.model_dir.empty()) {
@@ -127,7 +137,12 @@ int run(RunOptions o) {
   std::optional<IncrementalDecoder> detok;
   if (tokenizer) detok.emplace(*tokenizer);
   std::mt19937_64 rng(o.seed);
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t_prefill = Clock::now();
   auto logits = (*model)->forward(seq, *prompt);
+  const double prefill_s = std::chrono::duration<double>(Clock::now() - t_prefill).count();
+  double decode_s = 0;
+  int n_decoded = 0;  // single-token forwards
   for (int step = 0; step < o.max_tokens; ++step) {
     if (!logits.ok()) {
       SPW_LOG_ERROR("{}", logits.error().message);
@@ -137,10 +152,14 @@ int run(RunOptions o) {
     if (next == (*model)->config().eos_id) break;
     if (detok) std::cout << detok->push(next) << std::flush;
     else std::cout << next << " " << std::flush;
+    const Clock::time_point t_step = Clock::now();
     logits = (*model)->forward(seq, std::span<const int32_t>(&next, 1));
+    decode_s += std::chrono::duration<double>(Clock::now() - t_step).count();
+    ++n_decoded;
   }
   if (detok) std::cout << detok->flush();
-  std::cout << "\n";
+  std::cout << "\n" << std::flush;
+  print_rates(prompt->size(), prefill_s, n_decoded, decode_s);
   return 0;
 }
 

@@ -66,7 +66,7 @@ struct Exl3CpuOptions {
   bool amx = true;                  // AMX tiles for m ≥ detail::kAmxMinTokens where the machine has them
   // Parts of the tile grid per pool thread. More than one lets threads that finish early take over parts of
   // slow or late ones (SMT siblings, busy vCPUs, a worker woken late), at the cost of shorter runs per part;
-  // on the 2-core dev box 4 was no faster (1–3 % slower, within that VM's noise; session 21). bench_exl3_cpu_threads prints both at the
+  // on the 2-core dev box 4 was no faster (1–3 % slower, within that VM's noise). bench_exl3_cpu_threads prints both at the
   // sweep's largest thread count, for hosts where the threads are not equal.
   int parts_per_thread = 1;
   Exl3Activations activations = Exl3Activations::kFp32;
@@ -123,7 +123,7 @@ void exl3_tiles_avx512fp16(const Exl3Part&, Exl3Decode);  // kLut: exl3_tiles_av
 // m ≥ kAmxMinTokens when amx_ready() (AMX-BF16 + AVX-512 BF16 present and the OS granted the tile state).
 // From 10 tokens AMX wins: its cost per tile is nearly flat up to 16 tokens (decode-bound) while the FMA path
 // grows with m (bench/exl3/bench_exl3_cpu_tiles: K3 mul1, m = 10 / 12 / 16 ≈ 55–64 / 58–60 / 61–63 ns with AMX,
-// 59–67 / 75–77 / 86–99 without; at 8 tokens the FMA path is as fast; session 19).
+// 59–67 / 75–77 / 86–99 without; at 8 tokens the FMA path is as fast).
 inline constexpr int64_t kAmxMinTokens = 10;
 bool amx_ready();
 void exl3_tiles_amx(const Exl3Part&);
@@ -139,7 +139,7 @@ Exl3TileFn exl3_tile_fn(CpuIsa isa);
 void exl3_tiles_int16(const Exl3Part& P);
 bool exl3_int16_ready();
 // Whether a product of m tokens with these options takes the int16 kernel: below kAmxMinTokens tokens. Dev box,
-// 8192² K = 3, 2 threads (bench/results/exl3_cpu_ci_class.md, session 21): m = 1 2.56 ms int16 vs 3.52 ms exact,
+// 8192² K = 3, 2 threads (bench/results/exl3_cpu_ci_class.md): m = 1 2.56 ms int16 vs 3.52 ms exact,
 // m = 4 4.91 vs 5.34 ms, m = 8 8.18 ms int16; from 10 tokens the exact kernel's AMX path takes over (m = 16: one
 // run of the int16 kernel before this cutoff took 13.4 ms against the exact 9.5 ms).
 bool exl3_use_int16(const Exl3CpuOptions& opt, const Exl3Tensor& t, int64_t m);

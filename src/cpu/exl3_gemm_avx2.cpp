@@ -137,7 +137,7 @@ void tiles_blocked(const Exl3Part& P) {
 }
 
 // m < kBlockedMinTokens: strips of kStrip contiguous column tiles (exl3_strips.h; ≈ 8 % at 8192², K3 mul1, m = 1
-// on 2 threads, bench/results/exl3_cpu_ci_class.md, session 19), accumulators (m × kStrip × 8 vectors) in L1.
+// on 2 threads, bench/results/exl3_cpu_ci_class.md), accumulators (m × kStrip × 8 vectors) in L1.
 constexpr int kStrip = 16;
 
 template <int CB, bool kLut>

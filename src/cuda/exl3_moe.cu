@@ -7,7 +7,7 @@
 //   C  SwiGLU: (pair, 128-block of f)                  h = swiglu(had(acc)·svh + b); xr_d[p] = fp16(had(h ∘ suh_2))
 //   D  down: every (pair, 16-col strip of d, k-tile), split evenly                 acc_d[p] += h·Ŵ2
 //   E  combine: (token, 128-block of d)                y[t] = Σ_j (w_tj · had(acc_d[p])·svh_2 + b_2)
-// Tried and measured slower (H200, 2026-12-04, one V4.1 layer at one token): E split into a job per slot and a
+// Tried and measured slower (H200, one V4.1 layer at one token): E split into a job per slot and a
 // job per token with a barrier between (97.4 → 101.3 µs); phases B and D handed out in units of kStages stages
 // from a grid-wide counter instead of even static shares (108 → 118 µs, same call).
 // Accumulators are zeroed by the phase that consumes them, so the workspace stays clean for the

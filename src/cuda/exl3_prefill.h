@@ -2,7 +2,7 @@
 // GEMM, then the output rotation. The alternative — the small-batch kernels of exl3_gemm.h in launches of
 // 16 or 64 tokens, decoding every tile once per launch — is measured against it in bench/exl3/bench_exl3.cu
 // (prefill section), together with a dense bf16 cuBLAS GEMM of the same shape: the 64-token launches win
-// up to ~100 tokens per matrix, this path beyond (H200, bench/results/exl3_h200.md, session 14).
+// up to ~100 tokens per matrix, this path beyond (H200, bench/results/exl3_h200.md).
 //
 // What it computes: the same product as exl3_gemm_cuda (formats/exl3.h: W = diag(suh)·Hk·Ŵ·Hn·diag(svh)):
 //   xr = fp16(had128(x ∘ suh))            [m, k]   exl3_rotate_rows_cuda (exl3_gemm.h; the 64-row launches use it too)

@@ -2,8 +2,8 @@
 // optionally with thread-block clusters.
 //
 // Why PDL: a decode step is ~50 short kernels per layer, and between two dependent kernels the GPU sat
-// idle ~1.4 µs while the next grid was launched (session 10's trace: GPU busy 86 % of the step's wall
-// time). With cudaLaunchAttributeProgrammaticStreamSerialization the next kernel is launched while the
+// idle ~1.4 µs while the next grid was launched (a kernel trace of a decode step showed the GPU busy 86 % of
+// the step's wall time). With cudaLaunchAttributeProgrammaticStreamSerialization the next kernel is launched while the
 // previous one still runs; its blocks start, do whatever does not read the previous kernel's output
 // (a GEMV issues its first weight loads), and wait in pdl_wait() for that kernel to finish.
 //
@@ -18,28 +18,26 @@
 // A kernel launched with <<<>>> (or by a library) is an ordinary stream dependency for the next one: the
 // attribute only relaxes the edge to a kernel that itself triggered. Captured into a CUDA graph, the
 // launches become programmatic edges.
-// SPILLWAY_PDL=0 in the environment, or set_pdl(false), launches without the attribute (the bench's A/B);
+// set_pdl(false) (the CLI calls it for SPILLWAY_PDL=0; the bench's A/B) launches without the attribute;
 // pdl_wait() then returns at once, since the previous kernel has finished.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 namespace spw::cuda {
 
 namespace detail {
+// Whether the current device supports programmatic dependent launch (sm_90+).
+inline bool device_has_pdl() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+    return false;
+  return major >= 9;
+}
 inline bool& pdl_flag() {
-  static bool on = [] {
-    const char* env = std::getenv("SPILLWAY_PDL");
-    if (env && std::strcmp(env, "0") == 0) return false;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-      return false;
-    return major >= 9;
-  }();
+  static bool on = device_has_pdl();
   return on;
 }
 inline cudaLaunchConfig_t config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream) {
@@ -52,19 +50,11 @@ inline cudaLaunchConfig_t config(dim3 grid, dim3 block, size_t smem, cudaStream_
 }
 }  // namespace detail
 
-// Whether launches carry the PDL attribute (sm_90+ and SPILLWAY_PDL not 0).
+// Whether launches carry the PDL attribute (sm_90+ and not turned off by set_pdl).
 inline bool pdl_enabled() { return detail::pdl_flag(); }
 // Turns PDL off or back on for later launches (no effect below sm_90). CUDA graphs recorded since keep
 // the edges they were captured with.
-inline void set_pdl(bool on) {
-  if (!on) detail::pdl_flag() = false;
-  else {
-    int dev = 0, major = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    detail::pdl_flag() = major >= 9;
-  }
-}
+inline void set_pdl(bool on) { detail::pdl_flag() = on && detail::device_has_pdl(); }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with PDL; with clusters of `cluster` blocks (cluster
 // divides grid) unless cluster is 1×1×1.

@@ -1,4 +1,4 @@
-// A loaded ModelWeights on the GPU, in compact form (issue 7): every linear in the format its
+// A loaded ModelWeights on the GPU, in compact form: every linear in the format its
 // checkpoint stores it, read as raw bytes from the checkpoint (not re-encoded from the f32 copy):
 //   FP8 e4m3 + ue8m0 block scales, MXFP4 nibbles + ue8m0 per 32, BF16 or F32 as stored.
 // Exceptions, each exact: wo_a (FP8 in the checkpoint, used unquantized as BF16 by the reference)

@@ -52,7 +52,7 @@ __global__ void scale_kernel(float* x, int64_t n, float s) {
 // A warp per row, in place: stage h pairs (j, j + h) for every j with bit h clear, a + b and a − b, as the
 // reference's loops do. The pairs of a stage are disjoint, so the lanes split them and __syncwarp (which also
 // orders the lanes' global memory accesses) separates the stages: the same operations as one thread walking the
-// row (which took 123 µs per V4 indexer call for 64 rows of 128, session 8's trace).
+// row (which took 123 µs per V4 indexer call for 64 rows of 128, a kernel trace).
 __global__ void hadamard_rows_kernel(float* x, int64_t n_rows, int n, float scale) {
   cuda::pdl_enter();
   const int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;

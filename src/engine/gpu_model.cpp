@@ -388,7 +388,7 @@ Result<std::vector<float>> GpuModel::forward(GpuSequence& seq, std::span<const i
                       options_.budget.max_step_tokens);
   ArenaScope scope(st.arena);
   GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {StepChunk{&seq, tokens}}, options_.linear_path, st.stream,
-            options_.moe_dispatch};
+            options_.moe_dispatch, options_.moe_paths};
   if (Status e = begin_step(s); !e.ok()) return make_error("forward: ", e.error().message);
   const int first = options.all_logits ? 0 : s.n - 1, n_out = s.n - first;
   DeviceSpan<float> logits;
@@ -412,7 +412,8 @@ Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int3
   if (options_.linear_path == LinearPath::kGemv && B > 16)
     return make_error("decode: the forced GEMV path takes at most 16 sequences per step, got ", B);
   ArenaScope scope(st.arena);
-  GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {}, options_.linear_path, st.stream, options_.moe_dispatch};
+  GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {}, options_.linear_path, st.stream, options_.moe_dispatch,
+            options_.moe_paths};
   for (int b = 0; b < B; ++b) {
     if (!seqs[b]) return make_error("decode: sequence ", b, " is null");
     s.chunks.push_back(StepChunk{seqs[b], tokens.subspan(b, 1)});
@@ -420,7 +421,7 @@ Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int3
   if (Status e = begin_step(s); !e.ok()) return make_error("decode: ", e.error().message);
   // CUDA graphs (step_graphs.h) when the step has no host round trip; the guard ends an interrupted recording.
   // Past kDeviceDispatchRows (dense experts may dispatch on the device further: SPILLWAY_DENSE_DEVICE_ROWS) only
-  // when the device dispatch is forced: capture of those larger steps has not run on a GPU yet (session 19).
+  // when the device dispatch is forced: capture of those larger steps has not run on a GPU yet.
   if (st.cuda_graphs && moe_on_device(s) && (B <= kDeviceDispatchRows || options_.moe_dispatch == MoeDispatch::kDevice))
     s.graphs = &st.graphs;
   struct AbortRecording {

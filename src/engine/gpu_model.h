@@ -1,4 +1,4 @@
-// The DeepSeek-V4 / V4.1 text forward on one GPU (issue 7): the same computation as the CPU
+// The DeepSeek-V4 / V4.1 text forward on one GPU: the same computation as the CPU
 // reference Model (model/model.h), built from the kernel libraries spw_cuda_ops, spw_cuda_dense and
 // spw_cuda_attn, with the weights in their compact checkpoint formats (device_weights.h) and the KV
 // state in compact paged pools shared by all sequences (cuda/attn/kv_pages.h), sized by the memory
@@ -36,7 +36,7 @@
 //    choice per row inside the scoring kernel);
 //  - the device MoE dispatch for dense (MXFP4) experts is a grouped GEMV over (token, slot) pairs: an
 //    expert is read once per pair, not once per step for all tokens that chose it (V4 at batch 16 is
-//    slower per token than batch 64's host dispatch, bench/results/engine_h200.md session 8);
+//    slower per token than batch 64's host dispatch, bench/results/engine_h200.md);
 //  - Engram hashing stays on the host (a few integer ops per token).
 // Tests: tests/gpu/test_engine_golden.cpp, test_engine_plan.cpp, test_engine_batch.cpp.
 #pragma once
@@ -49,6 +49,7 @@
 #include "base/status.h"
 #include "cuda/dense/dense_linear.h"
 #include "engine/memory_plan.h"
+#include "engine/moe_dispatch.h"
 #include "engine/step_graphs.h"
 #include "model/model.h"
 
@@ -72,6 +73,8 @@ struct GpuModelOptions {
   // the (token, slot) pairs, engine/moe_dispatch.h) and longer ones per expert with the token lists on
   // the host (GEMMs that read each expert once); kHost / kDevice force one (tests compare them).
   MoeDispatch moe_dispatch = MoeDispatch::kAuto;
+  // The EXL3 and dense expert paths (moe_dispatch.h); moe_paths_from(settings().gpu) gives the environment's.
+  MoePaths moe_paths;
   // Decode steps whose MoE dispatches on the device (≤ 16 sequences) run from CUDA graphs, recorded per
   // step and updated in place (engine/step_graphs.h); false launches every kernel directly.
   bool cuda_graphs = true;

@@ -1,6 +1,7 @@
 // MoE sublayer on the GPU in four stages (router → dispatch → experts → combine, model/moe.cpp),
 // plus the shared expert; and V4.1 Engram (model/engram.cpp). The router runs on the GPU; then
-//  - device dispatch (steps of ≤ 16 rows, SPILLWAY_DENSE_DEVICE_ROWS for dense experts; GpuModelOptions::moe_dispatch): dense experts as grouped
+//  - device dispatch (steps of ≤ 16 rows, MoePaths::dense_device_rows for dense experts; GpuModelOptions::moe_dispatch):
+//    dense experts as grouped
 //    GEMVs over the (token, slot) pairs, EXL3 experts as the fused decode kernel (cuda/exl3_moe.h,
 //    reference_rounding); both read the expert ids from device memory, no host round trip
 //    (moe_dispatch.h);
@@ -11,8 +12,6 @@
 // Both add a token's experts in ascending expert order. Engram: host hashing, device gather from the
 // mapped host tables and device gate (engram_kernels.h).
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "cuda/exl3_grouped.h"
 #include "cuda/ops/act_quant.h"
@@ -126,15 +125,7 @@ Status routed_host(GpuStep& s, int layer, const float* x, const DeviceSpan<int32
 // 4096-token chunk made ~1,150 expert launches per V4.1 layer, plus the remainders of experts past 64
 // rows). The down projection writes each (token, slot) pair's row, and moe_combine_cuda adds a token's
 // slots in ascending expert id: the per-expert path's numerics up to the fp32 order of the sums inside
-// each projection. SPILLWAY_EXL3_GROUPED=0 keeps the per-expert path (docs/settings.md).
-bool exl3_grouped_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("SPILLWAY_EXL3_GROUPED");
-    return !(env && std::string_view(env) == "0");
-  }();
-  return on;
-}
-
+// each projection. MoePaths::exl3_grouped = false (SPILLWAY_EXL3_GROUPED=0) keeps the per-expert path.
 Status routed_exl3_grouped(GpuStep& s, int layer, const float* x, const DeviceSpan<int32_t>& experts,
                            const Buf& weights, float* acc) {
   const ModelConfig& c = s.c;
@@ -175,17 +166,17 @@ Status routed_exl3_grouped(GpuStep& s, int layer, const float* x, const DeviceSp
 // EXL3 experts of a decode step (device dispatch, ≤ 16 rows): every (token, slot) pair is one item of the
 // grouped kernels (one row, in pair order, expert from the router's ids in device memory), then
 // moe_combine_cuda. Eight launches, CUDA-graph capturable, the per-expert path's numerics. The fused
-// cooperative kernel does the same in one launch and wins below 8 rows (H200, session 15: one V4.1
-// layer at 1 token 97.6 µs fused vs 119.2 grouped; at 8 tokens 621 vs 551), so steps of fewer rows take
-// it. SPILLWAY_EXL3_DECODE=fused or =grouped forces one (docs/settings.md).
+// cooperative kernel does the same in one launch and wins below 8 rows (on the H200, one V4.1 layer at
+// 1 token: 97.6 µs fused vs 119.2 grouped; at 8 tokens 621 vs 551), so steps of fewer rows take it.
+// MoePaths::exl3_decode (SPILLWAY_EXL3_DECODE=fused or =grouped) forces one.
 constexpr int kExl3GroupedDecodeRows = 8;
-bool exl3_decode_grouped(int rows) {
-  static const int forced = [] {  // 0: by rows, 1: fused, 2: grouped
-    const char* env = std::getenv("SPILLWAY_EXL3_DECODE");
-    if (!env) return 0;
-    return std::string_view(env) == "fused" ? 1 : std::string_view(env) == "grouped" ? 2 : 0;
-  }();
-  return forced == 0 ? rows >= kExl3GroupedDecodeRows : forced == 2;
+bool exl3_decode_grouped(const MoePaths& p, int rows) {
+  switch (p.exl3_decode) {
+    case Exl3DecodeKernel::kFused: return false;
+    case Exl3DecodeKernel::kGrouped: return true;
+    case Exl3DecodeKernel::kByRows: break;
+  }
+  return rows >= kExl3GroupedDecodeRows;
 }
 
 Status routed_exl3_pairs(GpuStep& s, int layer, const float* x, const DeviceSpan<int32_t>& experts, const Buf& weights,
@@ -247,19 +238,10 @@ bool use_device_dispatch(const GpuStep& s, int layer) {
   const bool dense = s.st.expert_tables[layer].ready();
   const bool exl3 = s.st.exl3_moe[layer].ready() && int64_t(s.n) * s.c.top_k <= s.st.exl3_moe_ws.max_pairs;
   if (s.moe_dispatch == MoeDispatch::kHost || !(dense || exl3)) return false;
-  return s.moe_dispatch == MoeDispatch::kDevice || s.n <= (dense ? dense_device_dispatch_rows() : kDeviceDispatchRows);
+  return s.moe_dispatch == MoeDispatch::kDevice || s.n <= (dense ? s.moe_paths.dense_device_rows : kDeviceDispatchRows);
 }
 
 }  // namespace
-
-int dense_device_dispatch_rows() {
-  static const int rows = [] {
-    const char* env = std::getenv("SPILLWAY_DENSE_DEVICE_ROWS");
-    const int v = env ? std::atoi(env) : 0;
-    return v > 0 ? v : kDeviceDispatchRowsDense;
-  }();
-  return rows;
-}
 
 bool moe_on_device(const GpuStep& s) {
   for (int l = 0; l < s.c.n_layers; ++l)
@@ -293,13 +275,13 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
   // Dispatch and experts → acc [n, d].
   Buf acc, shared;
   SPW_TRY(s.alloc(acc, size_t(n) * d));
-  if (!use_device_dispatch(s, layer) && s.st.exl3_moe[layer].ready() && exl3_grouped_enabled())
+  if (!use_device_dispatch(s, layer) && s.st.exl3_moe[layer].ready() && s.moe_paths.exl3_grouped)
     SPW_TRY(routed_exl3_grouped(s, layer, x, experts, weights, acc.get()));
   else if (!use_device_dispatch(s, layer))
     SPW_TRY(routed_host(s, layer, x, experts, weights, acc.get()));
   else if (s.st.expert_tables[layer].ready())
     SPW_TRY(routed_device(s, layer, x, experts, weights, acc.get()));
-  else if (exl3_decode_grouped(n))  // EXL3: grouped launches per (token, slot) pair
+  else if (exl3_decode_grouped(s.moe_paths, n))  // EXL3: grouped launches per (token, slot) pair
     SPW_TRY(routed_exl3_pairs(s, layer, x, experts, weights, acc.get()));
   else  // EXL3: the fused decode kernel with the per-expert path's roundings
     SPW_TRY(exl3_moe_decode_cuda(s.st.exl3_moe[layer].layer, x, experts.get(), weights.get(), n, K, acc.get(),

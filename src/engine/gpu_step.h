@@ -102,6 +102,7 @@ struct GpuStep {
   LinearPath path = LinearPath::kAuto;
   cudaStream_t stream = nullptr;
   MoeDispatch moe_dispatch = MoeDispatch::kAuto;
+  MoePaths moe_paths{};
   int n = 0;                        // rows (tokens) of the step
   std::vector<int32_t> tokens{};    // [n]
   std::vector<int32_t> row_chunk{}; // [n] chunk of each row

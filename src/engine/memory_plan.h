@@ -1,4 +1,4 @@
-// The GPU memory planner (issue 7): from a ModelConfig and a KV budget, the bytes the GPU forward
+// The GPU memory planner: from a ModelConfig and a KV budget, the bytes the GPU forward
 // needs, per component, before anything is allocated. Pure host arithmetic; GpuModel sizes its KV
 // pools from the same numbers, so the plan is what gets allocated.
 //

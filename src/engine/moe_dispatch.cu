@@ -12,7 +12,7 @@ constexpr int kThreads = 256, kWarps = kThreads / 32;
 // Rows per warp and k-rounds: a warp takes kRows consecutive output rows of one pair and walks k in rounds of
 // kRound chunks per lane, issuing every weight load of a round (kRows · kRound chunks) before using any, so each
 // lane keeps several loads in flight. The first version (one row per warp, one chunk in flight per lane) took
-// 105 µs per call for the 27 MB of a V4 decode token's six MXFP4 experts (session 8's trace): ~6 % of HBM.
+// 105 µs per call for the 27 MB of a V4 decode token's six MXFP4 experts (a kernel trace): ~6 % of HBM.
 // Each row's sum is still lane l's chunks l, l + 32, ... in k order, then the xor tree: the same result.
 constexpr int kRows = 2, kRound = 4;
 

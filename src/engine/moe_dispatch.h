@@ -1,4 +1,4 @@
-// MoE dispatch on the device (issue 7): the routed experts of a step run as grouped GEMVs over its
+// MoE dispatch on the device: the routed experts of a step run as grouped GEMVs over its
 // (token, slot) pairs, reading each pair's expert id from device memory, so the router's choices
 // never go to the host. For decode-sized steps; prefill chunks keep the per-expert GEMMs
 // (gpu_moe.cpp's host dispatch), which read each expert's weights once.
@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/settings.h"
 #include "base/status.h"
 #include "cuda/dense/dense_linear.h"
 #include "cuda/exl3_moe.h"
@@ -45,17 +46,33 @@ namespace spw::engine {
 // with).
 constexpr int kDeviceDispatchRows = 16;
 // For dense-table experts (MXFP4 as released, FP8, BF16) the device dispatch is taken up to
-// SPILLWAY_DENSE_DEVICE_ROWS rows (default kDeviceDispatchRowsDense). Why more than 16: the host dispatch reads each distinct expert once but costs a host round trip and ~5 launches
+// MoePaths::dense_device_rows rows (default kDeviceDispatchRowsDense, SPILLWAY_DENSE_DEVICE_ROWS). Why more than 16: the host dispatch reads each distinct expert once but costs a host round trip and ~5 launches
 // per expert; the device dispatch reads one expert per (token, slot) pair in a few launches. V4-Flash
 // (256 experts of 3 × 4096 × 2048 MXFP4, 13.4 MB; top-6) at 64 rows: host ≈ 200 distinct experts × (3.2 µs
-// of HBM + launches) — measured 46.5 ms per 4-layer step on the H200 (session 17, batch 64 slower than
-// batch 16) — against 384 pairs × 3.2 µs ≈ 1.2 ms per layer for the device path before L2 reuse. The
+// of HBM + launches) — measured 46.5 ms per 4-layer step on the H200 (batch 64 slower than batch 16) —
+// against 384 pairs × 3.2 µs ≈ 1.2 ms per layer for the device path before L2 reuse. The
 // break-even is near 300 rows by that arithmetic; 64 is the largest decode bucket the benches run.
-// Measured (H200, session 20, bench/results/engine_h200.md): V4 batch 64 45.8 → 31.7 ms per 4-layer step
-// with 64 here instead of 16; EngineBatch.V4DeviceMoeMatchesHostDispatch48Rows checks the device path at 48
-// rows against the host dispatch. SPILLWAY_DENSE_DEVICE_ROWS=16 restores the old rule for A/B runs.
+// Measured on the H200 (bench/results/engine_h200.md): V4 batch 64 45.8 → 31.7 ms per 4-layer step with 64
+// here instead of 16; EngineBatch.V4DeviceMoeMatchesHostDispatch48Rows checks the device path at 48 rows
+// against the host dispatch. SPILLWAY_DENSE_DEVICE_ROWS=16 gives the 16-row rule for A/B runs.
 constexpr int kDeviceDispatchRowsDense = 64;
-int dense_device_dispatch_rows();
+
+// Which MoE paths the engine takes (GpuModelOptions::moe_paths), for A/B runs; the defaults are the fast ones.
+// gpu_moe.cpp says what each path does and how they were chosen.
+struct MoePaths {
+  bool exl3_grouped = true;  // EXL3 experts of host-dispatched steps in grouped launches, not per expert
+  Exl3DecodeKernel exl3_decode = Exl3DecodeKernel::kByRows;  // EXL3 decode: fused below 8 rows, else grouped
+  int dense_device_rows = kDeviceDispatchRowsDense;        // device dispatch limit of dense-table experts
+};
+// The paths the process's settings ask for (SPILLWAY_EXL3_GROUPED, SPILLWAY_EXL3_DECODE,
+// SPILLWAY_DENSE_DEVICE_ROWS).
+inline MoePaths moe_paths_from(const GpuSettings& g) {
+  MoePaths p;
+  p.exl3_grouped = g.exl3_grouped;
+  p.exl3_decode = g.exl3_decode;
+  if (g.dense_device_rows > 0) p.dense_device_rows = g.dense_device_rows;
+  return p;
+}
 
 struct DeviceExpert;
 

@@ -1,4 +1,4 @@
-// The GPU forward's per-step memory (issue 7): a device arena and a pinned host staging buffer, both
+// The GPU forward's per-step memory: a device arena and a pinned host staging buffer, both
 // allocated once at load (sizes from the memory planner, memory_plan.h), so that a step never calls
 // cudaMalloc / cudaFree (cudaFree synchronises the device) and every copy is async on the model's
 // stream.
@@ -94,7 +94,7 @@ class PinnedStaging {
   // at offsets mirroring their destinations, and end_batch() issues one copy per run of nearby
   // destinations (arena allocations in a row: one copy, padding included). A step's dozen small
   // uploads cost ~3 µs of host time and ~1 µs of GPU time each when copied one by one, before the
-  // step's first kernel (session 11's trace: 16 copies per decode step). Nothing may read the
+  // step's first kernel (a kernel trace: 16 copies per decode step). Nothing may read the
   // destinations before end_batch() (no kernel launches in between); a download ends the batch first.
   void begin_batch() { batching_ = true; }
   Status end_batch(cudaStream_t stream);

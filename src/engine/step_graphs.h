@@ -1,4 +1,4 @@
-// CUDA graphs for decode steps (issue 7): a decode step's kernels are recorded by stream capture and
+// CUDA graphs for decode steps: a decode step's kernels are recorded by stream capture and
 // replayed from an executable graph kept per (batch size, segment), so the GPU runs them back to back
 // instead of one launch at a time.
 //

@@ -29,7 +29,7 @@ float round_bf16(float value);
 float f16_to_f32(uint16_t bits);
 // n values at once, through F16C where the CPU has it (exact either way; NaNs stay NaN). The EXL3 CPU
 // kernels convert every tensor's suh/svh on each call: 35–40 µs per V4.1 expert tensor one value at a time,
-// 0.4–0.5 µs here (bench_exl3_cpu, dev box, session 21).
+// 0.4–0.5 µs here (bench_exl3_cpu, dev box).
 void f16_to_f32_n(const uint16_t* in, float* out, size_t n);
 
 // fp8 e4m3fn: bias 7, max 448, no infinities, 0x7f/0xff are NaN.

@@ -1,4 +1,4 @@
-// `spillway eval-kl`: how far quantized packs' next-token distributions are from the source
+// `spillway kl`: how far quantized packs' next-token distributions are from the source
 // model's on the same tokens (mean KL(P‖Q), top-1 agreement, both perplexities), per pack and per
 // position. P's forward runs once; every Q sees the same rows.
 #include <algorithm>
@@ -44,11 +44,11 @@ Result<std::vector<std::vector<float>>> batch_logits(const Model& m, const std::
 Result<std::vector<KlResult>> eval_kl(const std::string& model_p, const std::vector<std::string>& models_q,
                                       const std::string& text_path, int64_t max_tokens, int row_tokens, int batch,
                                       int shard, int n_shards) {
-  if (models_q.empty()) return make_error("eval-kl: no model to compare");
-  if (n_shards < 1 || shard < 0 || shard >= n_shards) return make_error("eval-kl: shard ", shard, " of ", n_shards);
-  // load_calibration_rows speaks of calibration files; eval-kl's file is the held-out text.
+  if (models_q.empty()) return make_error("kl: no model to compare");
+  if (n_shards < 1 || shard < 0 || shard >= n_shards) return make_error("kl: shard ", shard, " of ", n_shards);
+  // load_calibration_rows speaks of calibration files; kl's file is the held-out text.
   if (!std::filesystem::is_regular_file(text_path))
-    return make_error("eval-kl: held-out text ", text_path, " not found (pass --text FILE, .txt or .jsonl)");
+    return make_error("kl: held-out text ", text_path, " not found (pass --text FILE, .txt or .jsonl)");
   auto all_rows = load_calibration_rows(model_p, text_path, max_tokens, row_tokens);
   if (!all_rows.ok()) return all_rows.error();
   std::vector<std::vector<int32_t>> rs;
@@ -64,7 +64,7 @@ Result<std::vector<KlResult>> eval_kl(const std::string& model_p, const std::vec
     auto m = load_model(q, Numerics::reference());
     if (!m.ok()) return m.error();
     if ((*m)->config().vocab_size != (*mp)->config().vocab_size)
-      return make_error("eval-kl: ", q, " has a different vocabulary than ", model_p);
+      return make_error("kl: ", q, " has a different vocabulary than ", model_p);
     mq.push_back(std::move(m.value()));
   }
   const size_t vocab = size_t((*mp)->config().vocab_size);
@@ -111,10 +111,10 @@ Result<std::vector<KlResult>> eval_kl(const std::string& model_p, const std::vec
         if (row.size() > 1) r.row_kl.push_back(row_kl / double(row.size() - 1));
       }
     }
-    std::fprintf(stderr, "\reval-kl: %lld positions", (long long)positions);
+    std::fprintf(stderr, "\rkl: %lld positions", (long long)positions);
   }
   std::fprintf(stderr, "\n");
-  if (positions == 0) return make_error("eval-kl: no positions");
+  if (positions == 0) return make_error("kl: no positions");
   for (size_t qi = 0; qi < nq; ++qi) {
     KlResult& r = res[qi];
     r.positions = positions;

@@ -43,7 +43,7 @@ struct QuantizeModelOptions {
   // activations the pack will see, and LDLQ with light damping piles error into the directions calibration
   // rarely visits: on the demo model (all 10 layers, K = 3, 16k held-out tokens) σ = 0.025 made the calibrated
   // pack only −1.3 % in KL against an identity-Hessian pack (t = −0.9), σ = 0.3 −6.8 % (t = −6.2), σ = 1
-  // −9.9 % (t = −8.2), with lower tails too (bench/results/quantize_demo.md, session 17).
+  // −9.9 % (t = −8.2), with lower tails too (bench/results/quantize_demo.md).
   double sigma_reg = 1.0;
   int prior_sample_tokens = 1024;
   // Memory for the calibration's Hessians, in GiB; 0 = 80 % of physical RAM less the reference forward's fp32

@@ -1,5 +1,5 @@
 // Small helpers shared by the GPU tests (spw_gpu_tests): whether a device is present, and uploads.
-// A missing GPU is a test failure, not a skip: callers ASSERT_TRUE(have_gpu()) with a message.
+// A missing GPU is a test failure, not a skip: tests start with SPW_REQUIRE_GPU().
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,6 +14,10 @@ inline bool have_gpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
+
+// Fails the current test (never skips it) when no CUDA device is present.
+#define SPW_REQUIRE_GPU() \
+  ASSERT_TRUE(::spw::gpu_test::have_gpu()) << "no CUDA device: run spw_gpu_tests on the GPU machine (scripts/gpu_test.sh)"
 
 // A device copy of v with 16 spare bytes (kernels may read a vector's tail in 16-byte loads). The copy
 // is ordered before later work on the legacy default stream; callers using other streams must

@@ -16,17 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "cuda/attn/kv_pages.h"
 
 namespace spw::attn_test {
-
-inline bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define SPW_REQUIRE_GPU() \
-  ASSERT_TRUE(::spw::attn_test::have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)"
 
 // A device array of n elements with kGuard sentinel elements on both sides.
 template <class T>

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "cuda/dense/dense_kernels.h"
 #include "cuda/dense/dense_linear.h"
 #include "formats/dtypes.h"
@@ -33,11 +34,6 @@ namespace {
 
 constexpr float kSentinel = 3.0e38f;
 constexpr size_t kGuard = 256;
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(cudaGetLastError())
 
@@ -231,7 +227,7 @@ struct GemvMmaScope {
 class CudaDense : public testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+    SPW_REQUIRE_GPU();
     Status st = linear_workspace_alloc(ws_, 512, 15360);
     ASSERT_TRUE(st.ok()) << st.error().message;
   }

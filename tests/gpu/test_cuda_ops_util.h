@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "formats/dtypes.h"
 
 namespace spw::cuda_test {
@@ -30,14 +31,6 @@ inline std::vector<float> normal(size_t n, float mean, float sd, uint32_t seed, 
   for (auto& x : v) x = bf16 ? round_bf16(nd(rng)) : nd(rng);
   return v;
 }
-
-inline bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define SPW_REQUIRE_GPU() \
-  ASSERT_TRUE(::spw::cuda_test::have_gpu()) << "no CUDA device: run spw_gpu_tests on the GPU machine (scripts/gpu_test.sh)"
 
 // Asserts that a Status-returning call succeeded, printing its error otherwise.
 #define SPW_ASSERT_OK(expr)                                   \

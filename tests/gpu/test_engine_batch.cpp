@@ -81,7 +81,7 @@ int64_t first_mismatch(const float* a, const float* b, int64_t n, double& max_di
 }
 
 void batch_vs_alone(const std::string& arch, const std::vector<int>& prompt_lens) {
-  ASSERT_TRUE(gpu_test::have_gpu()) << "no CUDA device: the GPU engine tests need one";
+  SPW_REQUIRE_GPU();
   const int B = int(prompt_lens.size());
   auto gpu = load_gpu(arch, B);
   ASSERT_TRUE(gpu);
@@ -173,7 +173,7 @@ bool within_2_bf16_ulps(float a, float b) {
 }
 
 void device_vs_host_moe(const std::string& arch, int prompt_len = 16) {
-  ASSERT_TRUE(gpu_test::have_gpu()) << "no CUDA device: the GPU engine tests need one";
+  SPW_REQUIRE_GPU();
   auto host = load_gpu(arch, 1, engine::MoeDispatch::kHost);
   auto dev = load_gpu(arch, 1, engine::MoeDispatch::kDevice);
   ASSERT_TRUE(host && dev);
@@ -225,7 +225,7 @@ Exl3Tensor random_exl3(std::vector<uint16_t>& trellis, int64_t k, int64_t n, int
 }
 
 void exl3_fused_vs_per_expert(int T) {
-  ASSERT_TRUE(gpu_test::have_gpu()) << "no CUDA device: the GPU engine tests need one";
+  SPW_REQUIRE_GPU();
   const int64_t d = 256, f = 384;
   const int E = 8, K = 4, topk = 4;
   const float limit = 7.f;
@@ -335,7 +335,7 @@ TEST(EngineBatch, Exl3FusedReferenceRoundingMatchesPerExpertT1) { exl3_fused_vs_
 TEST(EngineBatch, Exl3FusedReferenceRoundingMatchesPerExpertT3) { exl3_fused_vs_per_expert(3); }
 
 TEST(EngineBatch, DecodeArgumentErrors) {
-  ASSERT_TRUE(gpu_test::have_gpu()) << "no CUDA device: the GPU engine tests need one";
+  SPW_REQUIRE_GPU();
   auto gpu = load_gpu("v4", 2);
   ASSERT_TRUE(gpu);
   auto a = gpu->new_sequence();

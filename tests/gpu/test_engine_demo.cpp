@@ -35,7 +35,6 @@
 namespace spw {
 namespace {
 
-using gpu_test::have_gpu;
 
 namespace fs = std::filesystem;
 
@@ -119,7 +118,7 @@ Compared compare(const std::string& dir, const std::vector<int32_t>& prompt, Num
 }
 
 TEST(EngineDemo, TrainedModelMatchesCpu) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   const std::vector<int32_t> prompt = prompt_ids();
   ASSERT_GT(prompt.size(), 40u);
   const Compared r = compare(kDemo, prompt);
@@ -130,7 +129,7 @@ TEST(EngineDemo, TrainedModelMatchesCpu) {
 // is left to flip but f32 summation order, so every top-1 must agree and the logits must match to
 // 1e-3 (the golden suite's exact tolerance; the CPU and Transformers agree to ~1e-4 there).
 TEST(EngineDemo, TrainedModelMatchesCpuExact) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   const std::vector<int32_t> prompt = prompt_ids();
   ASSERT_GT(prompt.size(), 40u);
   const Compared r = compare(kDemo, prompt, Numerics::exact());
@@ -139,7 +138,7 @@ TEST(EngineDemo, TrainedModelMatchesCpuExact) {
 }
 
 TEST(EngineDemo, Exl3PackMatchesCpuAndIsSmaller) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   const std::string out = testing::TempDir() + "/spw_engine_exl3_pack";
   fs::remove_all(out);
   const std::string calib = testing::TempDir() + "/spw_engine_exl3_calib.txt";

@@ -65,7 +65,6 @@ namespace spw {
 namespace {
 
 namespace fs = std::filesystem;
-using gpu_test::have_gpu;
 using gpu_test::FreeRun;
 using gpu_test::free_run;
 using gpu_test::perturb;
@@ -245,7 +244,7 @@ void teacher_forced(const Model& cpu, const Candidate& cand, const std::vector<i
 // GPU vs CPU on `dir`, both with `num`.
 void gpu_teacher_forced(const std::string& dir, const Numerics& num, const std::vector<int32_t>& prompt,
                         const std::vector<int32_t>& decode, const std::string& label) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   ASSERT_FALSE(prompt.empty());
   auto cpu = load_model(dir, num);
   ASSERT_TRUE(cpu.ok()) << cpu.error().message;

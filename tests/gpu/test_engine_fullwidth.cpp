@@ -57,7 +57,6 @@
 namespace spw {
 namespace {
 
-using gpu_test::have_gpu;
 
 constexpr int kPromptTokens = 16;
 constexpr int kDecodeSteps = 4;
@@ -161,7 +160,7 @@ std::string model_dir() {
 
 // The dimensions: a width-divided synthetic model would not be this test.
 void check_dimensions(const std::string& dir, ModelConfig& c) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   auto config = read_model_config(dir);
   ASSERT_TRUE(config.ok()) << config.error().message;
   c = *config;
@@ -210,7 +209,7 @@ std::vector<std::vector<int>> id_sets(const std::vector<float>& v, size_t n) {
 }
 
 void intermediates_match_cpu(const Numerics& num) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   const std::string env = model_dir();
   ASSERT_FALSE(env.empty());
   ModelConfig c;

@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "../golden/golden_fixture.h"
 #include "engine/gpu_model.h"
 #include "model/model.h"
@@ -53,11 +54,6 @@ namespace {
 
 constexpr float kFirstRowTol = 1e-2f;
 constexpr double kMinTop1Share = 0.6;
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 struct Case {
   std::vector<int32_t> prompt, decode_ids;
@@ -206,7 +202,7 @@ std::string describe(const Diff& d) {
 }
 
 void gpu_vs_cpu(const std::string& arch) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   auto cpu = load_cpu(arch);
   auto gpu = load_gpu(arch);
   ASSERT_TRUE(cpu && gpu);
@@ -251,7 +247,7 @@ TEST(EngineGolden, V4MatchesCpuReference) { gpu_vs_cpu("v4"); }
 // layer's output streams; the GPU runs the same calls with each layer's input replaced by the CPU's
 // (the previous layer's output), and each layer's output is compared with the CPU's.
 void teacher_forced_layers(const std::string& arch) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   auto cpu = load_cpu(arch);
   auto gpu = load_gpu(arch);
   ASSERT_TRUE(cpu && gpu);
@@ -310,7 +306,7 @@ TEST(EngineGolden, V4TeacherForcedLayers) { teacher_forced_layers("v4"); }
 // per-token summation order whatever the chunking): bit-identical. With the default paths (GEMM for
 // the 17-token one-shot prefill) only summation order differs: see the top of the file.
 void chunked_vs_one_shot(const std::string& arch) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   Case c = read_case(arch, 17);
   ASSERT_GE(c.prompt.size(), 16u);
   {
@@ -351,7 +347,7 @@ TEST(EngineGolden, V4ChunkedPrefillMatchesOneShot) { chunked_vs_one_shot("v4"); 
 // each gives alone: the kernels see the same values per sequence, only the page ids differ.
 // The third run reuses a freed slot and freed pages.
 void interleaved_vs_alone(const std::string& arch) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   auto gpu = load_gpu(arch);
   ASSERT_TRUE(gpu);
   const size_t vocab = size_t(gpu->config().vocab_size);

@@ -29,7 +29,6 @@
 namespace spw {
 namespace {
 
-using gpu_test::have_gpu;
 
 constexpr float kExactLogitTol = 1e-3f;
 
@@ -105,14 +104,14 @@ std::vector<std::string> case_files(const std::string& arch) {
 }
 
 TEST(EngineGoldenExact, V4MatchesTransformersFloat32) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   auto m = load_exact("v4");
   ASSERT_TRUE(m);
   for (const auto& path : case_files("v4")) run_case(*m, path);
 }
 
 TEST(EngineGoldenExact, V4ChunkedPrefillMatchesTransformers) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   auto m = load_exact("v4");
   ASSERT_TRUE(m);
   // Splits inside a compression group, at group ends and across the 128-token window (as the CPU test).
@@ -120,7 +119,7 @@ TEST(EngineGoldenExact, V4ChunkedPrefillMatchesTransformers) {
 }
 
 TEST(EngineGoldenExact, V41MatchesOracleExact) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   auto m = load_exact("v41");
   ASSERT_TRUE(m);
   for (const auto& path : case_files("v41")) run_case(*m, path);
@@ -132,7 +131,7 @@ TEST(EngineGoldenExact, V41MatchesOracleExact) {
 // largest |value| (f32 summation order within one layer: ~1e-6 relative measured for such sums; a
 // wrong op is off by far more). Localises a disagreement to one layer and call.
 void teacher_forced_exact(const std::string& arch) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   auto cpu = load_model(golden::fixture_dir(arch) + "/model", Numerics::exact());
   ASSERT_TRUE(cpu.ok()) << cpu.error().message;
   auto gpu = load_exact(arch);
@@ -184,7 +183,7 @@ TEST(EngineGoldenExact, V41TeacherForcedLayers) { teacher_forced_exact("v41"); }
 // bf16_activations — except V4 with fake quant and f32 activations (its quantized KV rows keep the RoPE
 // channels in bf16, where the CPU keeps them in f32 in that mode): refused with a reason.
 TEST(EngineGoldenExact, LoadsWithTheNumericsItCanHonour) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   for (const std::string arch : {"v4", "v41"})
     for (Numerics n : {Numerics::exact(), Numerics::reference(), Numerics{false, true, true}, Numerics{true, false, true}}) {
       auto m = engine::load_gpu_model(golden::fixture_dir(arch) + "/model", n);

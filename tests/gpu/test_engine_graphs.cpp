@@ -76,7 +76,7 @@ std::vector<float> run(engine::GpuModel& m, int steps, int steps_b2) {
 }
 
 void graphs_vs_direct(const std::string& arch) {
-  ASSERT_TRUE(gpu_test::have_gpu()) << "no CUDA device: the GPU engine tests need one";
+  SPW_REQUIRE_GPU();
   constexpr int kSteps = 40, kStepsB2 = 8;
   auto direct = load(arch, false);
   auto graphed = load(arch, true);
@@ -109,7 +109,7 @@ TEST(EngineGraphs, V4DecodeMatchesDirectLaunches) { graphs_vs_direct("v4"); }
 TEST(EngineGraphs, V41DecodeMatchesDirectLaunches) { graphs_vs_direct("v41"); }
 
 TEST(EngineGraphs, HostMoeDispatchRecordsNothing) {
-  ASSERT_TRUE(gpu_test::have_gpu()) << "no CUDA device: the GPU engine tests need one";
+  SPW_REQUIRE_GPU();
   auto m = load("v41", true, engine::MoeDispatch::kHost);
   ASSERT_TRUE(m);
   const std::vector<float> logits = run(*m, 2, 0);
@@ -124,7 +124,7 @@ TEST(EngineGraphs, HostMoeDispatchRecordsNothing) {
 class EngineGraphsStandalone : public testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(gpu_test::have_gpu()) << "no CUDA device: the GPU engine tests need one";
+    SPW_REQUIRE_GPU();
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&d, kBytes), cudaSuccess);
   }

@@ -7,16 +7,12 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "gpu_test_util.h"
 #include "engine/gpu_model.h"
 #include "engine/memory_plan.h"
 
 namespace spw {
 namespace {
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 std::string model_dir(const std::string& arch) {
   return std::string(SPW_SOURCE_DIR) + "/tests/golden/fixtures/" + arch + "/model";
@@ -97,7 +93,7 @@ TEST(EnginePlan, GrowsWithTheBudget) {
 }
 
 TEST(EnginePlan, UploadedWeightsWithinPlan) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   for (const char* arch : {"v41", "v4"}) {
     auto m = engine::load_gpu_model(model_dir(arch), Numerics::reference(), {});
     ASSERT_TRUE(m.ok()) << m.error().message;
@@ -113,7 +109,7 @@ TEST(EnginePlan, UploadedWeightsWithinPlan) {
 // What a user can exceed is an error, not a crash: a second sequence beyond max_seqs, a chunk
 // beyond max_step_tokens, a context beyond max_context; a freed slot is usable again.
 TEST(EnginePlan, BudgetLimitsAreErrors) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   engine::GpuModelOptions opts;
   opts.budget = {1, 8, 4};
   auto m = engine::load_gpu_model(model_dir("v41"), Numerics::reference(), opts);

@@ -22,7 +22,6 @@
 namespace spw {
 namespace {
 
-using gpu_test::have_gpu;
 using gpu_test::upload;
 
 void run_case(int64_t k, int64_t n, int K, Exl3Codebook cb, int64_t m, bool with_bias, uint32_t seed) {
@@ -96,14 +95,14 @@ void run_case(int64_t k, int64_t n, int K, Exl3Codebook cb, int64_t m, bool with
 }
 
 TEST(Exl3Cuda, EveryBitrateAndCodebook) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   uint32_t seed = 1;
   for (int K = 2; K <= 6; ++K)
     for (int cb = 0; cb < 3; ++cb, ++seed) run_case(512, 256, K, static_cast<Exl3Codebook>(cb), 1 + (seed % 12), cb == 2, seed);
 }
 
 TEST(Exl3Cuda, RealShapes) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   run_case(5120, 2304, 3, Exl3Codebook::kMul1, 1, false, 11);
   run_case(2304, 5120, 3, Exl3Codebook::kMcg, 8, false, 12);
   run_case(4096, 2048, 3, Exl3Codebook::k3Inst, 16, true, 13);
@@ -112,7 +111,7 @@ TEST(Exl3Cuda, RealShapes) {
 }
 
 TEST(Exl3Cuda, AwkwardSizes) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   run_case(128, 128, 2, Exl3Codebook::kMcg, 7, true, 21);
   run_case(384, 640, 5, Exl3Codebook::k3Inst, 17, false, 22);
   run_case(1152, 128, 6, Exl3Codebook::kMul1, 33, true, 23);
@@ -124,7 +123,7 @@ TEST(Exl3Cuda, AwkwardSizes) {
 // round_out_bf16 must equal rounding the unrounded output afterwards, bit for bit (the engine relies on
 // it), for a 1-row and a 64-row launch.
 TEST(Exl3Cuda, RoundedOutputIsBf16OfUnrounded) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   const int64_t k = 256, n = 128;
   std::mt19937 rng(31);
   std::normal_distribution<float> nd(0, 1);

@@ -28,7 +28,6 @@
 namespace spw {
 namespace {
 
-using gpu_test::have_gpu;
 using gpu_test::upload;
 
 TEST(Exl3Grouped, PlanCutsExpertsIntoEqualPiecesByClass) {
@@ -150,7 +149,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 
 void grouped_vs_per_expert(int K, Exl3Codebook cb, bool bias, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << "K=" << K << " cb=" << exl3_codebook_name(cb) << " bias=" << bias);
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   const int64_t d = 256, f = 384;
   const std::vector<int32_t> counts = {1, 0, 7, 9, 16, 17, 64, 70, 100, 130};
   const int E = int(counts.size());
@@ -241,7 +240,7 @@ TEST(Exl3Grouped, MatchesPerExpertK6Mul1Bias) { grouped_vs_per_expert(6, Exl3Cod
 // pair p's row is token p / top_k's row through its expert (w1, w3), or row p of the input (w2).
 void pairs_vs_per_expert(int T, int K, Exl3Codebook cb, bool bias, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << "T=" << T << " K=" << K << " cb=" << exl3_codebook_name(cb) << " bias=" << bias);
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   const int64_t d = 256, f = 384, W = std::max(d, f);
   const int E = 8, topk = 4, P = T * topk;
   std::mt19937 rng(seed);

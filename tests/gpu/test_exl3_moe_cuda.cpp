@@ -20,7 +20,6 @@
 namespace spw {
 namespace {
 
-using gpu_test::have_gpu;
 using gpu_test::upload;
 
 struct HostExpert {
@@ -158,7 +157,7 @@ void run_case(int64_t d, int64_t f, int E, int K, Exl3Codebook cb, int T, int to
 }
 
 TEST(Exl3MoeCuda, SmallEveryCodebook) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   run_case(256, 128, 8, 3, Exl3Codebook::kMul1, 1, 4, 7.f, false, 1);
   run_case(512, 256, 8, 2, Exl3Codebook::kMcg, 3, 6, 7.f, true, 2);
   run_case(384, 640, 5, 4, Exl3Codebook::k3Inst, 2, 6, 0.f, false, 3);
@@ -167,14 +166,14 @@ TEST(Exl3MoeCuda, SmallEveryCodebook) {
 
 // More slots than the combine loads at once (8), a duplicate expert and a −1 slot, in both rounding modes.
 TEST(Exl3MoeCuda, ManySlotsBothRoundings) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   run_case(256, 128, 12, 3, Exl3Codebook::kMul1, 2, 10, 7.f, true, 5, false);
   run_case(256, 128, 12, 3, Exl3Codebook::kMul1, 2, 10, 7.f, true, 6, true);
   run_case(512, 256, 8, 3, Exl3Codebook::kMul1, 3, 6, 7.f, false, 7, true);
 }
 
 TEST(Exl3MoeCuda, RealV41Shapes) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   run_case(5120, 2304, 8, 3, Exl3Codebook::kMul1, 1, 6, 10.f, false, 11);
   run_case(5120, 2304, 8, 3, Exl3Codebook::kMul1, 2, 6, 10.f, false, 12);
 }

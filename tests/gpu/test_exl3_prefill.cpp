@@ -18,7 +18,6 @@
 namespace spw {
 namespace {
 
-using gpu_test::have_gpu;
 using gpu_test::upload;
 
 void run_case(int64_t k, int64_t n, int K, Exl3Codebook cb, int64_t m, bool with_bias, uint32_t seed) {
@@ -86,21 +85,21 @@ void run_case(int64_t k, int64_t n, int K, Exl3Codebook cb, int64_t m, bool with
 }
 
 TEST(Exl3Prefill, EveryBitrateAndCodebook) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   uint32_t seed = 101;
   for (int K = 2; K <= 6; ++K)
     for (int cb = 0; cb < 3; ++cb, ++seed) run_case(512, 256, K, static_cast<Exl3Codebook>(cb), 17, cb == 1, seed);
 }
 
 TEST(Exl3Prefill, RealShapes) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   run_case(5120, 2304, 3, Exl3Codebook::kMul1, 300, false, 111);
   run_case(2304, 5120, 3, Exl3Codebook::kMul1, 1, true, 112);
   run_case(4096, 2048, 4, Exl3Codebook::kMcg, 64, false, 113);
 }
 
 TEST(Exl3Prefill, AwkwardSizes) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device: run this binary on the GPU machine (scripts/gpu_test.sh)";
+  SPW_REQUIRE_GPU();
   run_case(128, 128, 2, Exl3Codebook::k3Inst, 1, true, 121);
   run_case(1152, 640, 5, Exl3Codebook::kMul1, 7, false, 122);
 }

@@ -32,15 +32,11 @@
 #include <vector>
 
 #include "formats/exl3.h"
+#include "gpu_test_util.h"
 #include "quantize/exl3_quantize.h"
 
 namespace spw::quant {
 namespace {
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 struct Problem {
   int64_t k = 0, n = 0;
@@ -122,21 +118,21 @@ void compare(const Problem& p, int bits, Exl3Codebook cb, bool identity, bool ld
 }
 
 TEST(QuantizeCuda, PlainBitExactWithCpu) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device";
+  SPW_REQUIRE_GPU();
   const Problem p = make_problem(256, 512, 1);
   for (bool identity : {false, true}) compare(p, 3, Exl3Codebook::kMul1, identity, false, 1e-9);
   compare(p, 2, Exl3Codebook::kMcg, false, false, 1e-9);
 }
 
 TEST(QuantizeCuda, LdlqRefitSameProxyErrorAsCpu) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device";
+  SPW_REQUIRE_GPU();
   const Problem p = make_problem(256, 512, 2);
   for (int bits : {2, 3, 4}) compare(p, bits, Exl3Codebook::kMul1, false, true, 0.05);
   compare(p, 3, Exl3Codebook::k3Inst, true, true, 0.05);
 }
 
 TEST(QuantizeCuda, OddShapesAndK) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device";
+  SPW_REQUIRE_GPU();
   const Problem p = make_problem(128, 384, 3);
   compare(p, 1, Exl3Codebook::kMul1, false, false, 1e-9);
   compare(p, 5, Exl3Codebook::kMul1, false, false, 1e-9);
@@ -149,7 +145,7 @@ TEST(QuantizeCuda, OddShapesAndK) {
 // (identical trellis words), so the choice must agree; the printed errors show how close a
 // disagreement was.
 TEST(QuantizeCuda, CandidateSearchSameChoiceAsCpu) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device";
+  SPW_REQUIRE_GPU();
   const Problem p = make_problem(256, 512, 6);
   for (bool ldlq_refit : {true, false}) {
     SCOPED_TRACE(testing::Message() << (ldlq_refit ? "ldlq+refit" : "plain"));
@@ -184,7 +180,7 @@ TEST(QuantizeCuda, CandidateSearchSameChoiceAsCpu) {
 // A global-scale multiplier (QuantizeCandidate::scale_mult): the GPU scales the tile-search result
 // exactly like the CPU, so without LDLQ/refit the trellis and scales stay bit-identical.
 TEST(QuantizeCuda, ScaleMultBitExactWithCpu) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device";
+  SPW_REQUIRE_GPU();
   const Problem p = make_problem(256, 256, 8);
   QuantizeParams qp;
   qp.bits = 2;
@@ -216,7 +212,7 @@ TEST(QuantizeCuda, ScaleMultBitExactWithCpu) {
 }
 
 TEST(QuantizeCuda, BadInputSameErrorsAsCpu) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device";
+  SPW_REQUIRE_GPU();
   Problem p = make_problem(128, 128, 4);
   QuantizeParams qp;
   EXPECT_FALSE(exl3_quantize_tensor_cuda(p.w.data(), 100, 128, {}, qp).ok());
@@ -232,7 +228,7 @@ TEST(QuantizeCuda, BadInputSameErrorsAsCpu) {
 }
 
 TEST(QuantizeCuda, DISABLED_SlowCpu_V41ExpertShape) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device";
+  SPW_REQUIRE_GPU();
   const Problem p = make_problem(2304, 5120, 5);
   compare(p, 3, Exl3Codebook::kMul1, false, true, 0.01);
 }

@@ -11,6 +11,7 @@
 //   * dot / trace_form: 1e-12 relative.
 // Built into spw_gpu_tests (not run by ctest); a missing GPU is a failure, not a skip.
 #if defined(SPW_HAVE_CUDA) && defined(SPW_HAVE_QUANTIZE_CUDA)
+#include "gpu_test_util.h"
 #include "quantize/cuda/exl3_steps_cuda.h"
 
 #include <cuda_runtime.h>
@@ -25,11 +26,6 @@
 
 namespace spw::quant {
 namespace {
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 template <class T>
 T* upload(const std::vector<T>& v) {
@@ -81,7 +77,7 @@ void had128_ref(double* v, int64_t stride) {
 class QuantizeCudaSteps : public testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(have_gpu()) << "no CUDA device";
+    SPW_REQUIRE_GPU();
     auto st = quant_cuda_context_create(ctx_);
     ASSERT_TRUE(st.ok()) << st.error().message;
   }

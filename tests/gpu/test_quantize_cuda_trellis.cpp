@@ -7,6 +7,7 @@
 // case, the tile and the first differing position.
 // Built into spw_gpu_tests (not run by ctest); a missing GPU is a failure, not a skip.
 #if defined(SPW_HAVE_CUDA) && defined(SPW_HAVE_QUANTIZE_CUDA)
+#include "gpu_test_util.h"
 #include "quantize/cuda/trellis_cuda.h"
 
 #include <cuda_runtime.h>
@@ -19,11 +20,6 @@
 
 namespace spw::quant {
 namespace {
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 // Tiles of one kind: 0 Gaussian σ=1, 1 Gaussian σ=3 (clipped codebook tails), 2 σ=0.01, 3 constant
 // per tile, 4 zeros.
@@ -110,25 +106,25 @@ void run_case(int bits, Exl3Codebook cb, int kind, int n_tiles) {
 }
 
 TEST(QuantizeCudaTrellis, BitExactWithCpuEveryK) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device";
+  SPW_REQUIRE_GPU();
   for (int bits = 1; bits <= 8; ++bits) run_case(bits, Exl3Codebook::kMul1, 0, bits <= 4 ? 24 : 6);
 }
 
 TEST(QuantizeCudaTrellis, BitExactWithCpuEveryCodebook) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device";
+  SPW_REQUIRE_GPU();
   for (Exl3Codebook cb : {Exl3Codebook::k3Inst, Exl3Codebook::kMcg, Exl3Codebook::kMul1})
     for (int bits : {2, 3, 4}) run_case(bits, cb, 0, 8);
 }
 
 TEST(QuantizeCudaTrellis, BitExactOnScalesAndTies) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device";
+  SPW_REQUIRE_GPU();
   for (int kind = 1; kind <= 4; ++kind)
     for (int bits : {2, 3}) run_case(bits, Exl3Codebook::kMul1, kind, 4);
 }
 
 // More tiles than SMs (several waves) and an odd count.
 TEST(QuantizeCudaTrellis, BitExactManyTiles) {
-  ASSERT_TRUE(have_gpu()) << "no CUDA device";
+  SPW_REQUIRE_GPU();
   run_case(3, Exl3Codebook::kMul1, 0, 333);
 }
 

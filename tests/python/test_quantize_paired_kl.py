@@ -1,6 +1,6 @@
 """tools/quantize/paired_kl.py: the row-clustered statistics of the calibrated-vs-identity comparison.
 
-A synthetic `eval-kl --per-position` file (two shards, three packs) with known numbers: the per-pack means, the
+A synthetic `kl --per-position` file (two shards, three packs) with known numbers: the per-pack means, the
 clustered standard error (equal rows: sd of the row means / sqrt(rows)), the paired difference and its interval, and
 the KL above the floor, recomputed here by hand.
 """

@@ -27,10 +27,19 @@ def names_read_by_the_sources():
 
 
 def test_the_sources_read_some_settings():
-    # The scan itself works: the engine does read knobs, directly (SPILLWAY_PDL) and through a helper
-    # (SPILLWAY_ATTN_FUSED).
+    # The scan itself works: the settings struct reads knobs, directly (SPILLWAY_CPU_SPIN_US) and through a
+    # helper (SPILLWAY_PDL, SPILLWAY_ATTN_FUSED).
     names = names_read_by_the_sources()
-    assert "SPILLWAY_PDL" in names and "SPILLWAY_ATTN_FUSED" in names
+    assert {"SPILLWAY_CPU_SPIN_US", "SPILLWAY_PDL", "SPILLWAY_ATTN_FUSED"} <= names.keys()
+
+
+def test_only_base_reads_the_environment():
+    # Settings are parsed once in src/base (settings.h) and passed down as values; kernels, the engine and the
+    # rest never call getenv themselves.
+    readers = sorted(str(path.relative_to(ROOT)) for pattern in SOURCES for path in (ROOT / "src").rglob(pattern)
+                     if re.search(r"\bgetenv\s*\(", path.read_text(encoding="utf-8", errors="replace"))
+                     and path.parent != ROOT / "src" / "base")
+    assert not readers, "getenv outside src/base (read it in src/base/settings.cpp instead): " + ", ".join(readers)
 
 
 def test_every_setting_the_sources_read_is_documented():

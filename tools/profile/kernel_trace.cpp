@@ -6,7 +6,7 @@
 //
 // It records every kernel, memcpy and memset with CUPTI and, at exit, writes a summary per profiling
 // window: the program marks a window with cudaProfilerStart() / cudaProfilerStop() (spillway bench
-// does so around its timed phases, see src/bench_engine). Without a window the whole run is one.
+// does so around its timed phases, see src/bench). Without a window the whole run is one.
 // Per window: wall time between the marks, GPU busy time (the union of the activity intervals),
 // the summed kernel time, the gaps, and a table per kernel name (count, total, mean, share). Busy time
 // well below the wall time means the GPU waits on the host (launch overhead, synchronisation).

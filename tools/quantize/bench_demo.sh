@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The measurements in bench/results/quantize_demo.md, on the bundled demo model.
 #   tools/quantize/bench_demo.sh [SPILLWAY_BIN] [WORK_DIR]
-# Runs (each quantize run's output in WORK_DIR/NAME.log, eval-kl lines in WORK_DIR/eval_kl.log):
+# Runs (each quantize run's output in WORK_DIR/NAME.log, kl lines in WORK_DIR/eval_kl.log):
 #   1. K=3 packs of every expert of layer $LAYER: calibrated (Hessians kept) and --identity-hessian
-#   2. eval-kl of both packs against the source on held-out text
+#   2. kl of both packs against the source on held-out text
 #   3. the calibrated Hessians at K=2 and K=4 on experts 0-3 (proxy error against K)
-#   4. with ROUTING=1: a --routing-weighted K=3 pack of the same layer and its eval-kl
-#   5. with FLOOR=1: a K=8 identity pack of the same layer (weights practically lossless) and its eval-kl:
+#   4. with ROUTING=1: a --routing-weighted K=3 pack of the same layer and its kl
+#   5. with FLOOR=1: a K=8 identity pack of the same layer (weights practically lossless) and its kl:
 #      the KL that remains without weight error (bench/results/quantize_demo.md)
 set -u
 BIN=${1:-build-quant/bin/spillway}
@@ -20,7 +20,7 @@ mkdir -p "$W"
 [ -f "$W/calibration.jsonl" ] || python3 tools/quantize/make_calibration.py "$W/calibration.jsonl"
 q() { local name=$1; shift; /usr/bin/time -f "%e s wall" "$BIN" quantize --model models/demo --out "$W/$name" \
         --threads "$THREADS" --no-progress "$@" > "$W/$name.log" 2>&1; }
-ev() { echo "$1: $("$BIN" eval-kl --model models/demo --quantized "$W/$1" --text "$HELDOUT" --tokens "$EVAL_TOKENS" \
+ev() { echo "$1: $("$BIN" kl --model models/demo --quantized "$W/$1" --text "$HELDOUT" --tokens "$EVAL_TOKENS" \
         --row 256 --threads "$THREADS" 2>/dev/null)" >> "$W/eval_kl.log"; }
 cal=(--calibration "$W/calibration.jsonl" --calibration-tokens "$CAL_TOKENS")
 q k3_cal --bits 3 "${cal[@]}" --layers "$LAYER" --keep-hessians

@@ -111,27 +111,27 @@ EOF
 # Held-out evaluation: SHARDS processes side by side, each on rows i, i+SHARDS, ...; P runs once per process.
 PACKS=()
 for nm in "${NAMES[@]}"; do PACKS+=("$WORK/$nm"); done
-# shards TAG TSV_PREFIX PACK...: one eval-kl per shard side by side; a shard that fails is run once more (one shard
+# shards TAG TSV_PREFIX PACK...: one kl per shard side by side; a shard that fails is run once more (one shard
 # segfaulted once in 20 here, in the CPU reference matmul, and ran clean on a rerun: not understood yet).
 shards() {
   local tag=$1 prefix=$2; shift 2
   local -a pids=()
   for ((i = 0; i < SHARDS; ++i)); do
-    spw eval-kl --model "$M" --quantized "$@" --text tools/demo_model/data/heldout.txt --tokens "$EVAL_TOKENS" \
+    spw kl --model "$M" --quantized "$@" --text tools/demo_model/data/heldout.txt --tokens "$EVAL_TOKENS" \
       --row "$ROW" --threads 1 --shard "$i/$SHARDS" --per-position "$WORK/${prefix}_$i.tsv" > "$WORK/${tag}_$i.log" 2>&1 &
     pids+=($!)
   done
   local bad=()
   for ((i = 0; i < SHARDS; ++i)); do wait ${pids[$i]} || bad+=($i); done
   for i in ${bad[@]+"${bad[@]}"}; do
-    log "eval-kl shard $i/$SHARDS ($tag) failed ($(tail -c 200 "$WORK/${tag}_$i.log" | tr '\n' ' ')); running it again"
-    spw eval-kl --model "$M" --quantized "$@" --text tools/demo_model/data/heldout.txt --tokens "$EVAL_TOKENS" \
+    log "kl shard $i/$SHARDS ($tag) failed ($(tail -c 200 "$WORK/${tag}_$i.log" | tr '\n' ' ')); running it again"
+    spw kl --model "$M" --quantized "$@" --text tools/demo_model/data/heldout.txt --tokens "$EVAL_TOKENS" \
       --row "$ROW" --threads 1 --shard "$i/$SHARDS" --per-position "$WORK/${prefix}_$i.tsv" > "$WORK/${tag}_$i.log" 2>&1 || return 1
   done
 }
 shards eval pp "${PACKS[@]}" || FAIL=1
 cat "$WORK"/eval_*.log > "$OUT/eval.log"
-[ $FAIL = 0 ] || die "an eval-kl shard failed twice (see $OUT/eval.log)"
+[ $FAIL = 0 ] || die "an kl shard failed twice (see $OUT/eval.log)"
 log "eval done after $(( $(date +%s) - T0 )) s"
 {
   echo "# calibrated vs identity Hessian, demo model, routed experts ${EXPERTS:-all} of layers ${LAYERS:-all}, device $DEVICE"
@@ -167,7 +167,7 @@ tar czf "$FINAL/calib_vs_identity.tar.gz" -C "$OUT" quantize.log eval.log report
 [ $(( $(date +%s) - T0 )) -lt "${DIAG_BEFORE_S:-300}" ] || { log "diagnostic skipped (time)"; exit 0; }
 head -c 600000 tools/demo_model/data/train.txt > "$WORK/train_slice.txt"
 CAL_FILE="$WORK/train_slice.txt" Q k3_cal_train 3 || die "k3_cal_train failed"
-shards eval2 pq "$WORK/k3_cal_train" || die "a diagnostic eval-kl shard failed twice"
+shards eval2 pq "$WORK/k3_cal_train" || die "a diagnostic kl shard failed twice"
 for ((i = 0; i < SHARDS; ++i)); do paste "$WORK/pp_$i.tsv" <(cut -f3- "$WORK/pq_$i.tsv") > "$WORK/pj_$i.tsv"; done
 {
   echo

@@ -42,7 +42,7 @@ def python_dir():
 
 def demo_heldout(path, pydir):
     """The demo model's held-out stdlib files (tools/demo_model/corpus.py: is_heldout, 20 per mille):
-    kept out of the calibration so that eval-kl on tools/demo_model/data/heldout.txt stays clean."""
+    kept out of the calibration so that kl on tools/demo_model/data/heldout.txt stays clean."""
     docname = "python3.11-stdlib/" + os.path.relpath(path, pydir)
     return int(hashlib.sha256(docname.encode()).hexdigest(), 16) % 1000 < 20
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Paired comparison of packs from one `spillway eval-kl --per-position FILE` run (issue 6, end to end).
+"""Paired comparison of packs from one `spillway kl --per-position FILE` run (issue 6, end to end).
 
-Input: the TSV eval-kl writes (row, pos, then kl:NAME and agree:NAME per model Q; every Q on the same positions).
+Input: the TSV kl writes (row, pos, then kl:NAME and agree:NAME per model Q; every Q on the same positions).
 Output (markdown on stdout):
   - per pack: mean KL ± standard error, top-1 agreement, and, with --floor NAME, the mean KL above that pack's
     (the part the weight error adds on top of what no quantizer removes);
@@ -22,7 +22,7 @@ import sys
 
 
 def load(paths):
-    """One or more TSVs of the same packs (eval-kl --shard I/N parts: rows are numbered globally)."""
+    """One or more TSVs of the same packs (kl --shard I/N parts: rows are numbered globally)."""
     out = None
     for path in paths:
         part = load_one(path)

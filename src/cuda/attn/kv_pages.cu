@@ -16,7 +16,7 @@ Error cuda_error(const char* what, cudaError_t e) { return make_error("CUDA ", w
 
 // One block per row, a warp per 32·E-channel segment of the quantized channels (kvdev::store_segment_warp),
 // (other block sizes: a thread per scale block), then all threads copy the bf16 tail and zero the padding. The first version (thread b quantized scale
-// block b, a serial loop of 32 elements) took 7.4 µs per decode call on the H200 (session 11's trace).
+// block b, a serial loop of 32 elements) took 7.4 µs per decode call on the H200 (a kernel trace).
 __global__ void kv_write_rows_kernel(KvPages kv, size_t row_nbytes, const float* __restrict__ x,
                                      const int32_t* __restrict__ seqs, const int64_t* __restrict__ rows) {
   pdl_enter();

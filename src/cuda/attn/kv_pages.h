@@ -1,4 +1,4 @@
-// Compact KV storage in a paged pool (issue 7): the window ring, compressed entries and indexer keys
+// Compact KV storage in a paged pool: the window ring, compressed entries and indexer keys
 // kept on the GPU in the precisions the reference actually produces (specs/deepseek-v4.md §3, §4.3,
 // §4.4, §5.2, §6), so that read(write(x)) equals the reference's fake quant of x bit for bit.
 //

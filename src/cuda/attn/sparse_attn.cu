@@ -6,7 +6,7 @@
 // codes and scales decoded by bit assembly). The earlier kernel took one (head, query) per block and
 // decoded every row once per head and pass: 64 decodes of each channel per decode call, which made it
 // instruction-bound (150 µs per decode call at 1 K context, 379 ms per 4096-token prefill call on the
-// H200; bench/results/engine_h200.md, session 6).
+// H200; bench/results/engine_h200.md).
 //
 // The arithmetic, shared by both paths below so that they give bit-identical results:
 //   logits: ℓ_j = (q·c_j)·scale: lane l sums q[c]·c_j[c] over c = l, l + 32, ... in order, then an
@@ -34,6 +34,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -400,27 +401,11 @@ size_t sparse_attn_split_scratch_floats(int n_q, int n_heads, int d_head, int64_
 }
 
 namespace {
-// The kernels' switches (docs/settings.md), each on unless its variable is exactly "0", read once per process:
-//   SPILLWAY_ATTN_MMA=0 keeps kAuto off the tensor-core path: the scalar kernels sum in the CPU reference's row
-//     order, for A/B checks of the tensor cores' summation against a trained model;
-//   SPILLWAY_ATTN_VEC4=0 decodes stored rows a channel per lane step instead of four (dequant_row_x4; same bits);
-//   SPILLWAY_ATTN_FUSED=0 keeps the split path's three launches instead of the fused cooperative kernel (same bits).
-bool env_switch_on(const char* name) {
-  const char* env = std::getenv(name);
-  return !(env && env[0] == '0' && env[1] == '\0');
-}
-bool mma_allowed_by_env() {
-  static const bool on = env_switch_on("SPILLWAY_ATTN_MMA");
-  return on;
-}
-bool vec4_allowed_by_env() {
-  static const bool on = env_switch_on("SPILLWAY_ATTN_VEC4");
-  return on;
-}
-bool fused_allowed_by_env() {
-  static const bool on = env_switch_on("SPILLWAY_ATTN_FUSED");
-  return on;
-}
+// The process's switches (set_sparse_attn_switches).
+std::atomic<bool> mma_allowed{true}, vec4_allowed{true}, fused_allowed{true};
+bool mma_allowed_by_switch() { return mma_allowed.load(std::memory_order_relaxed); }
+bool vec4_allowed_by_switch() { return vec4_allowed.load(std::memory_order_relaxed); }
+bool fused_allowed_by_switch() { return fused_allowed.load(std::memory_order_relaxed); }
 
 // Whether every block of `grid` fits on the GPU at once (a cooperative launch needs it). The occupancy query is
 // remembered per (kernel, threads, shared memory): decode steps ask it for every layer.
@@ -448,6 +433,12 @@ bool grid_is_resident(const void* kernel, dim3 grid, int threads, size_t smem) {
 }
 }  // namespace
 
+void set_sparse_attn_switches(const SparseAttnSwitches& s) {
+  mma_allowed.store(s.mma, std::memory_order_relaxed);
+  vec4_allowed.store(s.vec4, std::memory_order_relaxed);
+  fused_allowed.store(s.fused, std::memory_order_relaxed);
+}
+
 bool sparse_attn_uses_split(int n_q, int n_heads) { return int64_t(n_q) * n_heads <= kSparseAttnSplitMaxBlocks; }
 
 Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
@@ -474,7 +465,7 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   layouts.by_kind[kF32] = kvdev::plain_f32_layout(a.d_head);
   layouts.by_kind[kRing] = kvdev::row_layout(a.ring.fmt);
   if (a.sel) layouts.by_kind[kComp] = kvdev::row_layout(a.comp.fmt);
-  layouts.vec4 = a.decode_x4 && vec4_allowed_by_env() && vec4_layout_ok(layouts.by_kind[kRing], a.d_head) &&
+  layouts.vec4 = a.decode_x4 && vec4_allowed_by_switch() && vec4_layout_ok(layouts.by_kind[kRing], a.d_head) &&
                  (!a.sel || vec4_layout_ok(layouts.by_kind[kComp], a.d_head));
   const size_t ring_nbytes = kv_row_nbytes(a.ring.fmt), comp_nbytes = a.sel ? kv_row_nbytes(a.comp.fmt) : 0;
   const int raw_words = raw_row_words(ring_nbytes, comp_nbytes);
@@ -489,7 +480,7 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   if (a.path == SparseAttnPath::kTensorCore && !mma_ok)
     return make_error("sparse_attn_cuda: the tensor-core path needs bf16 q and p, d_head % 64 == 0 and ", mma_smem,
                       " bytes of shared memory (", kMaxSmem, " available)");
-  if (!split && mma_ok && a.path != SparseAttnPath::kOneBlock && (a.path != SparseAttnPath::kAuto || mma_allowed_by_env()))
+  if (!split && mma_ok && a.path != SparseAttnPath::kOneBlock && (a.path != SparseAttnPath::kAuto || mma_allowed_by_switch()))
     return launch_attn_mma(a, layouts, ring_nbytes, comp_nbytes, max_rows, mt, mma_smem, stream);
   if (!split) {
     // Fewer heads per block when their logits would not fit (V4's ratio-128 layers at long context).
@@ -518,7 +509,7 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
     return make_error("sparse_attn_cuda: the tensor-core split path needs bf16 q and p and d_head % 64 == 0");
   // Only on request for now: in the engine it moved the V4 golden model's layer 2 (HCA) off the CPU reference in
   // EngineGolden.V4TeacherForcedLayers (77.9 % of values within 2 bf16 ulps, 99.9 % with the scalar split), while
-  // every CudaAttnSparse case passes; not yet understood (bench/results/engine_h200.md, session 13).
+  // every CudaAttnSparse case passes; not yet understood (bench/results/engine_h200.md).
   const bool split_mma = split_mma_ok && a.path == SparseAttnPath::kSplitTensorCore;
   s.n_seg = segments_of(max_rows);
   const int64_t qh = int64_t(a.n_q) * a.n_heads;
@@ -537,7 +528,7 @@ Status sparse_attn_cuda(const SparseAttnArgs& a, cudaStream_t stream) {
   const size_t smem = tile_smem_bytes(a.d_head, raw_words);
   return with_channels_per_lane(cpl, [&](auto k) -> Status {
     constexpr int CPL = decltype(k)::value;
-    if (a.path != SparseAttnPath::kSplitLaunches && fused_allowed_by_env()) {
+    if (a.path != SparseAttnPath::kSplitLaunches && fused_allowed_by_switch()) {
       const void* fused = reinterpret_cast<const void*>(split_fused_kernel<CPL>);
       SPW_TRY(set_smem(fused, smem, "split attention (fused)"));
       if (grid_is_resident(fused, grid, 32 * warps, smem)) {

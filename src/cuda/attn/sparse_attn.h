@@ -51,6 +51,16 @@ constexpr int kSparseAttnSplitMaxBlocks = 512;
 // launches; kSplitLaunches: always the three launches (tests compare the two).
 enum class SparseAttnPath { kAuto, kOneBlock, kSplit, kTensorCore, kSplitTensorCore, kSplitLaunches };
 
+// Process-wide switches for A/B runs (docs/settings.md; the CLI sets them from SPILLWAY_ATTN_*), all on by default:
+//   mma = false keeps kAuto off the tensor-core path: the scalar kernels sum in the CPU reference's row order, for
+//     A/B checks of the tensor cores' summation against a trained model;
+//   vec4 = false decodes stored rows a channel per lane step instead of four (dequant_row_x4; same bits);
+//   fused = false keeps the split path's three launches instead of the fused cooperative kernel (same bits).
+struct SparseAttnSwitches {
+  bool mma = true, vec4 = true, fused = true;
+};
+void set_sparse_attn_switches(const SparseAttnSwitches& s);
+
 // Floats of scratch the split path needs (max_rows = window + sel_stride).
 size_t sparse_attn_split_scratch_floats(int n_q, int n_heads, int d_head, int64_t max_rows);
 // Whether kAuto takes the split path for this call (given scratch).
@@ -80,8 +90,9 @@ struct SparseAttnArgs {
   size_t scratch_floats = 0;
   SparseAttnPath path = SparseAttnPath::kAuto;  // kSplit / kOneBlock force a path (tests)
   // Stored rows decoded four channels per lane step where their formats allow it (bit-identical). On by default:
-  // the 4096-token V4.1 prefill's tensor-core attention took 9.96 instead of 17.32 ms per layer call (H200,
-  // 2026-12-04 16:44). false, or SPILLWAY_ATTN_VEC4=0, decodes a channel per lane step (tests, A/B).
+  // the 4096-token V4.1 prefill's tensor-core attention took 9.96 instead of 17.32 ms per layer call on the H200
+  // (docs/settings.md, SPILLWAY_ATTN_VEC4). false, or SparseAttnSwitches::vec4 = false, decodes a channel per
+  // lane step (tests, A/B).
   bool decode_x4 = true;
 };
 

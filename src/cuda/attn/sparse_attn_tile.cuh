@@ -124,7 +124,7 @@ __device__ inline unsigned char* carve_tile(unsigned char* smem, int d, int raw_
 // the stage is in flight at once and the warp waits once (cp_async_wait_all). Loading the rows into
 // registers first let ptxas interleave each row's loads with its stores (a latency per row), and decoding
 // straight from global memory waited on each channel's dependent byte loads in turn: ~37 µs per split
-// kernel at 1 K context (bench/results/engine_h200.md, session 10).
+// kernel at 1 K context (bench/results/engine_h200.md).
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))),
                "l"(gmem)
@@ -251,7 +251,7 @@ __device__ void load_segment(const SparseAttnArgs& a, const Layouts& layouts, co
 // load_segment for the split kernels, whose blocks of one (query, segment) — a block per head group — form
 // a cluster: each block decodes every csize-th row and copies the others from their decoder's shared
 // memory (distributed shared memory), so a row is decoded once per segment, not once per head group
-// (decoding was most of the split kernels' time: ~22 µs per call at 1 K context, session 10). A launch
+// (decoding was most of the split kernels' time: ~22 µs per call at 1 K context). A launch
 // without a cluster is a cluster of one. Needs d % 4 == 0 when the cluster has more than one block.
 template <int CPL>
 __device__ void load_segment_shared(const SparseAttnArgs& a, const Layouts& layouts, const QueryRows& qr, int64_t seg0,

@@ -12,7 +12,7 @@
 //   values), and the chunks of the next round are loaded before the current round is computed (two
 //   register buffers), so a warp always has a round of weight loads in flight. The staged kernel
 //   below waited for each round's loads before issuing the next (a memory latency per round): 26 %
-//   of HBM bandwidth over the V4.1 decode's FP8 weights (bench/results/engine_h200.md, session 7).
+//   of HBM bandwidth over the V4.1 decode's FP8 weights (bench/results/engine_h200.md).
 // gemv_persist_kernel (1 or 2 tokens, unsplit matrices of more than one wave of blocks): the streaming
 //   kernel's arithmetic on a grid of resident blocks, each warp streaming several row groups in a row.
 // gemv_kernel (more tokens): x̂ of a round is staged in shared memory once for the block's 8 warps
@@ -225,7 +225,7 @@ __device__ __forceinline__ void accumulate_round(const Chunk<F> (&c)[U][R], cons
     // Every x̂ load of the tile is issued before the first is used: token 0 always exists (n_tokens ≥ 1), and a
     // later token past n_tokens reads token 0's row instead of being predicated off (its sums are never
     // written). With a predicated load per float4, ptxas issued each load right before its use: four L1
-    // round trips per tile in a row (bench/results/engine_h200.md, session 10).
+    // round trips per tile in a row (bench/results/engine_h200.md).
     float4 xq[T][4];
 #pragma unroll
     for (int t = 0; t < T; ++t) {
@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(GemvArgs a) {
 // warps in the grid) and streams all their rounds as one sequence, loading the next round while it
 // computes this one, across row-group boundaries. The stream kernel restarts its pipeline per row group:
 // wq_b's rows are 2.5 tiles, so each warp got 3 rounds (a memory latency each) in two waves of blocks:
-// 21 µs for 42 MB on the H200 (bench/results/dense_h200.md, session 10). Same per-lane order as the others.
+// 21 µs for 42 MB on the H200 (bench/results/dense_h200.md). Same per-lane order as the others.
 // Blocks per SM the persistent kernel is compiled for: one token of FP8 fits 80 registers without spilling,
 // three blocks per SM (94 registers unbounded: two), more weight bytes in flight for wq_b; the others two
 // (≤ 128 registers, what they took unbounded). An explicit 1 let ptxas take 155 for the bf16 head: one block.
@@ -352,7 +352,7 @@ int rows_per_warp(long rows, int blocks_per_sm) {
 // never of n_tokens — because the split decides the summation order, and a row must come out
 // bit-identical whichever kernel and token count computed it. Splitting is what lets a mid-sized matrix
 // take 4 rows per warp: with one row per warp, each warp re-read x̂ from L1 for every 16 weight bytes
-// (64 bytes of x̂ per fp8 chunk), and the L1 traffic, not HBM, bounded the GEMV (session 10's profile).
+// (64 bytes of x̂ per fp8 chunk), and the L1 traffic, not HBM, bounded the GEMV (a kernel profile).
 int k_splits(long rows, int n_in) {
   const long enough = 2L * kWarps * sm_count();
   if (rows >= 4 * enough) return 1;
@@ -402,7 +402,7 @@ cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
   } else {
     // The staged kernel reads x̂ from shared memory, but a warp's 4 rows share each x̂ read and keep 4
     // chunks in flight: with one row per warp, the k-split shapes ran 1.4–2.3× slower at 4–16 tokens
-    // (bench/results/dense_h200.md, session 10). Rows per warp 1 or 4 only when split (fewer kernels).
+    // (bench/results/dense_h200.md). Rows per warp 1 or 4 only when split (fewer kernels).
     if (s > 1) {
       const bool four = rows * s >= 4L * kWarps * sm_count();
       if (s == 4) return four ? go_split(gemv_kernel<F, T, 4, 4>, 4) : go_split(gemv_kernel<F, T, 1, 4>, 1);

@@ -5,7 +5,7 @@
 // (inside both scale blocks) Σ x̂·w = (s_x·s_w)·Σ code_x·code_w. Every e4m3 value is an f16 value, so the codes go
 // into an f16 MMA exactly and their products are exact. The scalar GEMV (dense_gemv.cu) spent ~100–170 warp
 // instructions per 512 weight bytes on conversions and FMAs and issued at 0.7 per scheduler cycle, 49–55 % of the
-// HBM rate on wq_b/wo_b (bench/results/engine_h200.md, session 12); here 512 weights cost two 8-byte loads per
+// HBM rate on wq_b/wo_b (bench/results/engine_h200.md); here 512 weights cost two 8-byte loads per
 // lane, eight conversions and two MMAs.
 //
 // Layout. A warp owns 16 rows (a row group) and a k range; lane (g = lane/4, t = lane%4) loads 8 bytes of rows

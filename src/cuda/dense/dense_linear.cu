@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 
 #include "cuda/dense/dense_kernels.h"
 #include "cuda/dense/dense_linear.h"
@@ -23,21 +22,9 @@ Error cublas_error(const char* what, cublasStatus_t s) {
 
 constexpr int kGemvMaxTokens = 16;
 
-std::atomic<bool>& gemv_mma_flag() {
-  static std::atomic<bool> on{[] {
-    const char* env = std::getenv("SPILLWAY_GEMV_MMA");
-    return env && env[0] == '1';
-  }()};
-  return on;
-}
-
-std::atomic<bool>& f32_split_gemm_flag() {
-  static std::atomic<bool> on{[] {
-    const char* env = std::getenv("SPILLWAY_F32_SPLIT_GEMM");
-    return !(env && env[0] == '0');
-  }()};
-  return on;
-}
+// The process's choices (set_gemv_mma, set_f32_split_gemm), defaults as in GpuSettings.
+std::atomic<bool> gemv_mma_flag{false};
+std::atomic<bool> f32_split_gemm_flag{true};
 
 bool takes_mma(const DeviceLinear& w) {
   return w.act_block > 0 && gemv_mma_enabled() && densedev::gemv_uses_mma(w.format, w.weight_block, w.act_block, w.n_in);
@@ -167,7 +154,7 @@ Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y
 // 3·n_tokens rows of one bf16 GEMM (the weight read once per chunk), then y = (hi·W + mid·W) + lo·W in f32. Each
 // product of a bf16 weight and a bf16 plane is exact in the fp32 accumulator, so no bit of x is dropped, where
 // the pedantic fp32 GEMM runs on the FFMA pipes from a weight dequantized to f32 (at 64 decode rows the head
-// and the router took ~23 % of a V4.1 step that way: bench/results/engine_h200.md, session 17). Sums differ in
+// and the router took ~23 % of a V4.1 step that way: bench/results/engine_h200.md). Sums differ in
 // order (and the tensor cores' accumulation in rounding) from that GEMM. Scratch: x3 then a y3 chunk in ws.wbuf.
 Status linear_gemm_split3(const DeviceLinear& w, const float* x, int n_tokens, float* y, LinearWorkspace& ws,
                           cudaStream_t stream, cublasHandle_t h, size_t x3_nbytes, int chunk) {
@@ -304,10 +291,10 @@ bool stack_keeps_rows(const DeviceLinear& w, std::span<const int> part_rows) {
   return true;
 }
 
-bool f32_split_gemm_enabled() { return f32_split_gemm_flag().load(std::memory_order_relaxed); }
-void set_f32_split_gemm(bool on) { f32_split_gemm_flag().store(on, std::memory_order_relaxed); }
-bool gemv_mma_enabled() { return gemv_mma_flag().load(std::memory_order_relaxed); }
-void set_gemv_mma(bool on) { gemv_mma_flag().store(on, std::memory_order_relaxed); }
+bool f32_split_gemm_enabled() { return f32_split_gemm_flag.load(std::memory_order_relaxed); }
+void set_f32_split_gemm(bool on) { f32_split_gemm_flag.store(on, std::memory_order_relaxed); }
+bool gemv_mma_enabled() { return gemv_mma_flag.load(std::memory_order_relaxed); }
+void set_gemv_mma(bool on) { gemv_mma_flag.store(on, std::memory_order_relaxed); }
 
 bool linear_uses_gemv(LinearPath path, int n_tokens) { return resolve(path, n_tokens) == LinearPath::kGemv; }
 

@@ -99,17 +99,17 @@ Status stacked_linear_cuda(const DeviceLinear& w, std::span<const int> part_rows
 // on the GEMV path: the k split is the same for every part and for the stack.
 bool stack_keeps_rows(const DeviceLinear& w, std::span<const int> part_rows);
 // The decode path of FP8 weights with activation quant: the scalar weight-streaming kernel (default) or the
-// tensor-core one (dense_gemv_mma.cu; SPILLWAY_GEMV_MMA=1 at start, or set_gemv_mma). Measured on the H200
-// (bench/results/engine_h200.md, session 12): the tensor-core kernel is 1.4–4× faster at 16 tokens (V4.1 batch-16
+// tensor-core one (dense_gemv_mma.cu; set_gemv_mma(true), which the CLI calls for SPILLWAY_GEMV_MMA=1). Measured on
+// the H200 (bench/results/engine_h200.md): the tensor-core kernel is 1.4–4× faster at 16 tokens (V4.1 batch-16
 // decode +14 % tokens/s) but 1.3–1.8× slower at one token (batch-1 decode −2 %), hence off by default. The two
 // differ in summation order, so a process keeps one: choose before uploading weights (stacking depends on it).
 bool gemv_mma_enabled();
 void set_gemv_mma(bool on);
 // The kGemm path of f32-product bf16 weights (router, head; n_tokens > 16): the pedantic fp32 cuBLAS GEMM on a
 // weight dequantized to f32, or three bf16 planes of x through one bf16 tensor-core GEMM with exact products
-// (default; SPILLWAY_F32_SPLIT_GEMM=0 at start, or set_f32_split_gemm(false), takes the fp32 GEMM;
-// dense_linear.cu linear_gemm_split3). H200, session 20: V4.1 batch-64 decode 22.3 → 17.4 ms per 4-layer step,
-// V4 45.8 → 41.8 ms (bench/results/engine_h200.md); CudaDense.F32ProductSplitGemm checks it against the fp32 GEMM.
+// (default; set_f32_split_gemm(false), which the CLI calls for SPILLWAY_F32_SPLIT_GEMM=0, takes the fp32 GEMM;
+// dense_linear.cu linear_gemm_split3). On the H200 the split GEMM cut a V4.1 batch-64 decode step of 4 layers from
+// 22.3 to 17.4 ms and V4's from 45.8 to 41.8 ms (bench/results/engine_h200.md); CudaDense.F32ProductSplitGemm checks it against the fp32 GEMM.
 bool f32_split_gemm_enabled();
 void set_f32_split_gemm(bool on);
 // Whether linear_cuda takes the GEMV path for this path and token count.

@@ -22,7 +22,7 @@ enum class Kind { kFp8, kFp4Ue8m0, kFp4E4m3 };
 // p = l, l + 32, ... (fp4, whose pairs share a byte); the block's amax is the warp's max of the lanes'
 // maxima (max is exact in any order, and NaN is skipped as in the one-thread loop: every partial starts at 0),
 // then every element gets the same operations as formats/quant.cpp's loop. The first version gave each block
-// to one thread: 35 µs for a decode token's 6 × 2048 expert activations (V4, session 8's trace).
+// to one thread: 35 µs for a decode token's 6 × 2048 expert activations (V4, a kernel trace).
 template <Kind K>
 __global__ void __launch_bounds__(kThreads)
     quant_blocks_kernel(float* x, int64_t x_stride, int64_t n_rows, int64_t n, int block, uint8_t* q,

@@ -28,7 +28,7 @@ constexpr int kThreads = 256;
 // hc_mixes: a cluster of kMixesSplit blocks per (token, group of G outputs), each block one slice of the
 // hc·d inputs; the partial sums meet in block 0 of the cluster through distributed shared memory, in rank
 // order. A decode token's 24 outputs so pull fn from 96 SMs (12 clusters × 8), where the previous version's
-// 12 blocks of 1024 threads (one per group, the whole row each) took 12 µs per decode call (session 7's trace)
+// 12 blocks of 1024 threads (one per group, the whole row each) took 12 µs per decode call (a kernel trace)
 // for 2 MB. The same split, block size and reduction order for every token count keep the result independent
 // of the batch.
 constexpr int kMixesThreads = 256;
@@ -112,7 +112,7 @@ __global__ void __cluster_dims__(1, 1, kMixesSplit) __launch_bounds__(kMixesThre
 // (CudaOpsHc.MixesIndependentOfTokenCount). What differs is the schedule: the loads of kMixesRowBatch tokens are
 // in flight together and their butterflies interleave, and the cross-warp sums wait until all the block's tokens
 // are done. The previous form (weights in registers, 8 tokens per block, a block-wide reduction with two barriers
-// after each token) took 1.97 ms per 4096-token V4.1 call on the H200 (session 15 trace): each token's loads
+// after each token) took 1.97 ms per 4096-token V4.1 call on the H200 (a kernel trace): each token's loads
 // waited for the previous token's reduction, at two blocks per SM.
 constexpr int kMixesRows = 32;      // tokens per block
 constexpr int kMixesRowBatch = 4;   // tokens whose loads and sums are in flight together
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(32 * kSinkhornWarps)
 // The same computation for small hc (hc² ≤ 32: V4 and V4.1 have hc = 4) with the matrix in registers
 // (hc_device.cuh: split_sinkhorn_warp): the same operations as hc_split_sinkhorn_kernel. The shared-memory
 // version spends most of its time on dependent shared-memory round trips (16 µs per decode call on the H200,
-// session 7's trace, for 40 normalisations of a 4 × 4 matrix).
+// a kernel trace, for 40 normalisations of a 4 × 4 matrix).
 template <int HC>
 __global__ void __launch_bounds__(32 * kSinkhornWarps)
     hc_split_sinkhorn_small_kernel(const float* mixes_all, const float* scale, const float* base, int64_t n_tokens,

@@ -21,7 +21,7 @@ constexpr int kSampleThreads = 512;
 // A row's argmax over a cluster of kArgmaxSplit blocks: block r of the row's cluster takes elements
 // r·blockDim + tid, advancing kArgmaxSplit·blockDim, then rank 0 takes the best of the blocks' winners
 // from their shared memory (distributed shared memory). One block per row read a 129K vocabulary at one
-// SM's bandwidth: 13.9 µs per decode step on the H200 (bench/results/engine_h200.md, session 10).
+// SM's bandwidth: 13.9 µs per decode step on the H200 (bench/results/engine_h200.md).
 // better() is a total order, so the winner does not depend on how the row is split or visited.
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int64_t vocab, int32_t* out) {
   pdl_enter();

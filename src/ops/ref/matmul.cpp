@@ -4,7 +4,7 @@
 // to [k][kOut] once, and kTok tokens share every loaded weight row. The order of every sum is unchanged and this
 // file is built with -ffp-contract=off (no fused multiply-add), so the values are bit-identical to the scalar loop
 // (tests/unit/test_ops_ref.cpp checks it), without one dependent add chain per output (end-to-end effect measured in
-// bench/results/quantize_demo.md and server_load_cpu.md, session 18).
+// bench/results/quantize_demo.md and server_load_cpu.md).
 #include <algorithm>
 #include <vector>
 

@@ -1,5 +1,4 @@
-// `spillway bench`: the GPU engine's performance on one checkpoint, in one process (issue 7,
-// Performance): the H200's copy bandwidth and bf16 tensor-core rate (device_rates.h); the memory plan
+// `spillway bench`: the GPU engine's performance on one checkpoint, in one process: the H200's copy bandwidth and bf16 tensor-core rate (device_rates.h); the memory plan
 // (printed before loading); batch-1 decode ms/token against the bytes a token must read ÷ bandwidth
 // (model_costs.h); aggregate decode tokens/s at several batch sizes with sequences of different
 // lengths; prefill tokens/s against the FLOPs per token ÷ tensor-core rate; device memory per
@@ -18,6 +17,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "base/settings.h"
 
 namespace spw::bench {
 
@@ -38,6 +39,7 @@ struct EngineBenchOptions {
   uint64_t seed = 1;
   bool plan_only = false;           // print the plan and the per-token costs; no GPU needed
   std::string json_path;
+  GpuSettings gpu;                  // kernel switches and MoE paths (the CLI passes settings().gpu)
 };
 
 // Runs the benchmark, printing to stdout; returns the process exit code.

@@ -1,4 +1,4 @@
-#include "bench_engine/device_rates.h"
+#include "bench/device_rates.h"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>

@@ -1,4 +1,4 @@
-// What one token costs a DeepSeek-V4 / V4.1 checkpoint, for `spillway bench` (issue 7): the bytes a
+// What one token costs a DeepSeek-V4 / V4.1 checkpoint, for `spillway bench`: the bytes a
 // batch-1 decode token must read (the roofline numerator) and the FLOPs of one prefill token (the
 // tensor-core numerator). Pure host arithmetic over the checkpoint's tensor headers (works on
 // header-only checkpoints) and the config.

@@ -1,4 +1,4 @@
-#include "bench_engine/bench_engine.h"
+#include "bench/bench.h"
 
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
@@ -15,8 +15,9 @@
 #include <random>
 #include <span>
 
-#include "bench_engine/device_rates.h"
-#include "bench_engine/model_costs.h"
+#include "bench/device_rates.h"
+#include "bench/model_costs.h"
+#include "cuda/kernel_settings.h"
 #include "cuda/launch.h"
 #include "engine/gpu_model.h"
 #include "model/config.h"
@@ -210,6 +211,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
   const int max_batch = o.batches.empty() ? 1 : *std::max_element(o.batches.begin(), o.batches.end());
   const int64_t max_prefill = o.prefill.empty() ? 0 : *std::max_element(o.prefill.begin(), o.prefill.end());
   engine::GpuModelOptions gopt;
+  gopt.moe_paths = engine::moe_paths_from(o.gpu);
   gopt.budget.max_seqs = o.max_seqs > 0 ? o.max_seqs : std::max(1, max_batch);
   gopt.budget.max_context =
       o.max_context > 0 ? o.max_context
@@ -256,6 +258,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
                  e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
     return 2;
   }
+  cuda::apply_kernel_settings(o.gpu);  // before any weights are uploaded (dense_linear.h: set_gemv_mma)
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf("\n## Device: %s, %d SMs, %.1f GiB\n\n", prop.name, prop.multiProcessorCount,
@@ -461,8 +464,8 @@ int run_engine_bench(const EngineBenchOptions& o) {
   // ---- prefill ----
   // One warm-up chunk on a throwaway sequence first (the decode phases ran chunks of at most ~1024 rows: the
   // first 4096-row step pays cuBLASLt's heuristics, lazy module loads and the arena's growth), then
-  // prefill_runs timed runs per length, each on a fresh sequence; the median run is reported. (Session 20
-  // measured one cold run per length: V4.1 4096 gave 25668 then 18673 tokens/s on two machines.)
+  // prefill_runs timed runs per length, each on a fresh sequence; the median run is reported. (A single
+  // cold run per length is not repeatable: V4.1 at 4096 tokens gave 25668 then 18673 tokens/s on two machines.)
   std::printf("\n## Prefill: one sequence, random tokens, chunks of %d; median of %d runs after a warm-up chunk\n\n",
               o.chunk, o.prefill_runs);
   std::printf("| prompt | s (median) | min / max s | tokens/s | first / last chunk s | GFLOP/token | TFLOP/s | "
@@ -545,7 +548,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
   // measured bandwidth), a lower bound on its time: the rest of the measured time is the layers', an upper
   // bound per layer, so the projection errs slow. (Splitting the time in proportion to bytes, as the first
   // version did, gave the head ~53 % of the token while it ran near the roofline and the layers at ~15 %:
-  // 14.1 ms projected where the kernel trace of session 7 puts 40 layers near 23 ms.)
+  // 14.1 ms projected where a kernel trace puts 40 layers near 23 ms.)
   const double fixed_b = double(db.fixed_total()), layers_b = token_bytes - fixed_b;
   const double t_fixed = std::min(ms_per_token, fixed_b / *bw * 1e3), t_layer = (ms_per_token - t_fixed) / c.n_layers;
   const double proj_ms = t_fixed + n_proj * t_layer;

@@ -1,4 +1,4 @@
-#include "bench_engine/model_costs.h"
+#include "bench/model_costs.h"
 
 #include <algorithm>
 #include <cstdlib>

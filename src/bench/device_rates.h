@@ -7,7 +7,7 @@
 //   (CUBLAS_COMPUTE_32F), operands filled with random bf16 in [-1, 1] (zeros would draw less power
 //   and clock higher), 2·dim³ FLOPs per call, best of `iters` after one warm-up.
 // Errors: CUDA / cuBLAS failures (allocation included), as Status with the call that failed.
-// Used by bench_engine.cpp; verified by comparing with bench/dense's copy bandwidth on the same GPU.
+// Used by bench.cpp; verified by comparing with bench/dense's copy bandwidth on the same GPU.
 #pragma once
 
 #include <cstddef>
