@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute on the batch-1 decode kernels of `spillway bench` (V4.1 width, EXL3 K=3, 4 layers): why each
 # hot decode kernel runs where it does (stall reasons, occupancy, memory throughput), for the kernels the
-# CUPTI trace of bench/results/engine_h200.md (session 7) puts on top: split attention, dense GEMV, fused
+# CUPTI traces of bench/results/engine_h200.md (2026-12-03) put on top: split attention, dense GEMV, fused
 # EXL3 MoE, mHC mixes and Sinkhorn.
 #   here:  STAGE_BINS=bin/spillway bash scripts/gpu_test.sh stage
 #   there: bash scripts/gpu_profile_decode.sh [DIR]     # carry: .exl3pack; DIR defaults to $OUT
