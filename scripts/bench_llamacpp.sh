@@ -28,7 +28,7 @@
 # LLAMA_REPS (3). LLAMA_PACK: where the .llpack tarballs are (default ./.llpack).
 # Random token ids as input (llama-bench and llama-batched-bench draw them); the weights are random too.
 # Disk: the V4 model and its GGUF need ~35 GB of the machine's 64; delete other synthetic models in /tmp first (a
-# full disk made the conversion fail in session 8). Measured there: conversion 47 s, the whole run phase < 15 s with
+# full disk made the conversion fail on 2026-12-03). Measured there: conversion 47 s, the whole run phase < 15 s with
 # LLAMA_REPS=1 LLAMA_DEPTHS=0 SKIP_40K=1.
 set -u
 PHASE=${1:-all}

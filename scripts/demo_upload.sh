@@ -8,7 +8,7 @@
 #   here:   STAGE_BINS=tests/spw_gpu_tests bash scripts/gpu_test.sh stage && bash scripts/demo_upload.sh stage
 #   device: bash scripts/demo_upload.sh run          # carry: .exl3pack; GPU_TEST_FILTER (default EngineDemo.*)
 #   here:   bash scripts/demo_upload.sh restore      # before any commit
-# Measured (session 15): the three EngineDemo tests take ~35 s on the H200, the call ~40 s of device time.
+# Measured (2026-12-04): the three EngineDemo tests take ~35 s on the H200, the call ~40 s of device time.
 set -eu
 cd "$(dirname "$0")/.."
 AWAY=.bigstore/demo_upload

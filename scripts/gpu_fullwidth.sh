@@ -9,7 +9,7 @@
 #   here:  scripts/gpu_test.sh stage            there: bash scripts/gpu_fullwidth.sh   # carry: .exl3pack
 # Each test loads the layer twice (CPU with f32 experts, ~54 GB of host RAM, then the GPU), one at a time.
 # Output: $OUT/fullwidth_*.log (or FW_OUT). The tests find fixtures through the source path compiled in.
-# Run it alone: generating its model at the same time as scripts/bench_engine.sh's took 545 s for both (session 8;
+# Run it alone: generating its model at the same time as scripts/bench_engine.sh's took 545 s for both (2026-12-03;
 # ~90 s each alone), and its model, the bench models and llama.cpp's GGUF together overflow the 64 GB disk.
 set -u
 cd "$(dirname "$0")/.."

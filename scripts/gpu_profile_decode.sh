@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute on the batch-1 decode kernels of `spillway bench` (V4.1 width, EXL3 K=3, 4 layers): why each
 # hot decode kernel runs where it does (stall reasons, occupancy, memory throughput), for the kernels the
-# CUPTI trace of bench/results/engine_h200.md (session 7) puts on top: split attention, dense GEMV, fused
+# CUPTI traces of bench/results/engine_h200.md (2026-12-03) put on top: split attention, dense GEMV, fused
 # EXL3 MoE, mHC mixes and Sinkhorn.
 #   here:  STAGE_BINS=bin/spillway bash scripts/gpu_test.sh stage
 #   there: bash scripts/gpu_profile_decode.sh [DIR]     # carry: .exl3pack; DIR defaults to $OUT
@@ -9,7 +9,7 @@
 # PROFILE_COUNT (default 40) consecutive launches of those kernels after PROFILE_SKIP (default 300) of them
 # (past the 1 K-token prompt's prefill, inside the timed decode steps). Writes DIR/ncu_decode.txt and prints a
 # summary. PROFILE_KERNELS (an ncu --kernel-name value) and PROFILE_SECTIONS (ncu --section flags) override
-# the kernels and sections. ncu replays each profiled launch (18 passes: ~2–3 s each on the H200, session 8) and prints nothing until
+# the kernels and sections. ncu replays each profiled launch (18 passes: ~2–3 s each on the H200, 2026-12-03) and prints nothing until
 # the application exits, so a timeout loses everything: 40 launches plus the bench under ncu took > 150 s. Budget
 # PROFILE_TIMEOUT ≥ 300 s (the default 420), or lower PROFILE_COUNT.
 set -u

@@ -235,7 +235,7 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
   std::printf("\nFused MoE decode, one V4.1 layer (%d experts, d=%lld, f=%lld, K=%d %s, top-%d; random experts per call)\n",
               E, (long long)d, (long long)f, K, exl3_codebook_name(cb), topk);
   std::printf("| tokens | distinct experts/call (mean) | fused µs | trellis GB/s | vs read-bw roofline | 18·T GEMV calls µs | grouped pairs µs |\n|---|---|---|---|---|---|---|\n");
-  // The grouped decode form (the engine's default since session 15): rotations and one grouped launch per
+  // The grouped decode form (the engine's default from 8 rows): rotations and one grouped launch per
   // projection with an item per (token, slot) pair; its SwiGLU and combine launches are not included.
   void* pxr;
   float *pg, *pu, *py;

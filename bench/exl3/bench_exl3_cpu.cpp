@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   std::printf("read bandwidth (sum over 1 GiB, %zu threads, best of 3): %.1f GB/s\n\n", pool.size(), bw);
 
   // The per-call factor conversion (suh + svh of one V4.1 expert tensor, 5120 + 2304 fp16 values): one value
-  // at a time through exl3_f16_to_f32 (what every product did before session 21) and f16_to_f32_n (F16C).
+  // at a time through exl3_f16_to_f32 (what every product did before f16_to_f32_n) and f16_to_f32_n (F16C).
   {
     std::vector<uint16_t> h(5120 + 2304);
     for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(0x3000 + (i * 37) % 0x3000);

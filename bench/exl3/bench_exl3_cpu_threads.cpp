@@ -12,7 +12,7 @@
 //     µs, speed-up over T = 1, trellis GB/s, % of the same T's read bandwidth.
 // Then the two EXL3 rows again at max_threads with the pool's spin budget 0 (workers sleep between calls)
 // and with 4 parts of the tile grid per thread (over-decomposition, for unequal threads): what each is worth;
-// and with the approximate int16-activation kernel (Exl3Activations::kInt16) where the machine runs it. Why: on the H200 host (session 20) 16 threads ran 8192² m = 1 only
+// and with the approximate int16-activation kernel (Exl3Activations::kInt16) where the machine runs it. Why: on the H200 host (bench/results/exl3_h200.md) 16 threads ran 8192² m = 1 only
 // 1.74× faster than the 2-core dev box; this separates core count, SMT, quota, fork/join and memory.
 #include <algorithm>
 #include <cstdio>

@@ -355,7 +355,7 @@ TEST(CudaAttnSparse, AwkwardShapes) {
 }
 
 // The shape of the V4 golden model's HCA layer (4 heads × 128, 64 RoPE channels, window 128, one selection slot that
-// is often −1), where the tensor-core split path moved the engine's teacher-forced layer off the CPU (session 13):
+// is often −1), where the tensor-core split path moved the engine's teacher-forced layer off the CPU (bench/results/engine_h200.md, 2026-12-04):
 // a prefill chunk below the window, a first-token decode with nothing selected, a decode with the token in the ring.
 TEST(CudaAttnSparse, V4GoldenHcaShape) {
   SPW_REQUIRE_GPU();

@@ -11,7 +11,7 @@
 // match itself either. A ~1e-6 summation-order difference flips an e4m3 code (6 % steps) of an activation
 // now and then (~8,000 quantized values per row and projection at this width, against a few dozen in the
 // golden models); the flipped product moves by ~1e-3 of its row; the next quantize-then-project step flips
-// many more. Measured on the H200 (2026-12-03, bench/results/engine_h200.md, session 7), comparing layer
+// many more. Measured on the H200 (2026-12-03, bench/results/engine_h200.md, the full-width departure), comparing layer
 // outputs: 47.8 % of prefill values within 2 bf16 ulps (20–25 % in decode); 80 % with the fake quants off;
 // with f32 activations and the fake quants on, every intermediate before a quantize-then-project step within
 // 1.4e-6 of its row's largest value, the same selected entries and routed experts, and rows 3 and 9 then

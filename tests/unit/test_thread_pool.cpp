@@ -143,7 +143,7 @@ TEST(ThreadPool, SleepingWorkersWakeForTheNextJob) {
 }
 
 // A job published before a worker thread has even started must still reach it (a worker that took the
-// current job word as already seen at start-up slept through the first job: ctest -j2, session 21).
+// current job word as already seen at start-up slept through the first job: ctest -j2).
 TEST(ThreadPool, WorkersThatStartLateTakeTheFirstJob) {
   for (int i = 0; i < 200; ++i) {
     ThreadPool pool(4, i % 2 ? 0 : 100);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The measurements in bench/results/quantize_demo.md, on the bundled demo model.
+# The first layer-5 measurements on the bundled demo model (bench/results/quantize_demo.md, 2026-12-02 entries; the
+# full tables of runs 1-4 are in that file's git history).
 #   tools/quantize/bench_demo.sh [SPILLWAY_BIN] [WORK_DIR]
 # Runs (each quantize run's output in WORK_DIR/NAME.log, kl lines in WORK_DIR/eval_kl.log):
 #   1. K=3 packs of every expert of layer $LAYER: calibrated (Hessians kept) and --identity-hessian
