@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   auto quantize = spw::cli::add_quantize_command(app);
   auto eval_kl = spw::cli::add_eval_kl_command(app);
   auto bench = spw::cli::add_bench_command(app);
+  auto plan = spw::cli::add_plan_command(app);
   CLI11_PARSE(app, argc, argv);
   spw::log_init(log_level);
   if (app.got_subcommand("run")) return run();
@@ -25,5 +26,6 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("quantize")) return quantize();
   if (app.got_subcommand("eval-kl")) return eval_kl();
   if (app.got_subcommand("bench")) return bench();
+  if (app.got_subcommand("plan")) return plan();
   return 1;
 }
