@@ -9,6 +9,13 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// A setting as the user typed it: 1.5, not 1.500000.
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 std::string gib(double nbytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f GiB", nbytes / kGiB);
@@ -16,13 +23,13 @@ std::string gib(double nbytes) {
 }
 
 Status check_request(const PlacementRequest& r) {
-  if (!(r.gpu_memory_gib > 0)) return make_error("--gpu-memory must be a positive number of GiB, got ", r.gpu_memory_gib);
-  if (!(r.kv_gib >= 0)) return make_error("--kv-gib must be ≥ 0, got ", r.kv_gib);
-  if (!(r.workspace_gib >= 0)) return make_error("--workspace-gib must be ≥ 0, got ", r.workspace_gib);
+  if (!(r.gpu_memory_gib > 0)) return make_error("--gpu-memory must be a positive number of GiB, got ", num(r.gpu_memory_gib));
+  if (!(r.kv_gib >= 0)) return make_error("--kv-gib must be ≥ 0, got ", num(r.kv_gib));
+  if (!(r.workspace_gib >= 0)) return make_error("--workspace-gib must be ≥ 0, got ", num(r.workspace_gib));
   const Bandwidths& b = r.bandwidths;
-  if (!(b.hbm_gbs > 0)) return make_error("--hbm-gbs must be a positive bandwidth in GB/s, got ", b.hbm_gbs);
-  if (!(b.pcie_gbs > 0)) return make_error("--pcie-gbs must be a positive bandwidth in GB/s, got ", b.pcie_gbs);
-  if (!(b.cpu_gbs > 0)) return make_error("--cpu-gbs must be a positive bandwidth in GB/s, got ", b.cpu_gbs);
+  if (!(b.hbm_gbs > 0)) return make_error("--hbm-gbs must be a positive bandwidth in GB/s, got ", num(b.hbm_gbs));
+  if (!(b.pcie_gbs > 0)) return make_error("--pcie-gbs must be a positive bandwidth in GB/s, got ", num(b.pcie_gbs));
+  if (!(b.cpu_gbs > 0)) return make_error("--cpu-gbs must be a positive bandwidth in GB/s, got ", num(b.cpu_gbs));
   return {};
 }
 
@@ -114,9 +121,9 @@ Result<Placement> plan_placement(const PlacementModel& m, const PlacementRequest
   const double reserved = (request.kv_gib + request.workspace_gib) * kGiB;
   const double budget = request.gpu_memory_gib * kGiB - reserved - double(m.dense_nbytes);
   if (budget < 0)
-    return make_error("the dense weights (", gib(double(m.dense_nbytes)), ") + --kv-gib ", request.kv_gib,
-                      " + --workspace-gib ", request.workspace_gib, " = ", gib(double(m.dense_nbytes) + reserved),
-                      " do not fit --gpu-memory ", request.gpu_memory_gib,
+    return make_error("the dense weights (", gib(double(m.dense_nbytes)), ") + --kv-gib ", num(request.kv_gib),
+                      " + --workspace-gib ", num(request.workspace_gib), " = ", gib(double(m.dense_nbytes) + reserved),
+                      " do not fit --gpu-memory ", num(request.gpu_memory_gib),
                       " GiB: raise --gpu-memory or lower the reservations");
   plan.dense_nbytes = m.dense_nbytes;
   plan.expert_budget_nbytes = int64_t(budget);

@@ -149,8 +149,7 @@ def test_demo_statistics_put_the_hottest_experts_on_the_gpu(tmp_path):
 
 
 def test_bad_statistics_files_are_rejected_with_the_reason(tmp_path):
-    stats, counts = demo_stats(tmp_path, None)
-    short, _ = demo_stats(tmp_path, None)
+    short, counts = demo_stats(tmp_path)
     short.write_text(json.dumps({"model": "demo", "n_tokens": 10 ** 6, "layers": counts[:-1]}))
     r = plan(tmp_path, DEMO, "--gpu-memory", 1, "--routing-stats", short, expect_ok=False)
     assert f"has {len(counts) - 1} layers of counts, the model has {len(counts)}" in r.stderr, r.stderr
