@@ -13,5 +13,6 @@ std::function<int()> add_serve_command(CLI::App& app);
 std::function<int()> add_quantize_command(CLI::App& app);
 std::function<int()> add_kl_command(CLI::App& app);
 std::function<int()> add_bench_command(CLI::App& app);
+std::function<int()> add_plan_command(CLI::App& app);
 
 }  // namespace spw::cli

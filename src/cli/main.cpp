@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   auto quantize = spw::cli::add_quantize_command(app);
   auto kl = spw::cli::add_kl_command(app);
   auto bench = spw::cli::add_bench_command(app);
+  auto plan = spw::cli::add_plan_command(app);
   CLI11_PARSE(app, argc, argv);
   spw::log_init(log_level);
   spw::settings();  // the SPILLWAY_* variables without a flag, read once here (base/settings.h)
@@ -28,5 +29,6 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("quantize")) return quantize();
   if (app.got_subcommand("kl")) return kl();
   if (app.got_subcommand("bench")) return bench();
+  if (app.got_subcommand("plan")) return plan();
   return 1;
 }

@@ -54,6 +54,7 @@ std::string tensor_role(const std::string& name) {
 Inventory take_inventory(const Checkpoint& ckpt, const ModelConfig& config) {
   Inventory inv;
   std::vector<std::set<int>> experts(config.n_layers);
+  inv.expert_nbytes_by_layer.assign(config.n_layers, std::vector<int64_t>(std::max(0, config.n_experts), 0));
   std::set<int> layers_seen;
   int64_t dense_per_token = 0, expert_total = 0, shared_total = 0, embed_row = 0, engram_rows = 0;
   for (const auto& [raw_name, t] : ckpt.tensors()) {
@@ -67,10 +68,13 @@ Inventory take_inventory(const Checkpoint& ckpt, const ModelConfig& config) {
     if (layer >= 0 && layer < config.n_layers && expert >= 0) {
       experts[layer].insert(expert);
       expert_total += int64_t(t->nbytes);
+      if (expert < config.n_experts) inv.expert_nbytes_by_layer[layer][expert] += int64_t(t->nbytes);
       if (layer == 0 && expert == 0) inv.expert_nbytes += int64_t(t->nbytes);
       continue;
     }
     if (role == "draft (MTP/DSpark)" || role == "vision") continue;
+    if (role == "engram tables") inv.engram_table_nbytes += int64_t(t->nbytes);
+    else inv.dense_nbytes += int64_t(t->nbytes);
     if (role == "embedding") {
       embed_row = int64_t(t->nbytes) / std::max<int64_t>(1, t->shape.empty() ? 1 : t->shape[0]);
     } else if (role == "engram tables") {
@@ -89,8 +93,10 @@ Inventory take_inventory(const Checkpoint& ckpt, const ModelConfig& config) {
   // average size), one embedding row and the Engram rows.
   const int64_t n_expert_instances = int64_t(config.n_layers) * config.n_experts;
   const int64_t avg_expert = n_expert_instances ? expert_total / n_expert_instances : 0;
-  inv.decode_nbytes_per_token = dense_per_token + shared_total + int64_t(config.n_layers) * config.top_k * avg_expert +
-                                embed_row + engram_rows * rows_per_token;
+  inv.dense_decode_nbytes_per_token = dense_per_token + shared_total + embed_row;
+  inv.engram_decode_nbytes_per_token = engram_rows * rows_per_token;
+  inv.decode_nbytes_per_token = inv.dense_decode_nbytes_per_token + int64_t(config.n_layers) * config.top_k * avg_expert +
+                                inv.engram_decode_nbytes_per_token;
   return inv;
 }
 

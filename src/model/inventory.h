@@ -27,6 +27,16 @@ struct Inventory {
   std::vector<int> experts_per_layer;  // distinct routed experts found per backbone layer
   int64_t decode_nbytes_per_token = 0;  // weights read to decode one token (top_k experts per layer)
   int64_t expert_nbytes = 0;            // one routed expert (w1+w2+w3 with scales), layer 0
+
+  // What a placement needs (runtime/placement.h). Routed experts are excluded from every
+  // "dense" figure below; draft stages and the vision tower are excluded from all of them.
+  // [layer][expert]: bytes of routed expert `expert` of backbone layer `layer` (0 where the
+  // checkpoint has none; indices past config.n_experts are not counted here).
+  std::vector<std::vector<int64_t>> expert_nbytes_by_layer;
+  int64_t dense_nbytes = 0;                  // device-resident weights: all but routed experts and Engram tables
+  int64_t dense_decode_nbytes_per_token = 0;  // of those, read per decoded token (every dense weight, one embedding row)
+  int64_t engram_table_nbytes = 0;            // Engram tables, kept in host RAM
+  int64_t engram_decode_nbytes_per_token = 0;  // Engram rows gathered per decoded token
 };
 
 // The role of a tensor from its released name ("model." prefix already stripped).
