@@ -28,10 +28,13 @@ class StopMatcher {
   std::string push(std::string_view text);
   std::string flush();
   bool stopped() const { return stopped_; }
+  // The stop sequence that ended the text ("" until stopped()); the first listed on a tie.
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
   std::string held_;
+  std::string matched_;
   bool stopped_ = false;
 };
 
@@ -54,6 +57,8 @@ class GenerationRun {
   int n_prompt_tokens() const { return n_prompt_; }
   int n_cached_tokens() const { return n_cached_; }
   int n_completion_tokens() const { return n_completion_; }
+  // The text stop sequence that finished this run; "" when it ended any other way.
+  const std::string& stop_sequence() const { return stops_.matched(); }
 
  private:
   std::shared_ptr<runtime::RequestStream> stream_;

@@ -122,6 +122,10 @@ void HttpServer::routes() {
   http_->Post("/v1/chat/completions", guarded([this](const httplib::Request& r) {
                 return api_.chat_completions(r.body, client_gone_probe(r));
               }, true));
+  http_->Post("/v1/messages", guarded([this](const httplib::Request& r) {
+                return api_.messages(r.body, r.get_header_value("x-api-key"), r.get_header_value("Authorization"),
+                                     client_gone_probe(r));
+              }, /*authenticated=*/false));  // messages() checks x-api-key itself
   http_->Get("/v1/models", guarded([this](const httplib::Request&) { return api_.models(); }, true));
   http_->Post("/tokenize", guarded([this](const httplib::Request& r) { return api_.tokenize(r.body); }, true));
   http_->Post("/detokenize", guarded([this](const httplib::Request& r) { return api_.detokenize(r.body); }, true));

@@ -48,6 +48,11 @@ class OpenAiApi {
   // Non-streaming requests poll `gone` while they wait and cancel their sequences when it is true.
   HttpReply completions(const std::string& body, const ClientGone& gone = {});
   HttpReply chat_completions(const std::string& body, const ClientGone& gone = {});
+  // POST /v1/messages, the Anthropic Messages API (anthropic_messages.cpp). It checks the API key
+  // itself, from x-api-key (Anthropic clients) or Authorization: Bearer, and answers errors in
+  // Anthropic's shape.
+  HttpReply messages(const std::string& body, const std::string& x_api_key, const std::string& authorization,
+                     const ClientGone& gone = {});
   HttpReply models() const;
   HttpReply tokenize(const std::string& body) const;
   HttpReply detokenize(const std::string& body) const;
