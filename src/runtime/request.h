@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/logits_constraint.h"
@@ -22,6 +23,9 @@ struct SamplingParams {
   float presence_penalty = 0.f;   // OpenAI semantics: over generated tokens only
   float frequency_penalty = 0.f;
   int top_logprobs = -1;  // -1: no logprobs; 0: the chosen token's only; k: also the k most likely
+  // OpenAI logit_bias: (token id, bias in [-100, 100]) added to the logits before drawing, after any
+  // constraint's mask (a bias never un-masks a token). Logprobs stay those of the model.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 struct GenerationRequest {

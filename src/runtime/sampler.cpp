@@ -66,6 +66,8 @@ int32_t Sampler::draw(std::span<const float> logits) {
   if (params_.presence_penalty != 0.f || params_.frequency_penalty != 0.f)
     for (const auto& [id, count] : counts_)
       work_[id] -= params_.presence_penalty + params_.frequency_penalty * float(count);
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (id >= 0 && size_t(id) < vocab) work_[size_t(id)] += bias;
 
   if (params_.temperature <= 0.f) {
     size_t best = 0;

@@ -43,6 +43,11 @@ Submission Engine::submit(GenerationRequest request) {
       return {SubmitCode::invalid,
               make_error("prompt token ", i, " is ", request.prompt[i], ", outside the vocabulary [0, ", vocab, ")").message,
               nullptr};
+  for (const auto& [id, bias] : request.sampling.logit_bias)
+    if (id < 0 || id >= vocab)
+      return {SubmitCode::invalid,
+              make_error("logit_bias names token ", id, ", outside the vocabulary [0, ", vocab, ")").message,
+              nullptr, "logit_bias"};
   if (request.max_tokens < 1) return {SubmitCode::invalid, "max_tokens must be at least 1", nullptr};
   const int64_t reserve = int64_t(request.prompt.size()) + request.max_tokens;
   if (reserve > settings_.kv_tokens)

@@ -41,6 +41,7 @@ struct Submission {
   SubmitCode code = SubmitCode::ok;
   std::string message;
   std::shared_ptr<RequestStream> stream;  // set when code == ok
+  std::string param = "prompt";           // the request field at fault, for invalid
 };
 
 class Engine {

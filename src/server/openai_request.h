@@ -28,9 +28,12 @@ struct GenerationParams {
 
 inline constexpr int kMaxChoices = 16;
 
+inline constexpr size_t kMaxPrompts = 64;  // prompts in one /v1/completions request
+
 struct CompletionRequest {
+  using Prompt = std::variant<std::string, std::vector<int32_t>>;  // text, or token ids
   std::string model;
-  std::variant<std::string, std::vector<int32_t>> prompt;  // text, or token ids
+  std::vector<Prompt> prompts;  // ≥ 1; choices are indexed prompt-major: prompt p, choice i → p·n + i
   bool echo = false;
   GenerationParams gen;
 };
