@@ -1,6 +1,7 @@
 // POST /v1/completions: prompt as text or token ids, or a batch of either (choices indexed
 // prompt-major: prompt p, choice i → p·n + i, as OpenAI does); streaming (SSE) or one JSON body.
 #include "server/openai_api.h"
+#include "server/response_format.h"
 
 namespace spw::server {
 namespace {
@@ -44,6 +45,8 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
   auto parsed = parse_completion_request(j.value);
   if (!parsed.ok) return HttpReply::error(parsed.error);
   const CompletionRequest& req = parsed.value;
+  auto format = response_format_constraint(req.gen.response_format, text_, model_.eos_id);
+  if (!format.ok) return HttpReply::error(format.error);
 
   // Every prompt's sequences are submitted before any output is read: all or none (an early
   // return drops the runs made so far, which cancels their sequences).
@@ -61,7 +64,7 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
       ids = std::get<std::vector<int32_t>>(req.prompts[p]);
       if (req.echo) echo_text = text_.decode(ids, false);
     }
-    auto streams = submit(std::move(ids), req.gen, "prompt");
+    auto streams = submit(std::move(ids), req.gen, "prompt", format.value);
     if (!streams.ok) return HttpReply::error(streams.error);
     for (auto& stream : streams.value) {
       runs.push_back(std::make_shared<GenerationRun>(text_, stream, req.gen, model_.eos_id, /*skip_special=*/true));

@@ -152,6 +152,37 @@ void read_logit_bias(Fields& f, runtime::SamplingParams& s) {
   }
 }
 
+// response_format: {"type": "text"}, {"type": "json_object"}, or {"type": "json_schema",
+// "json_schema": {"name": ..., "schema": {...}, "strict": ...}}. The schema itself is checked when
+// its grammar is built.
+void read_response_format(Fields& f, ResponseFormat& out) {
+  const Json* rf = f.get("response_format");
+  if (!rf) return;
+  if (!rf->is_object()) return f.fail(wrong_type("response_format", "an object", *rf));
+  auto type = rf->find("type");
+  const std::string t = type != rf->end() && type->is_string() ? type->get<std::string>() : "";
+  if (t == "text") return;
+  if (t == "json_object") {
+    out.type = ResponseFormat::Type::json_object;
+    return;
+  }
+  if (t != "json_schema")
+    return f.fail(bad_request("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"",
+                              "response_format"));
+  auto js = rf->find("json_schema");
+  if (js == rf->end() || !js->is_object())
+    return f.fail(bad_request("'response_format.json_schema' must be an object with a 'schema'", "response_format"));
+  auto schema = js->find("schema");
+  if (schema == js->end() || !schema->is_object())
+    return f.fail(bad_request("'response_format.json_schema.schema' must be a JSON schema object", "response_format"));
+  if (auto name = js->find("name"); name != js->end() && !name->is_string())
+    return f.fail(wrong_type("response_format.json_schema.name", "a string", *name));
+  if (auto strict = js->find("strict"); strict != js->end() && !strict->is_null() && !strict->is_boolean())
+    return f.fail(wrong_type("response_format.json_schema.strict", "a boolean", *strict));
+  out.type = ResponseFormat::Type::json_schema;
+  out.schema = *schema;
+}
+
 void read_generation(Fields& f, GenerationParams& g, bool chat) {
   auto& s = g.sampling;
   if (auto v = f.integer("max_tokens", 1, INT32_MAX)) g.max_tokens = *v;
@@ -215,15 +246,7 @@ void read_generation(Fields& f, GenerationParams& g, bool chat) {
       }
     }
   }
-  if (const Json* rf = f.get("response_format")) {
-    if (!rf->is_object()) {
-      f.fail(wrong_type("response_format", "an object", *rf));
-    } else {
-      auto type = rf->find("type");
-      if (type != rf->end() && !(type->is_string() && type->get<std::string>() == "text"))
-        f.fail(bad_request("only response_format {\"type\": \"text\"} is supported", "response_format"));
-    }
-  }
+  read_response_format(f, g.response_format);
 }
 
 // prompt: a string, a list of token ids, or a non-empty list of either (a batch).

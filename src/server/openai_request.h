@@ -14,6 +14,14 @@
 
 namespace spw::server {
 
+// response_format: free text, any JSON object, or JSON held to a schema (constrained decoding,
+// src/server/response_format.h).
+struct ResponseFormat {
+  enum class Type { text, json_object, json_schema };
+  Type type = Type::text;
+  Json schema;  // json_schema: json_schema.schema
+};
+
 // Fields shared by /v1/completions and /v1/chat/completions.
 struct GenerationParams {
   std::optional<int64_t> max_tokens;   // max_tokens, or max_completion_tokens (chat)
@@ -24,6 +32,7 @@ struct GenerationParams {
   bool stream = false;
   bool include_usage = false;          // stream_options.include_usage
   int n = 1;                           // choices: independent sequences, 1..kMaxChoices
+  ResponseFormat response_format;
 };
 
 inline constexpr int kMaxChoices = 16;
