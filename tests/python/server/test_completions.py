@@ -167,7 +167,7 @@ def test_logit_bias_out_of_vocabulary_is_a_400(client):
 def test_batched_prompts_index_prompt_major(client):
     prompts = [[0, 17, 42], [5, 6, 7, 8], [99]]
     singles = [greedy(client, p, 5, extra_body={"ignore_eos": True}) for p in prompts]
-    r = greedy(client, prompts, 5, n=2, extra_body={"ignore_eos": True})
+    r = greedy(client, prompts, 5, extra_body={"ignore_eos": True, "n": 2})
     assert [c.index for c in r.choices] == list(range(6))
     for p, single in enumerate(singles):
         for i in range(2):
