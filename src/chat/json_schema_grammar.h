@@ -17,8 +17,8 @@
 //   string / object / array / number-or-integer / true / false / null among them (an enum or const
 //   counts as the kinds of its values).
 // A strict schema fails to compile on anything else, naming the keyword and where it is; a lenient
-// one (tool parameters, which the model was never promised to be held to) reads an unsupported
-// part as "any value".
+// one (tool parameters, whose schemas may use anything) ignores unsupported keywords, leaving
+// their restriction unenforced, and reads a schema it cannot compile as any value.
 // Every live state can still reach acceptance. Tests: tests/unit/test_json_schema_grammar.cpp.
 #pragma once
 
