@@ -34,6 +34,10 @@ struct GenerationRequest {
   int max_tokens = 16;                  // ≥ 1 (the server turns max_tokens = 0 into no request)
   std::vector<int32_t> stop_token_ids;  // finish (reason stop) when one is sampled; it is reported
   bool ignore_eos = false;
+  // Also score the prompt: the logprob (and sampling.top_logprobs alternatives) of every prompt
+  // token after the first, pushed to the stream as prefill goes. Skips the prefix cache and asks
+  // the model for logits at every prompt position, so only requests that want it pay for it.
+  bool prompt_logprobs = false;
   // Optional: restricts every sampled token (tool_choice "required" / a named function). Owned by
   // this one request; the engine thread calls it.
   std::shared_ptr<LogitsConstraint> constraint;

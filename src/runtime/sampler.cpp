@@ -40,6 +40,13 @@ void log_softmax_top(std::span<const float> logits, int32_t chosen, int top_n, G
 
 }  // namespace
 
+GeneratedToken score_token(std::span<const float> logits, int32_t id, int top_n) {
+  GeneratedToken out;
+  out.id = id;
+  log_softmax_top(logits, id, top_n, out);
+  return out;
+}
+
 Sampler::Sampler(const SamplingParams& params, std::shared_ptr<LogitsConstraint> constraint)
     : params_(params), constraint_(std::move(constraint)) {
   rng_.seed(params.seed ? *params.seed : os_seed());

@@ -18,6 +18,9 @@
 
 namespace spw::runtime {
 
+// The model's logprob of `id` under logits [vocab] (log-softmax), with the top_n most likely.
+GeneratedToken score_token(std::span<const float> logits, int32_t id, int top_n);
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params, std::shared_ptr<LogitsConstraint> constraint = nullptr);

@@ -15,6 +15,15 @@ struct CompletionLogprobs {
        text_offset = Json::array();
   size_t offset = 0;
 
+  // The first prompt token, which nothing predicts: null logprobs, as OpenAI and vLLM report it.
+  void add_unscored(const Text& text, int32_t id) {
+    const std::string s = text.token_text(id);
+    tokens.push_back(s);
+    token_logprobs.push_back(nullptr);
+    top_logprobs.push_back(nullptr);
+    text_offset.push_back(offset);
+    offset += s.size();
+  }
   void add(const Text& text, const runtime::GeneratedToken& t) {
     const std::string s = text.token_text(t.id);
     tokens.push_back(s);
@@ -52,6 +61,7 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
   // return drops the runs made so far, which cancels their sequences).
   RunList runs;
   std::vector<std::string> echo_texts;  // per run
+  std::vector<std::vector<int32_t>> prompt_ids;  // per run
   for (size_t p = 0; p < req.prompts.size(); ++p) {
     std::vector<int32_t> ids;
     std::string echo_text;
@@ -64,11 +74,13 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
       ids = std::get<std::vector<int32_t>>(req.prompts[p]);
       if (req.echo) echo_text = text_.decode(ids, false);
     }
+    const std::vector<int32_t> ids_copy = req.gen.prompt_logprobs ? ids : std::vector<int32_t>{};
     auto streams = submit(std::move(ids), req.gen, "prompt", format.value);
     if (!streams.ok) return HttpReply::error(streams.error);
     for (auto& stream : streams.value) {
       runs.push_back(std::make_shared<GenerationRun>(text_, stream, req.gen, model_.eos_id, /*skip_special=*/true));
       echo_texts.push_back(echo_text);
+      prompt_ids.push_back(ids_copy);
     }
   }
   const size_t runs_per_prompt = size_t(req.gen.n);
@@ -87,11 +99,25 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
     };
     std::vector<Out> outs(runs.size());
     for (size_t i = 0; i < outs.size(); ++i) outs[i].text = echo_texts[i];
+    // With echo and logprobs the prompt's tokens come first; the engine scores them during
+    // prefill, before any generated token arrives.
+    auto add_prompt_logprobs = [&](size_t i) {
+      if (!req.gen.prompt_logprobs || prompt_ids[i].empty()) return;
+      CompletionLogprobs lp;
+      lp.add_unscored(text, prompt_ids[i][0]);
+      for (const auto& t : runs[i]->prompt_logprobs()) lp.add(text, t);
+      outs[i].lp = std::move(lp);
+    };
+    std::vector<bool> scored(runs.size(), false);
     std::optional<ApiError> failed;
     const bool finished = drive_runs(
         runs,
         [&](size_t i, GenerationRun::Step& step) {
           Out& o = outs[i];
+          if (!scored[i] && (!step.tokens.empty() || step.finish_reason)) {
+            add_prompt_logprobs(i);
+            scored[i] = true;
+          }
           o.text += step.text;
           for (auto& t : step.tokens) {
             if (want_logprobs) o.lp.add(text, t);

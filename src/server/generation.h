@@ -54,6 +54,8 @@ class GenerationRun {
   int n_prompt_tokens() const { return n_prompt_; }
   int n_cached_tokens() const { return n_cached_; }
   int n_completion_tokens() const { return n_completion_; }
+  // Prompt tokens 1.. scored so far (GenerationParams::prompt_logprobs); complete once finished.
+  const std::vector<runtime::GeneratedToken>& prompt_logprobs() const { return prompt_logprobs_; }
 
  private:
   std::shared_ptr<runtime::RequestStream> stream_;
@@ -62,6 +64,7 @@ class GenerationRun {
   std::vector<int32_t> stop_ids_;
   bool finished_ = false;
   int n_prompt_ = 0, n_cached_ = 0, n_completion_ = 0;
+  std::vector<runtime::GeneratedToken> prompt_logprobs_;
 };
 
 // Drives the runs of one request's choices (n ≥ 1) from the handler's thread, round-robin:

@@ -93,6 +93,7 @@ ApiResult<std::vector<std::shared_ptr<runtime::RequestStream>>> OpenAiApi::submi
   req.max_tokens = int(gen.max_tokens.value_or(std::min<int64_t>(settings_.max_tokens_limit, max_len - n_prompt)));
   req.stop_token_ids = gen.stop_token_ids;
   req.ignore_eos = gen.ignore_eos;
+  req.prompt_logprobs = gen.prompt_logprobs;
   std::vector<std::shared_ptr<runtime::RequestStream>> streams;
   for (int i = 0; i < gen.n; ++i) {
     runtime::GenerationRequest choice = req;

@@ -298,6 +298,9 @@ ApiResult<CompletionRequest> parse_completion_request(const Json& body) {
   }
   read_generation(f, r.gen, false);
   if (f.failed()) return f.error();
+  r.gen.prompt_logprobs = r.echo && r.gen.sampling.top_logprobs >= 0;
+  if (r.gen.prompt_logprobs && r.gen.stream)
+    return bad_request("'echo' with 'logprobs' is supported without streaming only; set stream to false", "echo");
   if (r.prompts.size() * size_t(r.gen.n) > kMaxPrompts)
     return bad_request(std::to_string(r.prompts.size()) + " prompts × n = " + std::to_string(r.gen.n) + " is " +
                            std::to_string(r.prompts.size() * size_t(r.gen.n)) + " sequences; at most " +

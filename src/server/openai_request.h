@@ -33,6 +33,7 @@ struct GenerationParams {
   bool include_usage = false;          // stream_options.include_usage
   int n = 1;                           // choices: independent sequences, 1..kMaxChoices
   ResponseFormat response_format;
+  bool prompt_logprobs = false;        // /v1/completions echo with logprobs: score the prompt too
 };
 
 inline constexpr int kMaxChoices = 16;

@@ -190,3 +190,35 @@ def test_batched_text_prompts_stream_and_echo(client):
             usage = chunk.usage
     assert texts == {0: whole.choices[0].text, 1: whole.choices[1].text}
     assert usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_echo_with_logprobs_scores_the_prompt(client):
+    """The prompt's logprobs (first token null) equal what a completion of each prefix reports
+    for the next prompt token: the teacher-forced check, with the legacy SDK fields."""
+    prompt = [0, 17, 42, 99, 7, 300]
+    r = client.completions.create(model="tiny-v41", prompt=prompt, max_tokens=2, temperature=0, echo=True,
+                                  logprobs=3, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(prompt) + 2
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset[0] == 0
+    for i in range(1, len(prompt)):
+        prefix = client.completions.create(model="tiny-v41", prompt=prompt[:i], max_tokens=1, temperature=0,
+                                           logprobs=20, logit_bias={str(prompt[i]): 100})
+        # The bias forces the prompt token; logprobs stay the model's own.
+        assert token_ids(prefix.choices[0]) == [prompt[i]]
+        assert lp.token_logprobs[i] == pytest.approx(prefix.choices[0].logprobs.token_logprobs[0], abs=1e-4)
+        assert len(lp.top_logprobs[i]) == 3
+    # The generated tail matches a plain request.
+    plain = greedy(client, prompt, 2, logprobs=3, extra_body={"ignore_eos": True})
+    assert lp.token_logprobs[len(prompt):] == pytest.approx(plain.choices[0].logprobs.token_logprobs, abs=1e-4)
+
+
+def test_echo_with_logprobs_in_a_batch(client):
+    r = client.completions.create(model="tiny-v41", prompt=["Hello world", "The quick fox"], max_tokens=1,
+                                  temperature=0, echo=True, logprobs=0)
+    for c, p in zip(r.choices, ["Hello world", "The quick fox"]):
+        assert c.text.startswith(p)
+        assert c.logprobs.token_logprobs[0] is None
+        assert all(x is not None and x <= 0 for x in c.logprobs.token_logprobs[1:])
+        assert "".join(c.logprobs.tokens) == c.text

@@ -68,6 +68,7 @@ def test_auth_failure_401(server):
     ({"prompt": "hi", "logit_bias": {"-1": 1}}, "logit_bias"),
     ({"prompt": "hi", "logit_bias": {"1024": 1}}, "logit_bias"),
     ({"prompt": "hi", "logit_bias": [1, 2]}, "logit_bias"),
+    ({"prompt": "hi", "echo": True, "logprobs": 1, "stream": True}, "echo"),
     ({"prompt": []}, "prompt"),
     ({"prompt": [5000]}, "prompt"),
     ({"max_tokens": 3}, "prompt"),
