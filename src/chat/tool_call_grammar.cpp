@@ -20,18 +20,11 @@ enum Lit : int {
 };
 enum Phase : uint8_t { kThink, kGap, kLits, kToolName, kParamName, kText, kEnum, kJson, kDone };
 enum Ctx : uint8_t { kLead, kBlock, kBody, kAfterInvoke };
-enum JPhase : uint8_t { jValue, jString, jNumber, jLiteral, jObjFirst, jObjKey, jColon, jAfter, jArrFirst, jEnd };
-enum Num : uint8_t { nMinus, nZero, nInt, nDot, nFrac, nE, nESign, nExp, nExp2 };
 
 constexpr int kMaxWs = 2;
-constexpr int kMaxDepth = 16;
-constexpr uint32_t kMaxNumber = 32, kMaxInteger = 20;
-constexpr const char* kJsonLits[3] = {"true", "false", "null"};
 
 constexpr uint16_t bit(int lit) { return uint16_t(1u << lit); }
 bool is_ws(unsigned char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
-bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
-bool is_hex(unsigned char c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
 // One byte of a well-formed UTF-8 stream (no overlongs, surrogates or code points past U+10FFFF).
 // `need`: bits 0-1 count the continuation bytes still owed, bits 4-6 narrow the next one.
@@ -92,8 +85,10 @@ bool strings_without_lt(const ojson& values) {
   return true;
 }
 
-ToolCallGrammar::Param make_param(const std::string& name, const ojson& schema) {
-  using Kind = ToolCallGrammar::ValueKind;
+// A property's value forms: string schemas (or enums of strings) as text only; typed ones as JSON
+// only, held to the schema; anything else either way. The JSON side compiles leniently: a tool's
+// schema may use keywords the grammar lacks, and those parts then take any value.
+ToolCallGrammar::Param make_param(const std::string& name, const ojson& schema, JsonSchemaGrammar& json) {
   ToolCallGrammar::Param p;
   p.name = name;
   if (!schema.is_object()) return p;
@@ -113,15 +108,10 @@ ToolCallGrammar::Param make_param(const std::string& name, const ojson& schema) 
       p.max_length = max_it->get<int64_t>();
     return p;
   }
-  static const std::pair<const char*, Kind> kinds[] = {{"integer", Kind::integer}, {"number", Kind::number},
-                                                       {"boolean", Kind::boolean}, {"null", Kind::null},
-                                                       {"object", Kind::object},   {"array", Kind::array}};
-  for (const auto& [t, k] : kinds) {
-    if (type == t) {
-      p.allow_text = false;
-      p.json_kind = k;
-    }
-  }
+  for (const char* t : {"integer", "number", "boolean", "null", "object", "array"})
+    if (type == t) p.allow_text = false;
+  auto root = json.add(schema, /*strict=*/false);  // lenient: never fails
+  p.json_root = root.ok() ? root.value() : JsonSchemaGrammar::kAny;
   return p;
 }
 
@@ -130,13 +120,13 @@ ToolCallGrammar::Param make_param(const std::string& name, const ojson& schema) 
 size_t ToolCallGrammar::StateHash::operator()(const State& s) const {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-  mix(s.phase | s.ctx << 8 | s.ws << 16 | uint64_t(s.utf8_need) << 24 | uint64_t(s.jphase) << 32 |
-      uint64_t(s.jsub) << 40 | uint64_t(s.jdepth) << 48 | uint64_t(s.jkind) << 56);
-  mix(uint64_t(s.jkey) | uint64_t(s.is_text) << 1 | uint64_t(s.cands) << 2 | uint64_t(s.pos) << 18 |
-      uint64_t(s.lo) << 34 | uint64_t(s.hi) << 50);
+  mix(s.phase | s.ctx << 8 | s.ws << 16 | uint64_t(s.utf8_need) << 24);
+  mix(uint64_t(s.is_text) << 1 | uint64_t(s.cands) << 2 | uint64_t(s.pos) << 18 | uint64_t(s.lo) << 34 |
+      uint64_t(s.hi) << 50);
   mix(uint64_t(uint16_t(s.tool)) | uint64_t(uint16_t(s.param)) << 16);
-  mix(s.len | uint64_t(s.jstack) << 32);
+  mix(s.len);
   mix(s.used);
+  if (s.phase == kJson) mix(JsonSchemaGrammar::StateHash()(s.json));
   return size_t(h);
 }
 
@@ -161,7 +151,7 @@ Result<ToolCallGrammar> ToolCallGrammar::build(const std::vector<ToolSpec>& tool
     if (props_it != params.end() && props_it->is_object()) {
       for (const auto& [key, schema] : props_it->items()) {
         if (key.empty() || key.find('"') != std::string::npos) continue;
-        tool.params.push_back(make_param(key, schema));
+        tool.params.push_back(make_param(key, schema, g.json_));
       }
     }
     if (tool.params.size() > 64)
@@ -287,7 +277,15 @@ bool ToolCallGrammar::step(State& s, unsigned char c) const {
       return true;
     }
     case kText: return step_text(s, c);
-    case kJson: return step_json(s, c);
+    case kJson:
+      // The value fills the tag exactly: it ends at the close tag's '<' once it is complete.
+      if (c == '<' && json_.accepting(s.json)) {
+        s.phase = kLits;
+        s.cands = bit(kParamClose);
+        s.pos = 1;
+        return true;
+      }
+      return json_.step(s.json, c);
     default: return false;  // kDone: only end-of-sequence
   }
 }
@@ -395,10 +393,7 @@ void ToolCallGrammar::complete_literal(State& s, int lit) const {
       s.cands = 0;
       if (!s.is_text) {
         s.phase = kJson;
-        s.jphase = jValue;
-        s.jdepth = 0;
-        s.jstack = 0;
-        s.jkind = uint8_t(p.json_kind);
+        s.json = json_.start(p.json_root);
         s.ws = 0;
       } else if (!p.enum_values.empty()) {
         s.phase = kEnum;
@@ -416,8 +411,7 @@ void ToolCallGrammar::complete_literal(State& s, int lit) const {
       s.len = 0;
       s.lo = s.hi = 0;
       s.is_text = false;
-      s.jphase = s.jsub = s.jkind = 0;
-      s.jkey = false;
+      s.json = {};
       to_gap(kBody);
       break;
     case kInvokeClose:
@@ -460,179 +454,6 @@ bool ToolCallGrammar::step_text(State& s, unsigned char c) const {
   s.len += chars;
   s.pos = uint16_t(np);
   return true;
-}
-
-void ToolCallGrammar::json_value_done(State& s) const {
-  s.jphase = s.jdepth == 0 ? jEnd : jAfter;
-  s.ws = 0;
-  s.len = 0;
-  s.jsub = 0;
-}
-
-bool ToolCallGrammar::step_json(State& s, unsigned char c) const {
-  auto ws = [&] {
-    if (s.ws >= kMaxWs) return false;
-    ++s.ws;
-    return true;
-  };
-  auto push = [&](bool object) {
-    if (s.jdepth >= kMaxDepth) return false;
-    if (object) s.jstack |= 1u << s.jdepth;
-    ++s.jdepth;
-    s.jphase = object ? jObjFirst : jArrFirst;
-    s.ws = 0;
-    return true;
-  };
-  auto pop = [&] {
-    --s.jdepth;
-    s.jstack &= ~(1u << s.jdepth);
-    json_value_done(s);
-  };
-  const bool in_object = s.jdepth > 0 && ((s.jstack >> (s.jdepth - 1)) & 1);
-  auto start_value = [&]() -> bool {
-    const ValueKind k = s.jdepth == 0 ? ValueKind(s.jkind) : ValueKind::any;
-    s.ws = 0;
-    if (c == '"') {
-      if (k != ValueKind::any) return false;
-      s.jphase = jString;
-      s.jkey = false;
-      s.jsub = 0;
-      return true;
-    }
-    if (c == '{') return (k == ValueKind::any || k == ValueKind::object) && push(true);
-    if (c == '[') return (k == ValueKind::any || k == ValueKind::array) && push(false);
-    if (c == '-' || is_digit(c)) {
-      if (k != ValueKind::any && k != ValueKind::integer && k != ValueKind::number) return false;
-      s.jphase = jNumber;
-      s.jsub = c == '-' ? nMinus : c == '0' ? nZero : nInt;
-      s.len = 1;
-      return true;
-    }
-    for (uint8_t i = 0; i < 3; ++i) {
-      if (c != uint8_t(kJsonLits[i][0])) continue;
-      const bool ok = k == ValueKind::any || (k == ValueKind::boolean && i < 2) || (k == ValueKind::null && i == 2);
-      if (!ok) return false;
-      s.jphase = jLiteral;
-      s.jsub = i;
-      s.len = 1;
-      return true;
-    }
-    return false;
-  };
-
-  switch (s.jphase) {
-    case jValue:
-      if (is_ws(c)) return s.jdepth > 0 && ws();  // the top-level value fills the tag exactly
-      return start_value();
-    case jArrFirst:
-      if (is_ws(c)) return ws();
-      if (c == ']') {
-        pop();
-        return true;
-      }
-      return start_value();
-    case jObjFirst:
-    case jObjKey:
-      if (is_ws(c)) return ws();
-      if (c == '}' && s.jphase == jObjFirst) {
-        pop();
-        return true;
-      }
-      if (c != '"') return false;
-      s.jphase = jString;
-      s.jkey = true;
-      s.jsub = 0;
-      s.ws = 0;
-      return true;
-    case jColon:
-      if (is_ws(c)) return ws();
-      if (c != ':') return false;
-      s.jphase = jValue;
-      s.ws = 0;
-      return true;
-    case jAfter:
-      if (is_ws(c)) return ws();
-      if (c == ',') {
-        s.jphase = in_object ? jObjKey : jValue;
-        s.ws = 0;
-        return true;
-      }
-      if (c == (in_object ? '}' : ']')) {
-        pop();
-        return true;
-      }
-      return false;
-    case jEnd:
-      if (c != '<') return false;
-      s.phase = kLits;
-      s.cands = bit(kParamClose);
-      s.pos = 1;
-      s.jphase = 0;
-      s.jkind = 0;
-      return true;
-    case jString:
-      if (s.jsub == 0) {
-        if (s.utf8_need == 0 && c == '"') {
-          if (s.jkey) {
-            s.jkey = false;
-            s.jphase = jColon;
-            s.ws = 0;
-          } else {
-            json_value_done(s);
-          }
-          return true;
-        }
-        if (s.utf8_need == 0 && c == '\\') {
-          s.jsub = 1;
-          return true;
-        }
-        if (c < 0x20) return false;
-        return utf8_step(s.utf8_need, c);
-      }
-      if (s.jsub == 1) {
-        if (c == 0 || !std::strchr("\"\\/bfnrtu", c)) return false;
-        s.jsub = c == 'u' ? 2 : 0;
-        return true;
-      }
-      if (!is_hex(c)) return false;
-      s.jsub = s.jsub == 5 ? 0 : uint8_t(s.jsub + 1);
-      return true;
-    case jLiteral: {
-      const char* lit = kJsonLits[s.jsub];
-      if (uint8_t(lit[s.len]) != c) return false;
-      if (lit[++s.len] == '\0') json_value_done(s);
-      return true;
-    }
-    case jNumber: {
-      const bool int_only = s.jdepth == 0 && s.jkind == uint8_t(ValueKind::integer);
-      const uint32_t cap = int_only ? kMaxInteger : kMaxNumber;
-      const bool digit = is_digit(c), dot = c == '.' && !int_only, exp = (c == 'e' || c == 'E') && !int_only;
-      uint8_t next = 0xFF;
-      switch (s.jsub) {
-        case nMinus: next = digit ? (c == '0' ? nZero : nInt) : 0xFF; break;
-        case nZero: next = dot ? nDot : exp ? nE : 0xFE; break;
-        case nInt: next = digit ? nInt : dot ? nDot : exp ? nE : 0xFE; break;
-        case nDot: next = digit ? nFrac : 0xFF; break;
-        case nFrac: next = digit ? nFrac : exp ? nE : 0xFE; break;
-        case nE: next = (c == '+' || c == '-') ? nESign : digit ? nExp : 0xFF; break;
-        case nESign: next = digit ? nExp : 0xFF; break;
-        case nExp: next = digit ? nExp2 : 0xFE; break;
-        case nExp2: next = digit ? 0xFF : 0xFE; break;  // |exponent| < 100: every value fits a double
-      }
-      if (next == 0xFF) return false;
-      if (next == 0xFE) {  // the number ended before c; c belongs to what follows
-        json_value_done(s);
-        return step_json(s, c);
-      }
-      // States that still need a digit must leave room for it under the cap.
-      const uint32_t owed = (next == nDot || next == nE || next == nESign) ? 1 : 0;
-      if (s.len + 1 + owed > cap) return false;
-      ++s.len;
-      s.jsub = next;
-      return true;
-    }
-    default: return false;
-  }
 }
 
 }  // namespace spw

@@ -1,6 +1,6 @@
 // The DSML tool-call block as a byte-level automaton, for constrained decoding of
 // tool_choice = "required" or a named function (the server masks every token whose text would
-// take the automaton to a dead state; src/server/tool_call_constraint.h).
+// take the automaton to a dead state; src/server/grammar_constraint.h).
 //
 // Accepted language (family spelling B/I/P as in chat/dsml.h; ws = at most 2 of ' ' '\n' '\t' '\r'):
 //   [reasoning "</think>"]                       only with options.thinking; any text before it
@@ -14,12 +14,12 @@
 //   - TOOL is one of the tools' names; KEY one of that tool's `parameters.properties`, each at most
 //     once; the invoke closes only when every `required` key is present.
 //   - string="true" values are plain text (valid UTF-8, without "</｜DSML｜P"); string="false"
-//     values are one JSON value (nesting ≤ 16, numbers ≤ 32 characters with an exponent of at most
-//     two digits, so every number fits a double) and nothing else, not even whitespace around it.
-//   - A property's schema narrows this: "type": "string" → string="true" only, with `enum` (strings
-//     without '<') as the only values and `maxLength` in characters; "integer" / "number" /
-//     "boolean" / "null" / "object" / "array" → string="false" with a value of that JSON kind
-//     (integers ≤ 20 characters). Other schemas allow both forms.
+//     values are one JSON value held to the property's schema by JsonSchemaGrammar (the same
+//     automaton as response_format; compiled leniently, so unsupported keywords allow any value)
+//     and nothing else, not even whitespace around it.
+//   - A property's schema picks the forms: "type": "string" → string="true" only, with `enum`
+//     (strings without '<') as the only values and `maxLength` in characters; "integer" / "number" /
+//     "boolean" / "null" / "object" / "array" → string="false" only. Other schemas allow both forms.
 //   - Names containing '"' cannot be written in DSML: such properties are left out, and a tool with
 //     such a name (or with such a required property) cannot be called.
 // Every live state can still reach acceptance, so masking never leaves a sequence without a token.
@@ -33,6 +33,7 @@
 
 #include "base/status.h"
 #include "chat/chat_encoding.h"
+#include "chat/json_schema_grammar.h"
 
 namespace spw {
 
@@ -47,15 +48,14 @@ class ToolCallGrammar {
   // Plain data, cheap to copy: the mask tries every token from a copy.
   struct State {
     uint8_t phase = 0, ctx = 0, ws = 0, utf8_need = 0;
-    uint8_t jphase = 0, jsub = 0, jdepth = 0, jkind = 0;
-    bool jkey = false, is_text = false;
+    bool is_text = false;
     uint16_t cands = 0;  // candidate literals (bit per literal id)
     uint16_t pos = 0;    // position in a literal, a name, or the terminator match
     uint16_t lo = 0, hi = 0;  // range of sorted names still matching
     int16_t tool = -1, param = -1;
-    uint32_t len = 0;     // characters of the current value (maxLength, number caps)
-    uint32_t jstack = 0;  // JSON nesting, bit d set = object at depth d
+    uint32_t len = 0;     // characters of the current text value (maxLength)
     uint64_t used = 0;    // parameters written in the current invoke (bit per sorted index)
+    JsonSchemaGrammar::State json;  // the current string="false" value
     bool operator==(const State&) const = default;
   };
   struct StateHash {
@@ -73,11 +73,10 @@ class ToolCallGrammar {
   // The block is complete: only end-of-sequence may follow.
   bool accepting(const State& s) const;
 
-  enum class ValueKind : uint8_t { any, integer, number, boolean, null, object, array };
   struct Param {
     std::string name;
     bool allow_text = true, allow_json = true;
-    ValueKind json_kind = ValueKind::any;
+    uint16_t json_root = JsonSchemaGrammar::kAny;  // the schema of a JSON value, in json_
     std::vector<std::string> enum_values;  // sorted; non-empty: the only text values
     int64_t max_length = -1;               // text characters; -1 = unbounded
   };
@@ -99,6 +98,7 @@ class ToolCallGrammar {
 
   ToolCallGrammarOptions options_;
   std::vector<Tool> tools_;           // sorted by name
+  JsonSchemaGrammar json_;            // every property's JSON value schema
   std::vector<std::string> lits_;     // literal table, indexed by the Lit enum in the .cpp
   std::vector<uint16_t> close_fail_;  // KMP failure table of the parameter close tag
   std::vector<uint16_t> think_fail_;

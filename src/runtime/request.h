@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/logits_constraint.h"
@@ -22,6 +23,9 @@ struct SamplingParams {
   float presence_penalty = 0.f;   // OpenAI semantics: over generated tokens only
   float frequency_penalty = 0.f;
   int top_logprobs = -1;  // -1: no logprobs; 0: the chosen token's only; k: also the k most likely
+  // OpenAI logit_bias: (token id, bias in [-100, 100]) added to the logits before drawing, after any
+  // constraint's mask (a bias never un-masks a token). Logprobs stay those of the model.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 struct GenerationRequest {
@@ -30,6 +34,10 @@ struct GenerationRequest {
   int max_tokens = 16;                  // ≥ 1 (the server turns max_tokens = 0 into no request)
   std::vector<int32_t> stop_token_ids;  // finish (reason stop) when one is sampled; it is reported
   bool ignore_eos = false;
+  // Also score the prompt: the logprob (and sampling.top_logprobs alternatives) of every prompt
+  // token after the first, pushed to the stream as prefill goes. Skips the prefix cache and asks
+  // the model for logits at every prompt position, so only requests that want it pay for it.
+  bool prompt_logprobs = false;
   // Optional: restricts every sampled token (tool_choice "required" / a named function). Owned by
   // this one request; the engine thread calls it.
   std::shared_ptr<LogitsConstraint> constraint;

@@ -15,9 +15,11 @@ const char* to_string(FinishReason reason) {
 
 StreamUpdate RequestStream::wait(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
-  cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || finish_ != FinishReason::none; });
+  cv_.wait_for(lock, timeout,
+               [&] { return !pending_.empty() || !prompt_pending_.empty() || finish_ != FinishReason::none; });
   StreamUpdate u;
   u.tokens.swap(pending_);
+  u.prompt_logprobs.swap(prompt_pending_);
   u.finish = finish_;
   u.error = error_;
   u.n_prompt_tokens = n_prompt_;
@@ -33,6 +35,14 @@ void RequestStream::push(GeneratedToken token) {
   {
     std::lock_guard lock(mutex_);
     pending_.push_back(std::move(token));
+  }
+  cv_.notify_all();
+}
+
+void RequestStream::push_prompt_logprobs(std::vector<GeneratedToken> scored) {
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& t : scored) prompt_pending_.push_back(std::move(t));
   }
   cv_.notify_all();
 }

@@ -17,6 +17,7 @@ namespace spw::runtime {
 
 struct StreamUpdate {
   std::vector<GeneratedToken> tokens;  // new since the last drain
+  std::vector<GeneratedToken> prompt_logprobs;  // prompt tokens 1.. scored since the last drain
   FinishReason finish = FinishReason::none;
   std::string error;                   // set with FinishReason::error
   int n_prompt_tokens = 0;
@@ -35,6 +36,7 @@ class RequestStream {
 
   // Engine side.
   void push(GeneratedToken token);
+  void push_prompt_logprobs(std::vector<GeneratedToken> scored);
   void finish(FinishReason reason, std::string error = {});
   void set_cached_tokens(int n);
   bool finished() const;
@@ -43,6 +45,7 @@ class RequestStream {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<GeneratedToken> pending_;
+  std::vector<GeneratedToken> prompt_pending_;
   FinishReason finish_ = FinishReason::none;
   std::string error_;
   int n_prompt_ = 0;

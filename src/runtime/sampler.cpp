@@ -40,6 +40,13 @@ void log_softmax_top(std::span<const float> logits, int32_t chosen, int top_n, G
 
 }  // namespace
 
+GeneratedToken score_token(std::span<const float> logits, int32_t id, int top_n) {
+  GeneratedToken out;
+  out.id = id;
+  log_softmax_top(logits, id, top_n, out);
+  return out;
+}
+
 Sampler::Sampler(const SamplingParams& params, std::shared_ptr<LogitsConstraint> constraint)
     : params_(params), constraint_(std::move(constraint)) {
   rng_.seed(params.seed ? *params.seed : os_seed());
@@ -66,6 +73,8 @@ int32_t Sampler::draw(std::span<const float> logits) {
   if (params_.presence_penalty != 0.f || params_.frequency_penalty != 0.f)
     for (const auto& [id, count] : counts_)
       work_[id] -= params_.presence_penalty + params_.frequency_penalty * float(count);
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (id >= 0 && size_t(id) < vocab) work_[size_t(id)] += bias;
 
   if (params_.temperature <= 0.f) {
     size_t best = 0;

@@ -1,4 +1,4 @@
-// Per-request token sampler: penalties → temperature → top-k → min-p → top-p → draw.
+// Per-request token sampler: penalties and logit_bias → temperature → top-k → min-p → top-p → draw.
 // Deterministic for a given seed: its own RNG (splitmix-seeded mt19937_64), ties broken by the
 // lower token id, and no dependence on other requests in the batch.
 // Logprobs are reported from the model's own distribution (log-softmax of the raw logits), as
@@ -17,6 +17,9 @@
 #include "runtime/request.h"
 
 namespace spw::runtime {
+
+// The model's logprob of `id` under logits [vocab] (log-softmax), with the top_n most likely.
+GeneratedToken score_token(std::span<const float> logits, int32_t id, int top_n);
 
 class Sampler {
  public:

@@ -43,6 +43,11 @@ Submission Engine::submit(GenerationRequest request) {
       return {SubmitCode::invalid,
               make_error("prompt token ", i, " is ", request.prompt[i], ", outside the vocabulary [0, ", vocab, ")").message,
               nullptr};
+  for (const auto& [id, bias] : request.sampling.logit_bias)
+    if (id < 0 || id >= vocab)
+      return {SubmitCode::invalid,
+              make_error("logit_bias names token ", id, ", outside the vocabulary [0, ", vocab, ")").message,
+              nullptr, "logit_bias"};
   if (request.max_tokens < 1) return {SubmitCode::invalid, "max_tokens must be at least 1", nullptr};
   const int64_t reserve = int64_t(request.prompt.size()) + request.max_tokens;
   if (reserve > settings_.kv_tokens)
@@ -141,7 +146,10 @@ void Engine::finish(Sequence& seq, FinishReason reason, std::string error) {
 void Engine::start_sequence(Sequence& seq) {
   const auto& prompt = seq.request.prompt;
   seq.state = model_.new_sequence();
-  const int64_t cached = prefix_cache_.lookup(prompt, max_cached_prefix(int64_t(prompt.size())), seq.state);
+  // A cached prefix has no logits to score, so a request for prompt logprobs prefills all of it.
+  const int64_t cached = seq.request.prompt_logprobs
+                             ? 0
+                             : prefix_cache_.lookup(prompt, max_cached_prefix(int64_t(prompt.size())), seq.state);
   seq.n_prefilled = cached;
   seq.stream->set_cached_tokens(int(cached));
   metrics_.on_admit(int64_t(prompt.size()), cached);
@@ -193,6 +201,52 @@ void Engine::loop() {
   }
 }
 
+// One forward_batch for the step, plus a second one with logits at every position for prefill
+// pieces of requests that asked for prompt logprobs (scored and pushed here); every member's
+// result is then its last position's logits.
+Result<std::vector<std::vector<float>>> Engine::forward(const std::vector<size_t>& members,
+                                                        std::span<SequenceState* const> states,
+                                                        std::span<const std::span<const int32_t>> tokens) {
+  std::vector<size_t> plain, scored;
+  for (size_t k = 0; k < members.size(); ++k) {
+    const Sequence& s = *running_[members[k]];
+    (!s.decoding() && s.request.prompt_logprobs ? scored : plain).push_back(k);
+  }
+  if (scored.empty()) return model_.forward_batch(states, tokens);
+  std::vector<std::vector<float>> out(members.size());
+  for (bool all : {false, true}) {
+    const std::vector<size_t>& ks = all ? scored : plain;
+    if (ks.empty()) continue;
+    std::vector<SequenceState*> st;
+    std::vector<std::span<const int32_t>> tk;
+    for (size_t k : ks) {
+      st.push_back(states[k]);
+      tk.push_back(tokens[k]);
+    }
+    ForwardOptions options;
+    options.all_logits = all;
+    auto r = model_.forward_batch(st, tk, options);
+    if (!r.ok()) return r.error();
+    for (size_t j = 0; j < ks.size(); ++j) out[ks[j]] = std::move((*r)[j]);
+  }
+  const size_t vocab = size_t(model_.config().vocab_size);
+  for (size_t k : scored) {
+    Sequence& s = *running_[members[k]];
+    const auto& prompt = s.request.prompt;
+    std::vector<float>& rows = out[k];
+    std::vector<GeneratedToken> lp;
+    for (size_t j = 0; j < tokens[k].size(); ++j) {
+      const size_t next = size_t(s.n_prefilled) + j + 1;  // row j predicts this prompt position
+      if (next >= prompt.size()) break;
+      lp.push_back(score_token(std::span<const float>(rows).subspan(j * vocab, vocab), prompt[next],
+                               std::max(s.request.sampling.top_logprobs, 0)));
+    }
+    s.stream->push_prompt_logprobs(std::move(lp));
+    rows.erase(rows.begin(), rows.end() - std::ptrdiff_t(vocab));
+  }
+  return out;
+}
+
 void Engine::run_step() {
   const int64_t chunk = settings_.prefill_chunk, block = settings_.prefix_block;
   std::vector<PlanEntry> entries(running_.size());
@@ -215,7 +269,7 @@ void Engine::run_step() {
       tokens.push_back(std::span<const int32_t>(s.request.prompt).subspan(size_t(s.n_prefilled), size_t(entries[i].n_tokens)));
   }
   const auto t0 = clock::now();
-  auto logits = model_.forward_batch(states, tokens);
+  auto logits = forward(plan.members, states, tokens);
   const auto t1 = clock::now();
 
   std::vector<bool> done(running_.size(), false);

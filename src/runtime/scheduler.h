@@ -41,6 +41,7 @@ struct Submission {
   SubmitCode code = SubmitCode::ok;
   std::string message;
   std::shared_ptr<RequestStream> stream;  // set when code == ok
+  std::string param = "prompt";           // the request field at fault, for invalid
 };
 
 class Engine {
@@ -71,6 +72,9 @@ class Engine {
   void admit_locked();
   void start_sequence(Sequence& seq);
   void run_step();
+  Result<std::vector<std::vector<float>>> forward(const std::vector<size_t>& members,
+                                                  std::span<SequenceState* const> states,
+                                                  std::span<const std::span<const int32_t>> tokens);
   void finish(Sequence& seq, FinishReason reason, std::string error = {});
   void release_locked(Sequence& seq);
   void publish_gauges();

@@ -6,7 +6,7 @@
 #include "server/anthropic_response.h"
 #include "server/http_server.h"
 #include "server/openai_api.h"
-#include "server/tool_call_constraint.h"
+#include "server/grammar_constraint.h"
 
 namespace spw::server {
 namespace {

@@ -2,7 +2,8 @@
 // text → reasoning_content / content / tool_calls via src/chat's streaming parser.
 #include "chat/stream_parser.h"
 #include "server/openai_api.h"
-#include "server/tool_call_constraint.h"
+#include "server/grammar_constraint.h"
+#include "server/response_format.h"
 
 namespace spw::server {
 namespace {
@@ -91,7 +92,16 @@ HttpReply OpenAiApi::chat_completions(const std::string& body, const ClientGone&
   auto prompt = chat_prompt(j.value, req);
   if (!prompt.ok) return HttpReply::error(prompt.error);
   const bool thinking = prompt.value.thinking;
-  MakeConstraint constraint;
+  auto format = response_format_constraint(req.gen.response_format, text_, model_.eos_id);
+  if (!format.ok) return HttpReply::error(format.error);
+  MakeConstraint constraint = format.value;
+  if (constraint && prompt.value.grammar)
+    return HttpReply::error(bad_request("response_format cannot be combined with tool_choice \"required\" or a named "
+                                        "function; send one of them",
+                                        "response_format"));
+  if (constraint && thinking)
+    return HttpReply::error(bad_request("response_format is not supported with thinking; turn thinking off",
+                                        "response_format"));
   if (prompt.value.grammar) {
     constraint = [grammar = prompt.value.grammar, trie = text_.token_trie(), eos = model_.eos_id] {
       return std::make_shared<ToolCallConstraint>(grammar, trie, eos);

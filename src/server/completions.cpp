@@ -1,5 +1,7 @@
-// POST /v1/completions: prompt as text or token ids; streaming (SSE) or one JSON body.
+// POST /v1/completions: prompt as text or token ids, or a batch of either (choices indexed
+// prompt-major: prompt p, choice i → p·n + i, as OpenAI does); streaming (SSE) or one JSON body.
 #include "server/openai_api.h"
+#include "server/response_format.h"
 
 namespace spw::server {
 namespace {
@@ -13,6 +15,15 @@ struct CompletionLogprobs {
        text_offset = Json::array();
   size_t offset = 0;
 
+  // The first prompt token, which nothing predicts: null logprobs, as OpenAI and vLLM report it.
+  void add_unscored(const Text& text, int32_t id) {
+    const std::string s = text.token_text(id);
+    tokens.push_back(s);
+    token_logprobs.push_back(nullptr);
+    top_logprobs.push_back(nullptr);
+    text_offset.push_back(offset);
+    offset += s.size();
+  }
   void add(const Text& text, const runtime::GeneratedToken& t) {
     const std::string s = text.token_text(t.id);
     tokens.push_back(s);
@@ -43,24 +54,36 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
   auto parsed = parse_completion_request(j.value);
   if (!parsed.ok) return HttpReply::error(parsed.error);
   const CompletionRequest& req = parsed.value;
+  auto format = response_format_constraint(req.gen.response_format, text_, model_.eos_id);
+  if (!format.ok) return HttpReply::error(format.error);
 
-  std::vector<int32_t> ids;
-  std::string echo_text;
-  if (const auto* s = std::get_if<std::string>(&req.prompt)) {
-    auto enc = text_.encode(*s, true);
-    if (!enc.ok()) return HttpReply::error(bad_request(enc.error().message, "prompt"));
-    ids = std::move(enc.value());
-    if (req.echo) echo_text = *s;
-  } else {
-    ids = std::get<std::vector<int32_t>>(req.prompt);
-    if (req.echo) echo_text = text_.decode(ids, false);
-  }
-  auto streams = submit(std::move(ids), req.gen, "prompt");
-  if (!streams.ok) return HttpReply::error(streams.error);
-
+  // Every prompt's sequences are submitted before any output is read: all or none (an early
+  // return drops the runs made so far, which cancels their sequences).
   RunList runs;
-  for (auto& stream : streams.value)
-    runs.push_back(std::make_shared<GenerationRun>(text_, stream, req.gen, model_.eos_id, /*skip_special=*/true));
+  std::vector<std::string> echo_texts;  // per run
+  std::vector<std::vector<int32_t>> prompt_ids;  // per run
+  for (size_t p = 0; p < req.prompts.size(); ++p) {
+    std::vector<int32_t> ids;
+    std::string echo_text;
+    if (const auto* s = std::get_if<std::string>(&req.prompts[p])) {
+      auto enc = text_.encode(*s, true);
+      if (!enc.ok()) return HttpReply::error(bad_request(enc.error().message, "prompt"));
+      ids = std::move(enc.value());
+      if (req.echo) echo_text = *s;
+    } else {
+      ids = std::get<std::vector<int32_t>>(req.prompts[p]);
+      if (req.echo) echo_text = text_.decode(ids, false);
+    }
+    const std::vector<int32_t> ids_copy = req.gen.prompt_logprobs ? ids : std::vector<int32_t>{};
+    auto streams = submit(std::move(ids), req.gen, "prompt", format.value);
+    if (!streams.ok) return HttpReply::error(streams.error);
+    for (auto& stream : streams.value) {
+      runs.push_back(std::make_shared<GenerationRun>(text_, stream, req.gen, model_.eos_id, /*skip_special=*/true));
+      echo_texts.push_back(echo_text);
+      prompt_ids.push_back(ids_copy);
+    }
+  }
+  const size_t runs_per_prompt = size_t(req.gen.n);
   const bool want_logprobs = req.gen.sampling.top_logprobs >= 0;
   const std::string id = make_request_id("cmpl");
   const int64_t created = unix_now();
@@ -75,12 +98,26 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
       std::string finish;
     };
     std::vector<Out> outs(runs.size());
-    for (Out& o : outs) o.text = echo_text;
+    for (size_t i = 0; i < outs.size(); ++i) outs[i].text = echo_texts[i];
+    // With echo and logprobs the prompt's tokens come first; the engine scores them during
+    // prefill, before any generated token arrives.
+    auto add_prompt_logprobs = [&](size_t i) {
+      if (!req.gen.prompt_logprobs || prompt_ids[i].empty()) return;
+      CompletionLogprobs lp;
+      lp.add_unscored(text, prompt_ids[i][0]);
+      for (const auto& t : runs[i]->prompt_logprobs()) lp.add(text, t);
+      outs[i].lp = std::move(lp);
+    };
+    std::vector<bool> scored(runs.size(), false);
     std::optional<ApiError> failed;
     const bool finished = drive_runs(
         runs,
         [&](size_t i, GenerationRun::Step& step) {
           Out& o = outs[i];
+          if (!scored[i] && (!step.tokens.empty() || step.finish_reason)) {
+            add_prompt_logprobs(i);
+            scored[i] = true;
+          }
           o.text += step.text;
           for (auto& t : step.tokens) {
             if (want_logprobs) o.lp.add(text, t);
@@ -107,14 +144,15 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
       choices.push_back(std::move(choice));
     }
     Json r = completion_envelope(id, "text_completion", created, model, std::move(choices));
-    r["usage"] = usage_json(runs);
+    r["usage"] = usage_json(runs, runs_per_prompt);
     return HttpReply::json(r);
   }
 
   HttpReply reply;
   reply.content_type = "text/event-stream";
   const bool include_usage = req.gen.include_usage;
-  reply.sse = [runs, id, created, model, want_logprobs, include_usage, echo_text, &text](const SseWrite& write) {
+  reply.sse = [runs, id, created, model, want_logprobs, include_usage, echo_texts, runs_per_prompt,
+               &text](const SseWrite& write) {
     auto chunk = [&](size_t index, const std::string& piece, const std::vector<runtime::GeneratedToken>& toks,
                      const Json& finish) {
       Json choice;
@@ -132,12 +170,11 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
       Json c = completion_envelope(id, "text_completion", created, model, Json::array({choice}));
       return "data: " + dump_json(c) + "\n\n";
     };
-    if (!echo_text.empty())
-      for (size_t i = 0; i < runs.size(); ++i)
-        if (!write(chunk(i, echo_text, {}, Json()))) {
-          for (const auto& run : runs) run->cancel();
-          return;
-        }
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (!echo_texts[i].empty() && !write(chunk(i, echo_texts[i], {}, Json()))) {
+        for (const auto& run : runs) run->cancel();
+        return;
+      }
     bool failed = false;
     const bool finished = drive_runs(
         runs,
@@ -156,7 +193,8 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
       write("data: [DONE]\n\n");
       return;
     }
-    if (finished) write_stream_end(write, id, "text_completion", created, model, runs, include_usage);
+    if (finished)
+      write_stream_end(write, id, "text_completion", created, model, runs, include_usage, runs_per_prompt);
   };
   return reply;
 }

@@ -52,6 +52,7 @@ GenerationRun::Step GenerationRun::next(std::chrono::milliseconds timeout) {
   runtime::StreamUpdate u = stream_->wait(timeout);
   n_prompt_ = u.n_prompt_tokens;
   n_cached_ = u.n_cached_tokens;
+  for (auto& t : u.prompt_logprobs) prompt_logprobs_.push_back(std::move(t));
   for (auto& tok : u.tokens) {
     ++n_completion_;
     const int32_t id = tok.id;

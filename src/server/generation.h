@@ -59,6 +59,8 @@ class GenerationRun {
   int n_completion_tokens() const { return n_completion_; }
   // The text stop sequence that finished this run; "" when it ended any other way.
   const std::string& stop_sequence() const { return stops_.matched(); }
+  // Prompt tokens 1.. scored so far (GenerationParams::prompt_logprobs); complete once finished.
+  const std::vector<runtime::GeneratedToken>& prompt_logprobs() const { return prompt_logprobs_; }
 
  private:
   std::shared_ptr<runtime::RequestStream> stream_;
@@ -67,6 +69,7 @@ class GenerationRun {
   std::vector<int32_t> stop_ids_;
   bool finished_ = false;
   int n_prompt_ = 0, n_cached_ = 0, n_completion_ = 0;
+  std::vector<runtime::GeneratedToken> prompt_logprobs_;
 };
 
 // Drives the runs of one request's choices (n ≥ 1) from the handler's thread, round-robin:

@@ -1,5 +1,6 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -40,15 +41,19 @@ uint64_t choice_seed(uint64_t seed, int i) {
   return z ^ (z >> 31);
 }
 
-Json usage_json(const RunList& runs) {
-  int64_t completion = 0;
+Json usage_json(const RunList& runs, size_t runs_per_prompt) {
+  const size_t stride = runs_per_prompt ? runs_per_prompt : std::max<size_t>(runs.size(), 1);
+  int64_t completion = 0, prompt = 0, cached = 0;
   for (const auto& run : runs) completion += run->n_completion_tokens();
-  const int64_t prompt = runs.empty() ? 0 : runs[0]->n_prompt_tokens();
+  for (size_t i = 0; i < runs.size(); i += stride) {
+    prompt += runs[i]->n_prompt_tokens();
+    cached += runs[i]->n_cached_tokens();
+  }
   Json u;
   u["prompt_tokens"] = prompt;
   u["completion_tokens"] = completion;
   u["total_tokens"] = prompt + completion;
-  u["prompt_tokens_details"] = Json{{"cached_tokens", runs.empty() ? 0 : runs[0]->n_cached_tokens()}};
+  u["prompt_tokens_details"] = Json{{"cached_tokens", cached}};
   return u;
 }
 
@@ -88,6 +93,7 @@ ApiResult<std::vector<std::shared_ptr<runtime::RequestStream>>> OpenAiApi::submi
   req.max_tokens = int(gen.max_tokens.value_or(std::min<int64_t>(settings_.max_tokens_limit, max_len - n_prompt)));
   req.stop_token_ids = gen.stop_token_ids;
   req.ignore_eos = gen.ignore_eos;
+  req.prompt_logprobs = gen.prompt_logprobs;
   std::vector<std::shared_ptr<runtime::RequestStream>> streams;
   for (int i = 0; i < gen.n; ++i) {
     runtime::GenerationRequest choice = req;
@@ -100,7 +106,7 @@ ApiResult<std::vector<std::shared_ptr<runtime::RequestStream>>> OpenAiApi::submi
     }
     for (const auto& queued : streams) queued->cancel();
     switch (s.code) {
-      case runtime::SubmitCode::invalid: return bad_request(s.message, "prompt");
+      case runtime::SubmitCode::invalid: return bad_request(s.message, s.param);
       case runtime::SubmitCode::too_large: return bad_request(s.message, "max_tokens", "kv_capacity_exceeded");
       case runtime::SubmitCode::queue_full: return ApiError{503, s.message, "server_overloaded", "", "queue_full"};
       case runtime::SubmitCode::draining: return ApiError{503, s.message, "server_unavailable", "", "shutting_down"};
@@ -170,10 +176,10 @@ Json completion_envelope(const std::string& id, const char* object, int64_t crea
 }
 
 void write_stream_end(const SseWrite& write, const std::string& id, const char* object, int64_t created,
-                      const std::string& model, const RunList& runs, bool include_usage) {
+                      const std::string& model, const RunList& runs, bool include_usage, size_t runs_per_prompt) {
   if (include_usage) {
     Json c = completion_envelope(id, object, created, model, Json::array());
-    c["usage"] = usage_json(runs);
+    c["usage"] = usage_json(runs, runs_per_prompt);
     if (!write("data: " + dump_json(c) + "\n\n")) return;
   }
   write("data: [DONE]\n\n");

@@ -86,14 +86,15 @@ int64_t unix_now();
 // The seed of choice i of a request with `seed`: the seed itself for choice 0 (so n = 1 is unchanged),
 // a splitmix64 mix of seed and i for the others.
 uint64_t choice_seed(uint64_t seed, int i);
-// prompt_tokens once, completion_tokens summed over the choices.
-Json usage_json(const RunList& runs);
+// completion_tokens summed over the choices; prompt_tokens once per prompt, the runs being
+// `runs_per_prompt` choices of each prompt in turn (0: all runs share one prompt).
+Json usage_json(const RunList& runs, size_t runs_per_prompt = 0);
 // {"id", "object", "created", "model", "choices"} — the envelope of every completion response and chunk.
 Json completion_envelope(const std::string& id, const char* object, int64_t created, const std::string& model,
                          Json choices);
 // The end of an SSE stream: the usage chunk (stream_options.include_usage) and `data: [DONE]`.
 void write_stream_end(const SseWrite& write, const std::string& id, const char* object, int64_t created,
-                      const std::string& model, const RunList& runs, bool include_usage);
+                      const std::string& model, const RunList& runs, bool include_usage, size_t runs_per_prompt = 0);
 ApiResult<Json> parse_body(const std::string& body);
 
 }  // namespace spw::server

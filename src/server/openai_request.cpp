@@ -1,5 +1,6 @@
 #include "server/openai_request.h"
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -8,6 +9,7 @@ namespace {
 
 constexpr int kMaxTopLogprobs = 20;
 constexpr size_t kMaxStopSequences = 16;
+constexpr size_t kMaxLogitBias = 1024;
 
 std::string type_name(const Json& v) {
   switch (v.type()) {
@@ -127,6 +129,60 @@ std::optional<std::vector<int32_t>> token_ids(Fields& f, const Json& v, const st
   return ids;
 }
 
+// logit_bias: {"<token id>": bias in [-100, 100], ...}, keys as OpenAI sends them (strings).
+void read_logit_bias(Fields& f, runtime::SamplingParams& s) {
+  const Json* bias = f.get("logit_bias");
+  if (!bias) return;
+  if (!bias->is_object()) return f.fail(wrong_type("logit_bias", "an object mapping token ids to biases", *bias));
+  if (bias->size() > kMaxLogitBias)
+    return f.fail(bad_request("'logit_bias' has " + std::to_string(bias->size()) + " entries; at most " +
+                                  std::to_string(kMaxLogitBias) + " are allowed",
+                              "logit_bias"));
+  for (const auto& [key, value] : bias->items()) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id > std::numeric_limits<int32_t>::max())
+      return f.fail(bad_request("'logit_bias' key \"" + key + "\" is not a token id (a non-negative integer)",
+                                "logit_bias"));
+    if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100))
+      return f.fail(bad_request("'logit_bias[\"" + key + "\"]' must be a number between -100 and 100, got " +
+                                    value.dump(),
+                                "logit_bias"));
+    s.logit_bias.emplace_back(int32_t(id), float(value.get<double>()));
+  }
+}
+
+// response_format: {"type": "text"}, {"type": "json_object"}, or {"type": "json_schema",
+// "json_schema": {"name": ..., "schema": {...}, "strict": ...}}. The schema itself is checked when
+// its grammar is built.
+void read_response_format(Fields& f, ResponseFormat& out) {
+  const Json* rf = f.get("response_format");
+  if (!rf) return;
+  if (!rf->is_object()) return f.fail(wrong_type("response_format", "an object", *rf));
+  auto type = rf->find("type");
+  const std::string t = type != rf->end() && type->is_string() ? type->get<std::string>() : "";
+  if (t == "text") return;
+  if (t == "json_object") {
+    out.type = ResponseFormat::Type::json_object;
+    return;
+  }
+  if (t != "json_schema")
+    return f.fail(bad_request("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"",
+                              "response_format"));
+  auto js = rf->find("json_schema");
+  if (js == rf->end() || !js->is_object())
+    return f.fail(bad_request("'response_format.json_schema' must be an object with a 'schema'", "response_format"));
+  auto schema = js->find("schema");
+  if (schema == js->end() || !schema->is_object())
+    return f.fail(bad_request("'response_format.json_schema.schema' must be a JSON schema object", "response_format"));
+  if (auto name = js->find("name"); name != js->end() && !name->is_string())
+    return f.fail(wrong_type("response_format.json_schema.name", "a string", *name));
+  if (auto strict = js->find("strict"); strict != js->end() && !strict->is_null() && !strict->is_boolean())
+    return f.fail(wrong_type("response_format.json_schema.strict", "a boolean", *strict));
+  out.type = ResponseFormat::Type::json_schema;
+  out.schema = *schema;
+}
+
 void read_generation(Fields& f, GenerationParams& g, bool chat) {
   auto& s = g.sampling;
   if (auto v = f.integer("max_tokens", 1, INT32_MAX)) g.max_tokens = *v;
@@ -143,6 +199,7 @@ void read_generation(Fields& f, GenerationParams& g, bool chat) {
   if (auto v = f.number("frequency_penalty", -2, 2)) s.frequency_penalty = float(*v);
   if (auto v = f.integer("seed", INT64_MIN, INT64_MAX)) s.seed = uint64_t(*v);
   if (auto v = f.integer("n", 1, kMaxChoices)) g.n = int(*v);
+  read_logit_bias(f, s);
   if (chat) {
     const bool logprobs = f.boolean("logprobs").value_or(false);
     const auto top = f.integer("top_logprobs", 0, kMaxTopLogprobs);
@@ -189,14 +246,34 @@ void read_generation(Fields& f, GenerationParams& g, bool chat) {
       }
     }
   }
-  if (const Json* rf = f.get("response_format")) {
-    if (!rf->is_object()) {
-      f.fail(wrong_type("response_format", "an object", *rf));
+  read_response_format(f, g.response_format);
+}
+
+// prompt: a string, a list of token ids, or a non-empty list of either (a batch).
+void read_prompts(Fields& f, const Json& prompt, std::vector<CompletionRequest::Prompt>& out) {
+  const char* expected = "a string, an array of token ids, or an array of strings or of token-id arrays";
+  auto one = [&](const Json& v, const std::string& name) {
+    if (v.is_string()) {
+      out.emplace_back(v.get<std::string>());
+    } else if (v.is_array()) {
+      if (v.empty()) return f.fail(bad_request("'" + name + "' is empty", "prompt"));
+      if (auto ids = token_ids(f, v, name)) out.emplace_back(std::move(*ids));
     } else {
-      auto type = rf->find("type");
-      if (type != rf->end() && !(type->is_string() && type->get<std::string>() == "text"))
-        f.fail(bad_request("only response_format {\"type\": \"text\"} is supported", "response_format"));
+      f.fail(wrong_type(name, "a string or an array of token ids", v));
     }
+  };
+  if (prompt.is_string()) return one(prompt, "prompt");
+  if (!prompt.is_array()) return f.fail(wrong_type("prompt", expected, prompt));
+  if (prompt.empty()) return f.fail(bad_request("'prompt' is empty", "prompt"));
+  if (!prompt[0].is_string() && !prompt[0].is_array()) return one(prompt, "prompt");  // one list of token ids
+  if (prompt.size() > kMaxPrompts)
+    return f.fail(bad_request("'prompt' has " + std::to_string(prompt.size()) + " prompts; at most " +
+                                  std::to_string(kMaxPrompts) + " are allowed",
+                              "prompt"));
+  for (size_t i = 0; i < prompt.size() && !f.failed(); ++i) {
+    if (prompt[i].is_string() != prompt[0].is_string())
+      return f.fail(bad_request("'prompt' mixes strings and token-id arrays; send one kind", "prompt"));
+    one(prompt[i], "prompt[" + std::to_string(i) + "]");
   }
 }
 
@@ -213,24 +290,7 @@ ApiResult<CompletionRequest> parse_completion_request(const Json& body) {
   r.model = read_model(f);
   const Json* prompt = f.get("prompt");
   if (!f.failed() && !prompt) return bad_request("'prompt' is required", "prompt");
-  if (prompt) {
-    if (prompt->is_string()) {
-      r.prompt = prompt->get<std::string>();
-    } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_string()) {
-      if (prompt->size() != 1 || !(*prompt)[0].is_string())
-        return bad_request("only one prompt per request is supported", "prompt");
-      r.prompt = (*prompt)[0].get<std::string>();
-    } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_array()) {
-      if (prompt->size() != 1) return bad_request("only one prompt per request is supported", "prompt");
-      auto ids = token_ids(f, (*prompt)[0], "prompt[0]");
-      if (ids) r.prompt = std::move(*ids);
-    } else if (prompt->is_array()) {
-      auto ids = token_ids(f, *prompt, "prompt");
-      if (ids) r.prompt = std::move(*ids);
-    } else {
-      f.fail(wrong_type("prompt", "a string, an array of token ids, or a one-element array of either", *prompt));
-    }
-  }
+  if (prompt) read_prompts(f, *prompt, r.prompts);
   if (auto v = f.boolean("echo")) r.echo = *v;
   if (const Json* suffix = f.get("suffix")) {
     if (!suffix->is_string()) f.fail(wrong_type("suffix", "a string", *suffix));
@@ -238,8 +298,14 @@ ApiResult<CompletionRequest> parse_completion_request(const Json& body) {
   }
   read_generation(f, r.gen, false);
   if (f.failed()) return f.error();
-  if (const auto* ids = std::get_if<std::vector<int32_t>>(&r.prompt); ids && ids->empty())
-    return bad_request("'prompt' is empty", "prompt");
+  r.gen.prompt_logprobs = r.echo && r.gen.sampling.top_logprobs >= 0;
+  if (r.gen.prompt_logprobs && r.gen.stream)
+    return bad_request("'echo' with 'logprobs' is supported without streaming only; set stream to false", "echo");
+  if (r.prompts.size() * size_t(r.gen.n) > kMaxPrompts)
+    return bad_request(std::to_string(r.prompts.size()) + " prompts × n = " + std::to_string(r.gen.n) + " is " +
+                           std::to_string(r.prompts.size() * size_t(r.gen.n)) + " sequences; at most " +
+                           std::to_string(kMaxPrompts) + " are allowed in one request",
+                       "prompt");
   return r;
 }
 

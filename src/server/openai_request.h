@@ -14,6 +14,14 @@
 
 namespace spw::server {
 
+// response_format: free text, any JSON object, or JSON held to a schema (constrained decoding,
+// src/server/response_format.h).
+struct ResponseFormat {
+  enum class Type { text, json_object, json_schema };
+  Type type = Type::text;
+  Json schema;  // json_schema: json_schema.schema
+};
+
 // Fields shared by /v1/completions and /v1/chat/completions.
 struct GenerationParams {
   std::optional<int64_t> max_tokens;   // max_tokens, or max_completion_tokens (chat)
@@ -24,13 +32,18 @@ struct GenerationParams {
   bool stream = false;
   bool include_usage = false;          // stream_options.include_usage
   int n = 1;                           // choices: independent sequences, 1..kMaxChoices
+  ResponseFormat response_format;
+  bool prompt_logprobs = false;        // /v1/completions echo with logprobs: score the prompt too
 };
 
 inline constexpr int kMaxChoices = 16;
 
+inline constexpr size_t kMaxPrompts = 64;  // prompts in one /v1/completions request
+
 struct CompletionRequest {
+  using Prompt = std::variant<std::string, std::vector<int32_t>>;  // text, or token ids
   std::string model;
-  std::variant<std::string, std::vector<int32_t>> prompt;  // text, or token ids
+  std::vector<Prompt> prompts;  // ≥ 1; choices are indexed prompt-major: prompt p, choice i → p·n + i
   bool echo = false;
   GenerationParams gen;
 };

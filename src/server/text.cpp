@@ -2,7 +2,7 @@
 
 #include <filesystem>
 
-#include "server/tool_call_constraint.h"
+#include "server/grammar_constraint.h"
 #include "tokenizer/tokenizer.h"
 
 namespace spw::server {

@@ -113,7 +113,9 @@ TEST(ServerRequestFuzz, RandomMutationsNeverThrowAndStayValid) {
         if (r.ok) {
           ++ok;
           check_generation(r.value.gen);
-          if (auto* ids = std::get_if<std::vector<int32_t>>(&r.value.prompt)) { EXPECT_FALSE(ids->empty()); }
+          EXPECT_FALSE(r.value.prompts.empty());
+          for (const auto& p : r.value.prompts)
+            if (auto* ids = std::get_if<std::vector<int32_t>>(&p)) { EXPECT_FALSE(ids->empty()); }
         } else {
           ++rejected;
           check_error(r.error);
@@ -136,6 +138,20 @@ TEST(ServerRequestFuzz, ErrorsNameTheField) {
   r = parse_completion_request(Json::parse(R"({"prompt":[1,2,-3]})"));
   ASSERT_FALSE(r.ok);
   EXPECT_EQ(r.error.param, "prompt");
+  r = parse_completion_request(Json::parse(R"({"prompt":"x","logit_bias":{"5":101}})"));
+  ASSERT_FALSE(r.ok);
+  EXPECT_EQ(r.error.param, "logit_bias");
+  r = parse_completion_request(Json::parse(R"({"prompt":"x","logit_bias":{"five":1}})"));
+  ASSERT_FALSE(r.ok);
+  EXPECT_EQ(r.error.param, "logit_bias");
+  r = parse_completion_request(Json::parse(R"({"prompt":["a",[1,2]]})"));
+  ASSERT_FALSE(r.ok);
+  EXPECT_EQ(r.error.param, "prompt");
+  r = parse_completion_request(Json::parse(R"({"prompt":[[1,2],[3]],"n":2,"logit_bias":{"7":-100,"8":2.5}})"));
+  ASSERT_TRUE(r.ok);
+  ASSERT_EQ(r.value.prompts.size(), 2u);
+  EXPECT_EQ(std::get<std::vector<int32_t>>(r.value.prompts[1]), std::vector<int32_t>{3});
+  EXPECT_EQ(r.value.gen.sampling.logit_bias.size(), 2u);
   auto c = parse_chat_completion_request(Json::parse(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":5,"max_completion_tokens":7,"unknown":{"deep":[1]}})"));
   ASSERT_TRUE(c.ok);
   EXPECT_EQ(c.value.gen.max_tokens, 7);

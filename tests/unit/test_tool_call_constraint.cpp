@@ -9,7 +9,7 @@
 
 #include "chat/stream_parser.h"
 #include "runtime/sampler.h"
-#include "server/tool_call_constraint.h"
+#include "server/grammar_constraint.h"
 
 namespace spw::server {
 namespace {

@@ -259,7 +259,7 @@ std::optional<std::string> complete(const ToolCallGrammar& g, const ToolCallGram
       return path;
     }
     for (char c : alphabet) {
-      if ((c == '{' || c == '[') && s.jdepth > 0) continue;  // no nesting: the frontier stays small
+      if ((c == '{' || c == '[') && s.json.depth > 0) continue;  // no nesting: the frontier stays small
       State t = s;
       if (g.step(t, static_cast<unsigned char>(c)) && parent.emplace(t, std::make_pair(s, c)).second) queue.push_back(t);
     }

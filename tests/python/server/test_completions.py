@@ -146,3 +146,79 @@ def test_tokenize_detokenize(server, tokenizer):
     assert ids == tokenizer.encode("Hello world! <｜User｜>", add_special_tokens=False).ids
     d = httpx.post(server.base + "/detokenize", json={"tokens": ids}, headers=server.headers())
     assert d.status_code == 200 and d.json()["prompt"] == "Hello world! <｜User｜>"
+
+
+def test_logit_bias_forces_and_bans_tokens_under_greedy(client):
+    base = token_ids(greedy(client, PROMPT_IDS, 6, extra_body={"ignore_eos": True}).choices[0])
+    forced = token_ids(greedy(client, PROMPT_IDS, 6, logit_bias={"123": 100},
+                              extra_body={"ignore_eos": True}).choices[0])
+    assert forced == [123] * 6 and base != forced
+    banned = {str(t): -100 for t in set(base)}
+    after = token_ids(greedy(client, PROMPT_IDS, 6, logit_bias=banned, extra_body={"ignore_eos": True}).choices[0])
+    assert len(after) == 6 and not set(after) & set(base)
+
+
+def test_logit_bias_out_of_vocabulary_is_a_400(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        greedy(client, PROMPT_IDS, 2, logit_bias={"1024": 5})
+    assert "logit_bias" in str(e.value) and "vocabulary" in str(e.value)
+
+
+def test_batched_prompts_index_prompt_major(client):
+    prompts = [[0, 17, 42], [5, 6, 7, 8], [99]]
+    singles = [greedy(client, p, 5, extra_body={"ignore_eos": True}) for p in prompts]
+    r = greedy(client, prompts, 5, extra_body={"ignore_eos": True, "n": 2})
+    assert [c.index for c in r.choices] == list(range(6))
+    for p, single in enumerate(singles):
+        for i in range(2):
+            assert token_ids(r.choices[p * 2 + i]) == token_ids(single.choices[0])
+    assert r.usage.prompt_tokens == sum(len(p) for p in prompts)
+    assert r.usage.completion_tokens == 6 * 5
+
+
+def test_batched_text_prompts_stream_and_echo(client):
+    prompts = ["Hello world", "The quick brown fox"]
+    whole = greedy(client, prompts, 6, echo=True, extra_body={"ignore_eos": True})
+    assert [c.text.startswith(p) for c, p in zip(whole.choices, prompts)] == [True, True]
+    texts = {}
+    for chunk in client.completions.create(model="tiny-v41", prompt=prompts, max_tokens=6, temperature=0, echo=True,
+                                           stream=True, stream_options={"include_usage": True},
+                                           extra_body={"ignore_eos": True}):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+        if chunk.usage:
+            usage = chunk.usage
+    assert texts == {0: whole.choices[0].text, 1: whole.choices[1].text}
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_echo_with_logprobs_scores_the_prompt(client):
+    """The prompt's logprobs (first token null) equal what a completion of each prefix reports
+    for the next prompt token: the teacher-forced check, with the legacy SDK fields."""
+    prompt = [0, 17, 42, 99, 7, 300]
+    r = client.completions.create(model="tiny-v41", prompt=prompt, max_tokens=2, temperature=0, echo=True,
+                                  logprobs=3, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(prompt) + 2
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset[0] == 0
+    for i in range(1, len(prompt)):
+        prefix = client.completions.create(model="tiny-v41", prompt=prompt[:i], max_tokens=1, temperature=0,
+                                           logprobs=20, logit_bias={str(prompt[i]): 100})
+        # The bias forces the prompt token; logprobs stay the model's own.
+        assert token_ids(prefix.choices[0]) == [prompt[i]]
+        assert lp.token_logprobs[i] == pytest.approx(prefix.choices[0].logprobs.token_logprobs[0], abs=1e-4)
+        assert len(lp.top_logprobs[i]) == 3
+    # The generated tail matches a plain request.
+    plain = greedy(client, prompt, 2, logprobs=3, extra_body={"ignore_eos": True})
+    assert lp.token_logprobs[len(prompt):] == pytest.approx(plain.choices[0].logprobs.token_logprobs, abs=1e-4)
+
+
+def test_echo_with_logprobs_in_a_batch(client):
+    r = client.completions.create(model="tiny-v41", prompt=["Hello world", "The quick fox"], max_tokens=1,
+                                  temperature=0, echo=True, logprobs=0)
+    for c, p in zip(r.choices, ["Hello world", "The quick fox"]):
+        assert c.text.startswith(p)
+        assert c.logprobs.token_logprobs[0] is None
+        assert all(x is not None and x <= 0 for x in c.logprobs.token_logprobs[1:])
+        assert "".join(c.logprobs.tokens) == c.text

@@ -57,7 +57,18 @@ def test_auth_failure_401(server):
     ({"prompt": 12}, "prompt"),
     ({"prompt": [1, "a"]}, "prompt[1]"),
     ({"prompt": [1, -4]}, "prompt"),
-    ({"prompt": [[1, 2], [3]]}, "prompt"),
+    ({"prompt": [[1, 2], []]}, "prompt"),
+    ({"prompt": ["a", [1]]}, "prompt"),
+    ({"prompt": [[1, 2], [5000]]}, "prompt"),
+    ({"prompt": ["a"] * 65}, "prompt"),
+    ({"prompt": ["a"] * 8, "n": 9}, "prompt"),
+    ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"5": "up"}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"-1": 1}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"1024": 1}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": [1, 2]}, "logit_bias"),
+    ({"prompt": "hi", "echo": True, "logprobs": 1, "stream": True}, "echo"),
     ({"prompt": []}, "prompt"),
     ({"prompt": [5000]}, "prompt"),
     ({"max_tokens": 3}, "prompt"),
@@ -83,7 +94,7 @@ def test_completions_400(server, body, param):
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required",
       "tools": [{"type": "function", "function": {"name": 'say"hi', "parameters": {"type": "object"}}}]}, "tools"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1}, "max_completion_tokens"),
-    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}}, "response_format"),
 ])
 def test_chat_400(server, body, param):
     assert_error(post(server, "/v1/chat/completions", body), 400, param=param)
