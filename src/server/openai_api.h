@@ -49,6 +49,8 @@ class OpenAiApi {
   HttpReply completions(const std::string& body, const ClientGone& gone = {});
   HttpReply chat_completions(const std::string& body, const ClientGone& gone = {});
   HttpReply models() const;
+  // GET /v1/models/{id}: the served model, or 404 model_not_found for any other id.
+  HttpReply model(const std::string& id) const;
   HttpReply tokenize(const std::string& body) const;
   HttpReply detokenize(const std::string& body) const;
 
@@ -67,6 +69,7 @@ class OpenAiApi {
     // Set for tool_choice "required" or a named function: the grammar every choice must follow.
     std::shared_ptr<const ToolCallGrammar> grammar;
   };
+  Json model_json() const;
   ApiResult<ChatPrompt> chat_prompt(const Json& body, const ChatCompletionRequest& req) const;
 
   runtime::Engine& engine_;
