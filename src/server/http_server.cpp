@@ -20,6 +20,9 @@ namespace spw::server {
 class HttpCore : public httplib::Server {
  public:
   using httplib::Server::process_request;
+  // httplib stops streaming responses once its listening socket is INVALID_SOCKET (its own stop());
+  // it never listens here, so it is told the loop's socket while the loop runs.
+  void set_listening_socket(int fd) { svr_sock_ = fd; }
 };
 
 namespace {
@@ -282,6 +285,7 @@ Status HttpServer::bind() {
   limits.max_connections = settings_.max_connections;
   limits.header_timeout = std::chrono::milliseconds(int64_t(settings_.header_timeout_s * 1000));
   limits.keep_alive_timeout = std::chrono::milliseconds(int64_t(settings_.keep_alive_timeout_s * 1000));
+  http_->set_listening_socket(*fd);
   loop_ = std::make_unique<ConnectionLoop>(*fd, limits, [this](Connection& conn) { return serve_connection(conn); });
   return {};
 }
@@ -305,6 +309,7 @@ void HttpServer::shutdown(double grace_s) {
   }
   // Let handlers write their final SSE events before the connections close.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  http_->set_listening_socket(INVALID_SOCKET);
   if (loop_) loop_->stop();
 }
 
