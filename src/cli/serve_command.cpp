@@ -40,6 +40,7 @@ Status validate(const ServeOptions& o) {
     return make_error("--step-token-budget ", e.step_token_budget, " must be at least --prefill-chunk ", e.prefill_chunk);
   if (o.s.max_model_len < 2) return make_error("--max-model-len must be at least 2");
   if (o.s.max_tokens_limit < 1) return make_error("--max-tokens-limit must be at least 1");
+  if (o.s.max_body_bytes < 1) return make_error("--max-body-bytes must be at least 1");
   return {};
 }
 
@@ -163,8 +164,32 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--max-body-bytes", s.max_body_bytes, "largest request body")
       ->envname("SPILLWAY_MAX_BODY_BYTES")
       ->capture_default_str();
-  cmd->add_option("--http-threads", s.http_threads, "connections served at once")
+  cmd->add_option("--http-threads", s.http_threads, "requests served at once (a streaming request holds one thread)")
       ->envname("SPILLWAY_HTTP_THREADS")
+      ->capture_default_str();
+  cmd->add_option("--http-max-connections", s.max_connections,
+                  "open connections at once; more get 503 and are closed before anything is read")
+      ->check(CLI::Range(1, 1 << 20))
+      ->envname("SPILLWAY_HTTP_MAX_CONNECTIONS")
+      ->capture_default_str();
+  cmd->add_option("--http-header-timeout", s.header_timeout_s,
+                  "seconds a request line and headers may take to arrive whole (then 408)")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->envname("SPILLWAY_HTTP_HEADER_TIMEOUT")
+      ->capture_default_str();
+  cmd->add_option("--http-keep-alive-timeout", s.keep_alive_timeout_s,
+                  "seconds an idle kept-alive connection stays open")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->envname("SPILLWAY_HTTP_KEEP_ALIVE_TIMEOUT")
+      ->capture_default_str();
+  cmd->add_option("--http-read-timeout", s.read_timeout_s, "seconds to wait for the next bytes of a request body")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->envname("SPILLWAY_HTTP_READ_TIMEOUT")
+      ->capture_default_str();
+  cmd->add_option("--http-write-timeout", s.write_timeout_s,
+                  "seconds to wait for a client to take more of a response before dropping it")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->envname("SPILLWAY_HTTP_WRITE_TIMEOUT")
       ->capture_default_str();
   cmd->add_option("--listen-backlog", s.listen_backlog,
                   "new connections the kernel queues before they are accepted (capped by net.core.somaxconn)")

@@ -14,18 +14,7 @@ namespace {
 constexpr auto kPingEvery = std::chrono::milliseconds(2000);  // a ping event after 2 s of silence
 constexpr auto kGonePoll = std::chrono::milliseconds(200);    // non-streaming: how often the connection is probed
 
-HttpReply error_reply(const ApiError& e) {
-  HttpReply r = HttpReply::json(anthropic_error_json(e), anthropic_error_status(e));
-  if (r.status == 529 || r.status == 429) r.headers.emplace_back("Retry-After", "1");
-  return r;
-}
-
-// Anthropic clients send the key as x-api-key; Authorization: Bearer is accepted too.
-bool authorized(const std::string& expected, const std::string& x_api_key, const std::string& authorization) {
-  if (expected.empty()) return true;
-  if (!x_api_key.empty()) return api_key_matches(expected, x_api_key);
-  return authorization.rfind("Bearer ", 0) == 0 && api_key_matches(expected, authorization.substr(7));
-}
+HttpReply error_reply(const ApiError& e) { return anthropic_error_reply(e); }
 
 struct StopInfo {
   std::string reason;
@@ -56,11 +45,7 @@ Json usage(int64_t input_tokens, int64_t output_tokens) {
 
 }  // namespace
 
-HttpReply OpenAiApi::messages(const std::string& body, const std::string& x_api_key,
-                              const std::string& authorization, const ClientGone& gone) {
-  if (!authorized(settings_.api_key, x_api_key, authorization))
-    return error_reply({401, "invalid x-api-key: send this server's --api-key as the 'x-api-key' header",
-                        "authentication_error", "", ""});
+HttpReply OpenAiApi::messages(const std::string& body, const ClientGone& gone) {
   auto j = parse_body(body);
   if (!j.ok) return error_reply(j.error);
   auto parsed = parse_messages_request(j.value);

@@ -88,4 +88,10 @@ void ContentBlocks::push(const StreamDelta& d) {
   for (const auto& call : d.tool_calls) tool_use(call);
 }
 
+HttpReply anthropic_error_reply(const ApiError& e) {
+  HttpReply r = HttpReply::json(anthropic_error_json(e), anthropic_error_status(e));
+  if (r.status == 529 || r.status == 429) r.headers.emplace_back("Retry-After", "1");
+  return r;
+}
+
 }  // namespace spw::server

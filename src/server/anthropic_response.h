@@ -18,6 +18,7 @@
 #include "chat/stream_parser.h"
 #include "server/api_error.h"
 #include "server/json.h"
+#include "server/openai_api.h"
 
 namespace spw::server {
 
@@ -30,6 +31,8 @@ std::string anthropic_sse(const char* name, const Json& data);
 // An overloaded server (queue full, shutting down) answers 529, as Anthropic does.
 Json anthropic_error_json(const ApiError& e);
 int anthropic_error_status(const ApiError& e);
+// The error as a reply (status, body, Retry-After on 429/529).
+HttpReply anthropic_error_reply(const ApiError& e);
 
 class ContentBlocks {
  public:

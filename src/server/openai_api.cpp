@@ -116,17 +116,28 @@ ApiResult<std::vector<std::shared_ptr<runtime::RequestStream>>> OpenAiApi::submi
   return streams;
 }
 
-HttpReply OpenAiApi::models() const {
+Json OpenAiApi::model_json() const {
   Json m;
   m["id"] = model_.id;
   m["object"] = "model";
   m["created"] = unix_now();
   m["owned_by"] = "spillway";
   m["max_model_len"] = settings_.max_model_len;
+  return m;
+}
+
+HttpReply OpenAiApi::models() const {
   Json out;
   out["object"] = "list";
-  out["data"] = Json::array({m});
+  out["data"] = Json::array({model_json()});
   return HttpReply::json(out);
+}
+
+HttpReply OpenAiApi::model(const std::string& id) const {
+  if (id != model_.id)
+    return HttpReply::error({404, "The model '" + id + "' does not exist; this server serves '" + model_.id + "'.",
+                             "invalid_request_error", "model", "model_not_found"});
+  return HttpReply::json(model_json());
 }
 
 HttpReply OpenAiApi::tokenize(const std::string& body) const {

@@ -51,9 +51,11 @@ class OpenAiApi {
   // POST /v1/messages, the Anthropic Messages API (anthropic_messages.cpp). It checks the API key
   // itself, from x-api-key (Anthropic clients) or Authorization: Bearer, and answers errors in
   // Anthropic's shape.
-  HttpReply messages(const std::string& body, const std::string& x_api_key, const std::string& authorization,
-                     const ClientGone& gone = {});
+  // POST /v1/messages (Anthropic); the transport has checked the key (x-api-key or Bearer).
+  HttpReply messages(const std::string& body, const ClientGone& gone = {});
   HttpReply models() const;
+  // GET /v1/models/{id}: the served model, or 404 model_not_found for any other id.
+  HttpReply model(const std::string& id) const;
   HttpReply tokenize(const std::string& body) const;
   HttpReply detokenize(const std::string& body) const;
 
@@ -72,6 +74,7 @@ class OpenAiApi {
     // Set for tool_choice "required" or a named function: the grammar every choice must follow.
     std::shared_ptr<const ToolCallGrammar> grammar;
   };
+  Json model_json() const;
   ApiResult<ChatPrompt> chat_prompt(const Json& body, const ChatCompletionRequest& req) const;
 
   runtime::Engine& engine_;

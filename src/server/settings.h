@@ -19,8 +19,13 @@ struct ServerSettings {
   int max_model_len = 8192;       // prompt + completion tokens of one request
   int max_tokens_limit = 4096;    // largest max_tokens accepted; also the default when none is sent
   size_t max_body_bytes = 8u << 20;
-  int http_threads = 256;         // connections served at once (each streaming request holds one)
+  int http_threads = 256;         // requests served at once (each streaming request holds one thread)
   int listen_backlog = 1024;      // connections the kernel queues before the accept loop takes them
+  int max_connections = 4096;     // open connections at once; the excess gets 503 and is closed at once
+  double header_timeout_s = 10;   // a request head (line + headers) must arrive whole within this
+  double keep_alive_timeout_s = 5;  // an idle kept-alive connection is closed after this
+  double read_timeout_s = 30;     // longest wait for the next piece of a request body
+  double write_timeout_s = 30;    // longest wait for a client to take the next piece of a response
   double shutdown_grace_s = 30;   // on SIGINT/SIGTERM: time in-flight requests get before cancellation
   runtime::EngineSettings engine;
 };

@@ -1,18 +1,18 @@
 #include "server/sockets.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
-#include <cstdlib>
+#include <cerrno>
+#include <cstring>
 
 namespace spw::server {
 namespace {
 
-// The numeric address and port of a socket endpoint, as httplib records them in Request.
 bool endpoint(const sockaddr_storage& a, std::string& ip, int& port) {
   char buf[INET6_ADDRSTRLEN] = {};
   if (a.ss_family == AF_INET) {
@@ -28,66 +28,45 @@ bool endpoint(const sockaddr_storage& a, std::string& ip, int& port) {
   return false;
 }
 
-// The first open socket descriptor of this process that `matches` accepts, or -1. cpp-httplib
-// 0.11.4 (Debian 12) exposes neither a handler's connection socket nor its listening socket, so
-// both are found by their endpoints.
-template <typename Match>
-int find_socket(Match matches) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (const dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    struct stat st {};
-    if (fstat(int(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    if (matches(int(fd))) {
-      found = int(fd);
-      break;
-    }
-  }
-  closedir(dir);
-  return found;
-}
-
-// The local port of a socket, -1 when it is not an IP socket.
-int local_port_of(int fd) {
-  sockaddr_storage local{};
-  socklen_t n = sizeof local;
-  std::string ip;
-  int port = -1;
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &n) != 0 || !endpoint(local, ip, port)) return -1;
-  return port;
-}
-
 }  // namespace
 
-int connection_socket(const std::string& remote_addr, int remote_port, int local_port) {
-  return find_socket([&](int fd) {
-    sockaddr_storage peer{};
-    socklen_t n_peer = sizeof peer;
-    std::string peer_ip;
-    int peer_port = -1;
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &n_peer) != 0 || !endpoint(peer, peer_ip, peer_port))
-      return false;
-    return peer_port == remote_port && peer_ip == remote_addr && local_port_of(fd) == local_port;
-  });
+Result<int> listen_tcp(const std::string& host, int port, int backlog) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found); rc != 0)
+    return make_error("cannot listen on ", host, ":", port, ": ", gai_strerror(rc));
+  std::string why = "no address";
+  int fd = -1;
+  for (addrinfo* a = found; a && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, backlog) != 0) {
+      why = errno == EADDRINUSE ? "the port is in use (is another server running on it?)" : std::strerror(errno);
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) return make_error("cannot listen on ", host, ":", port, ": ", why);
+  return fd;
 }
 
-int listening_socket(int port) {
-  return find_socket([port](int fd) {
-    int listening = 0;
-    socklen_t n = sizeof listening;
-    return getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &n) == 0 && listening && local_port_of(fd) == port;
-  });
+bool local_endpoint(int fd, std::string& ip, int& port) {
+  sockaddr_storage a{};
+  socklen_t n = sizeof a;
+  return getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0 && endpoint(a, ip, port);
 }
 
-Status widen_listen_backlog(int port, int backlog) {
-  const int fd = listening_socket(port);
-  if (fd < 0) return make_error("no listening socket on port ", port);
-  if (::listen(fd, backlog) != 0) return make_error("cannot widen the listen backlog of port ", port, " to ", backlog);
-  return {};
+bool peer_endpoint(int fd, std::string& ip, int& port) {
+  sockaddr_storage a{};
+  socklen_t n = sizeof a;
+  return getpeername(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0 && endpoint(a, ip, port);
 }
 
 bool socket_closed(int fd) {
