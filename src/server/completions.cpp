@@ -43,6 +43,7 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
   auto parsed = parse_completion_request(j.value);
   if (!parsed.ok) return HttpReply::error(parsed.error);
   const CompletionRequest& req = parsed.value;
+  if (auto e = unknown_model(req.model)) return HttpReply::error(*e);
 
   std::vector<int32_t> ids;
   std::string echo_text;
@@ -64,7 +65,7 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
   const bool want_logprobs = req.gen.sampling.top_logprobs >= 0;
   const std::string id = make_request_id("cmpl");
   const int64_t created = unix_now();
-  const std::string model = model_.id;
+  const ModelInfo model = model_;
   const Text& text = text_;
 
   if (!req.gen.stream) {
