@@ -83,7 +83,7 @@ async def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
     ap.add_argument("--api-key", default="none")
-    ap.add_argument("--model", default="default")
+    ap.add_argument("--model", help="model id (default: the first one GET /v1/models lists)")
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--requests-per-stream", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=64)
@@ -93,6 +93,8 @@ async def main():
     ap.add_argument("--chat", action="store_true")
     args = ap.parse_args()
     client = openai.AsyncOpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=600)
+    if not args.model:  # the server answers 404 model_not_found to any other name
+        args.model = (await client.models.list()).data[0].id
     print("| streams | requests | tokens | wall s | tokens/s | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in [int(x) for x in args.concurrency.split(",")]:

@@ -35,6 +35,22 @@ ToolSpec make_tool(std::string name, std::string description, ojson parameters) 
   return ToolSpec{std::move(f)};
 }
 
+PromptBuilder::PromptBuilder(std::string_view markup) : prompt_{std::string(markup), {}} {}
+
+void PromptBuilder::markup(std::string_view s) { prompt_.text += s; }
+
+void PromptBuilder::client(std::string_view s) {
+  if (s.empty()) return;
+  const size_t begin = prompt_.text.size();
+  prompt_.text += s;
+  std::vector<TextSpan>& spans = prompt_.client_spans;
+  if (!spans.empty() && spans.back().end == begin) {
+    spans.back().end = prompt_.text.size();
+  } else {
+    spans.push_back({begin, prompt_.text.size()});
+  }
+}
+
 namespace {
 
 constexpr std::string_view kReasoningEffortMaxV4 =
@@ -46,17 +62,13 @@ constexpr std::string_view kReasoningEffortMaxV4 =
     "considered alternative, and rejected hypothesis to ensure absolutely no assumption is left "
     "unchecked.\n\n";
 
-std::string render_tools(ChatFamily family, const std::vector<ToolSpec>& tools) {
+// The tools section; the schemas are the client's text.
+void render_tools(ChatFamily family, const std::vector<ToolSpec>& tools, PromptBuilder& prompt) {
   const DsmlSpelling& s = family == ChatFamily::v4 ? kDsmlV4 : kDsmlV41;
   const std::string d(tok::dsml);
   const std::string block = d + std::string(s.block);
   const std::string invoke = d + std::string(s.invoke);
   const std::string param = d + std::string(s.parameter);
-  std::string schemas;
-  for (size_t i = 0; i < tools.size(); ++i) {
-    if (i) schemas += "\n";
-    schemas += py_json_dumps(tools[i].function);
-  }
   std::string out;
   out += "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can "
          "invoke tools by writing a \"<" + block + ">\" block like the following:\n\n";
@@ -76,10 +88,13 @@ std::string render_tools(ChatFamily family, const std::vector<ToolSpec>& tools) 
          "inside <think>...</think> BEFORE any tool calls or final response.\n\n";
   out += "Otherwise, output directly after </think> with tool calls or final response.\n\n";
   out += "### Available Tool Schemas\n\n";
-  out += schemas;
-  out += "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke "
-         "tool calls.\n";
-  return out;
+  prompt.markup(out);
+  for (size_t i = 0; i < tools.size(); ++i) {
+    if (i) prompt.markup("\n");
+    prompt.client(py_json_dumps(tools[i].function));
+  }
+  prompt.markup("\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke "
+                "tool calls.\n");
 }
 
 // The argument object a call renders from. V4 json.loads() the text once and falls back to
@@ -103,55 +118,66 @@ Result<ojson> call_arguments(ChatFamily family, const ToolCall& call, size_t i_m
   return fallback;
 }
 
-Result<std::string> render_tool_calls(ChatFamily family, const std::vector<ToolCall>& calls,
-                                      size_t i_msg) {
+// A DSML tool-call block; names, keys and values are the client's text.
+Status render_tool_calls(ChatFamily family, const std::vector<ToolCall>& calls, size_t i_msg,
+                         PromptBuilder& prompt) {
   const DsmlSpelling& s = family == ChatFamily::v4 ? kDsmlV4 : kDsmlV41;
   const std::string d(tok::dsml);
-  std::string out = "\n\n<" + d + std::string(s.block) + ">\n";
+  prompt.markup("\n\n<" + d + std::string(s.block) + ">\n");
   for (size_t i = 0; i < calls.size(); ++i) {
     auto args = call_arguments(family, calls[i], i_msg, i);
     if (!args.ok()) return args.error();
-    if (i) out += "\n";
-    out += "<" + d + std::string(s.invoke) + " name=\"" + calls[i].name + "\">\n";
+    if (i) prompt.markup("\n");
+    prompt.markup("<" + d + std::string(s.invoke) + " name=\"");
+    prompt.client(calls[i].name);
+    prompt.markup("\">\n");
     bool first = true;
     for (const auto& [key, value] : args->items()) {
-      if (!first) out += "\n";
+      if (!first) prompt.markup("\n");
       first = false;
       const bool is_str = value.is_string();
-      out += "<" + d + std::string(s.parameter) + " name=\"" + key + "\" string=\"" +
-             (is_str ? "true" : "false") + "\">";
-      out += is_str ? value.get_ref<const std::string&>() : py_json_dumps(value);
-      out += "</" + d + std::string(s.parameter) + ">";
+      prompt.markup("<" + d + std::string(s.parameter) + " name=\"");
+      prompt.client(key);
+      prompt.markup(std::string("\" string=\"") + (is_str ? "true" : "false") + "\">");
+      prompt.client(is_str ? value.get_ref<const std::string&>() : py_json_dumps(value));
+      prompt.markup("</" + d + std::string(s.parameter) + ">");
     }
-    out += "\n</" + d + std::string(s.invoke) + ">";
+    prompt.markup("\n</" + d + std::string(s.invoke) + ">");
   }
-  out += "\n</" + d + std::string(s.block) + ">";
-  return out;
+  prompt.markup("\n</" + d + std::string(s.block) + ">");
+  return {};
 }
 
-// A content array flattened the way the encoders flatten non-user turns: texts (images as
-// placeholders) joined by blank lines.
-std::string flatten(const ChatMessage& m) {
-  if (!m.parts) return m.content;
-  std::string out;
-  for (size_t i = 0; i < m.parts->size(); ++i) {
-    if (i) out += "\n\n";
-    const ContentPart& p = (*m.parts)[i];
-    out += p.kind == ContentPart::Kind::text ? p.text : std::string(tok::image);
+// A message's content as parts: its content array, or its content string as one text part.
+std::vector<ContentPart> parts_of(const ChatMessage& m) {
+  if (m.parts) return *m.parts;
+  return {ContentPart{ContentPart::Kind::text, m.content, ""}};
+}
+
+// Parts flattened the way the encoders flatten non-user turns: texts (images as placeholders)
+// joined by blank lines.
+void render_parts(const std::vector<ContentPart>& parts, PromptBuilder& prompt) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) prompt.markup("\n\n");
+    const ContentPart& p = parts[i];
+    if (p.kind == ContentPart::Kind::text) {
+      prompt.client(p.text);
+    } else {
+      prompt.markup(tok::image);
+    }
   }
-  return out;
 }
 
 struct Block {
   bool is_tool_result = false;
-  std::string text;
+  std::vector<ContentPart> parts;
   std::string tool_use_id;
 };
 
 // A turn after merging: user turns hold blocks, other turns point at their source message.
 struct Turn {
   ChatRole role;
-  std::string content;
+  std::vector<ContentPart> content;
   std::vector<Block> blocks;
   const ChatMessage* src = nullptr;
   bool carries_tools = false;
@@ -163,10 +189,7 @@ Status validate(const ChatRequest& req) {
   for (size_t i = 0; i < req.messages.size(); ++i) {
     const ChatMessage& m = req.messages[i];
     const std::string where = "messages[" + std::to_string(i) + "] (" + chat_role_name(m.role) + ")";
-    if (m.role == ChatRole::developer && family == ChatFamily::v41) {
-      return make_error(where, ": role \"developer\" is not supported by DeepSeek-V4.1 (use system)");
-    }
-    if (m.role == ChatRole::developer && m.content.empty() && !m.parts) {
+    if (m.role == ChatRole::developer && family == ChatFamily::v4 && m.content.empty() && !m.parts) {
       return make_error(where, ": developer message needs non-empty content");
     }
     if (m.parts) {
@@ -238,32 +261,31 @@ std::vector<Turn> merge_turns(const ChatRequest& req) {
   std::vector<Turn> turns;
   const bool insert_system = !req.tools.empty() &&
                              (req.messages.empty() || req.messages[0].role != ChatRole::system);
-  if (insert_system) turns.push_back(Turn{ChatRole::system, "", {}, nullptr, true});
+  if (insert_system) turns.push_back(Turn{ChatRole::system, {}, {}, nullptr, true});
   for (const ChatMessage& m : req.messages) {
     if (m.role == ChatRole::tool) {
-      Block b{true, flatten(m), m.tool_call_id};
+      Block b{true, parts_of(m), m.tool_call_id};
       if (!turns.empty() && turns.back().role == ChatRole::user) {
         turns.back().blocks.push_back(std::move(b));
       } else {
-        turns.push_back(Turn{ChatRole::user, "", {std::move(b)}, &m, false});
+        turns.push_back(Turn{ChatRole::user, {}, {std::move(b)}, &m, false});
       }
     } else if (m.role == ChatRole::user) {
       std::vector<Block> blocks;
-      if (m.parts) {
-        for (const ContentPart& p : *m.parts) {
-          blocks.push_back(Block{false, p.kind == ContentPart::Kind::text ? p.text : std::string(tok::image), ""});
-        }
-        if (!v41) blocks = {Block{false, flatten(m), ""}};
+      if (m.parts && v41) {
+        for (const ContentPart& p : *m.parts) blocks.push_back(Block{false, {p}, ""});
       } else {
-        blocks.push_back(Block{false, m.content, ""});
+        blocks.push_back(Block{false, parts_of(m), ""});
       }
       if (!turns.empty() && turns.back().role == ChatRole::user) {
         for (Block& b : blocks) turns.back().blocks.push_back(std::move(b));
       } else {
-        turns.push_back(Turn{ChatRole::user, "", std::move(blocks), &m, false});
+        turns.push_back(Turn{ChatRole::user, {}, std::move(blocks), &m, false});
       }
     } else {
-      turns.push_back(Turn{m.role, flatten(m), {}, &m, false});
+      // V4.1 has no developer role; OpenAI's developer messages are system instructions.
+      const ChatRole role = v41 && m.role == ChatRole::developer ? ChatRole::system : m.role;
+      turns.push_back(Turn{role, parts_of(m), {}, &m, false});
     }
   }
   if (!req.tools.empty()) turns[0].carries_tools = true;
@@ -316,7 +338,7 @@ long last_user_index(ChatFamily family, const std::vector<Turn>& turns) {
 
 }  // namespace
 
-Result<std::string> encode_chat(const ChatRequest& req) {
+Result<EncodedChat> encode_chat_prompt(const ChatRequest& req) {
   const ChatFamily family = req.options.family;
   const bool thinking = req.options.thinking;
   auto effort = resolve_effort(req.options);
@@ -341,63 +363,72 @@ Result<std::string> encode_chat(const ChatRequest& req) {
   }
   const long last_user = last_user_index(family, turns);
 
-  std::string prompt(tok::bos);
+  PromptBuilder prompt(tok::bos);
   for (size_t i = 0; i < turns.size(); ++i) {
     const Turn& t = turns[i];
     if (family == ChatFamily::v4) {
-      if (i == 0 && thinking && *effort == 1) prompt += kReasoningEffortMaxV4;
+      if (i == 0 && thinking && *effort == 1) prompt.markup(kReasoningEffortMaxV4);
     } else {
       const bool effort_text = i == 0 && thinking;
-      if (i == 0 && (effort_text || t.role == ChatRole::system)) prompt += tok::system;
+      if (i == 0 && (effort_text || t.role == ChatRole::system)) prompt.markup(tok::system);
       if (effort_text) {
-        prompt += "Reasoning Effort: " + std::to_string(*effort) +
-                  " (range 1-100, the higher the value, the more thorough the reasoning)\n\n";
+        prompt.markup("Reasoning Effort: " + std::to_string(*effort) +
+                      " (range 1-100, the higher the value, the more thorough the reasoning)\n\n");
       }
     }
     switch (t.role) {
       case ChatRole::system:
-        if (family == ChatFamily::v41 && i > 0) prompt += tok::system;
-        prompt += t.content;
-        if (t.carries_tools) prompt += "\n\n" + render_tools(family, req.tools);
+        if (family == ChatFamily::v41 && i > 0) prompt.markup(tok::system);
+        render_parts(t.content, prompt);
+        if (t.carries_tools) {
+          prompt.markup("\n\n");
+          render_tools(family, req.tools, prompt);
+        }
         break;
       case ChatRole::developer:
-        prompt += tok::user;
-        prompt += t.content;
+        prompt.markup(tok::user);
+        render_parts(t.content, prompt);
         break;
       case ChatRole::user:
       case ChatRole::tool:
-        prompt += tok::user;
+        prompt.markup(tok::user);
         for (size_t k = 0; k < t.blocks.size(); ++k) {
-          if (k) prompt += "\n\n";
+          if (k) prompt.markup("\n\n");
           const Block& b = t.blocks[k];
-          prompt += b.is_tool_result ? "<tool_result>" + b.text + "</tool_result>" : b.text;
+          if (b.is_tool_result) prompt.markup("<tool_result>");
+          render_parts(b.parts, prompt);
+          if (b.is_tool_result) prompt.markup("</tool_result>");
         }
         break;
       case ChatRole::assistant: {
         if (thinking && (!drop || static_cast<long>(i) > last_user)) {
-          prompt += t.src->reasoning_content;
-          prompt += tok::think_close;
+          prompt.client(t.src->reasoning_content);
+          prompt.markup(tok::think_close);
         }
-        prompt += t.content;
+        render_parts(t.content, prompt);
         if (!t.src->tool_calls.empty()) {
           const size_t i_msg = static_cast<size_t>(t.src - req.messages.data());
-          auto calls = render_tool_calls(family, t.src->tool_calls, i_msg);
-          if (!calls.ok()) return calls.error();
-          prompt += *calls;
+          SPW_TRY(render_tool_calls(family, t.src->tool_calls, i_msg, prompt));
         }
-        prompt += tok::eos;
+        prompt.markup(tok::eos);
         break;
       }
     }
     const bool next_is_assistant = i + 1 < turns.size() && turns[i + 1].role == ChatRole::assistant;
     const bool is_last = i + 1 == turns.size();
     if ((is_last || next_is_assistant) && is_user_like(family, turns, i)) {
-      prompt += tok::assistant;
+      prompt.markup(tok::assistant);
       const bool open = thinking && (!drop || static_cast<long>(i) >= last_user);
-      prompt += open ? tok::think_open : tok::think_close;
+      prompt.markup(open ? tok::think_open : tok::think_close);
     }
   }
-  return prompt;
+  return std::move(prompt).take();
+}
+
+Result<std::string> encode_chat(const ChatRequest& req) {
+  auto prompt = encode_chat_prompt(req);
+  if (!prompt.ok()) return prompt.error();
+  return std::move(prompt.value().text);
 }
 
 }  // namespace spw

@@ -7,9 +7,13 @@
 // they ride on message 0, which is a system message (an empty one is inserted if the first message
 // is not a system message).
 //
-// Contract: returns the prompt TEXT with special tokens spelled out (`<｜User｜>`, `<think>`, ...);
-// the tokenizer turns them into ids (encode with parse_special=true). Nothing aborts on user input:
-// every rejection is an Error whose message names the message index, field and value.
+// Contract: returns the prompt TEXT with special tokens spelled out (`<｜User｜>`, `<think>`, ...)
+// and the byte spans of it that hold the client's text: message content, reasoning, tool results,
+// tool schemas, tool-call names and arguments. Tokenize it with
+// Tokenizer::encode_with_plain_spans(text, client_spans): the template's markers become control
+// tokens while marker text inside client content stays ordinary text, so a message cannot forge a
+// turn, a think block or a tool call. Nothing aborts on user input: every rejection is an Error
+// whose message names the message index, field and value.
 //
 // Where we are stricter than the official encoder (it would accept or crash):
 //   - a tool message must answer a tool call of the nearest earlier assistant message with calls;
@@ -23,18 +27,21 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "base/text_span.h"
 
 namespace spw {
 
 enum class ChatFamily { v4, v41 };
 
-// `developer` exists only in V4 (rendered like a user turn); V4.1 rejects it.
+// `developer` is a V4 role (rendered like a user turn); V4.1 has none and renders it as `system`,
+// which is what OpenAI's developer messages are.
 enum class ChatRole { system, developer, user, assistant, tool };
 
 const char* chat_role_name(ChatRole role);
@@ -88,7 +95,28 @@ struct ChatRequest {
   ChatOptions options;
 };
 
-// Builds the prompt text (see the contract above).
+// A prompt and the spans of it that came from the client (sorted, non-overlapping).
+struct EncodedChat {
+  std::string text;
+  std::vector<TextSpan> client_spans;
+};
+
+// Appends template markup and client text to a prompt, recording where client text lies.
+class PromptBuilder {
+ public:
+  explicit PromptBuilder(std::string_view markup = {});
+  void markup(std::string_view s);
+  void client(std::string_view s);
+  EncodedChat take() && { return std::move(prompt_); }
+
+ private:
+  EncodedChat prompt_;
+};
+
+// Builds the prompt (see the contract above).
+Result<EncodedChat> encode_chat_prompt(const ChatRequest& request);
+// The prompt text alone, for trusted input (goldens, calibration data): tokenizing it whole lets
+// marker text in the content act as markers.
 Result<std::string> encode_chat(const ChatRequest& request);
 
 // Reads an OpenAI chat-completions body: messages (role, content as string / null / array of

@@ -3,6 +3,8 @@
 // the HTTP listener, and shuts down gracefully on SIGINT/SIGTERM (exit 0).
 #include <csignal>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <pthread.h>
 #include <thread>
 
@@ -88,7 +90,10 @@ int serve(ServeOptions o) {
     SPW_LOG_WARN("{} has no tokenizer.json: serving token-id prompts only", o.s.model_dir);
 
   const ModelConfig& cfg = (*model)->config();
-  server::ModelInfo info{o.s.served_model_name, cfg.is_v41() ? ChatFamily::v41 : ChatFamily::v4, int32_t(cfg.eos_id)};
+  std::ifstream config_file(o.s.model_dir + "/config.json", std::ios::binary);
+  const std::string config_text((std::istreambuf_iterator<char>(config_file)), std::istreambuf_iterator<char>());
+  server::ModelInfo info{o.s.served_model_name, cfg.is_v41() ? ChatFamily::v41 : ChatFamily::v4, int32_t(cfg.eos_id),
+                         server::make_system_fingerprint(config_text, o.numerics)};
   runtime::Engine engine(**model, o.s.engine);
   server::OpenAiApi api(engine, **text, o.s, info);
   server::HttpServer http(api, engine, o.s);

@@ -71,9 +71,9 @@ ApiResult<OpenAiApi::ChatPrompt> OpenAiApi::chat_prompt(const Json& body, const 
     if (!grammar.ok()) return bad_request("tool_choice " + req.tool_choice + ": " + grammar.error().message, "tools");
     out.grammar = std::make_shared<const ToolCallGrammar>(std::move(grammar.value()));
   }
-  auto prompt = encode_chat(c);
+  auto prompt = encode_chat_prompt(c);
   if (!prompt.ok()) return bad_request(prompt.error().message, "messages");
-  auto ids = text_.encode(prompt.value(), /*parse_special=*/true);
+  auto ids = text_.encode_with_plain_spans(prompt->text, prompt->client_spans);
   if (!ids.ok()) return bad_request(ids.error().message, "messages");
   out.ids = std::move(ids.value());
   return out;
@@ -85,6 +85,7 @@ HttpReply OpenAiApi::chat_completions(const std::string& body, const ClientGone&
   auto parsed = parse_chat_completion_request(j.value);
   if (!parsed.ok) return HttpReply::error(parsed.error);
   const ChatCompletionRequest& req = parsed.value;
+  if (auto e = unknown_model(req.model)) return HttpReply::error(*e);
   if (!text_.has_tokenizer())
     return HttpReply::error(bad_request("chat needs a tokenizer and " + settings_.model_dir +
                                             " has no tokenizer.json; use /v1/completions with token ids",
@@ -124,7 +125,7 @@ HttpReply OpenAiApi::chat_completions(const std::string& body, const ClientGone&
   }
   const bool want_logprobs = req.gen.sampling.top_logprobs >= 0;
   const int64_t created = unix_now();
-  const std::string model = model_.id;
+  const ModelInfo model = model_;
   const Text& text = text_;
 
   if (!req.gen.stream) {

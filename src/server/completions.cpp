@@ -54,6 +54,7 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
   auto parsed = parse_completion_request(j.value);
   if (!parsed.ok) return HttpReply::error(parsed.error);
   const CompletionRequest& req = parsed.value;
+  if (auto e = unknown_model(req.model)) return HttpReply::error(*e);
   auto format = response_format_constraint(req.gen.response_format, text_, model_.eos_id);
   if (!format.ok) return HttpReply::error(format.error);
 
@@ -87,7 +88,7 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
   const bool want_logprobs = req.gen.sampling.top_logprobs >= 0;
   const std::string id = make_request_id("cmpl");
   const int64_t created = unix_now();
-  const std::string model = model_.id;
+  const ModelInfo model = model_;
   const Text& text = text_;
 
   if (!req.gen.stream) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <random>
 
 namespace spw::server {
@@ -55,6 +56,19 @@ Json usage_json(const RunList& runs, size_t runs_per_prompt) {
   u["total_tokens"] = prompt + completion;
   u["prompt_tokens_details"] = Json{{"cached_tokens", cached}};
   return u;
+}
+
+std::string make_system_fingerprint(std::string_view model_config_text, std::string_view numerics) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a: stable across builds and platforms, unlike std::hash
+  auto mix = [&](std::string_view s) {
+    for (const unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+    h = (h ^ 0xff) * 0x100000001b3ull;  // field separator
+  };
+  mix(model_config_text);
+  mix(numerics);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return std::string("spw-") + SPW_VERSION + "-" + std::string(hex, 12);
 }
 
 ApiResult<Json> parse_body(const std::string& body) {
@@ -116,6 +130,13 @@ ApiResult<std::vector<std::shared_ptr<runtime::RequestStream>>> OpenAiApi::submi
   return streams;
 }
 
+std::optional<ApiError> OpenAiApi::unknown_model(const std::string& requested) const {
+  if (requested.empty() || requested == model_.id) return std::nullopt;
+  return ApiError{404, "The model `" + requested + "` does not exist; this server serves `" + model_.id +
+                           "` (GET /v1/models lists it)",
+                  "invalid_request_error", "model", "model_not_found"};
+}
+
 Json OpenAiApi::model_json() const {
   Json m;
   m["id"] = model_.id;
@@ -175,19 +196,20 @@ HttpReply OpenAiApi::detokenize(const std::string& body) const {
   return HttpReply::json(out);
 }
 
-Json completion_envelope(const std::string& id, const char* object, int64_t created, const std::string& model,
+Json completion_envelope(const std::string& id, const char* object, int64_t created, const ModelInfo& model,
                          Json choices) {
   Json c;
   c["id"] = id;
   c["object"] = object;
   c["created"] = created;
-  c["model"] = model;
+  c["model"] = model.id;
+  c["system_fingerprint"] = model.system_fingerprint;
   c["choices"] = std::move(choices);
   return c;
 }
 
 void write_stream_end(const SseWrite& write, const std::string& id, const char* object, int64_t created,
-                      const std::string& model, const RunList& runs, bool include_usage, size_t runs_per_prompt) {
+                      const ModelInfo& model, const RunList& runs, bool include_usage, size_t runs_per_prompt) {
   if (include_usage) {
     Json c = completion_envelope(id, object, created, model, Json::array());
     c["usage"] = usage_json(runs, runs_per_prompt);

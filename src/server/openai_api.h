@@ -4,7 +4,9 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -36,10 +38,16 @@ struct HttpReply {
 };
 
 struct ModelInfo {
-  std::string id;
+  std::string id;  // the served model name; requests naming another model get 404 model_not_found
   ChatFamily family = ChatFamily::v41;
   int32_t eos_id = 1;
+  std::string system_fingerprint;  // see make_system_fingerprint
 };
+
+// "spw-<version>-<12 hex digits>": the digits hash the model's config.json text and the numerics
+// mode, so the fingerprint changes when the build's version, the model or the numerics change,
+// which is what OpenAI's system_fingerprint promises clients.
+std::string make_system_fingerprint(std::string_view model_config_text, std::string_view numerics);
 
 class OpenAiApi {
  public:
@@ -76,6 +84,8 @@ class OpenAiApi {
   };
   Json model_json() const;
   ApiResult<ChatPrompt> chat_prompt(const Json& body, const ChatCompletionRequest& req) const;
+  // A 404 model_not_found for a request whose `model` is neither empty nor the served model id.
+  std::optional<ApiError> unknown_model(const std::string& requested) const;
 
   runtime::Engine& engine_;
   const Text& text_;
@@ -92,12 +102,13 @@ uint64_t choice_seed(uint64_t seed, int i);
 // completion_tokens summed over the choices; prompt_tokens once per prompt, the runs being
 // `runs_per_prompt` choices of each prompt in turn (0: all runs share one prompt).
 Json usage_json(const RunList& runs, size_t runs_per_prompt = 0);
-// {"id", "object", "created", "model", "choices"} — the envelope of every completion response and chunk.
-Json completion_envelope(const std::string& id, const char* object, int64_t created, const std::string& model,
+// {"id", "object", "created", "model", "system_fingerprint", "choices"} — the envelope of every
+// completion response and chunk.
+Json completion_envelope(const std::string& id, const char* object, int64_t created, const ModelInfo& model,
                          Json choices);
 // The end of an SSE stream: the usage chunk (stream_options.include_usage) and `data: [DONE]`.
 void write_stream_end(const SseWrite& write, const std::string& id, const char* object, int64_t created,
-                      const std::string& model, const RunList& runs, bool include_usage, size_t runs_per_prompt = 0);
+                      const ModelInfo& model, const RunList& runs, bool include_usage, size_t runs_per_prompt = 0);
 ApiResult<Json> parse_body(const std::string& body);
 
 }  // namespace spw::server

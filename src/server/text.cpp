@@ -28,6 +28,11 @@ Result<std::vector<int32_t>> Text::encode(std::string_view s, bool parse_special
   return tokenizer_->encode(s, parse_special);
 }
 
+Result<std::vector<int32_t>> Text::encode_with_plain_spans(std::string_view s, std::span<const TextSpan> plain) const {
+  if (!tokenizer_) return make_error(missing_message_);
+  return tokenizer_->encode_with_plain_spans(s, plain);
+}
+
 std::string Text::decode(std::span<const int32_t> ids, bool skip_special) const {
   return tokenizer_ ? tokenizer_->decode(ids, skip_special) : std::string();
 }

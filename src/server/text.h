@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "base/text_span.h"
 
 namespace spw {
 class Tokenizer;
@@ -32,6 +33,8 @@ class Text {
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   Result<std::vector<int32_t>> encode(std::string_view text, bool parse_special) const;
+  // A chat prompt: markers parsed, no added token split out of `plain` (the client's text).
+  Result<std::vector<int32_t>> encode_with_plain_spans(std::string_view text, std::span<const TextSpan> plain) const;
   std::string decode(std::span<const int32_t> ids, bool skip_special) const;
   // One token as a string for logprobs ("token_id:N" without a tokenizer, as vLLM spells it).
   std::string token_text(int32_t id) const;

@@ -37,21 +37,28 @@ int32_t AddedTokenMatcher::child(int32_t node, uint8_t b) const {
   return (it != kids.end() && it->first == b) ? it->second : -1;
 }
 
-void AddedTokenMatcher::split(std::string_view text, bool parse_special,
+void AddedTokenMatcher::split(std::string_view text, bool parse_special, std::span<const TextSpan> plain,
                               const std::function<void(std::string_view)>& on_gap,
                               const std::function<void(int32_t)>& on_token) const {
   size_t start_offset = 0;  // end of the last emitted token
   size_t i = 0;
+  size_t i_plain = 0;  // first plain span that ends after i
   while (i < text.size()) {
+    while (i_plain < plain.size() && plain[i_plain].end <= i) ++i_plain;
+    if (i_plain < plain.size() && plain[i_plain].begin <= i) {
+      i = plain[i_plain].end;  // no token starts inside a plain span
+      continue;
+    }
     if (!first_byte_[static_cast<uint8_t>(text[i])]) {
       ++i;
       continue;
     }
-    // Longest token starting at i.
+    // Longest token starting at i that ends before the next plain span.
+    const size_t limit = i_plain < plain.size() ? plain[i_plain].begin : text.size();
     int32_t node = 0;
     int32_t found = -1;
     size_t found_end = 0;
-    for (size_t k = i; k < text.size(); ++k) {
+    for (size_t k = i; k < limit; ++k) {
       node = child(node, static_cast<uint8_t>(text[k]));
       if (node < 0) break;
       if (nodes_[node].token >= 0) {
@@ -88,10 +95,11 @@ void AddedTokenMatcher::split(std::string_view text, bool parse_special,
         if (!is_white_space(utf8_prev(text, s, &b))) break;
         s = b;
       }
-      start = std::max(s, start_offset);
+      const size_t plain_before = i_plain > 0 ? plain[i_plain - 1].end : 0;
+      start = std::max({s, start_offset, plain_before});
     }
     if (tok.rstrip) {
-      while (stop < text.size()) {
+      while (stop < limit) {
         size_t k = stop;
         if (!is_white_space(utf8_next(text, k))) break;
         stop = k;

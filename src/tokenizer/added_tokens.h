@@ -2,15 +2,19 @@
 // leftmost-longest, non-overlapping scan over all token contents (their Aho-Corasick automaton;
 // here a byte trie walked from each candidate position), then the per-token flags: a special token
 // is skipped when special parsing is off, `single_word` rejects matches touching word characters,
-// `lstrip`/`rstrip` swallow the adjacent Unicode whitespace.
+// `lstrip`/`rstrip` swallow the adjacent Unicode whitespace. Spans of the text can be marked plain:
+// no token is matched there (see Tokenizer::encode_with_plain_spans).
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "base/text_span.h"
 
 namespace spw::tok {
 
@@ -29,8 +33,10 @@ class AddedTokenMatcher {
   bool empty() const { return tokens_.empty(); }
 
   // Split `text` (valid UTF-8) into gaps and added tokens, in order. on_gap gets non-empty text
-  // between tokens; on_token gets the id of each token found.
-  void split(std::string_view text, bool parse_special, const std::function<void(std::string_view)>& on_gap,
+  // between tokens; on_token gets the id of each token found. No match overlaps one of `plain`
+  // (sorted, non-overlapping byte ranges of `text`): their text always lands in a gap.
+  void split(std::string_view text, bool parse_special, std::span<const TextSpan> plain,
+             const std::function<void(std::string_view)>& on_gap,
              const std::function<void(int32_t)>& on_token) const;
 
  private:

@@ -1,6 +1,7 @@
 // Encode: repair UTF-8 -> split out non-normalized added tokens -> normalize the gaps -> split out
 // normalized added tokens -> Split pre-tokenizers (depth first, so no piece list is materialised
 // for the whole text) -> ByteLevel (prefix space, GPT-2 regex) -> cached BPE per pre-token.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -28,30 +29,64 @@ class Encoder {
     sc_.pieces.resize(impl.splits.size() + 1);
   }
 
-  void encode(std::string_view text, bool parse_special) {
+  // `plain`: byte ranges of `text`, sorted and non-overlapping, where no added token is matched.
+  void encode(std::string_view text, bool parse_special, std::span<const TextSpan> plain) {
     impl_.raw_added.split(
-        text, parse_special, [&](std::string_view gap) { normalized_segment(gap, parse_special); },
+        text, parse_special, plain,
+        [&](std::string_view gap) { normalized_segment(gap, parse_special, spans_within(plain, text, gap)); },
         [&](int32_t id) { out_.push_back(id); });
   }
 
  private:
-  void normalized_segment(std::string_view text, bool parse_special) {
-    if (impl_.normalizers.empty()) {
-      added_split(text, parse_special);
-      return;
+  // The spans of `plain` (ranges of `whole`) that meet `part` (a view into `whole`), relative to it.
+  static std::vector<TextSpan> spans_within(std::span<const TextSpan> plain, std::string_view whole,
+                                            std::string_view part) {
+    const size_t begin = static_cast<size_t>(part.data() - whole.data());
+    const size_t end = begin + part.size();
+    std::vector<TextSpan> out;
+    for (const TextSpan& s : plain) {
+      if (s.end <= begin || s.begin >= end) continue;
+      out.push_back({std::max(s.begin, begin) - begin, std::min(s.end, end) - begin});
     }
-    std::string normalized(text);
-    for (const tok::NormalForm f : impl_.normalizers) normalized = tok::normalize(normalized, f);
-    added_split(normalized, parse_special);
+    return out;
   }
 
-  void added_split(std::string_view text, bool parse_special) {
+  void normalized_segment(std::string_view text, bool parse_special, const std::vector<TextSpan>& plain) {
+    if (impl_.normalizers.empty()) {
+      added_split(text, parse_special, plain);
+      return;
+    }
+    auto normalize = [&](std::string_view piece) {
+      std::string n(piece);
+      for (const tok::NormalForm f : impl_.normalizers) n = tok::normalize(n, f);
+      return n;
+    };
+    if (plain.empty()) {
+      added_split(normalize(text), parse_special, plain);
+      return;
+    }
+    // Offsets do not survive normalization, so plain and other runs are normalized one by one.
+    std::string normalized;
+    std::vector<TextSpan> normalized_plain;
+    size_t pos = 0;
+    for (const TextSpan& s : plain) {
+      normalized += normalize(text.substr(pos, s.begin - pos));
+      const size_t begin = normalized.size();
+      normalized += normalize(text.substr(s.begin, s.end - s.begin));
+      normalized_plain.push_back({begin, normalized.size()});
+      pos = s.end;
+    }
+    normalized += normalize(text.substr(pos));
+    added_split(normalized, parse_special, normalized_plain);
+  }
+
+  void added_split(std::string_view text, bool parse_special, std::span<const TextSpan> plain) {
     if (impl_.normalized_added.empty()) {
       pre_tokenize(text, 0);
       return;
     }
     impl_.normalized_added.split(
-        text, parse_special, [&](std::string_view gap) { pre_tokenize(gap, 0); },
+        text, parse_special, plain, [&](std::string_view gap) { pre_tokenize(gap, 0); },
         [&](int32_t id) { out_.push_back(id); });
   }
 
@@ -121,7 +156,30 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
     repaired = tok::utf8_repair(text);
     text = repaired;
   }
-  Encoder(*impl_, out).encode(text, parse_special);
+  Encoder(*impl_, out).encode(text, parse_special, {});
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::encode_with_plain_spans(std::string_view text, std::span<const TextSpan> plain) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 4);
+  if (tok::utf8_is_valid(text)) {
+    Encoder(*impl_, out).encode(text, /*parse_special=*/true, plain);
+    return out;
+  }
+  // Repair run by run so that the spans still mark the same text.
+  std::string repaired;
+  std::vector<TextSpan> repaired_plain;
+  size_t pos = 0;
+  for (const TextSpan& s : plain) {
+    repaired += tok::utf8_repair(text.substr(pos, s.begin - pos));
+    const size_t begin = repaired.size();
+    repaired += tok::utf8_repair(text.substr(s.begin, s.end - s.begin));
+    repaired_plain.push_back({begin, repaired.size()});
+    pos = s.end;
+  }
+  repaired += tok::utf8_repair(text.substr(pos));
+  Encoder(*impl_, out).encode(repaired, /*parse_special=*/true, repaired_plain);
   return out;
 }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "base/text_span.h"
 
 namespace spw {
 
@@ -40,6 +41,13 @@ class Tokenizer {
   // parse_special=false leaves special added tokens (special=true in tokenizer.json) as plain text,
   // like tokenizers' `encode_special_tokens = True`; non-special added tokens are always split out.
   std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
+  // encode(text, true), except inside `plain` (byte ranges of `text`, sorted, non-overlapping):
+  // there no added token is split out, special or not, so their text goes through the normalizer,
+  // pre-tokenizer and BPE like any other text. The chat encoder marks client-supplied content plain
+  // so that text such as "<｜Assistant｜>" in a message cannot forge a turn. Plain text is
+  // pre-tokenized together with its neighbours, so when the spans hold no added-token text (and
+  // the tokenizer has no normalizer) the ids are exactly those of encode(text, true).
+  std::vector<int32_t> encode_with_plain_spans(std::string_view text, std::span<const TextSpan> plain) const;
   // Ids outside [0, vocab_size()) or without a token are skipped, as tokenizers does.
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
   std::optional<int32_t> token_to_id(std::string_view token) const;

@@ -208,7 +208,6 @@ def error_cases(family):
         add("developer_empty", "developer message needs non-empty content",
             messages=[{"role": "developer", "content": ""}, u("x")])
     else:
-        add("developer_v41", "\"developer\" is not supported", messages=[{"role": "developer", "content": "x"}])
         add("placeholder_in_text", "image placeholder", messages=[u("look <｜deepseek_image｜>")])
         add("placeholder_in_reasoning", "image placeholder",
             messages=[u("x"), a("y", reasoning="<｜deepseek_image｜>"), u("z")])

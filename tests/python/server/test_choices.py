@@ -15,23 +15,23 @@ def ids(choice) -> list[int]:
 
 
 def test_completions_n_sampled(client):
-    r = client.completions.create(model="m", prompt=PROMPT, max_tokens=16, n=3, seed=7, **SAMPLED)
+    r = client.completions.create(model="tiny-v41", prompt=PROMPT, max_tokens=16, n=3, seed=7, **SAMPLED)
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert all(len(ids(c)) == 16 and c.finish_reason == "length" for c in r.choices)
     assert len({tuple(ids(c)) for c in r.choices}) == 3  # independent streams
     assert r.usage.completion_tokens == 48
     assert r.usage.total_tokens == r.usage.prompt_tokens + 48
     # Deterministic per seed; choice 0 is exactly the n = 1 request with the same seed.
-    again = client.completions.create(model="m", prompt=PROMPT, max_tokens=16, n=3, seed=7, **SAMPLED)
+    again = client.completions.create(model="tiny-v41", prompt=PROMPT, max_tokens=16, n=3, seed=7, **SAMPLED)
     assert [ids(c) for c in again.choices] == [ids(c) for c in r.choices]
-    one = client.completions.create(model="m", prompt=PROMPT, max_tokens=16, seed=7, **SAMPLED)
+    one = client.completions.create(model="tiny-v41", prompt=PROMPT, max_tokens=16, seed=7, **SAMPLED)
     assert ids(one.choices[0]) == ids(r.choices[0])
-    other = client.completions.create(model="m", prompt=PROMPT, max_tokens=16, n=3, seed=8, **SAMPLED)
+    other = client.completions.create(model="tiny-v41", prompt=PROMPT, max_tokens=16, n=3, seed=8, **SAMPLED)
     assert [ids(c) for c in other.choices] != [ids(c) for c in r.choices]
 
 
 def test_completions_n_greedy_identical(client):
-    r = client.completions.create(model="m", prompt=PROMPT, max_tokens=12, n=2, temperature=0,
+    r = client.completions.create(model="tiny-v41", prompt=PROMPT, max_tokens=12, n=2, temperature=0,
                                   extra_body={"ignore_eos": True})
     assert len(r.choices) == 2
     assert ids(r.choices[0]) == ids(r.choices[1]) and r.choices[0].text == r.choices[1].text
@@ -39,8 +39,8 @@ def test_completions_n_greedy_identical(client):
 
 
 def test_completions_n_streaming_matches(client):
-    ref = client.completions.create(model="m", prompt=PROMPT, max_tokens=10, n=3, seed=3, **SAMPLED)
-    stream = client.completions.create(model="m", prompt=PROMPT, max_tokens=10, n=3, seed=3, stream=True,
+    ref = client.completions.create(model="tiny-v41", prompt=PROMPT, max_tokens=10, n=3, seed=3, **SAMPLED)
+    stream = client.completions.create(model="tiny-v41", prompt=PROMPT, max_tokens=10, n=3, seed=3, stream=True,
                                        stream_options={"include_usage": True}, **SAMPLED)
     got = {0: [], 1: [], 2: []}
     text = {0: "", 1: "", 2: ""}
@@ -62,7 +62,7 @@ def test_completions_n_streaming_matches(client):
 
 
 def test_chat_n(client):
-    kw = dict(model="m", messages=MESSAGES, max_tokens=12, n=2, seed=11, temperature=1.0)
+    kw = dict(model="tiny-v41", messages=MESSAGES, max_tokens=12, n=2, seed=11, temperature=1.0)
     r = client.chat.completions.create(logprobs=True, **kw)
     assert [c.index for c in r.choices] == [0, 1]
     assert all(isinstance(c.message.content, str) for c in r.choices)
@@ -83,7 +83,7 @@ def test_chat_n(client):
     assert [content[0], content[1]] == [c.message.content for c in r.choices]
     assert usage.completion_tokens == r.usage.completion_tokens
     # Greedy n = 2: identical choices.
-    g = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=12, n=2, temperature=0, logprobs=True)
+    g = client.chat.completions.create(model="tiny-v41", messages=MESSAGES, max_tokens=12, n=2, temperature=0, logprobs=True)
     assert g.choices[0].message.content == g.choices[1].message.content
     assert g.usage.completion_tokens == 2 * len(g.choices[0].logprobs.content)
 

@@ -27,7 +27,7 @@ def assert_error(r, status, *, param=None, contains=None):
 def test_auth_failure_401(server):
     bad = openai.OpenAI(base_url=server.base + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as e:
-        bad.completions.create(model="m", prompt="hi", max_tokens=1)
+        bad.completions.create(model="tiny-v41", prompt="hi", max_tokens=1)
     assert e.value.status_code == 401
     r = post(server, "/v1/completions", {"prompt": "hi"}, headers={})
     err = assert_error(r, 401)
@@ -114,12 +114,12 @@ def test_unknown_fields_are_ignored(server):
 
 def test_context_length_exceeded_names_the_limit(server, client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="m", prompt=[5] * 9000, max_tokens=1)
+        client.completions.create(model="tiny-v41", prompt=[5] * 9000, max_tokens=1)
     body = e.value.body
     assert "maximum context length is 8192" in body["message"]
     assert body["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="m", prompt=[5] * 8000, max_tokens=500)
+        client.completions.create(model="tiny-v41", prompt=[5] * 8000, max_tokens=500)
     assert "8192" in e.value.body["message"]
 
 

@@ -30,7 +30,7 @@ def prompts_for_batch(n: int) -> list[list[int]]:
 
 async def stream_ids(client: openai.AsyncOpenAI, prompt, max_tokens: int) -> tuple[list[int], str]:
     ids, finish = [], None
-    stream = await client.completions.create(model="m", prompt=prompt, max_tokens=max_tokens, temperature=0,
+    stream = await client.completions.create(model="tiny-v41", prompt=prompt, max_tokens=max_tokens, temperature=0,
                                              stream=True, extra_body={"ignore_eos": True})
     async for ch in stream:
         if ch.choices:
@@ -151,7 +151,7 @@ def test_tiny_kv_capacity_queues_requests(spillway_bin, model_dir):
         assert [ids for ids, _ in got] == ref
         # A request that can never fit is refused with a message naming the capacity.
         with pytest.raises(openai.BadRequestError) as e:
-            s.client().completions.create(model="m", prompt=[0, 1, 2], max_tokens=100)
+            s.client().completions.create(model="tiny-v41", prompt=[0, 1, 2], max_tokens=100)
         assert "--kv-tokens" in e.value.body["message"]
     finally:
         assert s.stop() == 0
@@ -169,7 +169,7 @@ def test_queue_overflow_gives_503(spillway_bin, model_dir):
                     assert s.wait_metric("spillway_queue_depth", lambda v: v == 1) == 1
                     assert s.metrics()["spillway_running_sequences"] == 1
                     with pytest.raises(openai.InternalServerError) as e:
-                        s.client().completions.create(model="m", prompt=[0, 1], max_tokens=5)
+                        s.client().completions.create(model="tiny-v41", prompt=[0, 1], max_tokens=5)
                     assert e.value.status_code == 503
                     assert e.value.body["code"] == "queue_full" and "--max-queue" in e.value.body["message"]
                     assert e.value.response.headers.get("retry-after") == "1"
