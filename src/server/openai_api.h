@@ -13,6 +13,7 @@
 #include "runtime/scheduler.h"
 #include "server/api_error.h"
 #include "server/generation.h"
+#include "server/request_body.h"
 #include "server/settings.h"
 #include "server/text.h"
 
@@ -89,6 +90,5 @@ Json completion_envelope(const std::string& id, const char* object, int64_t crea
 // The end of an SSE stream: the usage chunk (stream_options.include_usage) and `data: [DONE]`.
 void write_stream_end(const SseWrite& write, const std::string& id, const char* object, int64_t created,
                       const std::string& model, const RunList& runs, bool include_usage);
-ApiResult<Json> parse_body(const std::string& body);
 
 }  // namespace spw::server
