@@ -13,8 +13,9 @@ DEPTH_LIMIT = 64
 POST_ROUTES = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def open_server(spillway_bin, model_dir):
+    # One server per test, so that a crash shows in the test that caused it.
     s = Server(spillway_bin, model_dir, api_key=None)
     yield s
     rc = s.stop()
