@@ -19,9 +19,9 @@ namespace spw {
 struct JsonLimits {
   // Levels of arrays/objects; a scalar at top level is depth 0, `{"a":[1]}` is depth 2. A request's
   // deepest legitimate part is a tool's JSON schema: body → tools[] → tool → function → parameters
-  // is 4 levels and every schema level (properties → name, or items) adds 1 or 2, so 64 leaves room
-  // for a schema about 30 levels deep (OpenAI itself refuses schemas deeper than 10). 64 frames of
-  // the deepest recursive walk (nlohmann's serializer and copy) use a few KB of stack.
+  // reaches level 5 and every schema level (properties → name, or items) adds 1 or 2, so 64 leaves room
+  // for a schema about 30 levels deep, while the recursive walks that remain (nlohmann's copy,
+  // comparison and serializer) stay at most 64 frames deep.
   size_t max_depth = 64;
   // Values of any kind (each scalar, array, object and key counts once). Bounds the DOM: a value is
   // 16 bytes plus its container's share, so 1 Mi values stay under ~64 MB, however the text is
