@@ -23,9 +23,9 @@ struct JsonLimits {
   // for a schema about 30 levels deep, while the recursive walks that remain (nlohmann's copy,
   // comparison and serializer) stay at most 64 frames deep.
   size_t max_depth = 64;
-  // Values of any kind (each scalar, array, object and key counts once). Bounds the DOM: a value is
-  // 16 bytes plus its container's share, so 1 Mi values stay under ~64 MB, however the text is
-  // laid out, while a completions prompt of a million token ids still fits.
+  // Values of any kind (each scalar, array, object and key counts once). Bounds the DOM whatever the
+  // layout of the text: 1 Mi values parsed as empty arrays peak at 74 MB RSS (text included), as
+  // 0s at 40 MB (g++ -O2), while a completions prompt of a million token ids still fits.
   size_t max_values = size_t(1) << 20;
 };
 
