@@ -9,6 +9,7 @@
 #include <map>
 
 #include "chat/dsml.h"
+#include "chat/json_limits.h"
 #include "chat/py_json.h"
 
 namespace spw {
@@ -103,8 +104,12 @@ void render_tools(ChatFamily family, const std::vector<ToolSpec>& tools, PromptB
 Result<ojson> call_arguments(ChatFamily family, const ToolCall& call, size_t i_msg, size_t i_call) {
   ojson fallback = ojson::object();
   fallback["arguments"] = call.arguments;
-  ojson parsed = ojson::parse(call.arguments, nullptr, false);
-  if (parsed.is_discarded()) return fallback;
+  auto bounded = parse_json_bounded(call.arguments);
+  if (!bounded.ok()) {
+    if (!ojson::accept(call.arguments)) return fallback;  // not JSON: rendered as text
+    return make_error("messages[", i_msg, "].tool_calls[", i_call, "].function.arguments ", bounded.error().message);
+  }
+  ojson parsed = std::move(bounded).value();
   if (parsed.is_object()) return parsed;
   if (family == ChatFamily::v4) {
     return make_error("messages[", i_msg, "].tool_calls[", i_call,
@@ -112,8 +117,8 @@ Result<ojson> call_arguments(ChatFamily family, const ToolCall& call, size_t i_m
                       parsed.type_name());
   }
   if (parsed.is_string()) {
-    ojson inner = ojson::parse(parsed.get_ref<const std::string&>(), nullptr, false);
-    if (!inner.is_discarded() && inner.is_object()) return inner;
+    auto inner = parse_json_bounded(parsed.get_ref<const std::string&>());
+    if (inner.ok() && inner->is_object()) return std::move(inner).value();
   }
   return fallback;
 }

@@ -1,5 +1,6 @@
 // OpenAI chat-completions JSON → ChatRequest. Every rejection names the JSON path and value.
 #include "chat/chat_encoding.h"
+#include "chat/json_limits.h"
 #include "chat/py_json.h"
 
 namespace spw {
@@ -107,6 +108,11 @@ Result<ChatRequest> parse_chat_request(const ojson& body, ChatFamily family) {
   ChatRequest req;
   req.options.family = family;
   if (!body.is_object()) return make_error("request: expected a JSON object");
+  // Tools and arguments are copied and dumped by recursive code (nlohmann's copy, the encoder): a
+  // body that did not come through parse_json_bounded is held to the same depth here.
+  if (const size_t max_depth = JsonLimits{}.max_depth; json_depth_exceeds(body, max_depth)) {
+    return make_error("request: nests arrays/objects more than ", max_depth, " levels deep (this server's limit)");
+  }
   if (!body.contains("messages") || !body["messages"].is_array()) {
     return make_error("messages: missing or not an array");
   }

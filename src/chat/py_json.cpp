@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 namespace spw {
 
@@ -77,47 +78,60 @@ std::string py_float_repr(double v) {
   return out;
 }
 
-static void dump(std::string& out, const nlohmann::ordered_json& v) {
-  using T = nlohmann::ordered_json::value_t;
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+void dump_scalar(std::string& out, const ojson& v) {
+  using T = ojson::value_t;
   switch (v.type()) {
-    case T::null: out += "null"; break;
     case T::boolean: out += v.get<bool>() ? "true" : "false"; break;
     case T::number_integer: out += std::to_string(v.get<int64_t>()); break;
     case T::number_unsigned: out += std::to_string(v.get<uint64_t>()); break;
     case T::number_float: out += py_float_repr(v.get<double>()); break;
     case T::string: py_json_append_string(out, v.get_ref<const std::string&>()); break;
-    case T::array: {
-      out.push_back('[');
-      bool first = true;
-      for (const auto& e : v) {
-        if (!first) out += ", ";
-        first = false;
-        dump(out, e);
-      }
-      out.push_back(']');
-      break;
-    }
-    case T::object: {
-      out.push_back('{');
-      bool first = true;
-      for (const auto& [key, e] : v.items()) {
-        if (!first) out += ", ";
-        first = false;
-        py_json_append_string(out, key);
-        out += ": ";
-        dump(out, e);
-      }
-      out.push_back('}');
-      break;
-    }
-    case T::binary:
-    case T::discarded: out += "null"; break;
+    default: out += "null"; break;  // null, binary, discarded
   }
 }
 
-std::string py_json_dumps(const nlohmann::ordered_json& value) {
+// One open array or object: where its iteration stands.
+struct Open {
+  const ojson* container;
+  ojson::const_iterator next;
+};
+
+}  // namespace
+
+// Iterative, so a value of any depth dumps without growing the call stack.
+std::string py_json_dumps(const ojson& value) {
   std::string out;
-  dump(out, value);
+  std::vector<Open> open;
+  const ojson* v = &value;
+  while (true) {
+    if (v) {
+      if (v->is_array() || v->is_object()) {
+        out.push_back(v->is_array() ? '[' : '{');
+        open.push_back({v, v->cbegin()});
+      } else {
+        dump_scalar(out, *v);
+      }
+      v = nullptr;
+    }
+    if (open.empty()) break;
+    Open& top = open.back();
+    if (top.next == top.container->cend()) {
+      out.push_back(top.container->is_array() ? ']' : '}');
+      open.pop_back();
+      continue;
+    }
+    if (top.next != top.container->cbegin()) out += ", ";
+    if (top.container->is_object()) {
+      py_json_append_string(out, top.next.key());
+      out += ": ";
+    }
+    v = &*top.next;
+    ++top.next;
+  }
   return out;
 }
 

@@ -3,7 +3,8 @@
 // (lowercase hex), floats in Python repr form (1.0, 1e-05, 1e+16). DeepSeek's encoders embed tool
 // schemas and non-string tool arguments this way, and their DSML decoder builds arguments this way.
 // Limits: integers beyond 64 bits arrive from nlohmann as doubles, so they print as floats (Python
-// keeps them exact); NaN/Infinity never reach here because nlohmann rejects them on parse.
+// keeps them exact); NaN/Infinity never reach here because nlohmann rejects them on parse. Any depth
+// is safe: the dump is iterative (tests/unit/test_json_limits.cpp dumps 100,000 levels).
 #pragma once
 
 #include <string>

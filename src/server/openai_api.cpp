@@ -71,13 +71,6 @@ std::string make_system_fingerprint(std::string_view model_config_text, std::str
   return std::string("spw-") + SPW_VERSION + "-" + std::string(hex, 12);
 }
 
-ApiResult<Json> parse_body(const std::string& body) {
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return bad_request("the request body is not valid JSON");
-  if (!j.is_object()) return bad_request("the request body must be a JSON object");
-  return j;
-}
-
 OpenAiApi::OpenAiApi(runtime::Engine& engine, const Text& text, const ServerSettings& settings, ModelInfo model)
     : engine_(engine), text_(text), settings_(settings), model_(std::move(model)) {}
 

@@ -15,6 +15,7 @@
 #include "runtime/scheduler.h"
 #include "server/api_error.h"
 #include "server/generation.h"
+#include "server/request_body.h"
 #include "server/settings.h"
 #include "server/text.h"
 
@@ -109,6 +110,5 @@ Json completion_envelope(const std::string& id, const char* object, int64_t crea
 // The end of an SSE stream: the usage chunk (stream_options.include_usage) and `data: [DONE]`.
 void write_stream_end(const SseWrite& write, const std::string& id, const char* object, int64_t created,
                       const ModelInfo& model, const RunList& runs, bool include_usage, size_t runs_per_prompt = 0);
-ApiResult<Json> parse_body(const std::string& body);
 
 }  // namespace spw::server
