@@ -10,24 +10,10 @@ namespace {
 
 constexpr size_t kMaxStopSequences = 16;
 
-std::string type_name(const Json& v) {
-  switch (v.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::boolean: return "a boolean";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "an integer";
-    case Json::value_t::number_float: return "a number";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::array: return "an array";
-    case Json::value_t::object: return "an object";
-    default: return "an unsupported value";
-  }
-}
-
 ApiError invalid(const std::string& path, const std::string& what) { return bad_request(path + ": " + what, path); }
 
 ApiError wrong_type(const std::string& path, const char* expected, const Json& v) {
-  return invalid(path, std::string("must be ") + expected + ", got " + type_name(v));
+  return invalid(path, std::string("must be ") + expected + ", got " + json_type_name(v));
 }
 
 // A member of an object; null reads as absent.

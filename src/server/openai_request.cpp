@@ -11,22 +11,8 @@ constexpr int kMaxTopLogprobs = 20;
 constexpr size_t kMaxStopSequences = 16;
 constexpr size_t kMaxLogitBias = 1024;
 
-std::string type_name(const Json& v) {
-  switch (v.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::boolean: return "a boolean";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "an integer";
-    case Json::value_t::number_float: return "a number";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::array: return "an array";
-    case Json::value_t::object: return "an object";
-    default: return "an unsupported value";
-  }
-}
-
 ApiError wrong_type(const std::string& name, const char* expected, const Json& v) {
-  return bad_request("'" + name + "' must be " + expected + ", got " + type_name(v), name);
+  return bad_request("'" + name + "' must be " + expected + ", got " + json_type_name(v), name);
 }
 
 // Reads optional fields of one object; the first error sticks and later reads return nothing.
