@@ -1,7 +1,9 @@
 """litellm and langchain-openai against a real `spillway serve` on the fixture model: JSON mode,
 structured output (json_schema and function calling) and tools. Both must work offline: litellm
 reads its bundled model cost map (LITELLM_LOCAL_MODEL_COST_MAP) and ships the tiktoken encodings it
-uses, and langchain-openai needs tiktoken only for token counting, which these tests do not use."""
+uses, and langchain-openai needs tiktoken only for token counting, which these tests do not use.
+Every test runs with the HTTP(S) proxy pointed at a closed port (loopback exempt), so a library that
+reaches for the internet fails here instead of passing on a machine that happens to be online."""
 from __future__ import annotations
 
 import json
@@ -15,6 +17,16 @@ import pytest  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def no_internet(monkeypatch):
+    dead = "http://127.0.0.1:9"
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(var, dead)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+
 
 MESSAGES = [{"role": "user", "content": "Name a city."}]
 CITY_SCHEMA = {
