@@ -1,10 +1,12 @@
 // libFuzzer target for StreamParser (src/chat/stream_parser.h). Input: byte 0 = flags (bit 0:
 // thinking), byte 1 = split seed, the rest = generated text. Checks, aborting on violation:
-//   - whole-text, seeded-split and byte-by-byte feeding give identical results;
+//   - whole-text, seeded-split and byte-by-byte feeding give identical results, with whole calls and
+//     with streamed arguments;
 //   - when no tool call was emitted and the text holds neither an end-of-sentence token nor a DSML
 //     block close (an empty block is valid markup and is consumed), no text is lost:
 //     reasoning + "</think>" (if one closed the reasoning) + content == the input text;
-//   - every emitted tool call has arguments shaped "{...}" and ids "call_<index>" in order.
+//   - every emitted tool call, whole or streamed, has arguments shaped "{...}" and ids
+//     "call_<index>" in order.
 // Build and run: fuzz/chat/run.sh [SECONDS].
 #include <cstddef>
 #include <cstdint>
@@ -19,8 +21,10 @@ namespace {
 
 using spw::ParsedCompletion;
 
-ParsedCompletion parse_split(std::string_view text, bool thinking, uint32_t seed, int mode) {
-  spw::StreamParser p(spw::StreamParserOptions{thinking, "call_"});
+ParsedCompletion parse_split(std::string_view text, bool thinking, bool stream_arguments, uint32_t seed, int mode) {
+  spw::StreamParserOptions options{thinking, "call_"};
+  options.stream_arguments = stream_arguments;
+  spw::StreamParser p(options);
   ParsedCompletion out;
   size_t i = 0;
   uint32_t state = seed * 2654435761u + 1;
@@ -64,15 +68,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint32_t seed = data[1];
   const std::string_view text(reinterpret_cast<const char*>(data + 2), size - 2);
 
-  const ParsedCompletion whole = parse_split(text, thinking, seed, 0);
-  if (!same(whole, parse_split(text, thinking, seed, 1))) fail("seeded split differs from whole");
-  if (!same(whole, parse_split(text, thinking, seed, 2))) fail("byte-by-byte differs from whole");
-
-  for (size_t i = 0; i < whole.tool_calls.size(); ++i) {
-    const std::string& args = whole.tool_calls[i].arguments;
-    if (args.size() < 2 || args.front() != '{' || args.back() != '}') fail("arguments not {...}");
-    if (whole.tool_calls[i].id != "call_" + std::to_string(i)) fail("tool call ids out of order");
+  for (const bool stream_arguments : {false, true}) {
+    const ParsedCompletion all = parse_split(text, thinking, stream_arguments, seed, 0);
+    if (!same(all, parse_split(text, thinking, stream_arguments, seed, 1))) fail("seeded split differs from whole");
+    if (!same(all, parse_split(text, thinking, stream_arguments, seed, 2))) fail("byte-by-byte differs from whole");
+    for (size_t i = 0; i < all.tool_calls.size(); ++i) {
+      const std::string& args = all.tool_calls[i].arguments;
+      if (args.size() < 2 || args.front() != '{' || args.back() != '}') fail("arguments not {...}");
+      if (all.tool_calls[i].id != "call_" + std::to_string(i)) fail("tool call ids out of order");
+    }
   }
+  const ParsedCompletion whole = parse_split(text, thinking, false, seed, 0);
   const std::string close_v4 = "</" + std::string(spw::chat_tokens::dsml) + std::string(spw::kDsmlV4.block) + ">";
   const std::string close_v41 = "</" + std::string(spw::chat_tokens::dsml) + std::string(spw::kDsmlV41.block) + ">";
   const bool consumed_markup = text.find(spw::chat_tokens::eos) != std::string_view::npos ||

@@ -10,6 +10,11 @@ namespace spw {
 
 void py_json_append_string(std::string& out, std::string_view s) {
   out.push_back('"');
+  py_json_append_escaped(out, s);
+  out.push_back('"');
+}
+
+void py_json_append_escaped(std::string& out, std::string_view s) {
   for (char c : s) {
     switch (c) {
       case '"': out += "\\\""; break;
@@ -29,7 +34,6 @@ void py_json_append_string(std::string& out, std::string_view s) {
         }
     }
   }
-  out.push_back('"');
 }
 
 // Python's float repr: the shortest round-trip digits, fixed notation when the decimal exponent

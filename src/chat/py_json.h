@@ -15,7 +15,8 @@
 namespace spw {
 
 std::string py_json_dumps(const nlohmann::ordered_json& value);
-void py_json_append_string(std::string& out, std::string_view s);  // quoted and escaped
+void py_json_append_string(std::string& out, std::string_view s);   // quoted and escaped
+void py_json_append_escaped(std::string& out, std::string_view s);  // escaped, without the quotes
 std::string py_float_repr(double v);
 
 }  // namespace spw

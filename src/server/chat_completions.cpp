@@ -31,9 +31,15 @@ Json chat_logprobs(const Text& text, const std::vector<runtime::GeneratedToken>&
   return Json{{"content", content}};
 }
 
+// A whole call (message.tool_calls), or in a stream (with_index) a call's first delta or, without
+// an id, a fragment of its arguments.
 Json tool_call_json(int index, const std::string& id, const std::string& name, const std::string& args, bool with_index) {
   Json c;
   if (with_index) c["index"] = index;
+  if (with_index && id.empty()) {
+    c["function"] = Json{{"arguments", args}};
+    return c;
+  }
   c["id"] = id;
   c["type"] = "function";
   c["function"] = Json{{"name", name}, {"arguments", args}};
@@ -119,6 +125,7 @@ HttpReply OpenAiApi::chat_completions(const std::string& body, const ClientGone&
     StreamParserOptions popts;
     popts.thinking = thinking;
     popts.tool_calls = req.tool_choice != "none";
+    popts.stream_arguments = req.gen.stream;  // a streamed call's arguments arrive as they are generated
     // Unique per request and choice.
     popts.tool_call_id_prefix = "call_" + id.substr(id.size() - 16) + "_" + (i ? std::to_string(i) + "_" : "");
     parsers.push_back(std::make_shared<StreamParser>(popts));
@@ -221,10 +228,7 @@ HttpReply OpenAiApi::chat_completions(const std::string& body, const ClientGone&
           }
           StreamDelta d = parsers[i]->push(step.text);
           if (step.finish_reason) {
-            StreamDelta tail = parsers[i]->finish();
-            d.reasoning_content += tail.reasoning_content;
-            d.content += tail.content;
-            for (auto& c : tail.tool_calls) d.tool_calls.push_back(std::move(c));
+            append_delta(d, parsers[i]->finish());
           }
           if (!d.tool_calls.empty()) any_tool_calls[i] = true;
           if ((!d.empty() || !step.tokens.empty()) && !write(chunk(i, delta_json(d), step.tokens, Json()))) return false;

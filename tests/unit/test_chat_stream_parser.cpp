@@ -1,5 +1,6 @@
 // StreamParser: official parse results for golden assistant turns, split invariance (every
-// two-way split and single bytes), truncation at every prefix, and malformed DSML.
+// two-way split and single bytes), truncation at every prefix, and malformed DSML; each with whole
+// calls and with streamed arguments.
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -41,24 +42,29 @@ std::ostream& operator<<(std::ostream& os, const Outcome& o) {
   return os << "]}";
 }
 
-Outcome parse_pieces(const std::vector<std::string_view>& pieces, bool thinking) {
-  StreamParser p(StreamParserOptions{thinking, "call_"});
+Outcome parse_pieces(const std::vector<std::string_view>& pieces, bool thinking, bool stream_arguments = false) {
+  StreamParserOptions options{thinking, "call_"};
+  options.stream_arguments = stream_arguments;
+  StreamParser p(options);
   Outcome o;
   for (std::string_view s : pieces) append_delta(o.msg, p.push(s));
   append_delta(o.msg, p.finish());
   return o;
 }
 
-Outcome parse_whole(std::string_view text, bool thinking) { return parse_pieces({text}, thinking); }
+Outcome parse_whole(std::string_view text, bool thinking, bool stream_arguments = false) {
+  return parse_pieces({text}, thinking, stream_arguments);
+}
 
-void expect_split_invariant(std::string_view text, bool thinking) {
-  const Outcome whole = parse_whole(text, thinking);
+void expect_split_invariant(std::string_view text, bool thinking, bool stream_arguments = false) {
+  const Outcome whole = parse_whole(text, thinking, stream_arguments);
   for (size_t cut = 0; cut <= text.size(); ++cut) {
-    ASSERT_EQ(parse_pieces({text.substr(0, cut), text.substr(cut)}, thinking), whole) << "cut at " << cut;
+    ASSERT_EQ(parse_pieces({text.substr(0, cut), text.substr(cut)}, thinking, stream_arguments), whole)
+        << "cut at " << cut;
   }
   std::vector<std::string_view> bytes;
   for (size_t i = 0; i < text.size(); ++i) bytes.push_back(text.substr(i, 1));
-  ASSERT_EQ(parse_pieces(bytes, thinking), whole) << "single bytes";
+  ASSERT_EQ(parse_pieces(bytes, thinking, stream_arguments), whole) << "single bytes";
   std::mt19937 rng(1234);
   for (int trial = 0; trial < 20; ++trial) {
     std::vector<std::string_view> pieces;
@@ -67,7 +73,7 @@ void expect_split_invariant(std::string_view text, bool thinking) {
       pieces.push_back(text.substr(i, n));
       i += n;
     }
-    ASSERT_EQ(parse_pieces(pieces, thinking), whole) << "random split " << trial;
+    ASSERT_EQ(parse_pieces(pieces, thinking, stream_arguments), whole) << "random split " << trial;
   }
 }
 
@@ -91,6 +97,9 @@ void check_family(const std::string& family) {
     }
     n_calls += got.msg.tool_calls.size();
     expect_split_invariant(text, thinking);
+    // Well-formed DSML: streamed arguments add up to the same calls.
+    EXPECT_EQ(parse_whole(text, thinking, /*stream_arguments=*/true), got);
+    expect_split_invariant(text, thinking, /*stream_arguments=*/true);
   }
   EXPECT_GT(n_calls, 5u);
 }
@@ -210,6 +219,144 @@ TEST(ChatStreamParser, ReasoningWithoutCloseStaysReasoning) {
   EXPECT_EQ(o.msg.content, "");
   const Outcome chat = parse_whole("</think>x", false);
   EXPECT_EQ(chat.msg.content, "</think>x");
+}
+
+TEST(ChatStreamParser, StreamedArgumentsArriveAsGenerated) {
+  StreamParserOptions options{false, "req7-"};
+  options.stream_arguments = true;
+  StreamParser p(options);
+  StreamDelta d = p.push("Checking.\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get\">\n");
+  EXPECT_EQ(d.content, "Checking.");
+  ASSERT_EQ(d.tool_calls.size(), 1u);  // the header: index, id, name
+  EXPECT_EQ(d.tool_calls[0].index, 0);
+  EXPECT_EQ(d.tool_calls[0].id, "req7-0");
+  EXPECT_EQ(d.tool_calls[0].name, "get");
+  EXPECT_EQ(d.tool_calls[0].arguments, "");
+  d = p.push("<｜DSML｜ parameter name=\"q\" string=\"true\">a \"b");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_TRUE(d.tool_calls[0].is_fragment());
+  EXPECT_EQ(d.tool_calls[0].index, 0);
+  EXPECT_EQ(d.tool_calls[0].arguments, "{\"q\": \"a \\\"b");
+  d = p.push("\"\n</｜DSML｜ par");  // the possible closing tag is held back
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].arguments, "\\\"\\n");
+  d = p.push("ameter>\n<｜DSML｜ parameter name=\"n\" string=\"false\">[1, ");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].arguments, "\", \"n\": [1, ");
+  d = p.push("2]</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].arguments, "2]}");
+  d = p.push("<｜DSML｜ invoke name=\"none\">\n</｜DSML｜ invoke>\n</｜DSML｜ calls><｜end▁of▁sentence｜>");
+  ASSERT_EQ(d.tool_calls.size(), 1u);  // header and arguments of a call that fits one push: one delta
+  EXPECT_EQ(d.tool_calls[0].index, 1);
+  EXPECT_EQ(d.tool_calls[0].id, "req7-1");
+  EXPECT_EQ(d.tool_calls[0].arguments, "{}");
+  EXPECT_TRUE(p.finish().empty());
+}
+
+TEST(ChatStreamParser, StreamedArgumentsHoldBackIncompleteUtf8) {
+  StreamParserOptions options{false, "call_"};
+  options.stream_arguments = true;
+  StreamParser p(options);
+  StreamDelta d = p.push("<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"city\" string=\"true\">");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].arguments, "{\"city\": \"");
+  d = p.push("Orl\xC3");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].arguments, "Orl");
+  d = p.push("\xA9" "ans");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].arguments, "\xC3\xA9" "ans");
+}
+
+// A streamed call cannot be withdrawn: malformed markup after its header closes its arguments and
+// only what follows the last emitted byte becomes content.
+struct StreamedMalformedCase {
+  const char* name;
+  std::string text;
+  std::string content;
+  std::vector<std::string> arguments;  // of each call, in order
+};
+
+TEST(ChatStreamParser, MalformedDsmlWithStreamedArguments) {
+  const std::string open4 = "\n\n<｜DSML｜tool_calls>\n";
+  const std::string invoke_f = "<｜DSML｜invoke name=\"f\">";
+  const std::string call4 = invoke_f + "\n<｜DSML｜parameter name=\"a\" string=\"true\">x</｜DSML｜parameter>\n</｜DSML｜invoke>\n";
+  const std::string close4 = "</｜DSML｜tool_calls>";
+  const std::string param_a1 = "<｜DSML｜parameter name=\"a\" string=\"true\">1</｜DSML｜parameter>";
+  const std::string param_a2 = "<｜DSML｜parameter name=\"a\" string=\"true\">2</｜DSML｜parameter>";
+  const std::vector<StreamedMalformedCase> cases = {
+      {"text_instead_of_invoke", "A" + open4 + "hello", "A" + open4 + "hello", {}},
+      {"invoke_without_name", open4 + "<｜DSML｜invoke>\n</｜DSML｜invoke>\n" + close4,
+       open4 + "<｜DSML｜invoke>\n</｜DSML｜invoke>\n" + close4, {}},
+      {"unterminated_parameter_head", "A" + open4 + invoke_f + "\n<｜DSML｜parameter name=\"a\" string=\"tr",
+       "A\n<｜DSML｜parameter name=\"a\" string=\"tr", {"{}"}},
+      {"bad_string_flag", open4 + invoke_f + "\n<｜DSML｜parameter name=\"a\" string=\"maybe\">x</｜DSML｜parameter>",
+       "\n<｜DSML｜parameter name=\"a\" string=\"maybe\">x</｜DSML｜parameter>", {"{}"}},
+      {"duplicate_parameter", open4 + invoke_f + "\n" + param_a1 + "\n" + param_a2 + "\n</｜DSML｜invoke>\n" + close4,
+       "\n" + param_a2 + "\n</｜DSML｜invoke>\n" + close4, {"{\"a\": \"1\"}"}},
+      {"eos_inside_block", open4 + invoke_f + "<｜end▁of▁sentence｜>tail", "tail", {"{}"}},
+      {"truncated_string_value", open4 + invoke_f + "\n<｜DSML｜parameter name=\"a\" string=\"true\">ab\"c",
+       "", {"{\"a\": \"ab\\\"c\"}"}},
+      {"truncated_raw_value", open4 + invoke_f + "\n<｜DSML｜parameter name=\"n\" string=\"false\">[1, 2",
+       "", {"{\"n\": [1, 2}"}},
+      {"truncated_in_closing_tag", open4 + invoke_f + "\n<｜DSML｜parameter name=\"a\" string=\"true\">x</｜DSML｜para",
+       "</｜DSML｜para", {"{\"a\": \"x\"}"}},
+      {"parameter_close_without_gt",
+       open4 + invoke_f + "\n<｜DSML｜parameter name=\"a\" string=\"true\">x</｜DSML｜parameter\n",
+       "</｜DSML｜parameter\n", {"{\"a\": \"x\"}"}},
+      {"good_call_then_garbage", open4 + call4 + "oops", "\noops", {"{\"a\": \"x\"}"}},
+      {"second_call_cut", open4 + call4 + invoke_f + "\n", "\n", {"{\"a\": \"x\"}", "{}"}},
+      {"value_may_contain_invoke_close",
+       open4 + invoke_f + "\n<｜DSML｜parameter name=\"a\" string=\"true\"></｜DSML｜invoke></｜DSML｜parameter>\n</｜DSML｜invoke>\n" + close4,
+       "", {"{\"a\": \"</｜DSML｜invoke>\"}"}},
+  };
+  for (const StreamedMalformedCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Outcome o = parse_whole(c.text, false, /*stream_arguments=*/true);
+    EXPECT_EQ(o.msg.content, c.content);
+    ASSERT_EQ(o.msg.tool_calls.size(), c.arguments.size());
+    for (size_t i = 0; i < c.arguments.size(); ++i) {
+      EXPECT_EQ(o.msg.tool_calls[i].id, "call_" + std::to_string(i));
+      EXPECT_EQ(o.msg.tool_calls[i].name, "f");
+      EXPECT_EQ(o.msg.tool_calls[i].arguments, c.arguments[i]);
+    }
+    expect_split_invariant(c.text, false, /*stream_arguments=*/true);
+    expect_split_invariant(c.text, true, /*stream_arguments=*/true);
+  }
+}
+
+// Cut anywhere, streamed calls are closed objects; the calls a whole-call parse of the same prefix
+// finds come first, identical; where every value is a string, the arguments are valid JSON.
+TEST(ChatStreamParser, StreamedTruncationClosesArguments) {
+  size_t n_checked = 0;
+  for (const char* family : {"v4", "v41"}) {
+    const ojson doc = load_goldens(family);
+    for (const ojson& c : doc["completions"]) {
+      const std::string text = c["text"].get<std::string>();
+      const bool thinking = c["thinking"].get<bool>();
+      const bool all_strings = text.find("string=\"false\"") == std::string::npos;
+      for (size_t cut = 0; cut <= text.size(); ++cut) {
+        const std::string prefix = text.substr(0, cut);
+        const Outcome streamed = parse_whole(prefix, thinking, /*stream_arguments=*/true);
+        const Outcome whole = parse_whole(prefix, thinking);
+        ASSERT_GE(streamed.msg.tool_calls.size(), whole.msg.tool_calls.size()) << "cut " << cut;
+        for (size_t i = 0; i < streamed.msg.tool_calls.size(); ++i) {
+          const ToolCall& call = streamed.msg.tool_calls[i];
+          ASSERT_TRUE(call.arguments.starts_with("{") && call.arguments.ends_with("}")) << call.arguments;
+          if (i < whole.msg.tool_calls.size()) {
+            ASSERT_EQ(call.arguments, whole.msg.tool_calls[i].arguments) << "cut " << cut;
+            ASSERT_EQ(call.name, whole.msg.tool_calls[i].name);
+          }
+          if (all_strings) {
+            ASSERT_TRUE(nlohmann::json::accept(call.arguments)) << call.arguments << " cut " << cut;
+            ++n_checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(n_checked, 100u);
 }
 
 }  // namespace

@@ -131,6 +131,29 @@ def test_enforced_tool_call_streaming(client, tool_choice, only):
     assert isinstance(content2, str)
 
 
+@pytest.mark.parametrize("tool_choice", ["required", NAMED])
+def test_streamed_arguments_arrive_incrementally(client, tool_choice):
+    """A call's first delta carries its id, type and name; its arguments follow in several deltas
+    as they are generated (id and name not repeated), and add up byte for byte to the arguments of
+    the same greedy request unstreamed."""
+    chunks = list(create(client, stream=True, tool_choice=tool_choice))
+    deltas: dict[int, list] = {}
+    for ch in chunks:
+        for tc in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+            deltas.setdefault(tc.index, []).append(tc)
+    ref = create(client, tool_choice=tool_choice).choices[0].message.tool_calls
+    assert sorted(deltas) == list(range(len(ref)))
+    for i, call in enumerate(ref):
+        first, rest = deltas[i][0], deltas[i][1:]
+        assert first.id.startswith("call_") and first.type == "function"
+        assert first.function.name == call.function.name
+        assert all(d.id is None and d.function.name is None for d in rest)
+        pieces = [d.function.arguments for d in deltas[i] if d.function.arguments]
+        assert "".join(pieces) == call.function.arguments
+        if call.function.name == "get_weather":  # head, value, closing quote, brace at least
+            assert len(pieces) >= 3, pieces
+
+
 def test_sampled_tool_calls_are_valid(client):
     """Sampling (temperature 1, several seeds, n = 2) stays inside the grammar too. With
     parallel_tool_calls off the block holds exactly one call (a random model sampled freely may
