@@ -83,15 +83,15 @@ HttpReply OpenAiApi::messages(const std::string& body, const ClientGone& gone) {
     std::optional<ApiError> failed;
     const bool finished = drive_runs(
         runs,
-        [&](size_t, GenerationRun::Step& step) {
-          if (step.finish_reason && *step.finish_reason == "error") {
-            failed = ApiError{500, step.error, "api_error", "", ""};
+        [&](size_t, GenerationRun::Update& update) {
+          if (update.finish_reason && *update.finish_reason == "error") {
+            failed = ApiError{500, update.error, "api_error", "", ""};
             return false;
           }
-          blocks.push(parser->push(step.text));
-          if (step.finish_reason) {
+          blocks.push(parser->push(update.text));
+          if (update.finish_reason) {
             blocks.push(parser->finish());
-            finish = *step.finish_reason;
+            finish = *update.finish_reason;
           }
           return true;
         },
@@ -120,16 +120,16 @@ HttpReply OpenAiApi::messages(const std::string& body, const ClientGone& gone) {
     bool failed = false;
     const bool finished = drive_runs(
         runs,
-        [&](size_t, GenerationRun::Step& step) {
-          if (step.finish_reason && *step.finish_reason == "error") {
-            event("error", anthropic_error_json({500, step.error, "api_error", "", ""}));
+        [&](size_t, GenerationRun::Update& update) {
+          if (update.finish_reason && *update.finish_reason == "error") {
+            event("error", anthropic_error_json({500, update.error, "api_error", "", ""}));
             failed = true;
             return false;
           }
-          blocks.push(parser->push(step.text));
-          if (step.finish_reason) {
+          blocks.push(parser->push(update.text));
+          if (update.finish_reason) {
             blocks.push(parser->finish());
-            finish = *step.finish_reason;
+            finish = *update.finish_reason;
           }
           return blocks.ok();
         },

@@ -145,17 +145,17 @@ HttpReply OpenAiApi::chat_completions(const std::string& body, const ClientGone&
     std::optional<ApiError> failed;
     const bool finished = drive_runs(
         runs,
-        [&](size_t i, GenerationRun::Step& step) {
+        [&](size_t i, GenerationRun::Update& update) {
           Out& o = outs[i];
-          if (step.finish_reason && *step.finish_reason == "error") {
-            failed = ApiError{500, step.error, "server_error", "", ""};
+          if (update.finish_reason && *update.finish_reason == "error") {
+            failed = ApiError{500, update.error, "server_error", "", ""};
             return false;
           }
-          append_delta(o.msg, parsers[i]->push(step.text));
-          for (auto& t : step.tokens) o.toks.push_back(std::move(t));
-          if (step.finish_reason) {
+          append_delta(o.msg, parsers[i]->push(update.text));
+          for (auto& t : update.tokens) o.toks.push_back(std::move(t));
+          if (update.finish_reason) {
             append_delta(o.msg, parsers[i]->finish());
-            o.finish = final_reason(*step.finish_reason, !o.msg.tool_calls.empty());
+            o.finish = final_reason(*update.finish_reason, !o.msg.tool_calls.empty());
           }
           return true;
         },
@@ -220,20 +220,20 @@ HttpReply OpenAiApi::chat_completions(const std::string& body, const ClientGone&
     bool failed = false;
     const bool finished = drive_runs(
         runs,
-        [&](size_t i, GenerationRun::Step& step) {
-          if (step.finish_reason && *step.finish_reason == "error") {
-            write("data: " + dump_json(error_json({500, step.error, "server_error", "", ""})) + "\n\n");
+        [&](size_t i, GenerationRun::Update& update) {
+          if (update.finish_reason && *update.finish_reason == "error") {
+            write("data: " + dump_json(error_json({500, update.error, "server_error", "", ""})) + "\n\n");
             failed = true;
             return false;
           }
-          StreamDelta d = parsers[i]->push(step.text);
-          if (step.finish_reason) {
+          StreamDelta d = parsers[i]->push(update.text);
+          if (update.finish_reason) {
             append_delta(d, parsers[i]->finish());
           }
           if (!d.tool_calls.empty()) any_tool_calls[i] = true;
-          if ((!d.empty() || !step.tokens.empty()) && !write(chunk(i, delta_json(d), step.tokens, Json()))) return false;
-          return !step.finish_reason ||
-                 write(chunk(i, Json::object(), {}, final_reason(*step.finish_reason, any_tool_calls[i])));
+          if ((!d.empty() || !update.tokens.empty()) && !write(chunk(i, delta_json(d), update.tokens, Json()))) return false;
+          return !update.finish_reason ||
+                 write(chunk(i, Json::object(), {}, final_reason(*update.finish_reason, any_tool_calls[i])));
         },
         [&](bool idle) { return !idle || write(": ping\n\n"); }, kPingEvery);
     if (failed) {

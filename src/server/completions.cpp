@@ -113,22 +113,22 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
     std::optional<ApiError> failed;
     const bool finished = drive_runs(
         runs,
-        [&](size_t i, GenerationRun::Step& step) {
+        [&](size_t i, GenerationRun::Update& update) {
           Out& o = outs[i];
-          if (!scored[i] && (!step.tokens.empty() || step.finish_reason)) {
+          if (!scored[i] && (!update.tokens.empty() || update.finish_reason)) {
             add_prompt_logprobs(i);
             scored[i] = true;
           }
-          o.text += step.text;
-          for (auto& t : step.tokens) {
+          o.text += update.text;
+          for (auto& t : update.tokens) {
             if (want_logprobs) o.lp.add(text, t);
             o.toks.push_back(std::move(t));
           }
-          if (step.finish_reason && *step.finish_reason == "error") {
-            failed = ApiError{500, step.error, "server_error", "", ""};
+          if (update.finish_reason && *update.finish_reason == "error") {
+            failed = ApiError{500, update.error, "server_error", "", ""};
             return false;
           }
-          if (step.finish_reason) o.finish = *step.finish_reason;
+          if (update.finish_reason) o.finish = *update.finish_reason;
           return true;
         },
         [&](bool) { return !(gone && gone()); }, kGonePoll);
@@ -179,15 +179,15 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
     bool failed = false;
     const bool finished = drive_runs(
         runs,
-        [&](size_t i, GenerationRun::Step& step) {
-          if (step.finish_reason && *step.finish_reason == "error") {
-            write("data: " + dump_json(error_json({500, step.error, "server_error", "", ""})) + "\n\n");
+        [&](size_t i, GenerationRun::Update& update) {
+          if (update.finish_reason && *update.finish_reason == "error") {
+            write("data: " + dump_json(error_json({500, update.error, "server_error", "", ""})) + "\n\n");
             failed = true;
             return false;
           }
-          if ((!step.text.empty() || !step.tokens.empty()) && !write(chunk(i, step.text, step.tokens, Json())))
+          if ((!update.text.empty() || !update.tokens.empty()) && !write(chunk(i, update.text, update.tokens, Json())))
             return false;
-          return !step.finish_reason || write(chunk(i, "", {}, *step.finish_reason));
+          return !update.finish_reason || write(chunk(i, "", {}, *update.finish_reason));
         },
         [&](bool idle) { return !idle || write(": ping\n\n"); }, kPingEvery);
     if (failed) {

@@ -46,9 +46,9 @@ GenerationRun::~GenerationRun() {
   if (!finished_) stream_->cancel();
 }
 
-GenerationRun::Step GenerationRun::next(std::chrono::milliseconds timeout) {
-  Step step;
-  if (finished_) return step;
+GenerationRun::Update GenerationRun::next(std::chrono::milliseconds timeout) {
+  Update out;
+  if (finished_) return out;
   runtime::StreamUpdate u = stream_->wait(timeout);
   n_prompt_ = u.n_prompt_tokens;
   n_cached_ = u.n_cached_tokens;
@@ -56,35 +56,35 @@ GenerationRun::Step GenerationRun::next(std::chrono::milliseconds timeout) {
   for (auto& tok : u.tokens) {
     ++n_completion_;
     const int32_t id = tok.id;
-    step.tokens.push_back(std::move(tok));
+    out.tokens.push_back(std::move(tok));
     // A stop token id (EOS included) ends the output without adding its text.
     if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) continue;
-    step.text += stops_.push(decoder_.push(id));
+    out.text += stops_.push(decoder_.push(id));
     if (stops_.stopped()) {
       stream_->cancel();  // the engine frees the sequence before its next step
       finished_ = true;
-      step.finish_reason = "stop";
-      return step;
+      out.finish_reason = "stop";
+      return out;
     }
   }
-  if (u.finish == runtime::FinishReason::none) return step;
+  if (u.finish == runtime::FinishReason::none) return out;
   finished_ = true;
-  step.text += stops_.push(decoder_.flush());
-  step.text += stops_.flush();
+  out.text += stops_.push(decoder_.flush());
+  out.text += stops_.flush();
   switch (u.finish) {
-    case runtime::FinishReason::stop: step.finish_reason = "stop"; break;
-    case runtime::FinishReason::length: step.finish_reason = "length"; break;
+    case runtime::FinishReason::stop: out.finish_reason = "stop"; break;
+    case runtime::FinishReason::length: out.finish_reason = "length"; break;
     case runtime::FinishReason::error:
-      step.finish_reason = "error";
-      step.error = u.error;
+      out.finish_reason = "error";
+      out.error = u.error;
       break;
-    default: step.finish_reason = stops_.stopped() ? "stop" : "abort"; break;
+    default: out.finish_reason = stops_.stopped() ? "stop" : "abort"; break;
   }
-  if (stops_.stopped()) step.finish_reason = "stop";
-  return step;
+  if (stops_.stopped()) out.finish_reason = "stop";
+  return out;
 }
 
-bool drive_runs(const RunList& runs, const std::function<bool(size_t, GenerationRun::Step&)>& on_step,
+bool drive_runs(const RunList& runs, const std::function<bool(size_t, GenerationRun::Update&)>& on_update,
                 const std::function<bool(bool idle)>& on_tick, std::chrono::milliseconds tick) {
   using clock = std::chrono::steady_clock;
   // One run blocks in its stream's wait; several are polled without blocking, then nap briefly.
@@ -101,14 +101,14 @@ bool drive_runs(const RunList& runs, const std::function<bool(size_t, Generation
     bool progress = false;
     for (size_t i = 0; i < runs.size(); ++i) {
       if (done[i]) continue;
-      GenerationRun::Step step = runs[i]->next(wait);
-      if (step.finish_reason) {
+      GenerationRun::Update update = runs[i]->next(wait);
+      if (update.finish_reason) {
         done[i] = true;
         ++n_done;
       }
-      if (step.text.empty() && step.tokens.empty() && !step.finish_reason) continue;
+      if (update.text.empty() && update.tokens.empty() && !update.finish_reason) continue;
       progress = true;
-      if (!on_step(i, step)) return stop();
+      if (!on_update(i, update)) return stop();
     }
     idle = idle && !progress;
     if (n_done < runs.size() && clock::now() - last_tick >= tick) {

@@ -44,14 +44,14 @@ class GenerationRun {
                 int32_t eos_id, bool skip_special);
   ~GenerationRun();  // cancels the request if it is still running (client gone, handler error)
 
-  struct Step {
+  struct Update {
     std::string text;                            // new output text
-    std::vector<runtime::GeneratedToken> tokens; // tokens consumed by this step
-    std::optional<std::string> finish_reason;    // "stop", "length", "abort"; set once, on the last step
+    std::vector<runtime::GeneratedToken> tokens; // tokens consumed since the last update
+    std::optional<std::string> finish_reason;    // "stop", "length", "abort"; set once, on the last update
     std::string error;                           // engine failure (finish_reason "error")
   };
-  // Waits up to `timeout` for progress. Returns an empty Step on timeout.
-  Step next(std::chrono::milliseconds timeout);
+  // Waits up to `timeout` for progress. Returns an empty Update on timeout.
+  Update next(std::chrono::milliseconds timeout);
   void cancel() { stream_->cancel(); }
 
   int n_prompt_tokens() const { return n_prompt_; }
@@ -73,11 +73,11 @@ class GenerationRun {
 };
 
 // Drives the runs of one request's choices (n ≥ 1) from the handler's thread, round-robin:
-// on_step(i, step) for every step of run i that carries text, tokens or the finish, and on_tick(idle)
+// on_update(i, update) for every update of run i that carries text, tokens or the finish, and on_tick(idle)
 // every `tick` (idle: nothing arrived since the last tick). Either callback returning false stops
 // it early (client gone) and cancels every run. Returns true when every run finished.
 using RunList = std::vector<std::shared_ptr<GenerationRun>>;
-bool drive_runs(const RunList& runs, const std::function<bool(size_t, GenerationRun::Step&)>& on_step,
+bool drive_runs(const RunList& runs, const std::function<bool(size_t, GenerationRun::Update&)>& on_update,
                 const std::function<bool(bool idle)>& on_tick, std::chrono::milliseconds tick);
 
 }  // namespace spw::server
