@@ -191,6 +191,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->check(CLI::Range(0.1, 3600.0))
       ->envname("SPILLWAY_HTTP_READ_TIMEOUT")
       ->capture_default_str();
+  cmd->add_option("--http-min-body-rate", s.min_body_rate,
+                  "bytes/s a request body must average once --http-read-timeout has passed (a client that "
+                  "drips its body slower is dropped, freeing its thread); 0: no minimum")
+      ->check(CLI::Range(0.0, 1e12))
+      ->envname("SPILLWAY_HTTP_MIN_BODY_RATE")
+      ->capture_default_str();
   cmd->add_option("--http-write-timeout", s.write_timeout_s,
                   "seconds to wait for a client to take more of a response before dropping it")
       ->check(CLI::Range(0.1, 3600.0))

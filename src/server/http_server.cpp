@@ -276,7 +276,8 @@ void HttpServer::routes() {
 }
 
 bool HttpServer::serve_connection(Connection& conn) {
-  const StreamTimeouts timeouts{int(settings_.read_timeout_s * 1000), int(settings_.write_timeout_s * 1000)};
+  const StreamTimeouts timeouts{int(settings_.read_timeout_s * 1000), int(settings_.write_timeout_s * 1000),
+                                settings_.min_body_rate};
   do {
     ConnectionStream stream(conn, timeouts, loop_->stop_fd());
     conn.close_after_reply = false;

@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -30,8 +31,18 @@ bool ConnectionStream::wait(short events, int timeout_ms) const {
   }
 }
 
+int ConnectionStream::read_wait_ms() const {
+  if (timeouts_.min_body_rate <= 0) return timeouts_.read_ms;
+  using namespace std::chrono;
+  const double earned_s = timeouts_.read_ms / 1000.0 + double(n_socket_bytes_) / timeouts_.min_body_rate;
+  const double left_ms = (earned_s - duration<double>(steady_clock::now() - start_).count()) * 1000.0;
+  return int(std::clamp(left_ms, 0.0, double(timeouts_.read_ms)));
+}
+
 bool ConnectionStream::is_readable() const {
-  return conn_.n_parsed < conn_.received.size() || wait(POLLIN, timeouts_.read_ms);
+  if (conn_.n_parsed < conn_.received.size()) return true;
+  const int wait_ms = read_wait_ms();
+  return wait_ms > 0 && wait(POLLIN, wait_ms);
 }
 
 bool ConnectionStream::is_writable() const { return wait(POLLOUT, timeouts_.write_ms) && !socket_closed(conn_.fd); }
@@ -45,11 +56,14 @@ ssize_t ConnectionStream::read(char* ptr, size_t size) {
       const ssize_t n = recv(conn_.fd, buf, sizeof buf, MSG_DONTWAIT);
       if (n > 0) {
         conn_.received.assign(buf, size_t(n));
+        n_socket_bytes_ += size_t(n);
         break;
       }
       if (n == 0) return 0;
       if (errno == EINTR) continue;
-      if ((errno != EAGAIN && errno != EWOULDBLOCK) || !wait(POLLIN, timeouts_.read_ms)) return -1;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+      const int wait_ms = read_wait_ms();
+      if (wait_ms <= 0 || !wait(POLLIN, wait_ms)) return -1;
     }
   }
   const size_t n = std::min(size, conn_.received.size() - conn_.n_parsed);

@@ -31,6 +31,9 @@ struct Connection {
 struct StreamTimeouts {
   int read_ms = 30000;   // longest wait for the next bytes of a body
   int write_ms = 30000;  // longest wait for the client to take more of a response
+  // Bytes/s a body must average: reading ends (as a timeout) once read_ms plus the time the bytes
+  // read so far earn at this rate have passed since the stream began. 0: no minimum.
+  double min_body_rate = 0;
 };
 
 class ConnectionStream final : public httplib::Stream {
@@ -49,10 +52,14 @@ class ConnectionStream final : public httplib::Stream {
  private:
   // Waits until the socket has `events` or `timeout_ms` passes or the server stops; true for the first.
   bool wait(short events, int timeout_ms) const;
+  // The wait for more body bytes: read_ms, cut short by the minimum body rate (0: none left).
+  int read_wait_ms() const;
 
   Connection& conn_;
   StreamTimeouts timeouts_;
   int stop_fd_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  size_t n_socket_bytes_ = 0;  // read from the socket by this stream (the head came before)
 };
 
 }  // namespace spw::server

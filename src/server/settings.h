@@ -25,6 +25,9 @@ struct ServerSettings {
   double header_timeout_s = 10;   // a request head (line + headers) must arrive whole within this
   double keep_alive_timeout_s = 5;  // an idle kept-alive connection is closed after this
   double read_timeout_s = 30;     // longest wait for the next piece of a request body
+  // A body must keep this average rate (bytes/s) once read_timeout_s has passed: by time t after
+  // its first wait it must have sent (t - read_timeout_s) · rate bytes. 0: no minimum.
+  double min_body_rate = 1024;
   double write_timeout_s = 30;    // longest wait for a client to take the next piece of a response
   double shutdown_grace_s = 30;   // on SIGINT/SIGTERM: time in-flight requests get before cancellation
   runtime::EngineSettings engine;

@@ -1,6 +1,6 @@
 """The HTTP transport under hostile or unusual clients: body limits enforced while a body arrives
 (chunked too) and before it is read, the API key checked before the body, slow-header clients that
-must not starve /health, shutdown whatever clients do, a port already in use, curl's
+must not starve /health, bodies dripped slower than the minimum rate, shutdown whatever clients do, a port already in use, curl's
 `Expect: 100-continue` form bodies, the Bearer scheme in any case, 405 with Allow, /v1/models/{id}.
 Raw sockets where a client library would hide the behaviour."""
 from __future__ import annotations
@@ -154,6 +154,57 @@ def test_health_answers_under_300_slow_header_connections(transport_server):
         t.join()
         for s in slow:
             s.close()
+
+
+def drip_body(server, body: bytes, bytes_per_tick: int, tick_s: float, limit_s: float):
+    """POSTs `body` to /tokenize a few bytes per tick. Returns (status or None if the server closed
+    without a reply, seconds from the head to the reply or close)."""
+    s = connect(server, timeout=limit_s)
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n" % (API_KEY.encode(), len(body)))
+    start = time.time()
+    try:
+        for i in range(0, len(body), bytes_per_tick):
+            s.sendall(body[i:i + bytes_per_tick])
+            time.sleep(tick_s)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    try:
+        status = read_reply(s)[0]
+    except (AssertionError, ConnectionResetError):
+        status = None
+    s.close()
+    return status, time.time() - start
+
+
+def test_bodies_dripped_below_the_minimum_rate_are_dropped(spillway_bin, model_dir):
+    """Four threads (the fewest), four clients dripping bodies at 100 B/s against a 400 B/s minimum
+    after a 1 s read timeout: each is dropped within seconds, and /health answers again; a body at
+    1000 B/s, longer in total than the read timeout, is served."""
+    server = Server(spillway_bin, model_dir, "--http-threads", "4", "--http-read-timeout", "1",
+                    "--http-min-body-rate", "400")
+    try:
+        slow_body = json.dumps({"prompt": "hi"}).encode() + b" " * 5000
+        results = [None] * 4
+
+        def drip(i):
+            results[i] = drip_body(server, slow_body, 10, 0.1, limit_s=20)
+
+        threads = [threading.Thread(target=drip, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for status, seconds in results:
+            assert status in (None, 400, 408), status
+            assert seconds < 4, seconds  # 1 s + bytes/400 overtakes the 100 B/s drip after ~1.3 s
+        assert httpx.get(server.base + "/health", timeout=5).status_code == 200
+
+        body = json.dumps({"prompt": "hello"}).encode() + b" " * 2500
+        status, seconds = drip_body(server, body, 100, 0.1, limit_s=20)
+        assert status == 200 and seconds > 2, (status, seconds)
+    finally:
+        assert server.stop() == 0, "".join(server.log[-30:])
 
 
 def test_sigterm_exits_in_the_grace_period_whatever_clients_do(spillway_bin, model_dir):
