@@ -56,9 +56,25 @@ std::optional<ApiError> read_number(const Json& v, const std::string& path, doub
   return std::nullopt;
 }
 
-const std::string* block_type(const Json& block) {
-  auto it = block.find("type");
-  return it != block.end() && it->is_string() ? &it->get_ref<const std::string&>() : nullptr;
+// A member that is a string, or null.
+const std::string* string_member(const Json& obj, const char* key) {
+  const Json* v = member(obj, key);
+  return v && v->is_string() ? &v->get_ref<const std::string&>() : nullptr;
+}
+
+// A content block: an object with a string "type"; that type.
+ApiResult<std::string> block_type(const Json& block, const std::string& at) {
+  if (!block.is_object()) return wrong_type(at, "an object", block);
+  const std::string* type = string_member(block, "type");
+  if (!type) return invalid(at + ".type", "Field required (a string)");
+  return *type;
+}
+
+// A block's required string field.
+ApiResult<std::string> string_field(const Json& block, const std::string& at, const char* key) {
+  const std::string* v = string_member(block, key);
+  if (!v) return invalid(at + "." + key, "must be a string");
+  return *v;
 }
 
 ApiError unsupported_block(const std::string& path, const std::string& type, const char* where) {
@@ -72,15 +88,13 @@ ApiResult<std::vector<std::string>> texts(const Json& content, const std::string
   if (!content.is_array()) return wrong_type(path, "a string or an array of text blocks", content);
   std::vector<std::string> out;
   for (size_t i = 0; i < content.size(); ++i) {
-    const Json& b = content[i];
     const std::string at = path + "." + std::to_string(i);
-    if (!b.is_object()) return wrong_type(at, "an object", b);
-    const std::string* type = block_type(b);
-    if (!type) return invalid(at + ".type", "Field required (a string)");
-    if (*type != "text") return unsupported_block(at, *type, "here");
-    const Json* text = member(b, "text");
-    if (!text || !text->is_string()) return invalid(at + ".text", "must be a string");
-    out.push_back(text->get<std::string>());
+    auto type = block_type(content[i], at);
+    if (!type.ok) return type.error;
+    if (type.value != "text") return unsupported_block(at, type.value, "here");
+    auto text = string_field(content[i], at, "text");
+    if (!text.ok) return text.error;
+    out.push_back(std::move(text.value));
   }
   return out;
 }
@@ -99,8 +113,8 @@ std::string joined(const std::vector<std::string>& texts) {
 
 // One tool_result block → an OpenAI tool message.
 ApiResult<Json> tool_message(const Json& b, const std::string& at) {
-  const Json* id = member(b, "tool_use_id");
-  if (!id || !id->is_string()) return invalid(at + ".tool_use_id", "must be a string");
+  auto id = string_field(b, at, "tool_use_id");
+  if (!id.ok) return id.error;
   std::string text;
   if (const Json* content = member(b, "content")) {
     auto t = texts(*content, at + ".content");
@@ -111,7 +125,7 @@ ApiResult<Json> tool_message(const Json& b, const std::string& at) {
     if (!e->is_boolean()) return wrong_type(at + ".is_error", "a boolean", *e);
     if (e->get<bool>()) text = "Error: " + text;
   }
-  return Json{{"role", "tool"}, {"tool_call_id", *id}, {"content", text}};
+  return Json{{"role", "tool"}, {"tool_call_id", id.value}, {"content", text}};
 }
 
 // A user turn: its tool results as tool messages, then its text as one user message.
@@ -124,19 +138,18 @@ std::optional<ApiError> user_turn(const Json& content, const std::string& path, 
   for (size_t i = 0; i < content.size(); ++i) {
     const Json& b = content[i];
     const std::string at = path + "." + std::to_string(i);
-    if (!b.is_object()) return wrong_type(at, "an object", b);
-    const std::string* type = block_type(b);
-    if (!type) return invalid(at + ".type", "Field required (a string)");
-    if (*type == "text") {
-      const Json* t = member(b, "text");
-      if (!t || !t->is_string()) return invalid(at + ".text", "must be a string");
-      text.push_back(t->get<std::string>());
-    } else if (*type == "tool_result") {
+    auto type = block_type(b, at);
+    if (!type.ok) return type.error;
+    if (type.value == "text") {
+      auto t = string_field(b, at, "text");
+      if (!t.ok) return t.error;
+      text.push_back(std::move(t.value));
+    } else if (type.value == "tool_result") {
       auto m = tool_message(b, at);
       if (!m.ok) return m.error;
       out.push_back(std::move(m.value));
     } else {
-      return unsupported_block(at, *type, "in user messages");
+      return unsupported_block(at, type.value, "in user messages");
     }
   }
   if (!text.empty()) out.push_back(Json{{"role", "user"}, {"content", text_parts(text)}});
@@ -156,31 +169,30 @@ std::optional<ApiError> assistant_turn(const Json& content, const std::string& p
   for (size_t i = 0; i < content.size(); ++i) {
     const Json& b = content[i];
     const std::string at = path + "." + std::to_string(i);
-    if (!b.is_object()) return wrong_type(at, "an object", b);
-    const std::string* type = block_type(b);
-    if (!type) return invalid(at + ".type", "Field required (a string)");
-    if (*type == "text") {
-      const Json* t = member(b, "text");
-      if (!t || !t->is_string()) return invalid(at + ".text", "must be a string");
-      text.push_back(t->get<std::string>());
-    } else if (*type == "thinking") {
-      const Json* t = member(b, "thinking");
-      if (!t || !t->is_string()) return invalid(at + ".thinking", "must be a string");
-      reasoning += t->get<std::string>();
-    } else if (*type == "redacted_thinking") {
+    auto type = block_type(b, at);
+    if (!type.ok) return type.error;
+    if (type.value == "text") {
+      auto t = string_field(b, at, "text");
+      if (!t.ok) return t.error;
+      text.push_back(std::move(t.value));
+    } else if (type.value == "thinking") {
+      auto t = string_field(b, at, "thinking");
+      if (!t.ok) return t.error;
+      reasoning += t.value;
+    } else if (type.value == "redacted_thinking") {
       continue;
-    } else if (*type == "tool_use") {
-      const Json* id = member(b, "id");
-      const Json* name = member(b, "name");
+    } else if (type.value == "tool_use") {
+      auto id = string_field(b, at, "id");
+      if (!id.ok) return id.error;
+      auto name = string_field(b, at, "name");
+      if (!name.ok) return name.error;
       const Json* input = member(b, "input");
-      if (!id || !id->is_string()) return invalid(at + ".id", "must be a string");
-      if (!name || !name->is_string()) return invalid(at + ".name", "must be a string");
       if (input && !input->is_object()) return wrong_type(at + ".input", "an object", *input);
-      calls.push_back(Json{{"id", *id},
+      calls.push_back(Json{{"id", id.value},
                            {"type", "function"},
-                           {"function", Json{{"name", *name}, {"arguments", input ? *input : Json::object()}}}});
+                           {"function", Json{{"name", name.value}, {"arguments", input ? *input : Json::object()}}}});
     } else {
-      return unsupported_block(at, *type, "in assistant messages");
+      return unsupported_block(at, type.value, "in assistant messages");
     }
   }
   msg["content"] = text.empty() ? Json() : Json(joined(text));
@@ -261,21 +273,22 @@ bool has_tool(const Json& tools, const std::string& name) {
 
 std::optional<ApiError> read_tool_choice(const Json& tc, const Json& tools, ChatCompletionRequest& r) {
   if (!tc.is_object()) return wrong_type("tool_choice", "an object", tc);
-  const std::string* type = block_type(tc);
-  if (!type) return invalid("tool_choice.type", "must be \"auto\", \"any\", \"tool\" or \"none\"");
-  if (*type == "auto" || *type == "none") {
-    r.tool_choice = *type;
-  } else if (*type == "any") {
+  const std::string* type_field = string_member(tc, "type");
+  if (!type_field) return invalid("tool_choice.type", "must be \"auto\", \"any\", \"tool\" or \"none\"");
+  const std::string& type = *type_field;
+  if (type == "auto" || type == "none") {
+    r.tool_choice = type;
+  } else if (type == "any") {
     if (tools.empty()) return invalid("tool_choice", "{\"type\": \"any\"} needs at least one tool in 'tools'");
     r.tool_choice = "required";
-  } else if (*type == "tool") {
-    const Json* name = member(tc, "name");
-    if (!name || !name->is_string()) return invalid("tool_choice.name", "must be a string");
-    if (!has_tool(tools, name->get<std::string>()))
-      return invalid("tool_choice.name", "\"" + name->get<std::string>() + "\" is not among the tools");
-    r.tool_choice = "function:" + name->get<std::string>();
+  } else if (type == "tool") {
+    auto name = string_field(tc, "tool_choice", "name");
+    if (!name.ok) return name.error;
+    if (!has_tool(tools, name.value))
+      return invalid("tool_choice.name", "\"" + name.value + "\" is not among the tools");
+    r.tool_choice = "function:" + name.value;
   } else {
-    return invalid("tool_choice.type", "must be \"auto\", \"any\", \"tool\" or \"none\", got \"" + *type + "\"");
+    return invalid("tool_choice.type", "must be \"auto\", \"any\", \"tool\" or \"none\", got \"" + type + "\"");
   }
   if (const Json* p = member(tc, "disable_parallel_tool_use")) {
     if (!p->is_boolean()) return wrong_type("tool_choice.disable_parallel_tool_use", "a boolean", *p);
@@ -286,7 +299,7 @@ std::optional<ApiError> read_tool_choice(const Json& tc, const Json& tools, Chat
 
 ApiResult<bool> read_thinking(const Json& th) {
   if (!th.is_object()) return wrong_type("thinking", "an object", th);
-  const std::string* type = block_type(th);
+  const std::string* type = string_member(th, "type");
   if (!type) return invalid("thinking.type", "must be \"enabled\" or \"disabled\"");
   if (*type == "disabled") return false;
   if (*type == "adaptive") return true;
