@@ -1,5 +1,5 @@
 // `spillway serve`: the OpenAI-compatible HTTP server (docs/server.md). Reads every setting once
-// (flags, then SPILLWAY_* environment variables), loads the model, starts the engine thread and
+// (flags, then SPILLWAY_* environment variables), loads the model, starts the scheduler thread and
 // the HTTP listener, and shuts down gracefully on SIGINT/SIGTERM (exit 0).
 #include <csignal>
 #include <filesystem>
@@ -29,17 +29,18 @@ struct ServeOptions {
 };
 
 Status validate(const ServeOptions& o) {
-  const auto& e = o.s.engine;
+  const auto& sched = o.s.scheduler;
   if (o.s.port < 0 || o.s.port > 65535) return make_error("--port ", o.s.port, " is not a TCP port");
-  if (e.max_num_seqs < 1) return make_error("--max-num-seqs must be at least 1");
-  if (e.max_batch < 1) return make_error("--max-batch must be at least 1");
-  if (e.kv_tokens < 2) return make_error("--kv-tokens must be at least 2");
-  if (e.max_queue < 0) return make_error("--max-queue must not be negative");
-  if (e.prefill_chunk < e.prefix_block || e.prefill_chunk % e.prefix_block != 0)
-    return make_error("--prefill-chunk ", e.prefill_chunk, " must be a positive multiple of ", e.prefix_block,
+  if (sched.max_num_seqs < 1) return make_error("--max-num-seqs must be at least 1");
+  if (sched.max_batch < 1) return make_error("--max-batch must be at least 1");
+  if (sched.kv_tokens < 2) return make_error("--kv-tokens must be at least 2");
+  if (sched.max_queue < 0) return make_error("--max-queue must not be negative");
+  if (sched.prefill_chunk < sched.prefix_block || sched.prefill_chunk % sched.prefix_block != 0)
+    return make_error("--prefill-chunk ", sched.prefill_chunk, " must be a positive multiple of ", sched.prefix_block,
                       " (the prefix-cache block)");
-  if (e.step_token_budget < e.prefill_chunk)
-    return make_error("--step-token-budget ", e.step_token_budget, " must be at least --prefill-chunk ", e.prefill_chunk);
+  if (sched.step_token_budget < sched.prefill_chunk)
+    return make_error("--step-token-budget ", sched.step_token_budget, " must be at least --prefill-chunk ",
+                      sched.prefill_chunk);
   if (o.s.max_model_len < 2) return make_error("--max-model-len must be at least 2");
   if (o.s.max_tokens_limit < 1) return make_error("--max-tokens-limit must be at least 1");
   if (o.s.max_body_bytes < 1) return make_error("--max-body-bytes must be at least 1");
@@ -67,7 +68,7 @@ int serve(ServeOptions o) {
     SPW_LOG_ERROR("{}", st.error().message);
     return 2;
   }
-  o.s.engine.prefix_cache_nbytes = o.prefix_cache_mb << 20;
+  o.s.scheduler.prefix_cache_nbytes = o.prefix_cache_mb << 20;
   if (o.s.served_model_name.empty())
     o.s.served_model_name = std::filesystem::path(o.s.model_dir).lexically_normal().filename().string();
   if (o.s.served_model_name.empty()) o.s.served_model_name = "spillway";
@@ -94,12 +95,12 @@ int serve(ServeOptions o) {
   const std::string config_text((std::istreambuf_iterator<char>(config_file)), std::istreambuf_iterator<char>());
   server::ModelInfo info{o.s.served_model_name, cfg.is_v41() ? ChatFamily::v41 : ChatFamily::v4, int32_t(cfg.eos_id),
                          server::make_system_fingerprint(config_text, o.numerics)};
-  runtime::Engine engine(**model, o.s.engine);
-  server::OpenAiApi api(engine, **text, o.s, info);
-  server::HttpServer http(api, engine, o.s);
+  runtime::Scheduler scheduler(**model, o.s.scheduler);
+  server::OpenAiApi api(scheduler, **text, o.s, info);
+  server::HttpServer http(api, scheduler, o.s);
   if (auto st = http.bind(); !st.ok()) {
     SPW_LOG_ERROR("{}", st.error().message);
-    engine.stop();
+    scheduler.stop();
     return 1;
   }
   std::thread signal_thread([&] {
@@ -116,7 +117,7 @@ int serve(ServeOptions o) {
     pthread_kill(signal_thread.native_handle(), SIGTERM);
   }
   signal_thread.join();
-  engine.stop();
+  scheduler.stop();
   SPW_LOG_INFO("shut down");
   return served.ok() ? 0 : 1;
 }
@@ -126,7 +127,7 @@ int serve(ServeOptions o) {
 std::function<int()> add_serve_command(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   auto& s = o->s;
-  auto& e = s.engine;
+  auto& sched = s.scheduler;
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/server.md)");
   cmd->add_option("--model,-m", s.model_dir,
                   "model directory (config.json, safetensors, tokenizer.json); default: the bundled demo model")
@@ -139,16 +140,16 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize")
       ->envname("SPILLWAY_API_KEY");
-  cmd->add_option("--max-num-seqs", e.max_num_seqs, "sequences running at once")
+  cmd->add_option("--max-num-seqs", sched.max_num_seqs, "sequences running at once")
       ->envname("SPILLWAY_MAX_NUM_SEQS")
       ->capture_default_str();
-  cmd->add_option("--max-batch", e.max_batch, "sequences in one engine step")
+  cmd->add_option("--max-batch", sched.max_batch, "sequences in one scheduler step")
       ->envname("SPILLWAY_MAX_BATCH")
       ->capture_default_str();
-  cmd->add_option("--kv-tokens", e.kv_tokens, "KV capacity: sum of prompt + max_tokens over running sequences")
+  cmd->add_option("--kv-tokens", sched.kv_tokens, "KV capacity: sum of prompt + max_tokens over running sequences")
       ->envname("SPILLWAY_KV_TOKENS")
       ->capture_default_str();
-  cmd->add_option("--max-queue", e.max_queue, "requests waiting for admission before new ones get 503")
+  cmd->add_option("--max-queue", sched.max_queue, "requests waiting for admission before new ones get 503")
       ->envname("SPILLWAY_MAX_QUEUE")
       ->capture_default_str();
   cmd->add_option("--max-model-len", s.max_model_len, "prompt + completion tokens of one request")
@@ -157,10 +158,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--max-tokens-limit", s.max_tokens_limit, "largest max_tokens accepted; the default when none is sent")
       ->envname("SPILLWAY_MAX_TOKENS_LIMIT")
       ->capture_default_str();
-  cmd->add_option("--prefill-chunk", e.prefill_chunk, "prefill piece size in tokens (multiple of 16)")
+  cmd->add_option("--prefill-chunk", sched.prefill_chunk, "prefill piece size in tokens (multiple of 16)")
       ->envname("SPILLWAY_PREFILL_CHUNK")
       ->capture_default_str();
-  cmd->add_option("--step-token-budget", e.step_token_budget, "tokens per engine step (decodes + prefill pieces)")
+  cmd->add_option("--step-token-budget", sched.step_token_budget,
+                  "tokens per scheduler step (decodes + prefill pieces)")
       ->envname("SPILLWAY_STEP_TOKEN_BUDGET")
       ->capture_default_str();
   cmd->add_option("--prefix-cache-mb", o->prefix_cache_mb, "prefix-cache memory budget in MiB (0 = off)")

@@ -7,8 +7,8 @@
 
 #include "formats/quant.h"
 #include "model/compressor.h"
+#include "model/forward_context.h"
 #include "model/indexer.h"
-#include "model/step.h"
 #include "ops/ref/attention.h"
 #include "ops/ref/hadamard.h"
 #include "ops/ref/linalg.h"
@@ -17,13 +17,13 @@
 namespace spw::detail {
 namespace {
 
-const std::vector<float>& layer_rope(const Step& s, int layer) {
+const std::vector<float>& layer_rope(const ForwardContext& s, int layer) {
   return s.c.layers[layer].compress_ratio == 0 ? s.rope_main : s.rope_compress;
 }
 
 // Fake-quant of a stored window KV row (V4: fp8 block 64 on the non-RoPE channels; V4.1: fp8
 // block 32 on all channels).
-void quantize_window_kv(const Step& s, float* row) {
+void quantize_window_kv(const ForwardContext& s, float* row) {
   if (!s.num.fake_quant) return;
   if (s.c.is_v41()) fake_quant_fp8(row, s.c.d_head, 32);
   else fake_quant_fp8(row, s.c.d_head - s.c.d_rope, 64);
@@ -37,7 +37,7 @@ int latest_kv_source(const ModelConfig& c, int layer) {
 }
 
 // V4: runs the main compressor over the new tokens and appends finished entries.
-void v4_compress(Step& s, int layer, const float* x) {
+void v4_compress(ForwardContext& s, int layer, const float* x) {
   const ModelConfig& c = s.c;
   const LayerWeights& lw = s.w.layers[layer];
   LayerState& ls = s.seq.layers[layer];
@@ -66,7 +66,7 @@ void v4_compress(Step& s, int layer, const float* x) {
 // V4.1 KV source: latents from the compressor (ratio 2 gated, ratio 1 plain), index keys from the
 // pre-RoPE latent, then the stored entry (RoPE at the group start, fp4 with e4m3 scales).
 // Returns the number of new entries.
-int v41_compress(Step& s, int layer, const float* x) {
+int v41_compress(ForwardContext& s, int layer, const float* x) {
   const ModelConfig& c = s.c;
   const LayerWeights& lw = s.w.layers[layer];
   LayerState& ls = s.seq.layers[layer];
@@ -111,7 +111,7 @@ int v41_compress(Step& s, int layer, const float* x) {
 
 }  // namespace
 
-void attention(Step& s, int layer, const float* x, float* out) {
+void attention(ForwardContext& s, int layer, const float* x, float* out) {
   const ModelConfig& c = s.c;
   const LayerWeights& lw = s.w.layers[layer];
   const LayerPlan& plan = c.layers[layer];

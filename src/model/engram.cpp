@@ -4,12 +4,12 @@
 #include <cstring>
 
 #include "formats/quant.h"
-#include "model/step.h"
+#include "model/forward_context.h"
 #include "ops/ref/linalg.h"
 
 namespace spw::detail {
 
-void engram(Step& s, int layer, float* streams) {
+void engram(ForwardContext& s, int layer, float* streams) {
   const ModelConfig& c = s.c;
   const EngramWeights& ew = s.w.layers[layer].engram;
   int slot = 0;

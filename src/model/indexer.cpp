@@ -15,7 +15,7 @@ namespace spw::detail {
 namespace {
 
 // Index queries [n, Hi, Di] and head weights [n, Hi] for the new tokens.
-void index_queries(Step& s, const LayerWeights& lw, const float* x, const float* cq, bool hadamard,
+void index_queries(ForwardContext& s, const LayerWeights& lw, const float* x, const float* cq, bool hadamard,
                    std::vector<float>& qi, std::vector<float>& wts) {
   const ModelConfig& c = s.c;
   const int n = s.n, Hi = c.index_n_heads, Di = c.index_head_dim;
@@ -81,7 +81,7 @@ std::vector<char> select_candidate_blocks(const std::vector<float>& scores, int 
   return mask;
 }
 
-std::vector<std::vector<int32_t>> v4_indexer_select(Step& s, int layer, const float* x, const float* cq) {
+std::vector<std::vector<int32_t>> v4_indexer_select(ForwardContext& s, int layer, const float* x, const float* cq) {
   const ModelConfig& c = s.c;
   const LayerWeights& lw = s.w.layers[layer];
   LayerState& ls = s.seq.layers[layer];
@@ -120,7 +120,7 @@ std::vector<std::vector<int32_t>> v4_indexer_select(Step& s, int layer, const fl
   return out;
 }
 
-std::vector<std::vector<int32_t>> v41_indexer_select(Step& s, int layer, const float* x, const float* cq,
+std::vector<std::vector<int32_t>> v41_indexer_select(ForwardContext& s, int layer, const float* x, const float* cq,
                                                      int produced) {
   const ModelConfig& c = s.c;
   const LayerPlan& plan = c.layers[layer];

@@ -5,18 +5,18 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/step.h"
+#include "model/forward_context.h"
 
 namespace spw::detail {
 
 // V4 CSA layer: runs the indexer's own compressor over the new tokens (appending index keys),
 // then selects the top-index_topk visible entries per token. x [n, d] normed input, cq [n, q_lora].
-std::vector<std::vector<int32_t>> v4_indexer_select(Step& s, int layer, const float* x, const float* cq);
+std::vector<std::vector<int32_t>> v4_indexer_select(ForwardContext& s, int layer, const float* x, const float* cq);
 
 // V4.1 index source (KV source or re-index layer). `produced` = latents this layer produced in
 // this step (decides whether it republishes its index keys, see Numerics::stale_index_k).
 // A candidate source also publishes s.candidates; a re-index layer is masked by them.
-std::vector<std::vector<int32_t>> v41_indexer_select(Step& s, int layer, const float* x, const float* cq,
+std::vector<std::vector<int32_t>> v41_indexer_select(ForwardContext& s, int layer, const float* x, const float* cq,
                                                      int produced);
 
 // select_candidate_blocks for one query: scores [n_entries] (−∞ = invisible), blocks of

@@ -1,16 +1,16 @@
 #include <vector>
 
 #include "formats/quant.h"
-#include "model/step.h"
+#include "model/forward_context.h"
 #include "ops/ref/linalg.h"
 
 namespace spw::detail {
 
-void to_activation(const Step& s, float* x, size_t n) {
+void to_activation(const ForwardContext& s, float* x, size_t n) {
   if (s.num.bf16_activations) ref::round_bf16_inplace(x, n);
 }
 
-void linear(const Step& s, const Linear& l, const float* x, int n_tokens, float* y, bool round_out) {
+void linear(const ForwardContext& s, const Linear& l, const float* x, int n_tokens, float* y, bool round_out) {
   const bool quantized = l.kind == LinearKind::Fp8 || l.kind == LinearKind::Fp4;
   if (quantized && s.num.fake_quant) {
     // [n_tokens, n_in] activation quantized per block of act_block along the row.

@@ -3,14 +3,14 @@
 
 #include <cstring>
 
-#include "model/step.h"
+#include "model/forward_context.h"
 #include "ops/ref/hyper_connection.h"
 #include "ops/ref/linalg.h"
 #include "ops/ref/rope.h"
 
 namespace spw {
 
-using detail::Step;
+using detail::ForwardContext;
 
 struct Model::Impl {
   std::vector<float> rope_main, rope_compress;
@@ -55,7 +55,7 @@ std::vector<ref::HcCoefficients> hc_coefficients(const ModelConfig& c, const HcW
 }
 
 // x[n, d] = norm(Σ_j pre_j X_j) with `pre` per token.
-void collapse_and_norm(Step& s, const float* streams, const std::vector<const std::vector<float>*>& pre,
+void collapse_and_norm(ForwardContext& s, const float* streams, const std::vector<const std::vector<float>*>& pre,
                        const std::vector<float>& norm_w, float* x) {
   const int d = s.c.d_model, hc = s.c.hc_mult;
   for (int i = 0; i < s.n; ++i) ref::hc_collapse(streams + size_t(i) * hc * d, pre[i]->data(), hc, d, x + size_t(i) * d);
@@ -64,7 +64,7 @@ void collapse_and_norm(Step& s, const float* streams, const std::vector<const st
   detail::to_activation(s, x, size_t(s.n) * d);
 }
 
-void expand(Step& s, float* streams, const float* y, const std::vector<ref::HcCoefficients>& co) {
+void expand(ForwardContext& s, float* streams, const float* y, const std::vector<ref::HcCoefficients>& co) {
   const int d = s.c.d_model, hc = s.c.hc_mult;
   for (int i = 0; i < s.n; ++i)
     ref::hc_expand(streams + size_t(i) * hc * d, y + size_t(i) * d, co[i].post.data(), co[i].comb.data(), hc, d);
@@ -82,9 +82,9 @@ Status Model::validate_input(const SequenceState& seq, std::span<const int32_t> 
   return {};
 }
 
-// A step between layers: its context (which refers to the caller's sequence and to the tokens and options
+// A forward between layers: its context (which refers to the caller's sequence and to the tokens and options
 // kept here), the residual streams and V4.1's carried collapse weights.
-struct LayerwiseStep::State {
+struct LayerwiseForward::State {
   State(const Model& m, const std::vector<float>& rope_main, const std::vector<float>& rope_compress,
         const std::vector<ref::EngramHashParams>& engram_params, SequenceState& seq, std::span<const int32_t> toks,
         const ForwardOptions& opts)
@@ -95,7 +95,7 @@ struct LayerwiseStep::State {
 
   std::vector<int32_t> tokens;
   ForwardOptions options;
-  Step s;
+  ForwardContext s;
   std::vector<float> streams;                // [n, hc, d]
   std::vector<ref::HcCoefficients> carried;  // V4.1 single-pass mHC: the previous sublayer's collapse weights
   std::vector<float> x, y;                   // [n, d] sublayer input and output
@@ -103,16 +103,16 @@ struct LayerwiseStep::State {
   int next = 0;
 };
 
-LayerwiseStep::LayerwiseStep(std::unique_ptr<State> state) : state_(std::move(state)) {}
-LayerwiseStep::LayerwiseStep(LayerwiseStep&&) noexcept = default;
-LayerwiseStep& LayerwiseStep::operator=(LayerwiseStep&&) noexcept = default;
-LayerwiseStep::~LayerwiseStep() = default;
-int LayerwiseStep::next_layer() const { return state_->next; }
+LayerwiseForward::LayerwiseForward(std::unique_ptr<State> state) : state_(std::move(state)) {}
+LayerwiseForward::LayerwiseForward(LayerwiseForward&&) noexcept = default;
+LayerwiseForward& LayerwiseForward::operator=(LayerwiseForward&&) noexcept = default;
+LayerwiseForward::~LayerwiseForward() = default;
+int LayerwiseForward::next_layer() const { return state_->next; }
 
-Result<LayerwiseStep> Model::begin_step(SequenceState& seq, std::span<const int32_t> tokens,
-                                        const ForwardOptions& options) const {
+Result<LayerwiseForward> Model::begin_forward(SequenceState& seq, std::span<const int32_t> tokens,
+                                              const ForwardOptions& options) const {
   SPW_TRY(validate_input(seq, tokens));
-  auto st = std::make_unique<LayerwiseStep::State>(*this, impl_->rope_main, impl_->rope_compress,
+  auto st = std::make_unique<LayerwiseForward::State>(*this, impl_->rope_main, impl_->rope_compress,
                                                    impl_->engram_params, seq, tokens, options);
   const ModelConfig& c = config_;
   const int n = st->s.n, d = c.d_model, hc = c.hc_mult;
@@ -130,28 +130,28 @@ Result<LayerwiseStep> Model::begin_step(SequenceState& seq, std::span<const int3
   one_hot[0] = 1.f;
   st->carried.resize(n);
   for (auto& co : st->carried) co.pre = one_hot;
-  return LayerwiseStep(std::move(st));
+  return LayerwiseForward(std::move(st));
 }
 
-Status Model::run_layer(LayerwiseStep& step) const {
-  LayerwiseStep* one = &step;
-  return run_layer_batch(std::span<LayerwiseStep* const>(&one, 1));
+Status Model::run_layer(LayerwiseForward& fwd) const {
+  LayerwiseForward* one = &fwd;
+  return run_layer_batch(std::span<LayerwiseForward* const>(&one, 1));
 }
 
-Status Model::run_layer_batch(std::span<LayerwiseStep* const> steps) const {
+Status Model::run_layer_batch(std::span<LayerwiseForward* const> forwards) const {
   const ModelConfig& c = config_;
-  if (steps.empty()) return {};
-  const int l = steps[0]->state_->next;
-  if (l >= c.n_layers) return make_error("run_layer: the step has run all ", c.n_layers, " layers");
-  for (LayerwiseStep* st : steps)
-    if (st->state_->next != l) return make_error("run_layer_batch: steps at layers ", l, " and ", st->state_->next);
+  if (forwards.empty()) return {};
+  const int l = forwards[0]->state_->next;
+  if (l >= c.n_layers) return make_error("run_layer: the forward has run all ", c.n_layers, " layers");
+  for (LayerwiseForward* f : forwards)
+    if (f->state_->next != l) return make_error("run_layer_batch: forwards at layers ", l, " and ", f->state_->next);
   const LayerWeights& lw = weights_->layers[l];
   if (!lw.loaded()) return make_error("run_layer: layer ", l, "'s weights are not loaded (Model::load_layer)");
 
-  // Up to the FFN input, step by step.
-  for (LayerwiseStep* step : steps) {
-    LayerwiseStep::State& st = *step->state_;
-    Step& s = st.s;
+  // Up to the FFN input, one forward after another.
+  for (LayerwiseForward* fwd : forwards) {
+    LayerwiseForward::State& st = *fwd->state_;
+    ForwardContext& s = st.s;
     std::vector<float>& streams = st.streams;
     const int n = s.n, d = c.d_model;
     st.x.resize(size_t(n) * d);
@@ -180,19 +180,19 @@ Status Model::run_layer_batch(std::span<LayerwiseStep* const> steps) const {
     detail::dump(s, "ffn.in", l, st.x.data(), st.x.size());
   }
 
-  // The MoE of every step at once: each routed expert runs once on all its tokens.
-  std::vector<Step*> ss;
+  // The MoE of every forward at once: each routed expert runs once on all its tokens.
+  std::vector<ForwardContext*> contexts;
   std::vector<const float*> xs;
   std::vector<float*> ys;
-  for (LayerwiseStep* step : steps) {
-    ss.push_back(&step->state_->s);
-    xs.push_back(step->state_->x.data());
-    ys.push_back(step->state_->y.data());
+  for (LayerwiseForward* fwd : forwards) {
+    contexts.push_back(&fwd->state_->s);
+    xs.push_back(fwd->state_->x.data());
+    ys.push_back(fwd->state_->y.data());
   }
-  SPW_TRY(detail::moe_many(ss, l, xs, ys));
+  SPW_TRY(detail::moe_many(contexts, l, xs, ys));
 
-  for (LayerwiseStep* step : steps) {
-    LayerwiseStep::State& st = *step->state_;
+  for (LayerwiseForward* fwd : forwards) {
+    LayerwiseForward::State& st = *fwd->state_;
     detail::dump(st.s, "ffn.out", l, st.y.data(), st.y.size());
     expand(st.s, st.streams.data(), st.y.data(), st.ffn_co);
     if (c.is_v41()) st.carried = std::move(st.ffn_co);
@@ -203,12 +203,13 @@ Status Model::run_layer_batch(std::span<LayerwiseStep* const> steps) const {
   return {};
 }
 
-Result<std::vector<float>> Model::finish_step(LayerwiseStep& step) const {
-  LayerwiseStep::State& st = *step.state_;
+Result<std::vector<float>> Model::finish_forward(LayerwiseForward& fwd) const {
+  LayerwiseForward::State& st = *fwd.state_;
   const ModelConfig& c = config_;
   const ModelWeights& w = *weights_;
-  if (st.next != c.n_layers) return make_error("finish_step: the step has run ", st.next, " of ", c.n_layers, " layers");
-  Step& s = st.s;
+  if (st.next != c.n_layers)
+    return make_error("finish_forward: the forward has run ", st.next, " of ", c.n_layers, " layers");
+  ForwardContext& s = st.s;
   const int n = s.n, d = c.d_model, hc = c.hc_mult;
   const size_t hc_d = size_t(hc) * d;
 
@@ -247,10 +248,10 @@ Result<std::vector<float>> Model::finish_step(LayerwiseStep& step) const {
 
 Result<std::vector<float>> Model::forward(SequenceState& seq, std::span<const int32_t> tokens,
                                           const ForwardOptions& options) const {
-  auto step = begin_step(seq, tokens, options);
-  if (!step.ok()) return step.error();
-  for (int l = 0; l < config_.n_layers; ++l) SPW_TRY(run_layer(*step));
-  return finish_step(*step);
+  auto fwd = begin_forward(seq, tokens, options);
+  if (!fwd.ok()) return fwd.error();
+  for (int l = 0; l < config_.n_layers; ++l) SPW_TRY(run_layer(*fwd));
+  return finish_forward(*fwd);
 }
 
 Status Model::load_layer(int layer, const LoadOptions& options) {
@@ -272,19 +273,19 @@ Result<std::vector<std::vector<float>>> Model::forward_batch(std::span<SequenceS
   }
   // Layer by layer over all the sequences, so each layer's MoE runs once for every sequence's tokens (each routed
   // expert reads its weights once per step instead of once per sequence); per sequence this is exactly forward().
-  std::vector<LayerwiseStep> steps;
-  steps.reserve(seqs.size());
+  std::vector<LayerwiseForward> forwards;
+  forwards.reserve(seqs.size());
   for (size_t i = 0; i < seqs.size(); ++i) {
-    auto st = begin_step(*seqs[i], tokens[i], options);
-    if (!st.ok()) return make_error("sequence ", i, ": ", st.error().message);
-    steps.push_back(std::move(st.value()));
+    auto fwd = begin_forward(*seqs[i], tokens[i], options);
+    if (!fwd.ok()) return make_error("sequence ", i, ": ", fwd.error().message);
+    forwards.push_back(std::move(fwd.value()));
   }
-  std::vector<LayerwiseStep*> all;
-  for (auto& st : steps) all.push_back(&st);
+  std::vector<LayerwiseForward*> all;
+  for (auto& fwd : forwards) all.push_back(&fwd);
   for (int l = 0; l < config_.n_layers; ++l) SPW_TRY(run_layer_batch(all));
   std::vector<std::vector<float>> out;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    auto r = finish_step(steps[i]);
+  for (size_t i = 0; i < forwards.size(); ++i) {
+    auto r = finish_forward(forwards[i]);
     if (!r.ok()) return make_error("sequence ", i, ": ", r.error().message);
     out.push_back(std::move(r.value()));
   }

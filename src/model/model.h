@@ -71,21 +71,21 @@ struct ForwardOptions {
   std::function<void(const char* name, int layer, std::vector<float>& values)> replace_intermediate;
 };
 
-// One forward step of one sequence that the caller advances a layer at a time: Model::begin_step, then
-// Model::run_layer once per layer in order, then Model::finish_step. Model::forward is exactly these calls.
+// One forward pass of one sequence that the caller advances a layer at a time: Model::begin_forward, then
+// Model::run_layer once per layer in order, then Model::finish_forward. Model::forward is exactly these calls.
 // Callers that hold one layer's weights at a time (the streamed calibration, quantize/calibration.cpp) run many
-// sequences' steps layer by layer. The step refers to its SequenceState, which must outlive it.
-class LayerwiseStep {
+// sequences' forwards layer by layer. A forward refers to its SequenceState, which must outlive it.
+class LayerwiseForward {
  public:
-  LayerwiseStep(LayerwiseStep&&) noexcept;
-  LayerwiseStep& operator=(LayerwiseStep&&) noexcept;
-  ~LayerwiseStep();
+  LayerwiseForward(LayerwiseForward&&) noexcept;
+  LayerwiseForward& operator=(LayerwiseForward&&) noexcept;
+  ~LayerwiseForward();
   int next_layer() const;
 
  private:
   friend class Model;
   struct State;
-  explicit LayerwiseStep(std::unique_ptr<State> state);
+  explicit LayerwiseForward(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
 
@@ -107,16 +107,17 @@ class Model {
   Result<std::vector<float>> forward(SequenceState& seq, std::span<const int32_t> tokens,
                                      const ForwardOptions& options = {}) const;
 
-  // forward() in three parts (LayerwiseStep). begin_step validates like forward and embeds; run_layer runs the
-  // step's next layer (error: its weights are not loaded); finish_step, after the last layer, applies the head,
-  // commits the sequence's position and returns what forward would.
-  Result<LayerwiseStep> begin_step(SequenceState& seq, std::span<const int32_t> tokens,
-                                   const ForwardOptions& options = {}) const;
-  Status run_layer(LayerwiseStep& step) const;
-  // run_layer for several steps at the same layer, their MoE together: each routed expert runs once on the tokens
-  // of all of them (and, without values loaded, is dequantized once). Each step's result is what run_layer gives.
-  Status run_layer_batch(std::span<LayerwiseStep* const> steps) const;
-  Result<std::vector<float>> finish_step(LayerwiseStep& step) const;
+  // forward() in three parts (LayerwiseForward). begin_forward validates like forward and embeds; run_layer runs
+  // the forward's next layer (error: its weights are not loaded); finish_forward, after the last layer, applies the
+  // head, commits the sequence's position and returns what forward would.
+  Result<LayerwiseForward> begin_forward(SequenceState& seq, std::span<const int32_t> tokens,
+                                         const ForwardOptions& options = {}) const;
+  Status run_layer(LayerwiseForward& fwd) const;
+  // run_layer for several forwards at the same layer, their MoE together: each routed expert runs once on the
+  // tokens of all of them (and, without values loaded, is dequantized once). Each forward's result is what
+  // run_layer gives.
+  Status run_layer_batch(std::span<LayerwiseForward* const> forwards) const;
+  Result<std::vector<float>> finish_forward(LayerwiseForward& fwd) const;
 
   // Layer weights for a model loaded with LoadOptions::layer_weights = false (or to free memory): load_layer
   // reads and checks layer `layer` from the checkpoint, drop_layer frees it.

@@ -6,7 +6,7 @@
 
 #include "base/thread_pool.h"
 #include "formats/quant.h"
-#include "model/step.h"
+#include "model/forward_context.h"
 #include "ops/ref/linalg.h"
 #include "ops/ref/moe.h"
 #include "ops/ref/topk.h"
@@ -19,7 +19,7 @@ struct Routing {
   std::vector<float> weights;    // [n, top_k]
 };
 
-Routing route(const Step& s, const LayerWeights& lw, bool hash_routed, const float* x) {
+Routing route(const ForwardContext& s, const LayerWeights& lw, bool hash_routed, const float* x) {
   const ModelConfig& c = s.c;
   const int n = s.n, E = c.n_experts, K = c.top_k;
   std::vector<float> logits(size_t(n) * E), scores(size_t(n) * E), biased(E);
@@ -46,8 +46,8 @@ Routing route(const Step& s, const LayerWeights& lw, bool hash_routed, const flo
 // One expert on the tokens routed to it: w2 · (silu(min(w1·x, L)) · clamp(w3·x, ±L) · weight).
 // The reference's Expert.forward: gate and up are bf16 linear outputs widened to f32, the hidden
 // is rounded to bf16 before the down projection, whose bf16 output the caller accumulates in f32.
-void run_expert(const Step& s, const Expert& e, const std::vector<float>& xs, const std::vector<float>& weights,
-                float limit, std::vector<float>& ys) {
+void run_expert(const ForwardContext& s, const Expert& e, const std::vector<float>& xs,
+                const std::vector<float>& weights, float limit, std::vector<float>& ys) {
   const int m = int(weights.size()), F = e.w1.n_out, d = e.w2.n_out;
   std::vector<float> g(size_t(m) * F), u(size_t(m) * F), h(size_t(m) * F);
   linear(s, e.w1, xs.data(), m, g.data());
@@ -61,18 +61,18 @@ void run_expert(const Step& s, const Expert& e, const std::vector<float>& xs, co
 
 }  // namespace
 
-Status moe_many(std::span<Step* const> steps, int layer, std::span<const float* const> x,
+Status moe_many(std::span<ForwardContext* const> contexts, int layer, std::span<const float* const> x,
                 std::span<float* const> out) {
-  const Step& s0 = *steps[0];
+  const ForwardContext& s0 = *contexts[0];
   const ModelConfig& c = s0.c;
   const LayerWeights& lw = s0.w.layers[layer];
   const int d = c.d_model, K = c.top_k, E = c.n_experts;
-  const size_t n_steps = steps.size();
+  const size_t n_contexts = contexts.size();
 
-  // Router, per step: [n, top_k] experts and weights.
-  std::vector<Routing> routing(n_steps);
-  for (size_t i = 0; i < n_steps; ++i) {
-    const Step& s = *steps[i];
+  // Router, per context: [n, top_k] experts and weights.
+  std::vector<Routing> routing(n_contexts);
+  for (size_t i = 0; i < n_contexts; ++i) {
+    const ForwardContext& s = *contexts[i];
     routing[i] = route(s, lw, c.layers[layer].hash_routed, x[i]);
     if (s.options && s.options->on_intermediate) {
       const std::vector<float> ids(routing[i].experts.begin(), routing[i].experts.end());
@@ -81,23 +81,23 @@ Status moe_many(std::span<Step* const> steps, int layer, std::span<const float* 
     }
   }
 
-  // Dispatch: each expert's (step, token, weight), steps then tokens in order.
+  // Dispatch: each expert's (context, token, weight), contexts then tokens in order.
   struct Slot {
-    size_t step;
+    size_t context;
     int token;
     float weight;
   };
   std::vector<std::vector<Slot>> slots(E);
-  std::vector<std::vector<float>> acc(n_steps);
-  for (size_t i = 0; i < n_steps; ++i) {
-    const int n = steps[i]->n;
+  std::vector<std::vector<float>> acc(n_contexts);
+  for (size_t i = 0; i < n_contexts; ++i) {
+    const int n = contexts[i]->n;
     acc[i].assign(size_t(n) * d, 0.f);
     for (int t = 0; t < n; ++t)
       for (int k = 0; k < K; ++k)
         slots[routing[i].experts[size_t(t) * K + k]].push_back({i, t, routing[i].weights[size_t(t) * K + k]});
   }
 
-  // Experts in index order, so every token sums its experts' outputs in the order one step alone would (f32
+  // Experts in index order, so every token sums its experts' outputs in the order one context alone would (f32
   // accumulation). A layer loaded without routed-expert values (LoadOptions::routed_expert_values) has each used
   // expert dequantized from the checkpoint, a pool's worth at a time in parallel, and freed after use.
   const size_t batch = global_pool().size();
@@ -125,20 +125,20 @@ Status moe_many(std::span<Step* const> steps, int layer, std::span<const float* 
       weights.resize(slots[e].size());
       for (size_t j = 0; j < slots[e].size(); ++j) {
         const Slot& sl = slots[e][j];
-        std::memcpy(xs.data() + j * d, x[sl.step] + size_t(sl.token) * d, sizeof(float) * d);
+        std::memcpy(xs.data() + j * d, x[sl.context] + size_t(sl.token) * d, sizeof(float) * d);
         weights[j] = sl.weight;
       }
       run_expert(s0, ex, xs, weights, c.swiglu_limit, ys);
       for (size_t j = 0; j < slots[e].size(); ++j) {
-        float* a = acc[slots[e][j].step].data() + size_t(slots[e][j].token) * d;
+        float* a = acc[slots[e][j].context].data() + size_t(slots[e][j].token) * d;
         for (int k = 0; k < d; ++k) a[k] += ys[j * d + k];
       }
     }
   }
 
   // Shared expert: clamped in V4.1 only.
-  for (size_t i = 0; i < n_steps; ++i) {
-    Step& s = *steps[i];
+  for (size_t i = 0; i < n_contexts; ++i) {
+    ForwardContext& s = *contexts[i];
     const int n = s.n;
     std::vector<float> xall(x[i], x[i] + size_t(n) * d), ones(n, 1.0f), shared;
     run_expert(s, lw.shared, xall, ones, c.is_v41() ? c.swiglu_limit : 0.f, shared);

@@ -318,21 +318,21 @@ Status collect_hessians(const std::string& model_dir, const CalibrationRows& row
     if (opt.layers[i] < 0 || opt.layers[i] >= c.n_layers || (i > 0 && opt.layers[i] <= opt.layers[i - 1]))
       return make_error("calibration layers must ascend within 0..", c.n_layers - 1, " (got ", opt.layers[i], ")");
 
-  // Every row's step, begun; the one layer being collected records its rows' FFN inputs.
+  // Every row's forward, begun; the one layer being collected records its rows' FFN inputs.
   const size_t n_rows = rows.rows.size();
   std::vector<SequenceState> seqs(n_rows, model.new_sequence());
   std::vector<std::vector<float>> inputs(n_rows);
   int collecting = -1;
-  std::vector<LayerwiseStep> steps;
-  steps.reserve(n_rows);
+  std::vector<LayerwiseForward> forwards;
+  forwards.reserve(n_rows);
   for (size_t r = 0; r < n_rows; ++r) {
     ForwardOptions fo;
     fo.on_intermediate = [&inputs, &collecting, r](const char* name, int layer, const float* data, size_t count) {
       if (layer == collecting && std::strcmp(name, "ffn.in") == 0) inputs[r].assign(data, data + count);
     };
-    auto step = model.begin_step(seqs[r], rows.rows[r], fo);
-    if (!step.ok()) return step.error();
-    steps.push_back(std::move(step.value()));
+    auto fwd = model.begin_forward(seqs[r], rows.rows[r], fo);
+    if (!fwd.ok()) return fwd.error();
+    forwards.push_back(std::move(fwd.value()));
   }
 
   const int last = opt.layers.back();
@@ -343,8 +343,8 @@ Status collect_hessians(const std::string& model_dir, const CalibrationRows& row
   // Routed experts are dequantized when used (by the batched MoE, then by the Hessians), never a whole layer's at once.
   LoadOptions layer_options;
   layer_options.routed_expert_values = false;
-  std::vector<LayerwiseStep*> batch;
-  for (auto& st : steps) batch.push_back(&st);
+  std::vector<LayerwiseForward*> batch;
+  for (auto& fwd : forwards) batch.push_back(&fwd);
   for (int l = 0; l <= last; ++l) {
     SPW_TRY(model.load_layer(l, layer_options));
     const bool collect = opt.layers[next_collect] == l;
@@ -355,7 +355,7 @@ Status collect_hessians(const std::string& model_dir, const CalibrationRows& row
       int64_t tokens = 0;
       while (r1 < n_rows && (r1 == r0 || tokens + int64_t(rows.rows[r1].size()) <= kBatchTokens))
         tokens += int64_t(rows.rows[r1++].size());
-      SPW_TRY(model.run_layer_batch(std::span<LayerwiseStep* const>(batch.data() + r0, r1 - r0)));
+      SPW_TRY(model.run_layer_batch(std::span<LayerwiseForward* const>(batch.data() + r0, r1 - r0)));
       done += tokens;
       if (opt.on_progress) opt.on_progress(done, total);
       r0 = r1;

@@ -1,6 +1,6 @@
 // A per-sequence restriction on the next token (grammar-constrained decoding), applied by the
 // Sampler before it draws: the sampled token and the reported logprobs both come from the masked
-// distribution. The engine thread alone calls it, once per generated token, in the order
+// distribution. The scheduler thread alone calls it, once per generated token, in the order
 // mask → (draw) → accept. Implementations live above the runtime (src/server/grammar_constraint.h).
 #pragma once
 

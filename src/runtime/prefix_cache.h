@@ -5,7 +5,7 @@
 // wrong state. SequenceState is a complete value (window rings, compressor partial groups,
 // compressed caches, Engram history), so a snapshot is exact at any token boundary, including
 // in the middle of a V4.1 compressor group. Lookups return the longest cached prefix; eviction is
-// least-recently-used under a byte budget. Engine-thread only (not thread-safe).
+// least-recently-used under a byte budget. Scheduler-thread only (not thread-safe).
 #pragma once
 
 #include <cstdint>

@@ -39,7 +39,7 @@ struct GenerationRequest {
   // the model for logits at every prompt position, so only requests that want it pay for it.
   bool prompt_logprobs = false;
   // Optional: restricts every sampled token (tool_choice "required" / a named function). Owned by
-  // this one request; the engine thread calls it.
+  // this one request; the scheduler thread calls it.
   std::shared_ptr<LogitsConstraint> constraint;
 };
 
@@ -59,7 +59,7 @@ enum class FinishReason {
   stop,       // EOS or a stop token id
   length,     // max_tokens or the context limit
   cancelled,  // the client went away or the server is shutting down
-  error,      // the engine failed; message says why
+  error,      // the scheduler's forward failed; message says why
 };
 
 const char* to_string(FinishReason reason);

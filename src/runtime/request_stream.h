@@ -1,6 +1,6 @@
-// The hand-off between one HTTP handler thread and the engine thread for one request.
-// The engine pushes tokens and a finish; the handler drains them (blocking with a timeout) and
-// may cancel at any time. Cancellation is a flag the engine reads before every step, so a
+// The hand-off between one HTTP handler thread and the scheduler thread for one request.
+// The scheduler pushes tokens and a finish; the handler drains them (blocking with a timeout) and
+// may cancel at any time. Cancellation is a flag the scheduler reads before every step, so a
 // cancelled sequence is freed within one step.
 #pragma once
 
@@ -34,7 +34,7 @@ class RequestStream {
   void cancel();
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
-  // Engine side.
+  // Scheduler side.
   void push(GeneratedToken token);
   void push_prompt_logprobs(std::vector<GeneratedToken> scored);
   void finish(FinishReason reason, std::string error = {});

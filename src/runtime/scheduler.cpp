@@ -9,7 +9,7 @@ namespace spw::runtime {
 
 using clock = std::chrono::steady_clock;
 
-struct Engine::Sequence {
+struct Scheduler::Sequence {
   GenerationRequest request;
   std::shared_ptr<RequestStream> stream;
   Sampler sampler;
@@ -25,16 +25,16 @@ struct Engine::Sequence {
   bool decoding() const { return n_prefilled == int64_t(request.prompt.size()); }
 };
 
-Engine::Engine(const Model& model, EngineSettings settings)
+Scheduler::Scheduler(const Model& model, SchedulerSettings settings)
     : model_(model), settings_(settings), prefix_cache_(settings.prefix_block, settings.prefix_cache_nbytes) {
   SPW_CHECK(settings_.prefix_block > 0 && settings_.prefill_chunk % settings_.prefix_block == 0);
   SPW_CHECK(settings_.step_token_budget >= settings_.prefill_chunk && settings_.max_batch > 0);
   thread_ = std::thread([this] { loop(); });
 }
 
-Engine::~Engine() { stop(); }
+Scheduler::~Scheduler() { stop(); }
 
-Submission Engine::submit(GenerationRequest request) {
+Submission Scheduler::submit(GenerationRequest request) {
   Submission out;
   const int64_t vocab = model_.config().vocab_size;
   if (request.prompt.empty()) return {SubmitCode::invalid, "the prompt is empty", nullptr};
@@ -87,12 +87,12 @@ Submission Engine::submit(GenerationRequest request) {
   return out;
 }
 
-void Engine::drain() {
+void Scheduler::drain() {
   std::lock_guard lock(mutex_);
   draining_ = true;
 }
 
-void Engine::cancel_all() {
+void Scheduler::cancel_all() {
   {
     std::lock_guard lock(mutex_);
     cancel_all_ = true;
@@ -100,12 +100,12 @@ void Engine::cancel_all() {
   wake_.notify_one();
 }
 
-bool Engine::idle() const {
+bool Scheduler::idle() const {
   std::lock_guard lock(mutex_);
   return waiting_.empty() && n_active_ == 0;
 }
 
-void Engine::stop() {
+void Scheduler::stop() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -115,13 +115,13 @@ void Engine::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Engine::release_locked(Sequence& seq) {
+void Scheduler::release_locked(Sequence& seq) {
   kv_reserved_ -= seq.reserve;
   --n_active_;
 }
 
 // FIFO: the head of the queue is admitted first; nothing overtakes it.
-void Engine::admit_locked() {
+void Scheduler::admit_locked() {
   while (!waiting_.empty() && n_active_ < settings_.max_num_seqs &&
          kv_reserved_ + waiting_.front()->reserve <= settings_.kv_tokens) {
     kv_reserved_ += waiting_.front()->reserve;
@@ -132,8 +132,8 @@ void Engine::admit_locked() {
 }
 
 // Capacity is released before the stream reports the finish, so a client that saw its request
-// finish also sees the engine's counts without it.
-void Engine::finish(Sequence& seq, FinishReason reason, std::string error) {
+// finish also sees the scheduler's counts without it.
+void Scheduler::finish(Sequence& seq, FinishReason reason, std::string error) {
   {
     std::lock_guard lock(mutex_);
     release_locked(seq);
@@ -143,7 +143,7 @@ void Engine::finish(Sequence& seq, FinishReason reason, std::string error) {
   seq.stream->finish(reason, std::move(error));
 }
 
-void Engine::start_sequence(Sequence& seq) {
+void Scheduler::start_sequence(Sequence& seq) {
   const auto& prompt = seq.request.prompt;
   seq.state = model_.new_sequence();
   // A cached prefix has no logits to score, so a request for prompt logprobs prefills all of it.
@@ -155,7 +155,7 @@ void Engine::start_sequence(Sequence& seq) {
   metrics_.on_admit(int64_t(prompt.size()), cached);
 }
 
-void Engine::publish_gauges() {
+void Scheduler::publish_gauges() {
   int64_t queued, kv;
   {
     std::lock_guard lock(mutex_);
@@ -166,7 +166,7 @@ void Engine::publish_gauges() {
                       prefix_cache_.nbytes());
 }
 
-void Engine::loop() {
+void Scheduler::loop() {
   for (;;) {
     std::vector<std::unique_ptr<Sequence>> fresh;
     bool cancel_everything = false;
@@ -204,7 +204,7 @@ void Engine::loop() {
 // One forward_batch for the step, plus a second one with logits at every position for prefill
 // pieces of requests that asked for prompt logprobs (scored and pushed here); every member's
 // result is then its last position's logits.
-Result<std::vector<std::vector<float>>> Engine::forward(const std::vector<size_t>& members,
+Result<std::vector<std::vector<float>>> Scheduler::forward(const std::vector<size_t>& members,
                                                         std::span<SequenceState* const> states,
                                                         std::span<const std::span<const int32_t>> tokens) {
   std::vector<size_t> plain, scored;
@@ -247,7 +247,7 @@ Result<std::vector<std::vector<float>>> Engine::forward(const std::vector<size_t
   return out;
 }
 
-void Engine::run_step() {
+void Scheduler::run_step() {
   const int64_t chunk = settings_.prefill_chunk, block = settings_.prefix_block;
   std::vector<PlanEntry> entries(running_.size());
   for (size_t i = 0; i < running_.size(); ++i) {
@@ -275,7 +275,7 @@ void Engine::run_step() {
   std::vector<bool> done(running_.size(), false);
   int64_t n_prefill = 0, n_generated = 0;
   if (!logits.ok()) {
-    SPW_LOG_ERROR("engine step failed: {}", logits.error().message);
+    SPW_LOG_ERROR("scheduler step failed: {}", logits.error().message);
     for (size_t i : plan.members) {
       finish(*running_[i], FinishReason::error, logits.error().message);
       done[i] = true;

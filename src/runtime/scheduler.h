@@ -1,4 +1,4 @@
-// The engine: one thread that owns the model's forward (the CPU reference's thread pool is not
+// The scheduler: one thread that owns the model's forward (the CPU reference's thread pool is not
 // reentrant), running continuous batching over every admitted sequence.
 //
 // Each step: reap cancelled sequences, admit waiting requests in FIFO order while the KV capacity
@@ -17,14 +17,14 @@
 #include <vector>
 
 #include "model/model.h"
-#include "runtime/engine_metrics.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/request_stream.h"
 #include "runtime/sampler.h"
+#include "runtime/scheduler_metrics.h"
 
 namespace spw::runtime {
 
-struct EngineSettings {
+struct SchedulerSettings {
   int max_num_seqs = 64;        // sequences admitted (running) at once
   int max_batch = 64;           // sequences in one forward_batch step
   int64_t kv_tokens = 262144;   // KV capacity model: Σ (prompt + max_tokens) over running sequences
@@ -44,12 +44,12 @@ struct Submission {
   std::string param = "prompt";           // the request field at fault, for invalid
 };
 
-class Engine {
+class Scheduler {
  public:
-  Engine(const Model& model, EngineSettings settings);
-  ~Engine();
-  Engine(const Engine&) = delete;
-  Engine& operator=(const Engine&) = delete;
+  Scheduler(const Model& model, SchedulerSettings settings);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
 
   // Thread-safe. Validates (token ids, max_tokens, capacity) and queues; never blocks on the model.
   Submission submit(GenerationRequest request);
@@ -60,11 +60,11 @@ class Engine {
   void cancel_all();
   // Nothing queued or running.
   bool idle() const;
-  // Cancels what is left and joins the engine thread. Idempotent.
+  // Cancels what is left and joins the scheduler thread. Idempotent.
   void stop();
 
-  const EngineSettings& settings() const { return settings_; }
-  EngineSnapshot metrics() const { return metrics_.snapshot(); }
+  const SchedulerSettings& settings() const { return settings_; }
+  SchedulerSnapshot metrics() const { return metrics_.snapshot(); }
 
  private:
   struct Sequence;
@@ -80,19 +80,19 @@ class Engine {
   void publish_gauges();
 
   const Model& model_;
-  const EngineSettings settings_;
-  EngineMetrics metrics_;
+  const SchedulerSettings settings_;
+  SchedulerMetrics metrics_;
   PrefixCache prefix_cache_;
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Sequence>> waiting_;   // guarded by mutex_
-  std::vector<std::unique_ptr<Sequence>> admitted_;  // guarded by mutex_; the engine picks them up
+  std::vector<std::unique_ptr<Sequence>> admitted_;  // guarded by mutex_; the scheduler picks them up
   int64_t kv_reserved_ = 0;                          // guarded by mutex_
   int64_t n_active_ = 0;                             // admitted + running, guarded by mutex_
   bool draining_ = false, stopping_ = false, cancel_all_ = false;
 
-  std::vector<std::unique_ptr<Sequence>> running_;  // engine thread only
+  std::vector<std::unique_ptr<Sequence>> running_;  // scheduler thread only
   size_t rotate_ = 0;
   std::thread thread_;
 };

@@ -125,8 +125,8 @@ std::string bearer_token(const std::string& authorization) {
   return authorization.substr(begin, end + 1 - begin);
 }
 
-HttpServer::HttpServer(OpenAiApi& api, runtime::Engine& engine, const ServerSettings& settings)
-    : api_(api), engine_(engine), settings_(settings), http_(std::make_unique<HttpCore>()) {
+HttpServer::HttpServer(OpenAiApi& api, runtime::Scheduler& scheduler, const ServerSettings& settings)
+    : api_(api), scheduler_(scheduler), settings_(settings), http_(std::make_unique<HttpCore>()) {
   // Body size is enforced by our readers (chunked bodies included) and by refuse_early; httplib's
   // own check would read and discard a whole oversized body before answering.
   http_->set_payload_max_length(std::numeric_limits<size_t>::max());
@@ -271,7 +271,7 @@ void HttpServer::routes() {
     send(res, HttpReply::json(Json{{"status", ok ? "ok" : "shutting_down"}}, ok ? 200 : 503));
   });
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(render_metrics(engine_.metrics()), "text/plain; version=0.0.4");
+    res.set_content(render_metrics(scheduler_.metrics()), "text/plain; version=0.0.4");
   });
 }
 
@@ -313,14 +313,14 @@ Status HttpServer::serve() {
 
 void HttpServer::shutdown(double grace_s) {
   draining_.store(true);
-  engine_.drain();
+  scheduler_.drain();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
-  while (!engine_.idle() && std::chrono::steady_clock::now() < deadline)
+  while (!scheduler_.idle() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  if (!engine_.idle()) {
+  if (!scheduler_.idle()) {
     SPW_LOG_WARN("shutdown: grace period over, cancelling the requests still running");
-    engine_.cancel_all();
-    for (int i = 0; i < 250 && !engine_.idle(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    scheduler_.cancel_all();
+    for (int i = 0; i < 250 && !scheduler_.idle(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   // Let handlers write their final SSE events before the connections close.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));

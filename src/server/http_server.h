@@ -35,7 +35,7 @@ std::string bearer_token(const std::string& authorization);
 
 class HttpServer {
  public:
-  HttpServer(OpenAiApi& api, runtime::Engine& engine, const ServerSettings& settings);
+  HttpServer(OpenAiApi& api, runtime::Scheduler& scheduler, const ServerSettings& settings);
   ~HttpServer();
 
   // Listens on host:port (port 0 picks a free one; see port()). A port in use is an error.
@@ -57,7 +57,7 @@ class HttpServer {
   bool serve_connection(Connection& conn);
 
   OpenAiApi& api_;
-  runtime::Engine& engine_;
+  runtime::Scheduler& scheduler_;
   const ServerSettings& settings_;
   std::unique_ptr<HttpCore> http_;
   std::unique_ptr<ConnectionLoop> loop_;

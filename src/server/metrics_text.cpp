@@ -29,7 +29,7 @@ void histogram(std::string& out, const char* name, const char* help, const runti
 
 }  // namespace
 
-std::string render_metrics(const runtime::EngineSnapshot& s) {
+std::string render_metrics(const runtime::SchedulerSnapshot& s) {
   std::string out;
   metric(out, "spillway_queue_depth", "gauge", "Requests waiting for admission.", double(s.queue_depth));
   metric(out, "spillway_running_sequences", "gauge", "Sequences admitted and not finished.", double(s.running));
@@ -49,7 +49,7 @@ std::string render_metrics(const runtime::EngineSnapshot& s) {
   metric(out, "spillway_generation_tokens_total", "counter", "Tokens generated.", double(s.generation_tokens));
   metric(out, "spillway_generation_tokens_per_second", "gauge", "Tokens generated per second over the last 10 s.",
          s.generation_tokens_per_s);
-  metric(out, "spillway_engine_steps_total", "counter", "Engine steps run.", double(s.steps));
+  metric(out, "spillway_engine_steps_total", "counter", "Scheduler steps run.", double(s.steps));
   metric(out, "spillway_requests_finished_total", "counter", "Requests finished (any reason).", double(s.requests_finished));
   metric(out, "spillway_requests_cancelled_total", "counter", "Requests cancelled (client gone, stop text, shutdown).",
          double(s.requests_cancelled));
@@ -57,7 +57,8 @@ std::string render_metrics(const runtime::EngineSnapshot& s) {
          double(s.requests_rejected));
   histogram(out, "spillway_time_to_first_token_seconds", "Submission to first generated token.", s.ttft);
   histogram(out, "spillway_inter_token_latency_seconds", "Time between consecutive tokens of a request.", s.inter_token);
-  histogram(out, "spillway_step_duration_seconds", "Duration of one engine step (forward of the batch).", s.step_time);
+  histogram(out, "spillway_step_duration_seconds", "Duration of one scheduler step (forward of the batch).",
+            s.step_time);
   return out;
 }
 

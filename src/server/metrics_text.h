@@ -1,12 +1,12 @@
-// Prometheus text exposition (format 0.0.4) of the engine's metrics, for GET /metrics.
+// Prometheus text exposition (format 0.0.4) of the scheduler's metrics, for GET /metrics.
 #pragma once
 
 #include <string>
 
-#include "runtime/engine_metrics.h"
+#include "runtime/scheduler_metrics.h"
 
 namespace spw::server {
 
-std::string render_metrics(const runtime::EngineSnapshot& s);
+std::string render_metrics(const runtime::SchedulerSnapshot& s);
 
 }  // namespace spw::server

@@ -71,8 +71,8 @@ std::string make_system_fingerprint(std::string_view model_config_text, std::str
   return std::string("spw-") + SPW_VERSION + "-" + std::string(hex, 12);
 }
 
-OpenAiApi::OpenAiApi(runtime::Engine& engine, const Text& text, const ServerSettings& settings, ModelInfo model)
-    : engine_(engine), text_(text), settings_(settings), model_(std::move(model)) {}
+OpenAiApi::OpenAiApi(runtime::Scheduler& scheduler, const Text& text, const ServerSettings& settings, ModelInfo model)
+    : scheduler_(scheduler), text_(text), settings_(settings), model_(std::move(model)) {}
 
 ApiResult<std::vector<std::shared_ptr<runtime::RequestStream>>> OpenAiApi::submit(std::vector<int32_t> prompt,
                                                                                   const GenerationParams& gen,
@@ -106,7 +106,7 @@ ApiResult<std::vector<std::shared_ptr<runtime::RequestStream>>> OpenAiApi::submi
     runtime::GenerationRequest choice = req;
     if (gen.sampling.seed) choice.sampling.seed = choice_seed(*gen.sampling.seed, i);
     if (constraint) choice.constraint = constraint();
-    runtime::Submission s = engine_.submit(std::move(choice));
+    runtime::Submission s = scheduler_.submit(std::move(choice));
     if (s.code == runtime::SubmitCode::ok) {
       streams.push_back(std::move(s.stream));
       continue;

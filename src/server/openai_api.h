@@ -52,7 +52,7 @@ std::string make_system_fingerprint(std::string_view model_config_text, std::str
 
 class OpenAiApi {
  public:
-  OpenAiApi(runtime::Engine& engine, const Text& text, const ServerSettings& settings, ModelInfo model);
+  OpenAiApi(runtime::Scheduler& scheduler, const Text& text, const ServerSettings& settings, ModelInfo model);
 
   // Non-streaming requests poll `gone` while they wait and cancel their sequences when it is true.
   HttpReply completions(const std::string& body, const ClientGone& gone = {});
@@ -70,7 +70,7 @@ class OpenAiApi {
 
  private:
   // Checks lengths against --max-model-len / --max-tokens-limit and submits gen.n sequences to the
-  // engine (choice i seeded with choice_seed(seed, i), constrained by its own constraint() when
+  // scheduler (choice i seeded with choice_seed(seed, i), constrained by its own constraint() when
   // given). All or none: a refused choice cancels the ones already queued.
   using MakeConstraint = std::function<std::shared_ptr<runtime::LogitsConstraint>()>;
   ApiResult<std::vector<std::shared_ptr<runtime::RequestStream>>> submit(std::vector<int32_t> prompt,
@@ -88,7 +88,7 @@ class OpenAiApi {
   // A 404 model_not_found for a request whose `model` is neither empty nor the served model id.
   std::optional<ApiError> unknown_model(const std::string& requested) const;
 
-  runtime::Engine& engine_;
+  runtime::Scheduler& scheduler_;
   const Text& text_;
   const ServerSettings& settings_;
   ModelInfo model_;

@@ -30,7 +30,7 @@ struct ServerSettings {
   double min_body_rate = 1024;
   double write_timeout_s = 30;    // longest wait for a client to take the next piece of a response
   double shutdown_grace_s = 30;   // on SIGINT/SIGTERM: time in-flight requests get before cancellation
-  runtime::EngineSettings engine;
+  runtime::SchedulerSettings scheduler;
 };
 
 }  // namespace spw::server

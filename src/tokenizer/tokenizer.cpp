@@ -96,10 +96,10 @@ class Encoder {
       byte_level(piece);
       return;
     }
-    const auto& step = impl_.splits[depth];
+    const auto& rule = impl_.splits[depth];
     std::vector<tok::Span>& parts = sc_.pieces[depth];
     parts.clear();
-    tok::split_by_regex(*step.regex, *sc_.split_md[depth], step.behavior, step.invert, piece, sc_.matches, parts);
+    tok::split_by_regex(*rule.regex, *sc_.split_md[depth], rule.behavior, rule.invert, piece, sc_.matches, parts);
     // `parts` is reused by deeper calls only at deeper depths, so iterating it here is safe.
     for (size_t k = 0; k < parts.size(); ++k) {
       const tok::Span s = parts[k];

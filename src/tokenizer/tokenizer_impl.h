@@ -23,7 +23,7 @@ struct TokenStringHash {
 };
 
 struct Tokenizer::Impl {
-  struct SplitStep {
+  struct SplitRule {
     std::unique_ptr<tok::Regex> regex;
     tok::SplitBehavior behavior = tok::SplitBehavior::isolated;
     bool invert = false;
@@ -38,7 +38,7 @@ struct Tokenizer::Impl {
   std::vector<tok::NormalForm> normalizers;  // applied in order; empty = identity
   tok::AddedTokenMatcher raw_added;          // added tokens with normalized=false
   tok::AddedTokenMatcher normalized_added;   // added tokens with normalized=true
-  std::vector<SplitStep> splits;             // Split pre-tokenizers before ByteLevel
+  std::vector<SplitRule> splits;             // Split pre-tokenizers before ByteLevel
   bool add_prefix_space = false;
   std::unique_ptr<tok::Regex> byte_level_regex;  // GPT-2 regex when ByteLevel use_regex
   std::unique_ptr<tok::BpeModel> bpe;

@@ -72,17 +72,17 @@ Status parse_pre_tokenizer(const json& j, const std::string& origin, Tokenizer::
     }
     auto re = tok::Regex::compile(text, literal);
     if (!re) return make_error(origin, ": Split pre_tokenizer: ", re.error().message);
-    Tokenizer::Impl::SplitStep step;
-    step.regex = std::move(re.value());
+    Tokenizer::Impl::SplitRule rule;
+    rule.regex = std::move(re.value());
     const std::string behavior = j.at("behavior").get<std::string>();
-    if (behavior == "Isolated") step.behavior = tok::SplitBehavior::isolated;
-    else if (behavior == "Removed") step.behavior = tok::SplitBehavior::removed;
-    else if (behavior == "MergedWithPrevious") step.behavior = tok::SplitBehavior::merged_with_previous;
-    else if (behavior == "MergedWithNext") step.behavior = tok::SplitBehavior::merged_with_next;
-    else if (behavior == "Contiguous") step.behavior = tok::SplitBehavior::contiguous;
+    if (behavior == "Isolated") rule.behavior = tok::SplitBehavior::isolated;
+    else if (behavior == "Removed") rule.behavior = tok::SplitBehavior::removed;
+    else if (behavior == "MergedWithPrevious") rule.behavior = tok::SplitBehavior::merged_with_previous;
+    else if (behavior == "MergedWithNext") rule.behavior = tok::SplitBehavior::merged_with_next;
+    else if (behavior == "Contiguous") rule.behavior = tok::SplitBehavior::contiguous;
     else return make_error(origin, ": Split behavior \"", behavior, "\" is unsupported");
-    step.invert = flag(j, "invert", false);
-    impl.splits.push_back(std::move(step));
+    rule.invert = flag(j, "invert", false);
+    impl.splits.push_back(std::move(rule));
     return {};
   }
   if (type == "ByteLevel") {

@@ -194,7 +194,7 @@ void check_batch(Model& m, const char* label) {
 // advanced through layer l (loaded, then dropped) before layer l + 1, gives the logits forward() gives on the fully
 // loaded model, bit for bit (the same ops in the same order per sequence; nothing is shared across sequences), for a
 // prefill step and a second step that reads the state the first left. `batched`: the layers are loaded without
-// routed-expert values and the steps run together (run_layer_batch: one MoE for all, each expert dequantized when
+// routed-expert values and the forwards run together (run_layer_batch: one MoE for all, each expert dequantized when
 // used), which must not change a bit either. Misuse is an error, not a crash.
 void check_layer_major(const Model& full, const std::string& arch, const char* label, bool batched) {
   LoadOptions model_wide_only;
@@ -212,31 +212,31 @@ void check_layer_major(const Model& full, const std::string& arch, const char* l
   for (size_t i = 0; i < prompts.size(); ++i) seq_full.push_back(full.new_sequence()), seq_lm.push_back(m.new_sequence());
   for (int round = 0; round < 2; ++round) {
     const auto& toks = round == 0 ? prompts : next;
-    std::vector<LayerwiseStep> steps;
+    std::vector<LayerwiseForward> forwards;
     for (size_t i = 0; i < toks.size(); ++i) {
-      auto st = m.begin_step(seq_lm[i], toks[i], opt);
-      ASSERT_TRUE(st.ok()) << st.error().message;
-      steps.push_back(std::move(st.value()));
+      auto fwd = m.begin_forward(seq_lm[i], toks[i], opt);
+      ASSERT_TRUE(fwd.ok()) << fwd.error().message;
+      forwards.push_back(std::move(fwd.value()));
     }
-    auto unloaded = m.run_layer(steps[0]);
+    auto unloaded = m.run_layer(forwards[0]);
     ASSERT_FALSE(unloaded.ok());
     EXPECT_NE(unloaded.error().message.find("not loaded"), std::string::npos) << unloaded.error().message;
-    EXPECT_FALSE(m.finish_step(steps[0]).ok());  // before its layers have run
+    EXPECT_FALSE(m.finish_forward(forwards[0]).ok());  // before its layers have run
     for (int l = 0; l < m.config().n_layers; ++l) {
       LoadOptions layer_options;
       layer_options.routed_expert_values = !batched;
       ASSERT_TRUE(m.load_layer(l, layer_options).ok());
       if (batched) {
-        std::vector<LayerwiseStep*> all;
-        for (auto& st : steps) all.push_back(&st);
+        std::vector<LayerwiseForward*> all;
+        for (auto& fwd : forwards) all.push_back(&fwd);
         ASSERT_TRUE(m.run_layer_batch(all).ok()) << label << " layer " << l;
       } else {
-        for (auto& st : steps) ASSERT_TRUE(m.run_layer(st).ok()) << label << " layer " << l;
+        for (auto& fwd : forwards) ASSERT_TRUE(m.run_layer(fwd).ok()) << label << " layer " << l;
       }
       m.drop_layer(l);
     }
     for (size_t i = 0; i < toks.size(); ++i) {
-      auto got = m.finish_step(steps[i]);
+      auto got = m.finish_forward(forwards[i]);
       ASSERT_TRUE(got.ok()) << got.error().message;
       auto want = full.forward(seq_full[i], toks[i], opt);
       ASSERT_TRUE(want.ok()) << want.error().message;

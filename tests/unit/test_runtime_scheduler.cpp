@@ -1,4 +1,4 @@
-// The engine (src/runtime/scheduler.h) on the tiny V4.1 fixture with reference numerics (the
+// The scheduler (src/runtime/scheduler.h) on the tiny V4.1 fixture with reference numerics (the
 // stale-index-key decode quirk on): greedy outputs of many concurrent requests equal the same
 // requests run alone, prefix-cache hits change nothing, a tiny KV capacity queues instead of
 // failing, a full queue refuses, and cancellation frees a sequence.
@@ -14,7 +14,7 @@ namespace {
 
 std::string fixture() { return std::string(SPW_SOURCE_DIR) + "/tests/golden/fixtures/v41/model"; }
 
-class RuntimeEngine : public ::testing::Test {
+class RuntimeScheduler : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     auto m = load_model(fixture(), Numerics::reference());
@@ -27,7 +27,7 @@ class RuntimeEngine : public ::testing::Test {
   }
   static Model* model_;
 };
-Model* RuntimeEngine::model_ = nullptr;
+Model* RuntimeScheduler::model_ = nullptr;
 
 GenerationRequest greedy(std::vector<int32_t> prompt, int n) {
   GenerationRequest r;
@@ -64,55 +64,55 @@ std::vector<std::vector<int32_t>> prompts(int n) {
   return out;
 }
 
-TEST_F(RuntimeEngine, ConcurrentEqualsAloneAndPrefixCacheChangesNothing) {
+TEST_F(RuntimeScheduler, ConcurrentEqualsAloneAndPrefixCacheChangesNothing) {
   const auto ps = prompts(12);
   // Alone, no prefix cache, one-shot prefill.
   std::vector<std::vector<int32_t>> alone;
   {
-    EngineSettings s;
+    SchedulerSettings s;
     s.prefix_cache_nbytes = 0;
-    Engine e(*model_, s);
+    Scheduler sched(*model_, s);
     for (const auto& p : ps) {
-      auto sub = e.submit(greedy(p, 5));
+      auto sub = sched.submit(greedy(p, 5));
       ASSERT_EQ(sub.code, SubmitCode::ok) << sub.message;
       alone.push_back(collect(*sub.stream));
     }
   }
   // All at once, small pieces, tight budget, batch smaller than the running set, prefix cache on.
-  EngineSettings s;
+  SchedulerSettings s;
   s.prefill_chunk = 16;
   s.step_token_budget = 24;
   s.max_batch = 5;
-  Engine e(*model_, s);
+  Scheduler sched(*model_, s);
   for (int round = 0; round < 2; ++round) {  // round 2 hits the cache everywhere
     std::vector<std::shared_ptr<RequestStream>> streams;
     for (const auto& p : ps) {
-      auto sub = e.submit(greedy(p, 5));
+      auto sub = sched.submit(greedy(p, 5));
       ASSERT_EQ(sub.code, SubmitCode::ok);
       streams.push_back(sub.stream);
     }
     for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(collect(*streams[i]), alone[i]) << "round " << round << " request " << i;
   }
-  const EngineSnapshot m = e.metrics();
+  const SchedulerSnapshot m = sched.metrics();
   std::printf("[ measured ] prompt tokens %llu, cached %llu\n", (unsigned long long)m.prompt_tokens,
               (unsigned long long)m.prompt_tokens_cached);
   EXPECT_GT(m.prompt_tokens_cached, 0u);
 }
 
-TEST_F(RuntimeEngine, TinyKvQueuesFullQueueRefusesTooLargeRejected) {
-  EngineSettings s;
+TEST_F(RuntimeScheduler, TinyKvQueuesFullQueueRefusesTooLargeRejected) {
+  SchedulerSettings s;
   s.kv_tokens = 40;
   s.max_queue = 2;
-  Engine e(*model_, s);
-  auto big = e.submit(greedy({0, 1, 2}, 50));
+  Scheduler sched(*model_, s);
+  auto big = sched.submit(greedy({0, 1, 2}, 50));
   EXPECT_EQ(big.code, SubmitCode::too_large);
   std::vector<std::shared_ptr<RequestStream>> ok;
   for (int i = 0; i < 3; ++i) {  // 5 + 20 = 25 each: one runs, two wait
-    auto sub = e.submit(greedy({0, 5, 6, 7, int32_t(8 + i)}, 20));
+    auto sub = sched.submit(greedy({0, 5, 6, 7, int32_t(8 + i)}, 20));
     ASSERT_EQ(sub.code, SubmitCode::ok) << i;
     ok.push_back(sub.stream);
   }
-  auto over = e.submit(greedy({0, 5}, 5));
+  auto over = sched.submit(greedy({0, 5}, 5));
   EXPECT_EQ(over.code, SubmitCode::queue_full);
   EXPECT_NE(over.message.find("--max-queue"), std::string::npos);
   for (auto& st : ok) {
@@ -120,13 +120,13 @@ TEST_F(RuntimeEngine, TinyKvQueuesFullQueueRefusesTooLargeRejected) {
     EXPECT_EQ(collect(*st, &r).size(), 20u);
     EXPECT_EQ(r, FinishReason::length);
   }
-  EXPECT_TRUE(e.idle());
+  EXPECT_TRUE(sched.idle());
 }
 
-TEST_F(RuntimeEngine, CancelFreesTheSequence) {
-  EngineSettings s;
-  Engine e(*model_, s);
-  auto sub = e.submit(greedy({0, 9, 9}, 100000));
+TEST_F(RuntimeScheduler, CancelFreesTheSequence) {
+  SchedulerSettings s;
+  Scheduler sched(*model_, s);
+  auto sub = sched.submit(greedy({0, 9, 9}, 100000));
   ASSERT_EQ(sub.code, SubmitCode::ok);
   while (sub.stream->wait(std::chrono::milliseconds(50)).tokens.empty()) {
   }
@@ -134,10 +134,10 @@ TEST_F(RuntimeEngine, CancelFreesTheSequence) {
   FinishReason r = FinishReason::none;
   collect(*sub.stream, &r);
   EXPECT_EQ(r, FinishReason::cancelled);
-  for (int i = 0; i < 100 && !e.idle(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_TRUE(e.idle());
-  EXPECT_EQ(e.submit(greedy({0, 1}, 0)).code, SubmitCode::invalid);
-  EXPECT_EQ(e.submit(greedy({0, 5000}, 1)).code, SubmitCode::invalid);
+  for (int i = 0; i < 100 && !sched.idle(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(sched.idle());
+  EXPECT_EQ(sched.submit(greedy({0, 1}, 0)).code, SubmitCode::invalid);
+  EXPECT_EQ(sched.submit(greedy({0, 5000}, 1)).code, SubmitCode::invalid);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Counters, gauges and latency histograms the engine keeps for /metrics. Written by the engine
+// Counters, gauges and latency histograms the scheduler keeps for /metrics. Written by the scheduler
 // thread, read (as a snapshot) by HTTP threads; one mutex, taken once per step.
 #pragma once
 
@@ -20,7 +20,7 @@ struct Histogram {
   void observe(double seconds);
 };
 
-struct EngineSnapshot {
+struct SchedulerSnapshot {
   int64_t queue_depth = 0;
   int64_t running = 0;
   int64_t kv_tokens_used = 0;      // reserved prompt + max_tokens of running sequences
@@ -41,9 +41,9 @@ struct EngineSnapshot {
   Histogram step_time{{}};
 };
 
-class EngineMetrics {
+class SchedulerMetrics {
  public:
-  EngineMetrics();
+  SchedulerMetrics();
   using clock = std::chrono::steady_clock;
 
   // All calls below are cheap and take the mutex.
@@ -55,11 +55,11 @@ class EngineMetrics {
   void on_inter_token(double seconds);
   void on_finish(bool cancelled);
   void on_reject();
-  EngineSnapshot snapshot() const;
+  SchedulerSnapshot snapshot() const;
 
  private:
   mutable std::mutex mutex_;
-  EngineSnapshot s_;
+  SchedulerSnapshot s_;
   std::deque<std::pair<clock::time_point, int64_t>> recent_;  // (step end, tokens generated)
 };
 

@@ -1,4 +1,4 @@
-// Internal to the model layer: the context of one forward step of one sequence, and the
+// Internal to the model layer: the context of one forward pass of one sequence, and the
 // sublayers the block is made of. Not part of the model's public API.
 #pragma once
 
@@ -9,7 +9,7 @@
 
 namespace spw::detail {
 
-struct Step {
+struct ForwardContext {
   const ModelConfig& c;
   const ModelWeights& w;
   const Numerics& num;
@@ -20,7 +20,7 @@ struct Step {
   const std::vector<float>& rope_main;      // θ 10000, no YaRN (window-only layers)
   const std::vector<float>& rope_compress;  // compress_rope_theta + YaRN (compressed layers)
   const std::vector<ref::EngramHashParams>& engram_params;
-  // V4.1 publications of this step: the latest index source's selection per token (entry ids,
+  // V4.1 publications of this forward: the latest index source's selection per token (entry ids,
   // sorted ascending) and the candidate source's per-token entry mask.
   std::vector<std::vector<int32_t>> topk;
   std::vector<std::vector<char>> candidates;
@@ -28,29 +28,30 @@ struct Step {
 };
 
 // Reports a named intermediate to ForwardOptions::on_intermediate, if set.
-inline void dump(const Step& s, const char* name, int layer, const float* data, size_t count) {
+inline void dump(const ForwardContext& s, const char* name, int layer, const float* data, size_t count) {
   if (s.options && s.options->on_intermediate) s.options->on_intermediate(name, layer, data, count);
 }
 
 // y[n_tokens, l.n_out] = x·Wᵀ with the reference's precision for the weight's format: FP8/FP4
 // weights see a quantized activation (block act_block); BF16 products are rounded to bf16
 // unless round_out is false; F32 products stay f32.
-void linear(const Step& s, const Linear& l, const float* x, int n_tokens, float* y, bool round_out = true);
+void linear(const ForwardContext& s, const Linear& l, const float* x, int n_tokens, float* y, bool round_out = true);
 
 // Rounds to bf16 when the numerics keep bf16 activations.
-void to_activation(const Step& s, float* x, size_t n);
+void to_activation(const ForwardContext& s, float* x, size_t n);
 
 // out[n, d] = attention sublayer of layer `layer` on normed input x[n, d].
-void attention(Step& s, int layer, const float* x, float* out);
+void attention(ForwardContext& s, int layer, const float* x, float* out);
 
-// out[i][n_i, d] = MoE sublayer (router → experts → combine, plus the shared expert) of each step's input x[i]
-// [n_i, d], every expert run once on the tokens of all steps routed to it. Each step's output equals what it alone
-// would give, bit for bit (everything is per token, and each token adds its experts in index order). Routed experts
-// without values (LoadOptions::routed_expert_values = false) are dequantized from the checkpoint as they are used.
-// Errors: a routed expert that cannot be read.
-Status moe_many(std::span<Step* const> steps, int layer, std::span<const float* const> x, std::span<float* const> out);
+// out[i][n_i, d] = MoE sublayer (router → experts → combine, plus the shared expert) of each context's input
+// x[i] [n_i, d], every expert run once on the tokens of all contexts routed to it. Each context's output equals
+// what it alone would give, bit for bit (everything is per token, and each token adds its experts in index order).
+// Routed experts without values (LoadOptions::routed_expert_values = false) are dequantized from the checkpoint as
+// they are used. Errors: a routed expert that cannot be read.
+Status moe_many(std::span<ForwardContext* const> contexts, int layer, std::span<const float* const> x,
+                std::span<float* const> out);
 
 // V4.1 Engram: gates table rows into the residual streams X[n, hc, d] in place.
-void engram(Step& s, int layer, float* streams);
+void engram(ForwardContext& s, int layer, float* streams);
 
 }  // namespace spw::detail

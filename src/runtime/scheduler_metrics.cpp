@@ -1,4 +1,4 @@
-#include "runtime/engine_metrics.h"
+#include "runtime/scheduler_metrics.h"
 
 #include <algorithm>
 
@@ -21,13 +21,13 @@ void Histogram::observe(double seconds) {
   ++count;
 }
 
-EngineMetrics::EngineMetrics() {
+SchedulerMetrics::SchedulerMetrics() {
   s_.ttft = Histogram(kLatencyBounds);
   s_.inter_token = Histogram(kLatencyBounds);
   s_.step_time = Histogram(kLatencyBounds);
 }
 
-void EngineMetrics::set_gauges(int64_t queue_depth, int64_t running, int64_t kv_used, int64_t kv_capacity,
+void SchedulerMetrics::set_gauges(int64_t queue_depth, int64_t running, int64_t kv_used, int64_t kv_capacity,
                                size_t cache_entries, size_t cache_nbytes) {
   std::lock_guard lock(mutex_);
   s_.queue_depth = queue_depth;
@@ -38,13 +38,14 @@ void EngineMetrics::set_gauges(int64_t queue_depth, int64_t running, int64_t kv_
   s_.prefix_cache_nbytes = cache_nbytes;
 }
 
-void EngineMetrics::on_admit(int64_t prompt_tokens, int64_t cached_tokens) {
+void SchedulerMetrics::on_admit(int64_t prompt_tokens, int64_t cached_tokens) {
   std::lock_guard lock(mutex_);
   s_.prompt_tokens += uint64_t(prompt_tokens);
   s_.prompt_tokens_cached += uint64_t(cached_tokens);
 }
 
-void EngineMetrics::on_step(double seconds, int64_t prefill_tokens, int64_t generated_tokens, clock::time_point now) {
+void SchedulerMetrics::on_step(double seconds, int64_t prefill_tokens, int64_t generated_tokens,
+                               clock::time_point now) {
   std::lock_guard lock(mutex_);
   ++s_.steps;
   s_.step_time.observe(seconds);
@@ -54,30 +55,30 @@ void EngineMetrics::on_step(double seconds, int64_t prefill_tokens, int64_t gene
   while (!recent_.empty() && now - recent_.front().first > kRateWindow) recent_.pop_front();
 }
 
-void EngineMetrics::on_first_token(double seconds) {
+void SchedulerMetrics::on_first_token(double seconds) {
   std::lock_guard lock(mutex_);
   s_.ttft.observe(seconds);
 }
 
-void EngineMetrics::on_inter_token(double seconds) {
+void SchedulerMetrics::on_inter_token(double seconds) {
   std::lock_guard lock(mutex_);
   s_.inter_token.observe(seconds);
 }
 
-void EngineMetrics::on_finish(bool cancelled) {
+void SchedulerMetrics::on_finish(bool cancelled) {
   std::lock_guard lock(mutex_);
   ++s_.requests_finished;
   if (cancelled) ++s_.requests_cancelled;
 }
 
-void EngineMetrics::on_reject() {
+void SchedulerMetrics::on_reject() {
   std::lock_guard lock(mutex_);
   ++s_.requests_rejected;
 }
 
-EngineSnapshot EngineMetrics::snapshot() const {
+SchedulerSnapshot SchedulerMetrics::snapshot() const {
   std::lock_guard lock(mutex_);
-  EngineSnapshot out = s_;
+  SchedulerSnapshot out = s_;
   const auto now = clock::now();
   int64_t tokens = 0;
   for (const auto& [t, n] : recent_)
