@@ -100,7 +100,7 @@ HttpReply OpenAiApi::completions(const std::string& body, const ClientGone& gone
     };
     std::vector<Out> outs(runs.size());
     for (size_t i = 0; i < outs.size(); ++i) outs[i].text = echo_texts[i];
-    // With echo and logprobs the prompt's tokens come first; the engine scores them during
+    // With echo and logprobs the prompt's tokens come first; the scheduler scores them during
     // prefill, before any generated token arrives.
     auto add_prompt_logprobs = [&](size_t i) {
       if (!req.gen.prompt_logprobs || prompt_ids[i].empty()) return;

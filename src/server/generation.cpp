@@ -61,7 +61,7 @@ GenerationRun::Update GenerationRun::next(std::chrono::milliseconds timeout) {
     if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) continue;
     out.text += stops_.push(decoder_.push(id));
     if (stops_.stopped()) {
-      stream_->cancel();  // the engine frees the sequence before its next step
+      stream_->cancel();  // the scheduler frees the sequence before its next step
       finished_ = true;
       out.finish_reason = "stop";
       return out;

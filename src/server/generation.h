@@ -1,4 +1,4 @@
-// Handler-side view of one request in flight: drains the engine's RequestStream, detokenizes
+// Handler-side view of one request in flight: drains the scheduler's RequestStream, detokenizes
 // incrementally, applies text stop sequences (holding back text that could still become one),
 // and reports the finish reason. Shared by /v1/completions and /v1/chat/completions, streaming
 // or not.
@@ -48,7 +48,7 @@ class GenerationRun {
     std::string text;                            // new output text
     std::vector<runtime::GeneratedToken> tokens; // tokens consumed since the last update
     std::optional<std::string> finish_reason;    // "stop", "length", "abort"; set once, on the last update
-    std::string error;                           // engine failure (finish_reason "error")
+    std::string error;                           // scheduler or model failure (finish_reason "error")
   };
   // Waits up to `timeout` for progress. Returns an empty Update on timeout.
   Update next(std::chrono::milliseconds timeout);

@@ -49,7 +49,7 @@ std::string render_metrics(const runtime::SchedulerSnapshot& s) {
   metric(out, "spillway_generation_tokens_total", "counter", "Tokens generated.", double(s.generation_tokens));
   metric(out, "spillway_generation_tokens_per_second", "gauge", "Tokens generated per second over the last 10 s.",
          s.generation_tokens_per_s);
-  metric(out, "spillway_engine_steps_total", "counter", "Scheduler steps run.", double(s.steps));
+  metric(out, "spillway_scheduler_steps_total", "counter", "Scheduler steps run.", double(s.steps));
   metric(out, "spillway_requests_finished_total", "counter", "Requests finished (any reason).", double(s.requests_finished));
   metric(out, "spillway_requests_cancelled_total", "counter", "Requests cancelled (client gone, stop text, shutdown).",
          double(s.requests_cancelled));
