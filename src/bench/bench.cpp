@@ -35,7 +35,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// GpuModel::decode (batched, helper A's) when this build's engine has it.
+// GpuModel::decode (batched) when this build's engine has it.
 template <class M>
 concept HasBatchedDecode = requires(M& m, std::span<GpuSequence* const> s, std::span<const int32_t> t,
                                     std::span<int32_t> n, std::vector<float>* l) {
