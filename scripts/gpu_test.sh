@@ -24,7 +24,8 @@ set -u
 if [ "${1:-}" = stage ]; then
   mkdir -p .exl3dev/lib .exl3pack
   # The CUPTI kernel tracer (tools/profile) and the CUPTI it was built against.
-  [ -f build/tools/profile/libspw_kernel_trace.so ] && cp build/tools/profile/libspw_kernel_trace.so .exl3dev/lib/ &&
+  B=${BUILD_DIR:-build}  # the build folder to stage from (e.g. BUILD_DIR=build-sm90 for a one-arch build that packs smaller)
+  [ -f $B/tools/profile/libspw_kernel_trace.so ] && cp $B/tools/profile/libspw_kernel_trace.so .exl3dev/lib/ &&
     cp -L /usr/local/cuda/lib64/libcupti.so.13 .exl3dev/lib/
   for l in libspdlog.so.1.10 libfmt.so.9 libstdc++.so.6 libicuuc.so.72 libicudata.so.72 libpcre2-8.so.0 \
            libcpp-httplib.so.0.11 libssl.so.3 libcrypto.so.3 libz.so.1 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do cp -L /usr/lib/x86_64-linux-gnu/$l .exl3dev/lib/; done
@@ -34,7 +35,7 @@ if [ "${1:-}" = stage ]; then
   pwd > .exl3dev/source_dir  # the tests' fixture path (scripts/link_build_path.sh links it on the GPU machine)
   for b in ${STAGE_BINS:-tests/spw_gpu_tests tests/spw_unit_tests bench/exl3/bench_exl3 bench/exl3/bench_exl3_cpu bench/exl3/bench_exl3_cpu_threads \
            bench/dense/bench_dense bench/quantize/bench_quantize bin/spillway}; do
-    [ -f build/$b ] && cp build/$b .exl3dev/ && strip .exl3dev/$(basename $b)
+    [ -f $B/$b ] && cp $B/$b .exl3dev/ && strip .exl3dev/$(basename $b)
   done
   # A 192 MiB xz window sees the CUDA code the binaries share: 22.8 → 17.2 MB for the full set (measured).
   tar cf - .exl3dev | xz -T2 --lzma2=preset=6,dict=192MiB > .exl3pack/dev.tar.xz && ls -la .exl3pack
