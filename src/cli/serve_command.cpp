@@ -9,9 +9,11 @@
 #include <thread>
 
 #include "base/log.h"
+#include "base/settings.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "cli/default_model.h"
+#include "cli/serve_runner.h"
 #include "model/model.h"
 #include "server/http_server.h"
 #include "server/openai_api.h"
@@ -25,8 +27,16 @@ struct ServeOptions {
   server::ServerSettings s;
   size_t prefix_cache_mb = 1024;
   std::string numerics = "reference";
+  std::string device = "auto";
   int threads = 0;
 };
+
+// Whether dir is the bundled demo model (the same directory default_model_dir() finds).
+bool is_demo_model(const std::string& dir) {
+  const std::string demo = default_model_dir();
+  std::error_code ec;
+  return !demo.empty() && std::filesystem::equivalent(dir, demo, ec);
+}
 
 Status validate(const ServeOptions& o) {
   const auto& sched = o.s.scheduler;
@@ -74,14 +84,21 @@ int serve(ServeOptions o) {
   if (o.s.served_model_name.empty()) o.s.served_model_name = "spillway";
   if (o.threads > 0) set_global_pool_threads(size_t(o.threads));
 
-  Numerics numerics = o.numerics == "exact" ? Numerics::exact() : Numerics::reference();
-  LoadOptions load;
-  load.on_progress = [](int done, int total) { SPW_LOG_DEBUG("loading layers: {}/{}", done, total); };
-  auto model = load_model(o.s.model_dir, numerics, load);
-  if (!model.ok()) {
-    SPW_LOG_ERROR("{}", model.error().message);
+  ServeRunnerOptions runner_options;
+  runner_options.device = o.device;
+  runner_options.model_dir = o.s.model_dir;
+  runner_options.is_demo_model = is_demo_model(o.s.model_dir);
+  runner_options.numerics = o.numerics == "exact" ? Numerics::exact() : Numerics::reference();
+  runner_options.max_num_seqs = o.s.scheduler.max_num_seqs;
+  runner_options.max_model_len = o.s.max_model_len;
+  runner_options.prefill_chunk = o.s.scheduler.prefill_chunk;
+  runner_options.gpu = settings().gpu;
+  auto loaded = load_serve_runner(runner_options);
+  if (!loaded.ok()) {
+    SPW_LOG_ERROR("{}", loaded.error().message);
     return 1;
   }
+  ModelRunner& runner = *loaded->runner;
   auto text = server::Text::load(o.s.model_dir);
   if (!text.ok()) {
     SPW_LOG_ERROR("{}", text.error().message);
@@ -90,12 +107,12 @@ int serve(ServeOptions o) {
   if (!(*text)->has_tokenizer())
     SPW_LOG_WARN("{} has no tokenizer.json: serving token-id prompts only", o.s.model_dir);
 
-  const ModelConfig& cfg = (*model)->config();
+  const ModelConfig& cfg = runner.config();
   std::ifstream config_file(o.s.model_dir + "/config.json", std::ios::binary);
   const std::string config_text((std::istreambuf_iterator<char>(config_file)), std::istreambuf_iterator<char>());
   server::ModelInfo info{o.s.served_model_name, cfg.is_v41() ? ChatFamily::v41 : ChatFamily::v4, int32_t(cfg.eos_id),
-                         server::make_system_fingerprint(config_text, o.numerics)};
-  runtime::Scheduler scheduler(**model, o.s.scheduler);
+                         server::make_system_fingerprint(config_text, o.numerics + "@" + std::string(runner.device()))};
+  runtime::Scheduler scheduler(runner, o.s.scheduler);
   server::OpenAiApi api(scheduler, **text, o.s, info);
   server::HttpServer http(api, scheduler, o.s);
   if (auto st = http.bind(); !st.ok()) {
@@ -109,8 +126,8 @@ int serve(ServeOptions o) {
     SPW_LOG_INFO("signal {}: shutting down (grace {} s)", sig, o.s.shutdown_grace_s);
     http.shutdown(o.s.shutdown_grace_s);
   });
-  SPW_LOG_INFO("serving {} on http://{}:{} (model id \"{}\")", o.s.model_dir, o.s.host, http.port(),
-               o.s.served_model_name);
+  SPW_LOG_INFO("serving {} on http://{}:{} (model id \"{}\", {} runner)", o.s.model_dir, o.s.host, http.port(),
+               o.s.served_model_name, runner.device());
   const Status served = http.serve();
   if (!served.ok()) {
     SPW_LOG_ERROR("{}", served.error().message);
@@ -216,7 +233,14 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->check(CLI::IsMember({"reference", "exact"}))
       ->envname("SPILLWAY_NUMERICS")
       ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "CPU threads of the engine (0 = all cores)")->envname("SPILLWAY_THREADS");
+  cmd->add_option("--device", o->device,
+                  "where the model runs: cuda (the GPU engine), cpu (the CPU reference), or auto (cuda when a CUDA "
+                  "device is visible and the model is not the bundled demo model)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->envname("SPILLWAY_DEVICE")
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads of the CPU reference runner (0 = all cores)")
+      ->envname("SPILLWAY_THREADS");
   return [o] { return serve(*o); };
 }
 

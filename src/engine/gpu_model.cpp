@@ -494,6 +494,7 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
   // them, which at full width would be ~54 GB per layer (and an EXL3 decode of ~37 min per layer).
   LoadOptions load;
   load.routed_expert_values = false;
+  load.on_progress = options.on_progress;
   auto weights = load_weights(model_dir, *config, load);
   if (!weights.ok()) return weights.error();
 

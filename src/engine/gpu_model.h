@@ -41,6 +41,7 @@
 // Tests: tests/gpu/test_engine_golden.cpp, test_engine_plan.cpp, test_engine_batch.cpp.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -78,6 +79,8 @@ struct GpuModelOptions {
   // Decode steps whose MoE dispatches on the device (≤ 16 sequences) run from CUDA graphs, recorded per
   // step and updated in place (engine/step_graphs.h); false launches every kernel directly.
   bool cuda_graphs = true;
+  // Called as the checkpoint's layers are read (LoadOptions::on_progress), for a progress display.
+  std::function<void(int done, int total)> on_progress;
 };
 
 // One sequence's state on the GPU: a slot in the model's page tables and compressor states, the
@@ -106,6 +109,8 @@ class GpuModel {
 
   const ModelConfig& config() const { return config_; }
   const MemoryPlan& plan() const { return plan_; }
+  // The KV budget the pools were sized for (GpuModelOptions::budget).
+  const KvBudget& budget() const { return options_.budget; }
   size_t weight_nbytes() const;
   // The most step-arena bytes any step has used so far, and the arena's size (plan().step_arena_nbytes).
   size_t step_arena_high_water() const;

@@ -20,16 +20,6 @@ uint64_t mix(uint64_t h, uint64_t v) {
 
 }  // namespace
 
-size_t sequence_state_nbytes(const SequenceState& s) {
-  size_t n = sizeof(SequenceState) + vec_nbytes(s.engram_recent);
-  for (const LayerState& l : s.layers) {
-    n += sizeof(LayerState) + vec_nbytes(l.window) + vec_nbytes(l.compressed) + vec_nbytes(l.index_keys);
-    for (const CompressorState* c : {&l.comp, &l.idx_comp})
-      n += vec_nbytes(c->kv) + vec_nbytes(c->score) + vec_nbytes(c->prev_kv) + vec_nbytes(c->prev_score);
-  }
-  return n;
-}
-
 PrefixCache::PrefixCache(int block_tokens, size_t max_nbytes) : block_tokens_(block_tokens), max_nbytes_(max_nbytes) {}
 
 uint64_t PrefixCache::chain(uint64_t parent, std::span<const int32_t> block) const {
@@ -38,8 +28,9 @@ uint64_t PrefixCache::chain(uint64_t parent, std::span<const int32_t> block) con
   return h;
 }
 
-int64_t PrefixCache::lookup(std::span<const int32_t> tokens, int64_t max_len, SequenceState& out) {
-  if (entries_.empty()) return 0;
+std::pair<int64_t, std::unique_ptr<RunnerSequence>> PrefixCache::lookup(std::span<const int32_t> tokens,
+                                                                         int64_t max_len) {
+  if (entries_.empty()) return {0, nullptr};
   const int64_t n_blocks = std::min<int64_t>(max_len, int64_t(tokens.size())) / block_tokens_;
   std::vector<uint64_t> hashes;
   uint64_t h = 0;
@@ -53,14 +44,15 @@ int64_t PrefixCache::lookup(std::span<const int32_t> tokens, int64_t max_len, Se
     const size_t len = size_t(b + 1) * size_t(block_tokens_);
     Entry& e = it->second;
     if (e.tokens.size() != len || !std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin())) continue;
+    auto copy = e.state->clone();
+    if (!copy) continue;
     lru_.splice(lru_.begin(), lru_, e.lru);
-    out = e.state;
-    return int64_t(len);
+    return {int64_t(len), std::move(copy)};
   }
-  return 0;
+  return {0, nullptr};
 }
 
-void PrefixCache::insert(std::span<const int32_t> prefix, const SequenceState& state) {
+void PrefixCache::insert(std::span<const int32_t> prefix, const RunnerSequence& state) {
   if (prefix.empty() || prefix.size() % size_t(block_tokens_) != 0 || max_nbytes_ == 0) return;
   uint64_t h = 0;
   for (size_t i = 0; i < prefix.size(); i += size_t(block_tokens_)) h = chain(h, prefix.subspan(i, size_t(block_tokens_)));
@@ -71,8 +63,9 @@ void PrefixCache::insert(std::span<const int32_t> prefix, const SequenceState& s
   }
   Entry e;
   e.tokens.assign(prefix.begin(), prefix.end());
-  e.state = state;
-  e.nbytes = sequence_state_nbytes(e.state) + vec_nbytes(e.tokens);
+  e.state = state.clone();
+  if (!e.state) return;
+  e.nbytes = e.state->nbytes() + vec_nbytes(e.tokens);
   if (e.nbytes > max_nbytes_) return;
   evict_to(max_nbytes_ - e.nbytes);
   lru_.push_front(h);

@@ -1,24 +1,24 @@
-// Prefix cache: SequenceState snapshots keyed on whole token blocks.
+// Prefix cache: copies of sequence states (RunnerSequence::clone) keyed on whole token blocks.
 //
-// A snapshot taken after `n` tokens (n a multiple of block_tokens) is stored under the hash chain
+// A copy taken after `n` tokens (n a multiple of block_tokens) is stored under the hash chain
 // of those n tokens' blocks, with the tokens themselves so a hash collision can never serve a
-// wrong state. SequenceState is a complete value (window rings, compressor partial groups,
-// compressed caches, Engram history), so a snapshot is exact at any token boundary, including
-// in the middle of a V4.1 compressor group. Lookups return the longest cached prefix; eviction is
+// wrong state. A runner's state is complete (window rings, compressor partial groups, compressed
+// caches, Engram history), so a copy is exact at any token boundary, including in the middle of a
+// V4.1 compressor group. A runner that cannot copy its states caches nothing. Lookups return the longest cached prefix; eviction is
 // least-recently-used under a byte budget. Scheduler-thread only (not thread-safe).
 #pragma once
 
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
-#include "model/model.h"
+#include "model/model_runner.h"
 
 namespace spw::runtime {
-
-size_t sequence_state_nbytes(const SequenceState& state);
 
 class PrefixCache {
  public:
@@ -26,13 +26,13 @@ class PrefixCache {
 
   int block_tokens() const { return block_tokens_; }
 
-  // Longest cached prefix of `tokens` with length ≤ max_len; copies its state into `out` and
-  // returns the length (0 = miss, `out` untouched).
-  int64_t lookup(std::span<const int32_t> tokens, int64_t max_len, SequenceState& out);
+  // Longest cached prefix of `tokens` with length ≤ max_len: its length and a copy of its state
+  // (0 and nullptr on a miss).
+  std::pair<int64_t, std::unique_ptr<RunnerSequence>> lookup(std::span<const int32_t> tokens, int64_t max_len);
 
-  // Stores `state` as the state after `prefix` (prefix.size() a positive multiple of
-  // block_tokens and state.n_past == prefix.size()). Replaces nothing already present.
-  void insert(std::span<const int32_t> prefix, const SequenceState& state);
+  // Stores a copy of `state` as the state after `prefix` (prefix.size() a positive multiple of
+  // block_tokens and state.n_past() == prefix.size()). Replaces nothing already present.
+  void insert(std::span<const int32_t> prefix, const RunnerSequence& state);
 
   size_t n_entries() const { return entries_.size(); }
   size_t nbytes() const { return nbytes_; }
@@ -40,7 +40,7 @@ class PrefixCache {
  private:
   struct Entry {
     std::vector<int32_t> tokens;
-    SequenceState state;
+    std::unique_ptr<RunnerSequence> state;
     size_t nbytes = 0;
     std::list<uint64_t>::iterator lru;
   };

@@ -1,6 +1,7 @@
 #include "runtime/scheduler.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "base/log.h"
 #include "runtime/step_plan.h"
@@ -13,7 +14,7 @@ struct Scheduler::Sequence {
   GenerationRequest request;
   std::shared_ptr<RequestStream> stream;
   Sampler sampler;
-  SequenceState state;
+  std::unique_ptr<RunnerSequence> state;  // set when the scheduler thread starts the sequence
   int64_t reserve = 0;      // KV tokens reserved: prompt + max_tokens
   int64_t n_prefilled = 0;  // prompt tokens in `state`
   int n_generated = 0;
@@ -25,8 +26,21 @@ struct Scheduler::Sequence {
   bool decoding() const { return n_prefilled == int64_t(request.prompt.size()); }
 };
 
-Scheduler::Scheduler(const Model& model, SchedulerSettings settings)
-    : model_(model), settings_(settings), prefix_cache_(settings.prefix_block, settings.prefix_cache_nbytes) {
+namespace {
+
+SchedulerSettings capped(SchedulerSettings s, const ModelRunner& runner) {
+  if (const int cap = runner.max_sequences(); cap > 0) {
+    s.max_num_seqs = std::min(s.max_num_seqs, cap);
+    s.max_batch = std::min(s.max_batch, cap);
+  }
+  return s;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(ModelRunner& runner, SchedulerSettings settings)
+    : runner_(runner), settings_(capped(settings, runner)),
+      prefix_cache_(settings.prefix_block, settings.prefix_cache_nbytes) {
   SPW_CHECK(settings_.prefix_block > 0 && settings_.prefill_chunk % settings_.prefix_block == 0);
   SPW_CHECK(settings_.step_token_budget >= settings_.prefill_chunk && settings_.max_batch > 0);
   thread_ = std::thread([this] { loop(); });
@@ -36,7 +50,7 @@ Scheduler::~Scheduler() { stop(); }
 
 Submission Scheduler::submit(GenerationRequest request) {
   Submission out;
-  const int64_t vocab = model_.config().vocab_size;
+  const int64_t vocab = runner_.config().vocab_size;
   if (request.prompt.empty()) return {SubmitCode::invalid, "the prompt is empty", nullptr};
   for (size_t i = 0; i < request.prompt.size(); ++i)
     if (request.prompt[i] < 0 || request.prompt[i] >= vocab)
@@ -50,6 +64,13 @@ Submission Scheduler::submit(GenerationRequest request) {
               nullptr, "logit_bias"};
   if (request.max_tokens < 1) return {SubmitCode::invalid, "max_tokens must be at least 1", nullptr};
   const int64_t reserve = int64_t(request.prompt.size()) + request.max_tokens;
+  if (const int64_t ctx = runner_.max_context(); ctx > 0 && reserve > ctx)
+    return {SubmitCode::too_large,
+            make_error("the prompt (", request.prompt.size(), " tokens) plus max_tokens (", request.max_tokens,
+                       ") needs ", reserve, " positions, more than the ", runner_.device(),
+                       " runner's context of ", ctx, " (--max-model-len); shorten the prompt or lower max_tokens")
+                .message,
+            nullptr};
   if (reserve > settings_.kv_tokens)
     return {SubmitCode::too_large,
             make_error("the prompt (", request.prompt.size(), " tokens) plus max_tokens (", request.max_tokens,
@@ -143,16 +164,25 @@ void Scheduler::finish(Sequence& seq, FinishReason reason, std::string error) {
   seq.stream->finish(reason, std::move(error));
 }
 
-void Scheduler::start_sequence(Sequence& seq) {
+bool Scheduler::start_sequence(Sequence& seq) {
   const auto& prompt = seq.request.prompt;
-  seq.state = model_.new_sequence();
+  int64_t cached = 0;
   // A cached prefix has no logits to score, so a request for prompt logprobs prefills all of it.
-  const int64_t cached = seq.request.prompt_logprobs
-                             ? 0
-                             : prefix_cache_.lookup(prompt, max_cached_prefix(int64_t(prompt.size())), seq.state);
+  if (!seq.request.prompt_logprobs)
+    std::tie(cached, seq.state) = prefix_cache_.lookup(prompt, max_cached_prefix(int64_t(prompt.size())));
+  if (!seq.state) {
+    auto fresh = runner_.new_sequence();
+    if (!fresh.ok()) {
+      SPW_LOG_ERROR("no sequence for a request: {}", fresh.error().message);
+      finish(seq, FinishReason::error, fresh.error().message);
+      return false;
+    }
+    seq.state = std::move(fresh.value());
+  }
   seq.n_prefilled = cached;
   seq.stream->set_cached_tokens(int(cached));
   metrics_.on_admit(int64_t(prompt.size()), cached);
+  return true;
 }
 
 void Scheduler::publish_gauges() {
@@ -185,10 +215,8 @@ void Scheduler::loop() {
         }
       }
     }
-    for (auto& seq : fresh) {
-      start_sequence(*seq);
-      running_.push_back(std::move(seq));
-    }
+    for (auto& seq : fresh)
+      if (start_sequence(*seq)) running_.push_back(std::move(seq));
     std::erase_if(running_, [&](const std::unique_ptr<Sequence>& seq) {
       if (!cancel_everything && !seq->stream->cancelled()) return false;
       finish(*seq, FinishReason::cancelled);
@@ -201,39 +229,23 @@ void Scheduler::loop() {
   }
 }
 
-// One forward_batch for the step, plus a second one with logits at every position for prefill
-// pieces of requests that asked for prompt logprobs (scored and pushed here); every member's
-// result is then its last position's logits.
+// One runner step; prefill pieces of requests that asked for prompt logprobs get logits at every
+// position (scored and pushed here), so every member's result is then its last position's logits.
 Result<std::vector<std::vector<float>>> Scheduler::forward(const std::vector<size_t>& members,
-                                                        std::span<SequenceState* const> states,
                                                         std::span<const std::span<const int32_t>> tokens) {
-  std::vector<size_t> plain, scored;
+  std::vector<RunnerInput> inputs(members.size());
   for (size_t k = 0; k < members.size(); ++k) {
     const Sequence& s = *running_[members[k]];
-    (!s.decoding() && s.request.prompt_logprobs ? scored : plain).push_back(k);
+    inputs[k] = {s.state.get(), tokens[k], !s.decoding() && s.request.prompt_logprobs};
   }
-  if (scored.empty()) return model_.forward_batch(states, tokens);
-  std::vector<std::vector<float>> out(members.size());
-  for (bool all : {false, true}) {
-    const std::vector<size_t>& ks = all ? scored : plain;
-    if (ks.empty()) continue;
-    std::vector<SequenceState*> st;
-    std::vector<std::span<const int32_t>> tk;
-    for (size_t k : ks) {
-      st.push_back(states[k]);
-      tk.push_back(tokens[k]);
-    }
-    ForwardOptions options;
-    options.all_logits = all;
-    auto r = model_.forward_batch(st, tk, options);
-    if (!r.ok()) return r.error();
-    for (size_t j = 0; j < ks.size(); ++j) out[ks[j]] = std::move((*r)[j]);
-  }
-  const size_t vocab = size_t(model_.config().vocab_size);
-  for (size_t k : scored) {
+  auto out = runner_.forward(inputs);
+  if (!out.ok()) return out;
+  const size_t vocab = size_t(runner_.config().vocab_size);
+  for (size_t k = 0; k < members.size(); ++k) {
+    if (!inputs[k].all_logits) continue;
     Sequence& s = *running_[members[k]];
     const auto& prompt = s.request.prompt;
-    std::vector<float>& rows = out[k];
+    std::vector<float>& rows = (*out)[k];
     std::vector<GeneratedToken> lp;
     for (size_t j = 0; j < tokens[k].size(); ++j) {
       const size_t next = size_t(s.n_prefilled) + j + 1;  // row j predicts this prompt position
@@ -258,18 +270,16 @@ void Scheduler::run_step() {
   }
   const StepPlan plan = plan_step(entries, size_t(settings_.max_batch), settings_.step_token_budget, rotate_++);
 
-  std::vector<SequenceState*> states;
   std::vector<std::span<const int32_t>> tokens;
   for (size_t i : plan.members) {
     Sequence& s = *running_[i];
-    states.push_back(&s.state);
     if (s.decoding())
       tokens.emplace_back(&s.last_token, 1);
     else
       tokens.push_back(std::span<const int32_t>(s.request.prompt).subspan(size_t(s.n_prefilled), size_t(entries[i].n_tokens)));
   }
   const auto t0 = clock::now();
-  auto logits = forward(plan.members, states, tokens);
+  auto logits = forward(plan.members, tokens);
   const auto t1 = clock::now();
 
   std::vector<bool> done(running_.size(), false);
@@ -281,14 +291,14 @@ void Scheduler::run_step() {
       done[i] = true;
     }
   } else {
-    const int64_t eos = model_.config().eos_id;
+    const int64_t eos = runner_.config().eos_id;
     for (size_t k = 0; k < plan.members.size(); ++k) {
       Sequence& s = *running_[plan.members[k]];
       if (!s.decoding()) {
         s.n_prefilled += int64_t(tokens[k].size());
         n_prefill += int64_t(tokens[k].size());
         if (s.n_prefilled % block == 0)
-          prefix_cache_.insert(std::span<const int32_t>(s.request.prompt).first(size_t(s.n_prefilled)), s.state);
+          prefix_cache_.insert(std::span<const int32_t>(s.request.prompt).first(size_t(s.n_prefilled)), *s.state);
         if (!s.decoding()) continue;
       }
       GeneratedToken tok = s.sampler.sample((*logits)[k]);

@@ -1,10 +1,10 @@
-// The scheduler: one thread that owns the model's forward (the CPU reference's thread pool is not
-// reentrant), running continuous batching over every admitted sequence.
+// The scheduler: one thread that owns the model runner (model/model_runner.h: the CPU reference or
+// the GPU engine; neither is reentrant), running continuous batching over every admitted sequence.
 //
 // Each step: reap cancelled sequences, admit waiting requests in FIFO order while the KV capacity
 // model allows (sum over running sequences of prompt + max_tokens ≤ kv_tokens, and at most
 // max_num_seqs), plan (decode tokens first, then chunked-prefill pieces under the step token
-// budget), run one forward_batch, sample, push tokens to each request's stream.
+// budget), hand the step to the runner, sample, push tokens to each request's stream.
 // HTTP threads only call submit() and talk to their RequestStream.
 #pragma once
 
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "model/model.h"
+#include "model/model_runner.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/request_stream.h"
 #include "runtime/sampler.h"
@@ -46,7 +46,9 @@ struct Submission {
 
 class Scheduler {
  public:
-  Scheduler(const Model& model, SchedulerSettings settings);
+  // The runner must outlive the scheduler. max_num_seqs and max_batch are capped at the runner's
+  // max_sequences().
+  Scheduler(ModelRunner& runner, SchedulerSettings settings);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -70,16 +72,17 @@ class Scheduler {
   struct Sequence;
   void loop();
   void admit_locked();
-  void start_sequence(Sequence& seq);
+  // Gives the sequence its state (a prefix-cache copy or a new one); false: none could be made and
+  // the request is finished with the error.
+  bool start_sequence(Sequence& seq);
   void run_step();
   Result<std::vector<std::vector<float>>> forward(const std::vector<size_t>& members,
-                                                  std::span<SequenceState* const> states,
                                                   std::span<const std::span<const int32_t>> tokens);
   void finish(Sequence& seq, FinishReason reason, std::string error = {});
   void release_locked(Sequence& seq);
   void publish_gauges();
 
-  const Model& model_;
+  ModelRunner& runner_;
   const SchedulerSettings settings_;
   SchedulerMetrics metrics_;
   PrefixCache prefix_cache_;

@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "model/cpu_runner.h"
 #include "runtime/scheduler.h"
 
 namespace spw::runtime {
@@ -20,14 +21,19 @@ class RuntimeScheduler : public ::testing::Test {
     auto m = load_model(fixture(), Numerics::reference());
     ASSERT_TRUE(m.ok()) << m.error().message;
     model_ = std::move(m.value()).release();
+    runner_ = new CpuRunner(*model_);
   }
   static void TearDownTestSuite() {
+    delete runner_;
+    runner_ = nullptr;
     delete model_;
     model_ = nullptr;
   }
   static Model* model_;
+  static CpuRunner* runner_;
 };
 Model* RuntimeScheduler::model_ = nullptr;
+CpuRunner* RuntimeScheduler::runner_ = nullptr;
 
 GenerationRequest greedy(std::vector<int32_t> prompt, int n) {
   GenerationRequest r;
@@ -71,7 +77,7 @@ TEST_F(RuntimeScheduler, ConcurrentEqualsAloneAndPrefixCacheChangesNothing) {
   {
     SchedulerSettings s;
     s.prefix_cache_nbytes = 0;
-    Scheduler sched(*model_, s);
+    Scheduler sched(*runner_, s);
     for (const auto& p : ps) {
       auto sub = sched.submit(greedy(p, 5));
       ASSERT_EQ(sub.code, SubmitCode::ok) << sub.message;
@@ -83,7 +89,7 @@ TEST_F(RuntimeScheduler, ConcurrentEqualsAloneAndPrefixCacheChangesNothing) {
   s.prefill_chunk = 16;
   s.step_token_budget = 24;
   s.max_batch = 5;
-  Scheduler sched(*model_, s);
+  Scheduler sched(*runner_, s);
   for (int round = 0; round < 2; ++round) {  // round 2 hits the cache everywhere
     std::vector<std::shared_ptr<RequestStream>> streams;
     for (const auto& p : ps) {
@@ -103,7 +109,7 @@ TEST_F(RuntimeScheduler, TinyKvQueuesFullQueueRefusesTooLargeRejected) {
   SchedulerSettings s;
   s.kv_tokens = 40;
   s.max_queue = 2;
-  Scheduler sched(*model_, s);
+  Scheduler sched(*runner_, s);
   auto big = sched.submit(greedy({0, 1, 2}, 50));
   EXPECT_EQ(big.code, SubmitCode::too_large);
   std::vector<std::shared_ptr<RequestStream>> ok;
@@ -125,7 +131,7 @@ TEST_F(RuntimeScheduler, TinyKvQueuesFullQueueRefusesTooLargeRejected) {
 
 TEST_F(RuntimeScheduler, CancelFreesTheSequence) {
   SchedulerSettings s;
-  Scheduler sched(*model_, s);
+  Scheduler sched(*runner_, s);
   auto sub = sched.submit(greedy({0, 9, 9}, 100000));
   ASSERT_EQ(sub.code, SubmitCode::ok);
   while (sub.stream->wait(std::chrono::milliseconds(50)).tokens.empty()) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "model/cpu_runner.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 #include "runtime/step_plan.h"
@@ -139,30 +140,48 @@ TEST(RuntimeSampler, FrequencyPenaltyAvoidsRepeats) {
 }
 
 TEST(RuntimePrefixCache, LongestVerifiedPrefixAndLruEviction) {
-  SequenceState s;
-  s.layers.resize(1);
-  s.layers[0].window.assign(1000, 1.f);
-  const size_t one = sequence_state_nbytes(s) + 64 * sizeof(int32_t);
+  SequenceState state;
+  state.layers.resize(1);
+  state.layers[0].window.assign(1000, 1.f);
+  CpuSequence s(state);
+  const size_t one = s.nbytes() + 64 * sizeof(int32_t);
   PrefixCache cache(16, one * 3);
   std::vector<int32_t> tokens(64);
   std::iota(tokens.begin(), tokens.end(), 0);
   for (int n : {16, 32, 48}) {
-    s.n_past = n;
+    s.state.n_past = n;
     cache.insert(std::span<const int32_t>(tokens).first(size_t(n)), s);
   }
-  SequenceState out;
-  EXPECT_EQ(cache.lookup(tokens, 62, out), 48);
-  EXPECT_EQ(out.n_past, 48);
-  EXPECT_EQ(cache.lookup(tokens, 40, out), 32);
-  EXPECT_EQ(cache.lookup(tokens, 15, out), 0);
+  auto [len, out] = cache.lookup(tokens, 62);
+  EXPECT_EQ(len, 48);
+  ASSERT_NE(out, nullptr);
+  EXPECT_EQ(out->n_past(), 48);
+  EXPECT_EQ(cache.lookup(tokens, 40).first, 32);
+  auto miss = cache.lookup(tokens, 15);
+  EXPECT_EQ(miss.first, 0);
+  EXPECT_EQ(miss.second, nullptr);
   auto other = tokens;
   other[20] = 999;  // diverges inside block 2: only the first block matches
-  EXPECT_EQ(cache.lookup(other, 64, out), 16);
+  EXPECT_EQ(cache.lookup(other, 64).first, 16);
   // A fourth snapshot evicts the least recently used (48 was used after 16... then 16 again).
-  s.n_past = 64;
+  s.state.n_past = 64;
   cache.insert(tokens, s);
   EXPECT_LE(cache.nbytes(), one * 3);
-  EXPECT_EQ(cache.lookup(tokens, 64, out), 64);
+  EXPECT_EQ(cache.lookup(tokens, 64).first, 64);
+}
+
+// A runner that cannot copy its states (clone() == nullptr) caches nothing.
+TEST(RuntimePrefixCache, StatesThatCannotBeCopiedAreNotCached) {
+  struct Uncopyable final : RunnerSequence {
+    int64_t n_past() const override { return 16; }
+    std::unique_ptr<RunnerSequence> clone() const override { return nullptr; }
+    size_t nbytes() const override { return 100; }
+  };
+  PrefixCache cache(16, size_t(1) << 20);
+  std::vector<int32_t> tokens(16, 7);
+  cache.insert(tokens, Uncopyable{});
+  EXPECT_EQ(cache.n_entries(), 0u);
+  EXPECT_EQ(cache.lookup(tokens, 16).first, 0);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 
 The server runs the tiny random-weight V4.1 fixture (tests/golden/fixtures/v41/model, vocab 1024,
 EOS id 1) from a temporary copy that gets a byte-level BPE tokenizer.json trained here with
-`tokenizers`. The binary comes from $SPILLWAY_BIN (scripts/test.sh sets it).
+`tokenizers`. The binary comes from $SPILLWAY_BIN (scripts/test.sh sets it). Every server inherits the
+environment, so SPILLWAY_DEVICE=cuda runs the whole suite on the GPU runner (scripts/gpu_serve.sh).
 """
 from __future__ import annotations
 

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# `spillway serve` on the GPU runner (engine/gpu_runner.h), in one device call:
+#  1. the Python server suite (tests/python/server, official openai/anthropic SDKs) with every server on
+#     `--device cuda` (SPILLWAY_DEVICE=cuda), on the tiny V4.1 fixture model; the client-library tests are
+#     left out (litellm and langchain do not travel: see below);
+#  2. tools/serve/check_gpu_runner.py on that model: GPU vs CPU greedy continuations, and concurrent vs alone;
+#  3. load through HTTP on a synthetic full-width V4.1 model (tools/synth, LAYERS layers, EXL3 K = 3 experts):
+#     bench/load.py at 1, 8, 32 and 64 streaming clients, then `spillway bench` at the same batch sizes and
+#     prompt length in the same call (the server's aggregate tokens/s against the engine's own).
+#   here:  BUILD_DIR=build-sm90 STAGE_BINS=bin/spillway bash scripts/gpu_test.sh stage    # .exl3pack/dev.tar.xz
+#          python3 -m pip download ... -d .whl  (openai, anthropic, jsonschema and their needs missing on the
+#          GPU image, for its Python 3.12: the list is WHEELS below)
+#          move models/demo/model.safetensors out of the tree (the upload is 64 MiB at most)
+#   there: bash scripts/gpu_serve.sh          # carry: .exl3pack .whl ; results in $OUT
+# Switches: SKIP_SUITE=1, SKIP_CHECK=1, SKIP_LOAD=1, LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
+# LOAD_TOKENS (default 256 generated per request), PYTEST_ARGS (extra pytest arguments).
+# WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl): openai==3.57.0
+#   anthropic==2.17.0 pydantic==2.14.4 pydantic_core==2.50.5 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1
+#   annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 jsonschema==4.26.0
+#   referencing==0.37.0 httpx==0.29.0 anyio==4.16.0 docstring_parser==0.18.0 rpds-py==2026.9.1
+#   jsonschema-specifications==2025.9.1 h11==0.16.0 httpcore==1.0.9
+set -u
+cd "$(dirname "$0")/.."
+[ -f .exl3pack/dev.tar.xz ] && [ ! -x .exl3dev/spillway ] && tar xJf .exl3pack/dev.tar.xz
+OUT=${OUT:-/tmp/serve_out}
+mkdir -p "$OUT"
+# Only spillway sees the staged libraries (coreutils there die loading the dev box's libpcre2).
+cat > /tmp/spillway <<EOF
+#!/bin/sh
+LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64 exec $PWD/.exl3dev/spillway "\$@"
+EOF
+chmod +x /tmp/spillway
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONUNBUFFERED=1
+LAYERS=${LAYERS:-4}
+SYNTH=/tmp/synth_v41_serve
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  nproc; free -g | head -2
+  /tmp/spillway --version
+} 2>&1 | tee "$OUT/serve_main.log"
+[ -z "${SKIP_LOAD:-}" ] && (python3 tools/synth/make_synthetic_model.py $SYNTH --arch v41 --experts exl3 --bits 3 \
+  --layers "$LAYERS" --tokenizer none > "$OUT/synth.log" 2>&1) &
+
+if [ -z "${SKIP_SUITE:-}" ]; then
+  SPILLWAY_BIN=/tmp/spillway SPILLWAY_DEVICE=cuda timeout 400 python3 -m pytest -q -p no:cacheprovider tests/python/server \
+    --ignore=tests/python/server/test_client_libraries.py ${PYTEST_ARGS:-} > "$OUT/pytest_cuda.log" 2>&1
+  echo "pytest on the GPU runner: rc $? — $(tail -1 "$OUT/pytest_cuda.log")" | tee -a "$OUT/serve_main.log"
+fi
+if [ -z "${SKIP_CHECK:-}" ]; then
+  timeout 300 python3 tools/serve/check_gpu_runner.py --bin /tmp/spillway --model tests/golden/fixtures/v41/model \
+    > "$OUT/check_tiny_v41.md" 2>&1
+  echo "check_gpu_runner (tiny V4.1): rc $? — $(tail -1 "$OUT/check_tiny_v41.md")" | tee -a "$OUT/serve_main.log"
+fi
+wait
+if [ -z "${SKIP_LOAD:-}" ]; then
+  cat "$OUT/synth.log" >> "$OUT/serve_main.log"
+  P=${LOAD_PROMPT:-64} N=${LOAD_TOKENS:-256}
+  /tmp/spillway serve --model $SYNTH --device cuda --port 18300 --max-num-seqs 64 --max-batch 64 \
+    --max-model-len $((P + N + 64)) --max-tokens-limit $N > "$OUT/serve_synth.log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 300); do curl -sf http://127.0.0.1:18300/health > /dev/null && break; sleep 1; done
+  timeout 300 python3 bench/load.py --base-url http://127.0.0.1:18300/v1 --concurrency 1,8,32,64 --requests-per-stream 1 \
+    --prompt-tokens "$P" --max-tokens "$N" --vocab 129280 2>&1 | tee "$OUT/load_synth.md"
+  curl -s http://127.0.0.1:18300/metrics > "$OUT/metrics_synth.txt"
+  kill -TERM $SERVER; wait $SERVER; echo "server rc $?" >> "$OUT/serve_main.log"
+  timeout 240 /tmp/spillway bench --model $SYNTH --batches 1 8 32 64 --batch-prompt "$P" --batch-steps 32 --prefill 4096 \
+    2>&1 | tee "$OUT/bench_synth.md" | grep -E "^\| (1|8|32|64) \||HBM|tensor-core|Device" | tee -a "$OUT/serve_main.log"
+fi
+exit 0

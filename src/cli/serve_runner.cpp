@@ -1,0 +1,98 @@
+#include "cli/serve_runner.h"
+
+#include "base/log.h"
+#include "cli/load_progress.h"
+#include "model/cpu_runner.h"
+#if defined(SPW_HAVE_GPU_RUNNER)
+#include "engine/gpu_runner.h"
+#endif
+
+namespace spw::cli {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+Result<LoadedRunner> load_cpu(const ServeRunnerOptions& o) {
+  LoadOptions load;
+  load.on_progress = layer_progress("loading weights (CPU)");
+  auto model = load_model(o.model_dir, o.numerics, load);
+  if (!model.ok()) return model.error();
+  LoadedRunner out;
+  out.cpu_model = std::move(model.value());
+  out.runner = std::make_unique<CpuRunner>(*out.cpu_model);
+  return out;
+}
+
+#if defined(SPW_HAVE_GPU_RUNNER)
+Result<LoadedRunner> load_cuda(const ServeRunnerOptions& o) {
+  auto config = read_model_config(o.model_dir);
+  if (!config.ok()) return config.error();
+  engine::KvBudget budget;
+  budget.max_seqs = o.max_num_seqs;
+  budget.max_context = o.max_model_len;
+  budget.max_step_tokens = o.prefill_chunk;
+  const engine::MemoryPlan plan = engine::plan_memory(*config, budget, o.numerics.fake_quant);
+  auto mem = engine::device_memory();
+  if (!mem.ok()) return mem.error();
+  SPW_LOG_INFO("GPU memory plan ({} sequences of up to {} positions, prefill pieces of {} tokens): weights {:.2f} GiB, "
+               "KV pools {:.2f} GiB, sequence state {:.2f} GiB, workspace {:.2f} GiB; total {:.2f} GiB of {:.2f} GiB "
+               "free ({:.2f} GiB on the device); Engram tables {:.2f} GiB and staging {:.2f} GiB in host memory",
+               budget.max_seqs, budget.max_context, budget.max_step_tokens, plan.weights.total() / kGiB,
+               plan.kv.pool_nbytes() / kGiB, plan.state_nbytes / kGiB, plan.workspace_nbytes / kGiB,
+               plan.device_total() / kGiB, mem->free / kGiB, mem->total / kGiB, plan.engram_tables_host_nbytes / kGiB,
+               plan.staging_host_nbytes / kGiB);
+  if (plan.device_total() > mem->free) {
+    if (plan.weights.total() > mem->free)
+      return make_error("the model's weights alone need ", plan.weights.total() / kGiB, " GiB of device memory and ",
+                        mem->free / kGiB, " GiB are free; this model does not fit this GPU (use --device cpu, or a "
+                        "GPU with more memory)");
+    return make_error("the GPU plan needs ", plan.device_total() / kGiB, " GiB of device memory and ",
+                      mem->free / kGiB, " GiB are free; the KV pools (", plan.kv.pool_nbytes() / kGiB,
+                      " GiB) hold --max-num-seqs ", budget.max_seqs, " sequences of --max-model-len ",
+                      budget.max_context, " positions: lower either (the workspace grows with --prefill-chunk ",
+                      budget.max_step_tokens, ")");
+  }
+  engine::GpuRunnerSettings settings;
+  settings.budget = budget;
+  settings.numerics = o.numerics;
+  settings.gpu = o.gpu;
+  settings.on_progress = layer_progress("loading weights (GPU)");
+  auto runner = engine::load_gpu_runner(o.model_dir, settings);
+  if (!runner.ok()) return runner.error();
+  LoadedRunner out;
+  out.runner = std::move(runner.value());
+  return out;
+}
+#endif
+
+}  // namespace
+
+Result<LoadedRunner> load_serve_runner(const ServeRunnerOptions& o) {
+  std::string device = o.device;
+#if defined(SPW_HAVE_GPU_RUNNER)
+  const int n_gpus = engine::cuda_device_count();
+  if (device == "auto") {
+    device = n_gpus > 0 && !o.is_demo_model ? "cuda" : "cpu";
+    SPW_LOG_INFO("--device auto: {} ({})", device,
+                 n_gpus == 0        ? "no CUDA device is visible"
+                 : o.is_demo_model ? "the bundled demo model runs on the CPU; --device cuda puts it on the GPU"
+                                   : "a CUDA device is visible");
+  }
+  if (device == "cuda") {
+    if (n_gpus == 0) return make_error("--device cuda: no CUDA device is visible to this process");
+    return load_cuda(o);
+  }
+#else
+  if (device == "auto") {
+    device = "cpu";
+    SPW_LOG_INFO("--device auto: cpu (this build has no CUDA)");
+  }
+  if (device == "cuda")
+    return make_error("--device cuda: this spillway was built without CUDA (-DSPILLWAY_CUDA=OFF); rebuild with nvcc "
+                      "available, or use --device cpu");
+#endif
+  if (device != "cpu") return make_error("--device ", device, ": expected auto, cpu or cuda");
+  return load_cpu(o);
+}
+
+}  // namespace spw::cli

@@ -1,0 +1,38 @@
+// Which model runner `spillway serve` uses, and loading it: the CPU reference (model/cpu_runner.h)
+// or the GPU engine (engine/gpu_runner.h, CUDA builds). `--device auto` takes the GPU when this build
+// has it, a CUDA device is visible and the model is not the bundled demo model (which the CPU serves
+// at interactive speed on any machine); the choice and its reason are logged. Before a GPU load the
+// memory plan is logged, and a plan larger than the free device memory is an error naming the flags
+// that shrink it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "base/settings.h"
+#include "base/status.h"
+#include "model/model.h"
+#include "model/model_runner.h"
+
+namespace spw::cli {
+
+struct ServeRunnerOptions {
+  std::string device = "auto";  // auto, cpu or cuda
+  std::string model_dir;
+  bool is_demo_model = false;
+  Numerics numerics = Numerics::reference();
+  // The GPU runner's KV budget: every sequence may reach max_model_len positions.
+  int max_num_seqs = 64;
+  int64_t max_model_len = 8192;
+  int prefill_chunk = 256;
+  GpuSettings gpu;
+};
+
+struct LoadedRunner {
+  std::unique_ptr<Model> cpu_model;  // the CPU runner's model (null for the GPU runner)
+  std::unique_ptr<ModelRunner> runner;
+};
+
+Result<LoadedRunner> load_serve_runner(const ServeRunnerOptions& options);
+
+}  // namespace spw::cli

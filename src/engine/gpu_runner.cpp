@@ -1,0 +1,113 @@
+#include "engine/gpu_runner.h"
+
+#include <cuda_runtime.h>
+
+#include "cuda/kernel_settings.h"
+#include "engine/gpu_model.h"
+
+namespace spw::engine {
+namespace {
+
+class GpuRunnerSequence final : public RunnerSequence {
+ public:
+  explicit GpuRunnerSequence(GpuSequence seq) : seq(std::move(seq)) {}
+  int64_t n_past() const override { return seq.n_past; }
+  std::unique_ptr<RunnerSequence> clone() const override { return nullptr; }
+  size_t nbytes() const override { return 0; }
+
+  GpuSequence seq;
+};
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error for later calls
+    return 0;
+  }
+  return n;
+}
+
+Result<DeviceMemory> device_memory() {
+  DeviceMemory m;
+  if (cudaError_t e = cudaMemGetInfo(&m.free, &m.total); e != cudaSuccess)
+    return make_error("cudaMemGetInfo: ", cudaGetErrorString(e));
+  return m;
+}
+
+GpuRunner::GpuRunner(std::unique_ptr<GpuModel> model) : model_(std::move(model)) {}
+GpuRunner::~GpuRunner() = default;
+
+const ModelConfig& GpuRunner::config() const { return model_->config(); }
+int64_t GpuRunner::max_context() const { return model_->budget().max_context; }
+int GpuRunner::max_sequences() const { return model_->budget().max_seqs; }
+
+Result<std::unique_ptr<RunnerSequence>> GpuRunner::new_sequence() {
+  auto seq = model_->new_sequence();
+  if (!seq.ok()) return seq.error();
+  return std::unique_ptr<RunnerSequence>(std::make_unique<GpuRunnerSequence>(std::move(seq.value())));
+}
+
+Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const RunnerInput> inputs) {
+  const ModelConfig& c = model_->config();
+  const KvBudget& budget = model_->budget();
+  // Everything is checked before any sequence advances (GpuModel checks again, per call).
+  std::vector<GpuSequence*> seqs(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto* s = dynamic_cast<GpuRunnerSequence*>(inputs[i].seq);
+    if (!s || s->seq.owner != model_.get()) return make_error("input ", i, ": not a sequence of this GPU runner");
+    for (size_t j = 0; j < i; ++j)
+      if (seqs[j] == &s->seq) return make_error("input ", i, ": the sequence of input ", j, " again");
+    seqs[i] = &s->seq;
+    const auto& t = inputs[i].tokens;
+    if (t.empty()) return make_error("input ", i, ": no tokens");
+    if (int64_t(t.size()) > budget.max_step_tokens)
+      return make_error("input ", i, ": ", t.size(), " tokens in one step, the budget allows ", budget.max_step_tokens);
+    if (s->seq.n_past + int64_t(t.size()) > budget.max_context)
+      return make_error("input ", i, ": context ", s->seq.n_past + int64_t(t.size()), " beyond the budget's ",
+                        budget.max_context);
+    for (int32_t id : t)
+      if (id < 0 || id >= c.vocab_size)
+        return make_error("input ", i, ": token ", id, " outside the vocabulary [0, ", c.vocab_size, ")");
+  }
+  std::vector<std::vector<float>> out(inputs.size());
+  const size_t vocab = size_t(c.vocab_size);
+  std::vector<size_t> decodes;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].tokens.size() == 1 && !inputs[i].all_logits) decodes.push_back(i);
+  if (!decodes.empty()) {
+    std::vector<GpuSequence*> batch;
+    std::vector<int32_t> tokens, next(decodes.size());
+    for (size_t i : decodes) {
+      batch.push_back(seqs[i]);
+      tokens.push_back(inputs[i].tokens[0]);
+    }
+    std::vector<float> logits;
+    SPW_TRY(model_->decode(batch, tokens, next, &logits));
+    for (size_t k = 0; k < decodes.size(); ++k)
+      out[decodes[k]].assign(logits.begin() + std::ptrdiff_t(k * vocab), logits.begin() + std::ptrdiff_t((k + 1) * vocab));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!out[i].empty()) continue;
+    ForwardOptions options;
+    options.all_logits = inputs[i].all_logits;
+    auto r = model_->forward(*seqs[i], inputs[i].tokens, options);
+    if (!r.ok()) return make_error("input ", i, ": ", r.error().message);
+    out[i] = std::move(r.value());
+  }
+  return out;
+}
+
+Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir, const GpuRunnerSettings& settings) {
+  if (cuda_device_count() == 0) return make_error("no CUDA device is visible to this process");
+  cuda::apply_kernel_settings(settings.gpu);  // before any weights are uploaded (dense_linear.h: set_gemv_mma)
+  GpuModelOptions options;
+  options.budget = settings.budget;
+  options.moe_paths = moe_paths_from(settings.gpu);
+  options.on_progress = settings.on_progress;
+  auto model = load_gpu_model(model_dir, settings.numerics, options);
+  if (!model.ok()) return model.error();
+  return std::make_unique<GpuRunner>(std::move(model.value()));
+}
+}  // namespace spw::engine

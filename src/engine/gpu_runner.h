@@ -1,0 +1,67 @@
+// The GPU engine (engine/gpu_model.h) as a ModelRunner (model/model_runner.h), what `spillway serve
+// --device cuda` runs. Each sequence is a GpuSequence: a slot in the model's page tables and its pages
+// in the KV pools, returned when the sequence is destroyed.
+//
+// A step runs the one-token inputs that want only their last logits as one batched decode
+// (GpuModel::decode) and every other input as its own GpuModel::forward call; logits come back to the
+// host, where the scheduler samples. Per sequence the result is what GpuModel::forward computes alone
+// (tests/gpu/test_engine_batch.cpp up to 8 sequences; tests/gpu/test_gpu_runner.cpp through the
+// scheduler).
+// Not yet here: sequence copies for the prefix cache (clone() is nullptr, so nothing is cached), and
+// admission by free KV pages (the pools are sized for every sequence at max_context).
+// Not thread-safe: one scheduler thread calls it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "base/settings.h"
+#include "engine/memory_plan.h"
+#include "model/model.h"
+#include "model/model_runner.h"
+
+namespace spw::engine {
+
+class GpuModel;
+struct GpuModelOptions;
+
+// CUDA devices visible to this process (0 when there is no driver or device).
+int cuda_device_count();
+
+// Free and total bytes of device 0's memory, or an error naming the CUDA failure.
+struct DeviceMemory {
+  size_t free = 0, total = 0;
+};
+Result<DeviceMemory> device_memory();
+
+struct GpuRunnerSettings {
+  KvBudget budget;                               // sequences, context and step tokens the pools hold
+  Numerics numerics = Numerics::reference();
+  GpuSettings gpu;                               // kernel switches and expert paths (base/settings.h)
+  std::function<void(int done, int total)> on_progress;  // layers read from the checkpoint
+};
+
+class GpuRunner final : public ModelRunner {
+ public:
+  explicit GpuRunner(std::unique_ptr<GpuModel> model);
+  ~GpuRunner() override;
+
+  const ModelConfig& config() const override;
+  std::string_view device() const override { return "cuda"; }
+  int64_t max_context() const override;
+  int max_sequences() const override;
+  Result<std::unique_ptr<RunnerSequence>> new_sequence() override;
+  Result<std::vector<std::vector<float>>> forward(std::span<const RunnerInput> inputs) override;
+
+  GpuModel& model() { return *model_; }
+
+ private:
+  std::unique_ptr<GpuModel> model_;
+};
+
+// Applies settings.gpu's kernel switches (process-wide) and loads the model onto device 0 with pools
+// for settings.budget (GpuModelOptions' defaults otherwise).
+Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir, const GpuRunnerSettings& settings);
+
+}  // namespace spw::engine

@@ -1,0 +1,63 @@
+// The scheduler's interface to a model (vLLM v1's scheduler → runner split): the scheduler decides
+// which sequences take which tokens in a step; a ModelRunner owns the weights and every sequence's
+// KV state and runs the step. Two implementations: the CPU reference (model/cpu_runner.h, any
+// machine, the oracle in tests) and the GPU engine (engine/gpu_runner.h, CUDA builds).
+//
+// Contract, for every runner: a sequence's logits depend only on its own tokens, never on which
+// other sequences share the step (the scheduler's "concurrent equals alone" guarantee rests on it);
+// a one-token input is a decode step and a longer one a prefill piece (V4.1's stale-index-key quirk
+// computes them differently, so the scheduler never splits a prompt into a one-token piece).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "model/config.h"
+
+namespace spw {
+
+// One sequence's KV state, made by and only usable with the runner that made it.
+class RunnerSequence {
+ public:
+  virtual ~RunnerSequence() = default;
+  // Positions already in the state.
+  virtual int64_t n_past() const = 0;
+  // An independent copy of the state (what the prefix cache stores), or nullptr where this runner
+  // cannot copy a state.
+  virtual std::unique_ptr<RunnerSequence> clone() const = 0;
+  // Bytes the state holds: what keeping a copy of it costs.
+  virtual size_t nbytes() const = 0;
+};
+
+struct RunnerInput {
+  RunnerSequence* seq = nullptr;
+  std::span<const int32_t> tokens;  // appended to seq; at least one
+  bool all_logits = false;          // logits for every new position, else only the last
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual const ModelConfig& config() const = 0;
+  // "cpu" or "cuda": where the forward runs (logged at start-up, shown in /metrics).
+  virtual std::string_view device() const = 0;
+  // The longest context one sequence may reach (positions), or 0 for no limit of the runner's own.
+  virtual int64_t max_context() const = 0;
+  // Sequences that may exist at once, or 0 for no limit of the runner's own.
+  virtual int max_sequences() const = 0;
+
+  // A new empty sequence. Errors: the runner's sequence slots or KV memory are exhausted.
+  virtual Result<std::unique_ptr<RunnerSequence>> new_sequence() = 0;
+  // One step: appends each input's tokens to its sequence (each sequence at most once) and returns,
+  // per input in order, its logits: [vocab] for the last new position, or [n, vocab] with all_logits.
+  // Errors: invalid tokens or sequences (checked before any sequence advances), device failures
+  // (after which the step's sequences must not be used again).
+  virtual Result<std::vector<std::vector<float>>> forward(std::span<const RunnerInput> inputs) = 0;
+};
+
+}  // namespace spw
