@@ -28,6 +28,7 @@ struct ServeOptions {
   size_t prefix_cache_mb = 1024;
   std::string numerics = "reference";
   std::string device = "auto";
+  bool batch_invariant = true;
   int threads = 0;
 };
 
@@ -92,6 +93,7 @@ int serve(ServeOptions o) {
   runner_options.max_num_seqs = o.s.scheduler.max_num_seqs;
   runner_options.max_model_len = o.s.max_model_len;
   runner_options.prefill_chunk = o.s.scheduler.prefill_chunk;
+  runner_options.batch_invariant = o.batch_invariant;
   runner_options.gpu = settings().gpu;
   auto loaded = load_serve_runner(runner_options);
   if (!loaded.ok()) {
@@ -238,6 +240,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "device is visible and the model is not the bundled demo model)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->envname("SPILLWAY_DEVICE")
+      ->capture_default_str();
+  cmd->add_option("--batch-invariant", o->batch_invariant,
+                  "GPU: a sequence's greedy output does not depend on what else is batched with it (decode calls of "
+                  "at most 16 sequences); false runs each step's decodes in one call, faster at large batches")
+      ->envname("SPILLWAY_BATCH_INVARIANT")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads of the CPU reference runner (0 = all cores)")
       ->envname("SPILLWAY_THREADS");

@@ -56,6 +56,7 @@ Result<LoadedRunner> load_cuda(const ServeRunnerOptions& o) {
   settings.budget = budget;
   settings.numerics = o.numerics;
   settings.gpu = o.gpu;
+  settings.batch_invariant = o.batch_invariant;
   settings.on_progress = layer_progress("loading weights (GPU)");
   auto runner = engine::load_gpu_runner(o.model_dir, settings);
   if (!runner.ok()) return runner.error();

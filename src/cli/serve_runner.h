@@ -25,6 +25,7 @@ struct ServeRunnerOptions {
   int max_num_seqs = 64;
   int64_t max_model_len = 8192;
   int prefill_chunk = 256;
+  bool batch_invariant = true;  // GPU: decode calls of at most 16 sequences (engine/gpu_runner.h)
   GpuSettings gpu;
 };
 

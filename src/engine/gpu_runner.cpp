@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "cuda/kernel_settings.h"
 #include "engine/gpu_model.h"
 
@@ -36,7 +38,10 @@ Result<DeviceMemory> device_memory() {
   return m;
 }
 
-GpuRunner::GpuRunner(std::unique_ptr<GpuModel> model) : model_(std::move(model)) {}
+GpuRunner::GpuRunner(std::unique_ptr<GpuModel> model, bool batch_invariant)
+    : model_(std::move(model)),
+      max_decode_rows_(batch_invariant ? std::min(kDeviceDispatchRows, model_->budget().max_seqs)
+                                       : model_->budget().max_seqs) {}
 GpuRunner::~GpuRunner() = default;
 
 const ModelConfig& GpuRunner::config() const { return model_->config(); }
@@ -76,17 +81,19 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
   std::vector<size_t> decodes;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (inputs[i].tokens.size() == 1 && !inputs[i].all_logits) decodes.push_back(i);
-  if (!decodes.empty()) {
+  for (size_t first = 0; first < decodes.size(); first += size_t(max_decode_rows_)) {
+    const size_t n = std::min(decodes.size() - first, size_t(max_decode_rows_));
     std::vector<GpuSequence*> batch;
-    std::vector<int32_t> tokens, next(decodes.size());
-    for (size_t i : decodes) {
-      batch.push_back(seqs[i]);
-      tokens.push_back(inputs[i].tokens[0]);
+    std::vector<int32_t> tokens, next(n);
+    for (size_t k = first; k < first + n; ++k) {
+      batch.push_back(seqs[decodes[k]]);
+      tokens.push_back(inputs[decodes[k]].tokens[0]);
     }
     std::vector<float> logits;
     SPW_TRY(model_->decode(batch, tokens, next, &logits));
-    for (size_t k = 0; k < decodes.size(); ++k)
-      out[decodes[k]].assign(logits.begin() + std::ptrdiff_t(k * vocab), logits.begin() + std::ptrdiff_t((k + 1) * vocab));
+    for (size_t k = 0; k < n; ++k)
+      out[decodes[first + k]].assign(logits.begin() + std::ptrdiff_t(k * vocab),
+                                     logits.begin() + std::ptrdiff_t((k + 1) * vocab));
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!out[i].empty()) continue;
@@ -108,6 +115,6 @@ Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir,
   options.on_progress = settings.on_progress;
   auto model = load_gpu_model(model_dir, settings.numerics, options);
   if (!model.ok()) return model.error();
-  return std::make_unique<GpuRunner>(std::move(model.value()));
+  return std::make_unique<GpuRunner>(std::move(model.value()), settings.batch_invariant);
 }
 }  // namespace spw::engine

@@ -2,11 +2,14 @@
 // --device cuda` runs. Each sequence is a GpuSequence: a slot in the model's page tables and its pages
 // in the KV pools, returned when the sequence is destroyed.
 //
-// A step runs the one-token inputs that want only their last logits as one batched decode
+// A step runs the one-token inputs that want only their last logits as batched decodes
 // (GpuModel::decode) and every other input as its own GpuModel::forward call; logits come back to the
-// host, where the scheduler samples. Per sequence the result is what GpuModel::forward computes alone
-// (tests/gpu/test_engine_batch.cpp up to 8 sequences; tests/gpu/test_gpu_runner.cpp through the
-// scheduler).
+// host, where the scheduler samples. With batch_invariant (the default) a decode call takes at most 16
+// sequences: up to there every kernel computes each row from that row alone (the linears take the GEMV),
+// so a sequence's result is what GpuModel::forward computes for it alone whatever else runs
+// (tests/gpu/test_engine_batch.cpp; through the server: tools/serve/check_gpu_runner.py). Without it one
+// call takes the whole batch, which past 16 rows takes GEMMs whose per-row sums may depend on the
+// batch size.
 // Not yet here: sequence copies for the prefix cache (clone() is nullptr, so nothing is cached), and
 // admission by free KV pages (the pools are sized for every sequence at max_context).
 // Not thread-safe: one scheduler thread calls it.
@@ -39,12 +42,13 @@ struct GpuRunnerSettings {
   KvBudget budget;                               // sequences, context and step tokens the pools hold
   Numerics numerics = Numerics::reference();
   GpuSettings gpu;                               // kernel switches and expert paths (base/settings.h)
+  bool batch_invariant = true;                   // decode calls of at most 16 sequences (see above)
   std::function<void(int done, int total)> on_progress;  // layers read from the checkpoint
 };
 
 class GpuRunner final : public ModelRunner {
  public:
-  explicit GpuRunner(std::unique_ptr<GpuModel> model);
+  GpuRunner(std::unique_ptr<GpuModel> model, bool batch_invariant);
   ~GpuRunner() override;
 
   const ModelConfig& config() const override;
@@ -58,6 +62,7 @@ class GpuRunner final : public ModelRunner {
 
  private:
   std::unique_ptr<GpuModel> model_;
+  int max_decode_rows_;  // sequences per decode call
 };
 
 // Applies settings.gpu's kernel switches (process-wide) and loads the model onto device 0 with pools
