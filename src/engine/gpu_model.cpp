@@ -95,6 +95,13 @@ Result<GpuSequence> GpuModel::new_sequence() {
   return seq;
 }
 
+GpuModel::KvPageCounts GpuModel::kv_pages() const {
+  KvPageCounts c;
+  c.total = plan_.kv.ring_pages + plan_.kv.compressed_pages + plan_.kv.index_key_pages;
+  c.used = c.total - (state_->ring.alloc.n_free() + state_->comp.alloc.n_free() + state_->keys.alloc.n_free());
+  return c;
+}
+
 void GpuModel::free_sequence(GpuSequence& seq) {
   if (seq.owner != this || seq.slot < 0) return;
   for (auto& p : seq.ring_pages) state_->ring.alloc.free(p);

@@ -116,6 +116,12 @@ class GpuModel {
   size_t step_arena_high_water() const;
   size_t step_arena_capacity() const;
 
+  // Pages of the three KV pools (window rings, compressed entries, index keys) in use and in all.
+  struct KvPageCounts {
+    int64_t used = 0, total = 0;
+  };
+  KvPageCounts kv_pages() const;
+
   // Turns CUDA graphs for decode steps on or off (GpuModelOptions::cuda_graphs), e.g. to compare.
   void set_cuda_graphs(bool on);
   // Counts of the graph segments launched so far (zeros without graphs).

@@ -55,6 +55,7 @@ class GpuRunner final : public ModelRunner {
   std::string_view device() const override { return "cuda"; }
   int64_t max_context() const override;
   int max_sequences() const override;
+  RunnerUsage usage() const override;
   Result<std::unique_ptr<RunnerSequence>> new_sequence() override;
   Result<std::vector<std::vector<float>>> forward(std::span<const RunnerInput> inputs) override;
 
@@ -63,6 +64,7 @@ class GpuRunner final : public ModelRunner {
  private:
   std::unique_ptr<GpuModel> model_;
   int max_decode_rows_;  // sequences per decode call
+  DeviceMemory memory_after_load_;  // the engine allocates nothing after its load
 };
 
 // Applies settings.gpu's kernel switches (process-wide) and loads the model onto device 0 with pools

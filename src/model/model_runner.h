@@ -34,6 +34,12 @@ class RunnerSequence {
   virtual size_t nbytes() const = 0;
 };
 
+// What a runner holds, for /metrics; -1 where the runner does not know or has no such thing.
+struct RunnerUsage {
+  int64_t kv_blocks_used = -1, kv_blocks_total = -1;          // pages of the KV pools
+  int64_t device_bytes_used = -1, device_bytes_total = -1;    // the device's memory (all processes)
+};
+
 struct RunnerInput {
   RunnerSequence* seq = nullptr;
   std::span<const int32_t> tokens;  // appended to seq; at least one
@@ -50,6 +56,8 @@ class ModelRunner {
   virtual int64_t max_context() const = 0;
   // Sequences that may exist at once, or 0 for no limit of the runner's own.
   virtual int max_sequences() const = 0;
+  // Cheap (host counters): the scheduler reads it after every step.
+  virtual RunnerUsage usage() const { return {}; }
 
   // A new empty sequence. Errors: the runner's sequence slots or KV memory are exhausted.
   virtual Result<std::unique_ptr<RunnerSequence>> new_sequence() = 0;

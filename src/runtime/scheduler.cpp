@@ -41,6 +41,7 @@ SchedulerSettings capped(SchedulerSettings s, const ModelRunner& runner) {
 Scheduler::Scheduler(ModelRunner& runner, SchedulerSettings settings)
     : runner_(runner), settings_(capped(settings, runner)),
       prefix_cache_(settings.prefix_block, settings.prefix_cache_nbytes) {
+  metrics_.set_device(std::string(runner_.device()));
   SPW_CHECK(settings_.prefix_block > 0 && settings_.prefill_chunk % settings_.prefix_block == 0);
   SPW_CHECK(settings_.step_token_budget >= settings_.prefill_chunk && settings_.max_batch > 0);
   thread_ = std::thread([this] { loop(); });
@@ -193,7 +194,7 @@ void Scheduler::publish_gauges() {
     kv = kv_reserved_;
   }
   metrics_.set_gauges(queued, int64_t(running_.size()), kv, settings_.kv_tokens, prefix_cache_.n_entries(),
-                      prefix_cache_.nbytes());
+                      prefix_cache_.nbytes(), runner_.usage());
 }
 
 void Scheduler::loop() {

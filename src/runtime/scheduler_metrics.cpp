@@ -28,7 +28,7 @@ SchedulerMetrics::SchedulerMetrics() {
 }
 
 void SchedulerMetrics::set_gauges(int64_t queue_depth, int64_t running, int64_t kv_used, int64_t kv_capacity,
-                               size_t cache_entries, size_t cache_nbytes) {
+                               size_t cache_entries, size_t cache_nbytes, const RunnerUsage& runner) {
   std::lock_guard lock(mutex_);
   s_.queue_depth = queue_depth;
   s_.running = running;
@@ -36,6 +36,12 @@ void SchedulerMetrics::set_gauges(int64_t queue_depth, int64_t running, int64_t 
   s_.kv_tokens_capacity = kv_capacity;
   s_.prefix_cache_entries = cache_entries;
   s_.prefix_cache_nbytes = cache_nbytes;
+  s_.runner = runner;
+}
+
+void SchedulerMetrics::set_device(std::string device) {
+  std::lock_guard lock(mutex_);
+  s_.device = std::move(device);
 }
 
 void SchedulerMetrics::on_admit(int64_t prompt_tokens, int64_t cached_tokens) {

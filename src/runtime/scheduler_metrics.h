@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <vector>
+
+#include "model/model_runner.h"
 
 namespace spw::runtime {
 
@@ -35,6 +38,8 @@ struct SchedulerSnapshot {
   uint64_t steps = 0;
   uint64_t prefix_cache_entries = 0;
   uint64_t prefix_cache_nbytes = 0;
+  std::string device;                  // the model runner's (ModelRunner::device)
+  RunnerUsage runner;                  // the model runner's KV pages and device memory (-1: unknown)
   double generation_tokens_per_s = 0;  // over the last 10 s
   Histogram ttft{{}};
   Histogram inter_token{{}};
@@ -48,7 +53,8 @@ class SchedulerMetrics {
 
   // All calls below are cheap and take the mutex.
   void set_gauges(int64_t queue_depth, int64_t running, int64_t kv_used, int64_t kv_capacity,
-                  size_t cache_entries, size_t cache_nbytes);
+                  size_t cache_entries, size_t cache_nbytes, const RunnerUsage& runner);
+  void set_device(std::string device);
   void on_admit(int64_t prompt_tokens, int64_t cached_tokens);
   void on_step(double seconds, int64_t prefill_tokens, int64_t generated_tokens, clock::time_point now);
   void on_first_token(double seconds);

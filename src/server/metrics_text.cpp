@@ -38,6 +38,20 @@ std::string render_metrics(const runtime::SchedulerSnapshot& s) {
   metric(out, "spillway_kv_tokens_capacity", "gauge", "KV capacity in tokens (--kv-tokens).", double(s.kv_tokens_capacity));
   metric(out, "spillway_kv_usage_ratio", "gauge", "kv_tokens_used / kv_tokens_capacity.",
          s.kv_tokens_capacity ? double(s.kv_tokens_used) / double(s.kv_tokens_capacity) : 0.0);
+  if (!s.device.empty()) {
+    out += "# HELP spillway_runner_info Where the model runs (serve --device).\n# TYPE spillway_runner_info gauge\n";
+    out += "spillway_runner_info{device=\"" + s.device + "\"} 1\n";
+  }
+  if (s.runner.kv_blocks_total >= 0) {
+    metric(out, "spillway_kv_blocks_used", "gauge", "KV pool pages held by sequences (GPU runner).",
+           double(s.runner.kv_blocks_used));
+    metric(out, "spillway_kv_blocks_total", "gauge", "KV pool pages in all (GPU runner).", double(s.runner.kv_blocks_total));
+  }
+  if (s.runner.device_bytes_total >= 0) {
+    metric(out, "spillway_device_memory_used_bytes", "gauge", "Device memory in use after the model loaded (all processes).",
+           double(s.runner.device_bytes_used));
+    metric(out, "spillway_device_memory_total_bytes", "gauge", "Device memory in all.", double(s.runner.device_bytes_total));
+  }
   metric(out, "spillway_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", double(s.prompt_tokens));
   metric(out, "spillway_prompt_tokens_cached_total", "counter", "Prompt tokens served from the prefix cache.",
          double(s.prompt_tokens_cached));

@@ -40,3 +40,17 @@ def test_unknown_device_is_refused(spillway_bin, model_dir):
     out = p.stdout + p.stderr
     assert p.returncode != 0
     assert "--device" in out and "tpu" in out, out
+
+
+def test_metrics_name_the_runner_and_its_kv_pages(server):
+    m = server.metrics()
+    devices = [k for k, v in m.items() if k.startswith("spillway_runner_info{") and v == 1]
+    assert len(devices) == 1, m
+    device = re.search(r'device="(\w+)"', devices[0]).group(1)
+    assert device in ("cpu", "cuda")
+    if device == "cuda":  # the GPU runner's paged pools and the device's memory
+        assert 0 <= m["spillway_kv_blocks_used"] <= m["spillway_kv_blocks_total"]
+        assert m["spillway_kv_blocks_total"] > 0
+        assert 0 < m["spillway_device_memory_used_bytes"] <= m["spillway_device_memory_total_bytes"]
+    else:  # the CPU reference has no pools
+        assert "spillway_kv_blocks_total" not in m
