@@ -29,6 +29,7 @@ struct ServeOptions {
   std::string numerics = "reference";
   std::string device = "auto";
   bool batch_invariant = true;
+  int prefix_cache_slots = 8;
   int threads = 0;
 };
 
@@ -94,6 +95,7 @@ int serve(ServeOptions o) {
   runner_options.max_model_len = o.s.max_model_len;
   runner_options.prefill_chunk = o.s.scheduler.prefill_chunk;
   runner_options.batch_invariant = o.batch_invariant;
+  runner_options.prefix_cache_slots = o.prefix_cache_mb > 0 ? o.prefix_cache_slots : 0;
   runner_options.gpu = settings().gpu;
   auto loaded = load_serve_runner(runner_options);
   if (!loaded.ok()) {
@@ -245,6 +247,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "GPU: a sequence's greedy output does not depend on what else is batched with it (decode calls of "
                   "at most 16 sequences); false runs each step's decodes in one call, faster at large batches")
       ->envname("SPILLWAY_BATCH_INVARIANT")
+      ->capture_default_str();
+  cmd->add_option("--prefix-cache-slots", o->prefix_cache_slots,
+                  "GPU: sequences the prefix cache keeps on the device, each a copy of a prompt prefix's KV with "
+                  "pool room for --max-model-len positions (0 or --prefix-cache-mb 0: no prefix cache)")
+      ->check(CLI::Range(0, 4096))
+      ->envname("SPILLWAY_PREFIX_CACHE_SLOTS")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads of the CPU reference runner (0 = all cores)")
       ->envname("SPILLWAY_THREADS");

@@ -28,16 +28,17 @@ Result<LoadedRunner> load_cuda(const ServeRunnerOptions& o) {
   auto config = read_model_config(o.model_dir);
   if (!config.ok()) return config.error();
   engine::KvBudget budget;
-  budget.max_seqs = o.max_num_seqs;
+  budget.max_seqs = o.max_num_seqs + o.prefix_cache_slots;  // the runner keeps the extra slots for cached copies
   budget.max_context = o.max_model_len;
   budget.max_step_tokens = o.prefill_chunk;
   const engine::MemoryPlan plan = engine::plan_memory(*config, budget, o.numerics.fake_quant);
   auto mem = engine::device_memory();
   if (!mem.ok()) return mem.error();
-  SPW_LOG_INFO("GPU memory plan ({} sequences of up to {} positions, prefill pieces of {} tokens): weights {:.2f} GiB, "
+  SPW_LOG_INFO("GPU memory plan ({} sequence slots, {} of them for the prefix cache, of up to {} positions; prefill "
+               "pieces of {} tokens): weights {:.2f} GiB, "
                "KV pools {:.2f} GiB, sequence state {:.2f} GiB, workspace {:.2f} GiB; total {:.2f} GiB of {:.2f} GiB "
                "free ({:.2f} GiB on the device); Engram tables {:.2f} GiB and staging {:.2f} GiB in host memory",
-               budget.max_seqs, budget.max_context, budget.max_step_tokens, plan.weights.total() / kGiB,
+               budget.max_seqs, o.prefix_cache_slots, budget.max_context, budget.max_step_tokens, plan.weights.total() / kGiB,
                plan.kv.pool_nbytes() / kGiB, plan.state_nbytes / kGiB, plan.workspace_nbytes / kGiB,
                plan.device_total() / kGiB, mem->free / kGiB, mem->total / kGiB, plan.engram_tables_host_nbytes / kGiB,
                plan.staging_host_nbytes / kGiB);
@@ -48,12 +49,15 @@ Result<LoadedRunner> load_cuda(const ServeRunnerOptions& o) {
                         "GPU with more memory)");
     return make_error("the GPU plan needs ", plan.device_total() / kGiB, " GiB of device memory and ",
                       mem->free / kGiB, " GiB are free; the KV pools (", plan.kv.pool_nbytes() / kGiB,
-                      " GiB) hold --max-num-seqs ", budget.max_seqs, " sequences of --max-model-len ",
-                      budget.max_context, " positions: lower either (the workspace grows with --prefill-chunk ",
-                      budget.max_step_tokens, ")");
+                      " GiB) hold --max-num-seqs ", o.max_num_seqs, " plus --prefix-cache-slots ", o.prefix_cache_slots,
+                      " sequences of --max-model-len ", budget.max_context,
+                      " positions: lower any of them (the workspace grows with --prefill-chunk ", budget.max_step_tokens,
+                      ")");
   }
   engine::GpuRunnerSettings settings;
   settings.budget = budget;
+  settings.budget.max_seqs = o.max_num_seqs;
+  settings.prefix_cache_slots = o.prefix_cache_slots;
   settings.numerics = o.numerics;
   settings.gpu = o.gpu;
   settings.batch_invariant = o.batch_invariant;

@@ -26,6 +26,7 @@ struct ServeRunnerOptions {
   int64_t max_model_len = 8192;
   int prefill_chunk = 256;
   bool batch_invariant = true;  // GPU: decode calls of at most 16 sequences (engine/gpu_runner.h)
+  int prefix_cache_slots = 8;   // GPU: sequence slots for the prefix cache's device copies
   GpuSettings gpu;
 };
 

@@ -95,6 +95,65 @@ Result<GpuSequence> GpuModel::new_sequence() {
   return seq;
 }
 
+namespace {
+
+// Queues copies of the rows of pages src[i] into pages dst[i] of one pool.
+Status copy_pages(GpuState& st, const KvPool& pool, const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
+  const size_t nb = cuda::kv_page_nbytes(pool.fmt);
+  for (size_t i = 0; i < src.size(); ++i)
+    SPW_CUDA_TRY(cudaMemcpyAsync(pool.pages.get() + size_t(dst[i]) * nb, pool.pages.get() + size_t(src[i]) * nb, nb,
+                                 cudaMemcpyDeviceToDevice, st.stream));
+  return {};
+}
+
+// Queues a copy of slot `from`'s compressor state into slot `to`.
+Status copy_compressor_slot(GpuState& st, const CompressorBuffers& cb, int from, int to) {
+  if (cb.shape.ratio == 0) return {};
+  const size_t n = size_t(cb.shape.ratio) * cb.shape.width;
+  for (const DeviceBuffer<float>* b : {&cb.kv, &cb.score, &cb.prev_kv, &cb.prev_score})
+    if (b->get())
+      SPW_CUDA_TRY(cudaMemcpyAsync(b->get() + to * n, b->get() + from * n, n * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   st.stream));
+  return {};
+}
+
+}  // namespace
+
+Result<GpuSequence> GpuModel::copy_sequence(const GpuSequence& src) {
+  if (src.owner != this || src.slot < 0) return make_error("copy_sequence: a foreign or freed sequence");
+  GpuState& st = *state_;
+  auto made = new_sequence();
+  if (!made.ok()) return made.error();
+  GpuSequence& dst = *made;  // returned to the pools by its destructor on any error below
+  for (int l = 0; l < config_.n_layers; ++l) {
+    SPW_TRY(grow(st, st.ring, l, dst.slot, dst.ring_pages[l], int64_t(src.ring_pages[l].size())));
+    SPW_TRY(grow(st, st.comp, l, dst.slot, dst.comp_pages[l], int64_t(src.comp_pages[l].size())));
+    SPW_TRY(grow(st, st.keys, l, dst.slot, dst.key_pages[l], int64_t(src.key_pages[l].size())));
+    SPW_TRY(copy_pages(st, st.ring, src.ring_pages[l], dst.ring_pages[l]));
+    SPW_TRY(copy_pages(st, st.comp, src.comp_pages[l], dst.comp_pages[l]));
+    SPW_TRY(copy_pages(st, st.keys, src.key_pages[l], dst.key_pages[l]));
+    SPW_TRY(copy_compressor_slot(st, st.comp_state[l], src.slot, dst.slot));
+    SPW_TRY(copy_compressor_slot(st, st.idx_comp_state[l], src.slot, dst.slot));
+  }
+  dst.n_past = src.n_past;
+  dst.engram_recent = src.engram_recent;
+  dst.published_index_k_layer = src.published_index_k_layer;
+  return made;
+}
+
+size_t GpuModel::sequence_nbytes(const GpuSequence& seq) const {
+  const GpuState& st = *state_;
+  size_t n = 0;
+  for (int l = 0; l < config_.n_layers && seq.slot >= 0; ++l) {
+    n += seq.ring_pages[l].size() * cuda::kv_page_nbytes(st.ring.fmt) +
+         seq.comp_pages[l].size() * cuda::kv_page_nbytes(st.comp.fmt) +
+         seq.key_pages[l].size() * cuda::kv_page_nbytes(st.keys.fmt);
+    for (const CompressorBuffers* cb : {&st.comp_state[l], &st.idx_comp_state[l]})
+      n += size_t(cb->shape.ratio) * cb->shape.width * sizeof(float) * (cb->shape.overlap ? 4 : 2);
+  }
+  return n;
+}
+
 GpuModel::KvPageCounts GpuModel::kv_pages() const {
   KvPageCounts c;
   c.total = plan_.kv.ring_pages + plan_.kv.compressed_pages + plan_.kv.index_key_pages;

@@ -131,6 +131,12 @@ class GpuModel {
   Result<GpuSequence> new_sequence();
   // Returns the sequence's slot and pages (also done by its destructor).
   void free_sequence(GpuSequence& seq);
+  // A new sequence holding a copy of src's state (its pages' rows, compressor partial groups and host
+  // bookkeeping), queued on the model's stream: forward() on either gives what it would give on src.
+  // Errors: a foreign or freed src, no free slot, the pools exhausted (nothing is taken then).
+  Result<GpuSequence> copy_sequence(const GpuSequence& src);
+  // Device bytes a sequence holds: its KV pages and its slot's compressor states.
+  size_t sequence_nbytes(const GpuSequence& seq) const;
 
   // Appends `tokens` to `seq` and returns logits [n, vocab] on the host (n = tokens.size() with
   // options.all_logits, else 1). options.before_layer / on_layer see the residual streams

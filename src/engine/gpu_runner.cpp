@@ -14,8 +14,13 @@ class GpuRunnerSequence final : public RunnerSequence {
  public:
   explicit GpuRunnerSequence(GpuSequence seq) : seq(std::move(seq)) {}
   int64_t n_past() const override { return seq.n_past; }
-  std::unique_ptr<RunnerSequence> clone() const override { return nullptr; }
-  size_t nbytes() const override { return 0; }
+  // A copy on the device (GpuModel::copy_sequence); nullptr when no slot or pages are free.
+  std::unique_ptr<RunnerSequence> clone() const override {
+    auto copy = seq.owner->copy_sequence(seq);
+    if (!copy.ok()) return nullptr;
+    return std::make_unique<GpuRunnerSequence>(std::move(copy.value()));
+  }
+  size_t nbytes() const override { return seq.owner->sequence_nbytes(seq); }
 
   GpuSequence seq;
 };
@@ -38,10 +43,11 @@ Result<DeviceMemory> device_memory() {
   return m;
 }
 
-GpuRunner::GpuRunner(std::unique_ptr<GpuModel> model, bool batch_invariant)
+GpuRunner::GpuRunner(std::unique_ptr<GpuModel> model, bool batch_invariant, int cache_slots)
     : model_(std::move(model)),
+      cache_slots_(cache_slots),
       max_decode_rows_(batch_invariant ? std::min(kDeviceDispatchRows, model_->budget().max_seqs)
-                                       : model_->budget().max_seqs) {
+                                       : model_->budget().max_seqs - cache_slots) {
   if (auto m = device_memory(); m.ok()) memory_after_load_ = *m;
 }
 
@@ -60,7 +66,7 @@ GpuRunner::~GpuRunner() = default;
 
 const ModelConfig& GpuRunner::config() const { return model_->config(); }
 int64_t GpuRunner::max_context() const { return model_->budget().max_context; }
-int GpuRunner::max_sequences() const { return model_->budget().max_seqs; }
+int GpuRunner::max_sequences() const { return model_->budget().max_seqs - cache_slots_; }
 
 Result<std::unique_ptr<RunnerSequence>> GpuRunner::new_sequence() {
   auto seq = model_->new_sequence();
@@ -125,10 +131,11 @@ Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir,
   cuda::apply_kernel_settings(settings.gpu);  // before any weights are uploaded (dense_linear.h: set_gemv_mma)
   GpuModelOptions options;
   options.budget = settings.budget;
+  options.budget.max_seqs += settings.prefix_cache_slots;
   options.moe_paths = moe_paths_from(settings.gpu);
   options.on_progress = settings.on_progress;
   auto model = load_gpu_model(model_dir, settings.numerics, options);
   if (!model.ok()) return model.error();
-  return std::make_unique<GpuRunner>(std::move(model.value()), settings.batch_invariant);
+  return std::make_unique<GpuRunner>(std::move(model.value()), settings.batch_invariant, settings.prefix_cache_slots);
 }
 }  // namespace spw::engine

@@ -10,8 +10,10 @@
 // (tests/gpu/test_engine_batch.cpp; through the server: tools/serve/check_gpu_runner.py). Without it one
 // call takes the whole batch, which past 16 rows takes GEMMs whose per-row sums may depend on the
 // batch size.
-// Not yet here: sequence copies for the prefix cache (clone() is nullptr, so nothing is cached), and
-// admission by free KV pages (the pools are sized for every sequence at max_context).
+// The prefix cache keeps device copies of sequences (GpuModel::copy_sequence) in prefix_cache_slots
+// slots of their own, on top of the running sequences; a hit copies the cached state into a new
+// sequence. Not yet here: copy-free shared pages, and admission by free KV pages (the pools are sized
+// for every slot at max_context).
 // Not thread-safe: one scheduler thread calls it.
 #pragma once
 
@@ -39,22 +41,25 @@ struct DeviceMemory {
 Result<DeviceMemory> device_memory();
 
 struct GpuRunnerSettings {
-  KvBudget budget;                               // sequences, context and step tokens the pools hold
+  KvBudget budget;  // running sequences, context and step tokens (the pools also hold prefix_cache_slots)
   Numerics numerics = Numerics::reference();
   GpuSettings gpu;                               // kernel switches and expert paths (base/settings.h)
   bool batch_invariant = true;                   // decode calls of at most 16 sequences (see above)
+  int prefix_cache_slots = 8;                    // sequence slots (and their pool pages) for cached copies
   std::function<void(int done, int total)> on_progress;  // layers read from the checkpoint
 };
 
 class GpuRunner final : public ModelRunner {
  public:
-  GpuRunner(std::unique_ptr<GpuModel> model, bool batch_invariant);
+  // model's budget holds the running sequences plus cache_slots.
+  GpuRunner(std::unique_ptr<GpuModel> model, bool batch_invariant, int cache_slots);
   ~GpuRunner() override;
 
   const ModelConfig& config() const override;
   std::string_view device() const override { return "cuda"; }
   int64_t max_context() const override;
   int max_sequences() const override;
+  int max_cached_states() const override { return cache_slots_; }
   RunnerUsage usage() const override;
   Result<std::unique_ptr<RunnerSequence>> new_sequence() override;
   Result<std::vector<std::vector<float>>> forward(std::span<const RunnerInput> inputs) override;
@@ -63,6 +68,7 @@ class GpuRunner final : public ModelRunner {
 
  private:
   std::unique_ptr<GpuModel> model_;
+  int cache_slots_;      // slots kept for the prefix cache's copies
   int max_decode_rows_;  // sequences per decode call
   DeviceMemory memory_after_load_;  // the engine allocates nothing after its load
 };

@@ -56,6 +56,9 @@ class ModelRunner {
   virtual int64_t max_context() const = 0;
   // Sequences that may exist at once, or 0 for no limit of the runner's own.
   virtual int max_sequences() const = 0;
+  // Copies (RunnerSequence::clone) the prefix cache may keep at once, on top of max_sequences()
+  // running sequences; a negative value is no limit of the runner's own.
+  virtual int max_cached_states() const { return -1; }
   // Cheap (host counters): the scheduler reads it after every step.
   virtual RunnerUsage usage() const { return {}; }
 

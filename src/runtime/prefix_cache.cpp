@@ -20,7 +20,8 @@ uint64_t mix(uint64_t h, uint64_t v) {
 
 }  // namespace
 
-PrefixCache::PrefixCache(int block_tokens, size_t max_nbytes) : block_tokens_(block_tokens), max_nbytes_(max_nbytes) {}
+PrefixCache::PrefixCache(int block_tokens, size_t max_nbytes, int max_entries)
+    : block_tokens_(block_tokens), max_nbytes_(max_nbytes), max_entries_(max_entries) {}
 
 uint64_t PrefixCache::chain(uint64_t parent, std::span<const int32_t> block) const {
   uint64_t h = mix(parent, block.size());
@@ -53,7 +54,7 @@ std::pair<int64_t, std::unique_ptr<RunnerSequence>> PrefixCache::lookup(std::spa
 }
 
 void PrefixCache::insert(std::span<const int32_t> prefix, const RunnerSequence& state) {
-  if (prefix.empty() || prefix.size() % size_t(block_tokens_) != 0 || max_nbytes_ == 0) return;
+  if (prefix.empty() || prefix.size() % size_t(block_tokens_) != 0 || max_nbytes_ == 0 || max_entries_ == 0) return;
   uint64_t h = 0;
   for (size_t i = 0; i < prefix.size(); i += size_t(block_tokens_)) h = chain(h, prefix.subspan(i, size_t(block_tokens_)));
   auto found = entries_.find(h);
@@ -61,21 +62,23 @@ void PrefixCache::insert(std::span<const int32_t> prefix, const RunnerSequence& 
     lru_.splice(lru_.begin(), lru_, found->second.lru);
     return;
   }
+  // Room first: a runner's copies may need the slots older entries hold.
+  if (max_entries_ > 0) evict_to(max_nbytes_, size_t(max_entries_) - 1);
   Entry e;
   e.tokens.assign(prefix.begin(), prefix.end());
   e.state = state.clone();
   if (!e.state) return;
   e.nbytes = e.state->nbytes() + vec_nbytes(e.tokens);
   if (e.nbytes > max_nbytes_) return;
-  evict_to(max_nbytes_ - e.nbytes);
+  evict_to(max_nbytes_ - e.nbytes, max_entries_ < 0 ? entries_.size() : size_t(max_entries_) - 1);
   lru_.push_front(h);
   e.lru = lru_.begin();
   nbytes_ += e.nbytes;
   entries_.emplace(h, std::move(e));
 }
 
-void PrefixCache::evict_to(size_t max_nbytes) {
-  while (nbytes_ > max_nbytes && !lru_.empty()) {
+void PrefixCache::evict_to(size_t max_nbytes, size_t max_entries) {
+  while ((nbytes_ > max_nbytes || entries_.size() > max_entries) && !lru_.empty()) {
     auto it = entries_.find(lru_.back());
     nbytes_ -= it->second.nbytes;
     entries_.erase(it);

@@ -22,7 +22,8 @@ namespace spw::runtime {
 
 class PrefixCache {
  public:
-  PrefixCache(int block_tokens, size_t max_nbytes);
+  // At most max_entries copies (negative: no limit) within max_nbytes.
+  PrefixCache(int block_tokens, size_t max_nbytes, int max_entries = -1);
 
   int block_tokens() const { return block_tokens_; }
 
@@ -45,10 +46,11 @@ class PrefixCache {
     std::list<uint64_t>::iterator lru;
   };
   uint64_t chain(uint64_t parent, std::span<const int32_t> block) const;
-  void evict_to(size_t max_nbytes);
+  void evict_to(size_t max_nbytes, size_t max_entries);
 
   int block_tokens_;
   size_t max_nbytes_;
+  int max_entries_;
   size_t nbytes_ = 0;
   std::unordered_map<uint64_t, Entry> entries_;
   std::list<uint64_t> lru_;  // most recent first

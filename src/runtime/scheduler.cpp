@@ -40,7 +40,7 @@ SchedulerSettings capped(SchedulerSettings s, const ModelRunner& runner) {
 
 Scheduler::Scheduler(ModelRunner& runner, SchedulerSettings settings)
     : runner_(runner), settings_(capped(settings, runner)),
-      prefix_cache_(settings.prefix_block, settings.prefix_cache_nbytes) {
+      prefix_cache_(settings.prefix_block, settings.prefix_cache_nbytes, runner.max_cached_states()) {
   metrics_.set_device(std::string(runner_.device()));
   SPW_CHECK(settings_.prefix_block > 0 && settings_.prefill_chunk % settings_.prefix_block == 0);
   SPW_CHECK(settings_.step_token_budget >= settings_.prefill_chunk && settings_.max_batch > 0);

@@ -170,6 +170,27 @@ TEST(RuntimePrefixCache, LongestVerifiedPrefixAndLruEviction) {
   EXPECT_EQ(cache.lookup(tokens, 64).first, 64);
 }
 
+// A runner with a few slots for copies (the GPU runner): the cache keeps at most that many, evicting the least
+// recently used before it copies, so a copy never waits for a slot an old entry holds.
+TEST(RuntimePrefixCache, AtMostMaxEntriesCopies) {
+  CpuSequence s(SequenceState{});
+  PrefixCache cache(16, size_t(1) << 30, 2);
+  std::vector<int32_t> tokens(64);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  for (int n : {16, 32, 48}) {
+    s.state.n_past = n;
+    cache.insert(std::span<const int32_t>(tokens).first(size_t(n)), s);
+    EXPECT_LE(cache.n_entries(), 2u);
+  }
+  EXPECT_EQ(cache.n_entries(), 2u);
+  EXPECT_EQ(cache.lookup(tokens, 64).first, 48);
+  EXPECT_EQ(cache.lookup(tokens, 47).first, 32);
+  EXPECT_EQ(cache.lookup(tokens, 31).first, 0) << "the oldest entry (16 tokens) was evicted";
+  PrefixCache none(16, size_t(1) << 30, 0);
+  none.insert(std::span<const int32_t>(tokens).first(16), s);
+  EXPECT_EQ(none.n_entries(), 0u);
+}
+
 // A runner that cannot copy its states (clone() == nullptr) caches nothing.
 TEST(RuntimePrefixCache, StatesThatCannotBeCopiedAreNotCached) {
   struct Uncopyable final : RunnerSequence {

@@ -10,7 +10,9 @@ Starts two servers on the same model, `--device cpu` and `--device cuda`, and ch
     forward differs from the CPU reference by f32 summation order and the bf16 roundings that order can
     flip (src/engine/gpu_model.h), which can swap two near-tied tokens and nothing else. A first
     difference at a larger margin is a failure.
- 2. batch independence: --concurrency greedy requests sent at once to the GPU server give the ids each
+ 2. the prefix cache: the same prompts sent again to the GPU server (now served from its cached copies,
+    GpuModel::copy_sequence) give the same ids as the first, cold time;
+ 3. batch independence: --concurrency greedy requests sent at once to the GPU server give the ids each
     gives when sent alone to the same server.
 Prints a markdown report; exits 1 when a check fails. Prompts are seeded (--seed), so runs repeat.
 """
@@ -112,9 +114,11 @@ def main() -> int:
         print("| prompt | identical tokens | first difference | CPU margin there (nats) | verdict |")
         print("|---:|---:|---:|---:|---|")
         n_identical = 0
+        cold = []
         for i, p in enumerate(prompts[:args.prompts]):
             ids_c, top_c = cpu_out[i]
             ids_g, _ = gpu.complete(p, args.tokens)
+            cold.append(ids_g)
             k = next((j for j in range(min(len(ids_c), len(ids_g))) if ids_c[j] != ids_g[j]), None)
             if k is None and len(ids_c) == len(ids_g):
                 n_identical += 1
@@ -128,6 +132,11 @@ def main() -> int:
 
         print(f"## Batch independence on the {args.device} runner: {args.concurrency} concurrent greedy requests\n")
         alone = [gpu.complete(p, args.tokens)[0] for p in prompts[:args.concurrency]]
+        cached = re.search(r"^spillway_prompt_tokens_cached_total (\S+)", gpu.http.get("/metrics").text, re.M)
+        same_cached = sum(a == b for a, b in zip(cold, alone))
+        print(f"prefix cache: the {len(cold)} prompts again give the cold ids: {same_cached}/{len(cold)} "
+              f"(prompt tokens served from the cache so far: {cached.group(1) if cached else '?'})\n")
+        failures += len(cold) - same_cached
         with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
             together = list(pool.map(lambda p: gpu.complete(p, args.tokens)[0], prompts[:args.concurrency]))
         same = sum(a == b for a, b in zip(alone, together))
