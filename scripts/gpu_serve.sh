@@ -42,32 +42,38 @@ SYNTH=/tmp/synth_v41_serve
   nproc; free -g | head -2
   /tmp/spillway --version
 } 2>&1 | tee "$OUT/serve_main.log"
+# GPU_TEST_FILTER also runs those GPU tests (.exl3dev/spw_gpu_tests, staged), beside the suite: $OUT/gpu_tests.log.
+if [ -n "${GPU_TEST_FILTER:-}" ] && [ -x .exl3dev/spw_gpu_tests ]; then
+  . scripts/link_build_path.sh
+  (timeout 240 env LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64 .exl3dev/spw_gpu_tests --gtest_brief=1 \
+    --gtest_filter="$GPU_TEST_FILTER" > "$OUT/gpu_tests.log" 2>&1; echo "gpu tests rc $?" >> "$OUT/gpu_tests.log") &
+fi
 [ -z "${SKIP_LOAD:-}" ] && (python3 tools/synth/make_synthetic_model.py $SYNTH --arch v41 --experts exl3 --bits 3 \
-  --layers "$LAYERS" --tokenizer none > "$OUT/synth.log" 2>&1) &
+  --layers "$LAYERS" --tokenizer none > /tmp/synth.log 2>&1) &
 
 if [ -z "${SKIP_SUITE:-}" ]; then
-  SPILLWAY_BIN=/tmp/spillway SPILLWAY_DEVICE=cuda timeout 400 python3 -m pytest -q -p no:cacheprovider tests/python/server \
+  SPILLWAY_BIN=/tmp/spillway SPILLWAY_DEVICE=cuda timeout ${SUITE_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider tests/python/server \
     --ignore=tests/python/server/test_client_libraries.py ${PYTEST_ARGS:-} > "$OUT/pytest_cuda.log" 2>&1
   echo "pytest on the GPU runner: rc $? — $(tail -1 "$OUT/pytest_cuda.log")" | tee -a "$OUT/serve_main.log"
 fi
 if [ -z "${SKIP_CHECK:-}" ]; then
-  timeout 300 python3 tools/serve/check_gpu_runner.py --bin /tmp/spillway --model tests/golden/fixtures/v41/model \
+  timeout 120 python3 tools/serve/check_gpu_runner.py --bin /tmp/spillway --model tests/golden/fixtures/v41/model \
     > "$OUT/check_tiny_v41.md" 2>&1
   echo "check_gpu_runner (tiny V4.1): rc $? — $(tail -1 "$OUT/check_tiny_v41.md")" | tee -a "$OUT/serve_main.log"
 fi
 wait
 if [ -z "${SKIP_LOAD:-}" ]; then
-  cat "$OUT/synth.log" >> "$OUT/serve_main.log"
+  cat /tmp/synth.log >> "$OUT/serve_main.log"
   P=${LOAD_PROMPT:-64} N=${LOAD_TOKENS:-256}
   /tmp/spillway serve --model $SYNTH --device cuda --port 18300 --max-num-seqs 64 --max-batch 64 \
     --max-model-len $((P + N + 64)) --max-tokens-limit $N > "$OUT/serve_synth.log" 2>&1 &
   SERVER=$!
   for _ in $(seq 300); do curl -sf http://127.0.0.1:18300/health > /dev/null && break; sleep 1; done
-  timeout 300 python3 bench/load.py --base-url http://127.0.0.1:18300/v1 --concurrency 1,8,32,64 --requests-per-stream 1 \
+  timeout 120 python3 bench/load.py --base-url http://127.0.0.1:18300/v1 --concurrency 1,8,32,64 --requests-per-stream 1 \
     --prompt-tokens "$P" --max-tokens "$N" --vocab 129280 2>&1 | tee "$OUT/load_synth.md"
   curl -s http://127.0.0.1:18300/metrics > "$OUT/metrics_synth.txt"
   kill -TERM $SERVER; wait $SERVER; echo "server rc $?" >> "$OUT/serve_main.log"
-  timeout 240 /tmp/spillway bench --model $SYNTH --batches 1 8 32 64 --batch-prompt "$P" --batch-steps 32 --prefill 4096 \
+  timeout 100 /tmp/spillway bench --model $SYNTH --batches 1 8 32 64 --batch-prompt "$P" --batch-steps 16 --decode-steps 16 --prefill 4096 --prefill-runs 1 \
     2>&1 | tee "$OUT/bench_synth.md" | grep -E "^\| (1|8|32|64) \||HBM|tensor-core|Device" | tee -a "$OUT/serve_main.log"
 fi
 exit 0
