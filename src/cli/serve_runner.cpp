@@ -1,5 +1,8 @@
 #include "cli/serve_runner.h"
 
+#include <fstream>
+#include <string>
+
 #include "base/log.h"
 #include "cli/load_progress.h"
 #include "model/cpu_runner.h"
@@ -11,6 +14,14 @@ namespace spw::cli {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// This process's resident host memory in GiB (VmRSS), or -1 where /proc says nothing.
+double resident_gib() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) * 1024.0 / kGiB;
+  return -1;
+}
 
 Result<LoadedRunner> load_cpu(const ServeRunnerOptions& o) {
   LoadOptions load;
@@ -64,6 +75,9 @@ Result<LoadedRunner> load_cuda(const ServeRunnerOptions& o) {
   settings.on_progress = layer_progress("loading weights (GPU)");
   auto runner = engine::load_gpu_runner(o.model_dir, settings);
   if (!runner.ok()) return runner.error();
+  const auto used = (*runner)->usage();
+  SPW_LOG_INFO("loaded on the GPU: device memory in use {:.2f} of {:.2f} GiB, {} KV pages; host memory (VmRSS) {:.2f} "
+               "GiB", used.device_bytes_used / kGiB, used.device_bytes_total / kGiB, used.kv_blocks_total, resident_gib());
   LoadedRunner out;
   out.runner = std::move(runner.value());
   return out;

@@ -642,6 +642,11 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
   st.slot_used.assign(S, false);
   // The uploads above ran on the legacy stream; the model's stream does not wait for it.
   SPW_CUDA_TRY(cudaDeviceSynchronize());
+  // Every weight lives on the device (or, for Engram's tables, in mapped host buffers) now: drop the host
+  // copies and the checkpoint's maps, keeping only the token map the host-side Engram hashing reads.
+  auto kept = std::make_unique<ModelWeights>();
+  kept->engram_token_map = std::move(m->host_weights_->engram_token_map);
+  m->host_weights_ = std::move(kept);
   return m;
 }
 

@@ -170,7 +170,7 @@ class GpuModel {
   Numerics numerics_;
   GpuModelOptions options_;
   MemoryPlan plan_;
-  std::unique_ptr<ModelWeights> host_weights_;  // the Engram token map (host hashing)
+  std::unique_ptr<ModelWeights> host_weights_;  // after load, only the Engram token map (host hashing)
   std::unique_ptr<GpuState> state_;
 };
 
