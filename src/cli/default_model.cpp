@@ -19,4 +19,10 @@ std::string default_model_dir() {
   return {};
 }
 
+bool is_default_model(const std::string& dir) {
+  const std::string demo = default_model_dir();
+  std::error_code ec;
+  return !demo.empty() && std::filesystem::equivalent(dir, demo, ec);
+}
+
 }  // namespace spw::cli

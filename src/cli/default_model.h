@@ -10,4 +10,7 @@ namespace spw::cli {
 // (an install), and the source tree this binary was built from. Empty if none exists.
 std::string default_model_dir();
 
+// Whether dir is that directory (the same files, whatever the path's spelling).
+bool is_default_model(const std::string& dir);
+
 }  // namespace spw::cli

@@ -1,6 +1,8 @@
-// `spillway run`: one-shot generation on the CPU reference engine. The prompt is text, encoded with
-// the model's tokenizer.json (after BOS), and the output streams as text; with --token-ids the
-// prompt and the output are token ids (models without a tokenizer).
+// `spillway run`: one-shot generation through a model runner (--device: the CPU reference or the GPU
+// engine, chosen as `serve` chooses). The prompt is text, encoded with the model's tokenizer.json
+// (after BOS), and the output streams as text; with --token-ids the prompt and the output are token
+// ids (models without a tokenizer). The prompt is prefilled in the server's pieces
+// (runtime/step_plan.h), so greedy output matches `serve`'s for the same prompt and runner.
 #include <unistd.h>
 
 #include <chrono>
@@ -12,10 +14,13 @@
 #include <sstream>
 
 #include "base/log.h"
+#include "base/settings.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "cli/default_model.h"
+#include "cli/runner_choice.h"
 #include "model/model.h"
+#include "runtime/step_plan.h"
 #include "tokenizer/tokenizer.h"
 
 namespace spw::cli {
@@ -31,6 +36,8 @@ struct RunOptions {
   std::string numerics = "reference";
   bool no_stale_index_k = false;
   bool token_ids = false;
+  std::string device = "auto";
+  int prefill_chunk = 256;
   int threads = 0;
 };
 
@@ -121,25 +128,57 @@ int run(RunOptions o) {
   }
   Numerics numerics = o.numerics == "exact" ? Numerics::exact() : Numerics::reference();
   numerics.stale_index_k = !o.no_stale_index_k;
-  LoadOptions load;
-  // A one-line progress display on a terminal; nothing when stderr is redirected.
-  if (isatty(STDERR_FILENO))
-    load.on_progress = [](int done, int total) {
-      std::fprintf(stderr, "\rloading %s layers %d/%d%s", "model", done, total, done == total ? "\n" : "");
-    };
-  auto model = load_model(o.model_dir, numerics, load);
-  if (!model.ok()) {
-    SPW_LOG_ERROR("{}", model.error().message);
+  if (o.prefill_chunk % 16 != 0) {
+    SPW_LOG_ERROR("--prefill-chunk {} must be a multiple of 16", o.prefill_chunk);
+    return 2;
+  }
+  auto config = read_model_config(o.model_dir);
+  if (!config.ok()) {
+    SPW_LOG_ERROR("{}", config.error().message);
     return 1;
   }
-  if (tokenizer) prompt->insert(prompt->begin(), int32_t((*model)->config().bos_id));
-  SequenceState seq = (*model)->new_sequence();
+  if (tokenizer) prompt->insert(prompt->begin(), int32_t(config->bos_id));
+  RunnerOptions ro;
+  ro.device = o.device;
+  ro.model_dir = o.model_dir;
+  ro.is_demo_model = is_default_model(o.model_dir);
+  ro.numerics = numerics;
+  ro.max_num_seqs = 1;
+  ro.max_model_len = int64_t(prompt->size()) + o.max_tokens + 1;
+  ro.prefill_chunk = o.prefill_chunk;
+  ro.prefix_cache_slots = 0;
+  ro.gpu = settings().gpu;
+  auto loaded = load_runner(ro);
+  if (!loaded.ok()) {
+    SPW_LOG_ERROR("{}", loaded.error().message);
+    return 1;
+  }
+  ModelRunner& runner = *loaded->runner;
+  auto made = runner.new_sequence();
+  if (!made.ok()) {
+    SPW_LOG_ERROR("{}", made.error().message);
+    return 1;
+  }
+  RunnerSequence& seq = **made;
+  auto forward = [&](std::span<const int32_t> tokens) -> Result<std::vector<float>> {
+    const RunnerInput in{&seq, tokens, false};
+    auto r = runner.forward(std::span<const RunnerInput>(&in, 1));
+    if (!r.ok()) return r.error();
+    return std::move((*r)[0]);
+  };
   std::optional<IncrementalDecoder> detok;
   if (tokenizer) detok.emplace(*tokenizer);
   std::mt19937_64 rng(o.seed);
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t_prefill = Clock::now();
-  auto logits = (*model)->forward(seq, *prompt);
+  Result<std::vector<float>> logits = make_error("the prompt is empty");
+  const int64_t n_prompt = int64_t(prompt->size());
+  for (int64_t done = 0; done < n_prompt;) {
+    const int64_t end = runtime::next_prefill_end(done, n_prompt, o.prefill_chunk, 16);
+    logits = forward(std::span<const int32_t>(*prompt).subspan(size_t(done), size_t(end - done)));
+    if (!logits.ok()) break;
+    done = end;
+  }
   const double prefill_s = std::chrono::duration<double>(Clock::now() - t_prefill).count();
   double decode_s = 0;
   int n_decoded = 0;  // single-token forwards
@@ -149,11 +188,11 @@ int run(RunOptions o) {
       return 1;
     }
     int32_t next = sample(*logits, o.temperature, o.top_p, rng);
-    if (next == (*model)->config().eos_id) break;
+    if (next == config->eos_id) break;
     if (detok) std::cout << detok->push(next) << std::flush;
     else std::cout << next << " " << std::flush;
     const Clock::time_point t_step = Clock::now();
-    logits = (*model)->forward(seq, std::span<const int32_t>(&next, 1));
+    logits = forward(std::span<const int32_t>(&next, 1));
     decode_s += std::chrono::duration<double>(Clock::now() - t_step).count();
     ++n_decoded;
   }
@@ -167,7 +206,7 @@ int run(RunOptions o) {
 
 std::function<int()> add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
-  CLI::App* cmd = app.add_subcommand("run", "Generate from a prompt on the CPU reference engine");
+  CLI::App* cmd = app.add_subcommand("run", "Generate from a prompt (on the GPU engine or the CPU reference: --device)");
   cmd->add_option("--model,-m", o->model_dir,
                   "model directory (config.json + safetensors [+ tokenizer.json]); default: the bundled demo model")
       ->envname("SPILLWAY_MODEL");
@@ -184,7 +223,17 @@ std::function<int()> add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-stale-index-k", o->no_stale_index_k,
                 "V4.1: ratio-2 index owners always use their own keys in decode (the reference does not)");
-  cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->envname("SPILLWAY_THREADS");
+  cmd->add_option("--device", o->device,
+                  "where the model runs: cuda, cpu, or auto (cuda when a CUDA device is visible and the model is not the "
+                  "bundled demo model)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->envname("SPILLWAY_DEVICE")
+      ->capture_default_str();
+  cmd->add_option("--prefill-chunk", o->prefill_chunk, "prefill piece size in tokens (multiple of 16), as serve's")
+      ->check(CLI::Range(16, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads of the CPU reference runner (0 = all cores)")
+      ->envname("SPILLWAY_THREADS");
   return [o] { return run(*o); };
 }
 

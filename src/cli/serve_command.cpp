@@ -13,7 +13,7 @@
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "cli/default_model.h"
-#include "cli/serve_runner.h"
+#include "cli/runner_choice.h"
 #include "model/model.h"
 #include "server/http_server.h"
 #include "server/openai_api.h"
@@ -32,13 +32,6 @@ struct ServeOptions {
   int prefix_cache_slots = 8;
   int threads = 0;
 };
-
-// Whether dir is the bundled demo model (the same directory default_model_dir() finds).
-bool is_demo_model(const std::string& dir) {
-  const std::string demo = default_model_dir();
-  std::error_code ec;
-  return !demo.empty() && std::filesystem::equivalent(dir, demo, ec);
-}
 
 Status validate(const ServeOptions& o) {
   const auto& sched = o.s.scheduler;
@@ -86,10 +79,10 @@ int serve(ServeOptions o) {
   if (o.s.served_model_name.empty()) o.s.served_model_name = "spillway";
   if (o.threads > 0) set_global_pool_threads(size_t(o.threads));
 
-  ServeRunnerOptions runner_options;
+  RunnerOptions runner_options;
   runner_options.device = o.device;
   runner_options.model_dir = o.s.model_dir;
-  runner_options.is_demo_model = is_demo_model(o.s.model_dir);
+  runner_options.is_demo_model = is_default_model(o.s.model_dir);
   runner_options.numerics = o.numerics == "exact" ? Numerics::exact() : Numerics::reference();
   runner_options.max_num_seqs = o.s.scheduler.max_num_seqs;
   runner_options.max_model_len = o.s.max_model_len;
@@ -97,7 +90,7 @@ int serve(ServeOptions o) {
   runner_options.batch_invariant = o.batch_invariant;
   runner_options.prefix_cache_slots = o.prefix_cache_mb > 0 ? o.prefix_cache_slots : 0;
   runner_options.gpu = settings().gpu;
-  auto loaded = load_serve_runner(runner_options);
+  auto loaded = load_runner(runner_options);
   if (!loaded.ok()) {
     SPW_LOG_ERROR("{}", loaded.error().message);
     return 1;

@@ -1,4 +1,4 @@
-// Which model runner `spillway serve` uses, and loading it: the CPU reference (model/cpu_runner.h)
+// Which model runner `spillway serve` and `spillway run` use, and loading it: the CPU reference (model/cpu_runner.h)
 // or the GPU engine (engine/gpu_runner.h, CUDA builds). `--device auto` takes the GPU when this build
 // has it, a CUDA device is visible and the model is not the bundled demo model (which the CPU serves
 // at interactive speed on any machine); the choice and its reason are logged. Before a GPU load the
@@ -16,13 +16,13 @@
 
 namespace spw::cli {
 
-struct ServeRunnerOptions {
+struct RunnerOptions {
   std::string device = "auto";  // auto, cpu or cuda
   std::string model_dir;
   bool is_demo_model = false;
   Numerics numerics = Numerics::reference();
   // The GPU runner's KV budget: every sequence may reach max_model_len positions.
-  int max_num_seqs = 64;
+  int max_num_seqs = 64;  // running sequences
   int64_t max_model_len = 8192;
   int prefill_chunk = 256;
   bool batch_invariant = true;  // GPU: decode calls of at most 16 sequences (engine/gpu_runner.h)
@@ -35,6 +35,6 @@ struct LoadedRunner {
   std::unique_ptr<ModelRunner> runner;
 };
 
-Result<LoadedRunner> load_serve_runner(const ServeRunnerOptions& options);
+Result<LoadedRunner> load_runner(const RunnerOptions& options);
 
 }  // namespace spw::cli

@@ -1,4 +1,4 @@
-#include "cli/serve_runner.h"
+#include "cli/runner_choice.h"
 
 #include <fstream>
 #include <string>
@@ -15,6 +15,7 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+#if defined(SPW_HAVE_GPU_RUNNER)
 // This process's resident host memory in GiB (VmRSS), or -1 where /proc says nothing.
 double resident_gib() {
   std::ifstream status("/proc/self/status");
@@ -22,8 +23,9 @@ double resident_gib() {
     if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) * 1024.0 / kGiB;
   return -1;
 }
+#endif
 
-Result<LoadedRunner> load_cpu(const ServeRunnerOptions& o) {
+Result<LoadedRunner> load_cpu(const RunnerOptions& o) {
   LoadOptions load;
   load.on_progress = layer_progress("loading weights (CPU)");
   auto model = load_model(o.model_dir, o.numerics, load);
@@ -35,7 +37,7 @@ Result<LoadedRunner> load_cpu(const ServeRunnerOptions& o) {
 }
 
 #if defined(SPW_HAVE_GPU_RUNNER)
-Result<LoadedRunner> load_cuda(const ServeRunnerOptions& o) {
+Result<LoadedRunner> load_cuda(const RunnerOptions& o) {
   auto config = read_model_config(o.model_dir);
   if (!config.ok()) return config.error();
   engine::KvBudget budget;
@@ -86,7 +88,7 @@ Result<LoadedRunner> load_cuda(const ServeRunnerOptions& o) {
 
 }  // namespace
 
-Result<LoadedRunner> load_serve_runner(const ServeRunnerOptions& o) {
+Result<LoadedRunner> load_runner(const RunnerOptions& o) {
   std::string device = o.device;
 #if defined(SPW_HAVE_GPU_RUNNER)
   const int n_gpus = engine::cuda_device_count();
