@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "base/log.h"
 #include "cuda/kernel_settings.h"
 #include "engine/gpu_model.h"
 
@@ -17,7 +18,10 @@ class GpuRunnerSequence final : public RunnerSequence {
   // A copy on the device (GpuModel::copy_sequence); nullptr when no slot or pages are free.
   std::unique_ptr<RunnerSequence> clone() const override {
     auto copy = seq.owner->copy_sequence(seq);
-    if (!copy.ok()) return nullptr;
+    if (!copy.ok()) {
+      SPW_LOG_WARN("no device copy of a sequence for the prefix cache: {}", copy.error().message);
+      return nullptr;
+    }
     return std::make_unique<GpuRunnerSequence>(std::move(copy.value()));
   }
   size_t nbytes() const override { return seq.owner->sequence_nbytes(seq); }

@@ -3,9 +3,8 @@
 //  - GpuModel::copy_sequence: a copy made after a prompt (its pages, compressor partial groups and host
 //    bookkeeping) continues exactly as the original: the same tokens give bit-identical logits on both
 //    (memcmp), for prompts ending inside a compressor group and after several of them;
-//  - GpuRunner::forward against the CPU runner on the same inputs (mixed decode and prefill inputs in one
-//    step): greedy tokens equal, or the CPU's top two logits within a stated tolerance where they differ
-//    (the engine differs from the reference by f32 summation order, src/engine/gpu_model.h);
+//  - GpuRunner::forward against GpuModel::forward on each sequence alone (mixed decode and prefill inputs
+//    in one step): bit-identical logits;
 //  - its argument errors, which leave every sequence as it was.
 #if defined(SPW_HAVE_CUDA)
 #include <gtest/gtest.h>
@@ -17,7 +16,6 @@
 #include "engine/gpu_model.h"
 #include "engine/gpu_runner.h"
 #include "gpu_test_util.h"
-#include "model/cpu_runner.h"
 
 namespace spw {
 namespace {
@@ -80,15 +78,12 @@ TEST(GpuRunner, CopyNeedsAFreeSlot) {
   EXPECT_EQ(m->kv_pages().used, pages.used) << "a failed copy takes no pages";
 }
 
-// Tolerance: where greedy tokens differ, the CPU's top-two gap must be below this (logit units); the golden
-// tests bound the engine's logit differences on these models far below it.
-constexpr float kNearTie = 0.05f;
-
-void runner_matches_cpu_runner(const std::string& arch) {
+// The runner adds nothing to the engine's numbers: per input, its logits are GpuModel::forward's for that
+// sequence alone (bit-identical), with one-token inputs batched into decode calls and prefill pieces beside them.
+// (Against the CPU reference: tests/gpu/test_engine_golden.cpp; on these random-weight models a flipped bf16
+// rounding grows through the layers, so greedy tokens there are not expected to agree.)
+void runner_matches_the_engine_alone(const std::string& arch) {
   SPW_REQUIRE_GPU();
-  auto cpu_model = load_model(golden::fixture_dir(arch) + "/model", Numerics::reference());
-  ASSERT_TRUE(cpu_model.ok()) << cpu_model.error().message;
-  CpuRunner cpu(**cpu_model);
   engine::GpuRunnerSettings gs;
   gs.budget.max_seqs = 4;
   gs.budget.max_context = 1024;
@@ -97,74 +92,69 @@ void runner_matches_cpu_runner(const std::string& arch) {
   ASSERT_TRUE(gpu.ok()) << gpu.error().message;
   EXPECT_EQ((*gpu)->max_sequences(), 4);
   EXPECT_EQ((*gpu)->max_cached_states(), 2);
-  const int V = int(cpu.config().vocab_size);
-  std::vector<std::unique_ptr<RunnerSequence>> cs, gsq;
+  auto alone = load_gpu(arch, 4);
+  ASSERT_TRUE(alone);
+  const int V = int((*gpu)->config().vocab_size);
+  std::vector<std::unique_ptr<RunnerSequence>> rs;
+  std::vector<engine::GpuSequence> as;
   for (int i = 0; i < 3; ++i) {
-    cs.push_back(std::move(cpu.new_sequence().value()));
-    auto g = (*gpu)->new_sequence();
-    ASSERT_TRUE(g.ok()) << g.error().message;
-    gsq.push_back(std::move(g.value()));
+    auto r = (*gpu)->new_sequence();
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    rs.push_back(std::move(r.value()));
+    auto a = alone->new_sequence();
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    as.push_back(std::move(a.value()));
   }
   std::vector<std::vector<int32_t>> next(3);
   const int prompt_lens[3] = {7, 20, 33};
   for (int step = 0; step < 6; ++step) {
     std::vector<std::vector<int32_t>> toks(3);
-    std::vector<RunnerInput> ci(3), gi(3);
+    std::vector<RunnerInput> in;
+    std::vector<int> who;
     for (int i = 0; i < 3; ++i) {
       // Sequence i prefills its prompt at step i (so steps mix prefill pieces and decodes), then decodes.
       if (step < i) continue;
       toks[i] = step == i ? gpu_test::lcg_tokens(prompt_lens[i], 30 + i, V) : next[i];
-      ci[i] = {cs[i].get(), toks[i], false};
-      gi[i] = {gsq[i].get(), toks[i], false};
+      in.push_back({rs[i].get(), toks[i], false});
+      who.push_back(i);
     }
-    std::vector<RunnerInput> cin, gin;
-    std::vector<int> who;
-    for (int i = 0; i < 3; ++i)
-      if (!toks[i].empty()) {
-        cin.push_back(ci[i]);
-        gin.push_back(gi[i]);
-        who.push_back(i);
-      }
-    auto cl = cpu.forward(cin);
-    auto gl = (*gpu)->forward(gin);
-    ASSERT_TRUE(cl.ok() && gl.ok()) << (cl.ok() ? gl.error().message : cl.error().message);
+    auto got = (*gpu)->forward(in);
+    ASSERT_TRUE(got.ok()) << got.error().message;
     for (size_t k = 0; k < who.size(); ++k) {
-      const auto& c = (*cl)[k];
-      const auto& g = (*gl)[k];
-      ASSERT_EQ(c.size(), size_t(V));
-      ASSERT_EQ(g.size(), size_t(V));
-      const int32_t tc = int32_t(std::max_element(c.begin(), c.end()) - c.begin());
-      const int32_t tg = int32_t(std::max_element(g.begin(), g.end()) - g.begin());
-      if (tc != tg) {
-        std::vector<float> sorted = c;
-        std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-        EXPECT_LT(sorted[0] - sorted[1], kNearTie) << arch << " seq " << who[k] << " step " << step << ": CPU " << tc
-                                                   << ", GPU " << tg << " without a near tie";
-      }
-      next[who[k]] = {tc};  // both continue with the reference's token
+      const int i = who[k];
+      auto ref = alone->forward(as[size_t(i)], toks[i]);
+      ASSERT_TRUE(ref.ok()) << ref.error().message;
+      ASSERT_EQ((*got)[k].size(), ref->size());
+      EXPECT_EQ(std::memcmp((*got)[k].data(), ref->data(), ref->size() * sizeof(float)), 0)
+          << arch << " seq " << i << " step " << step << ": the runner's logits differ from the engine's alone";
+      next[i] = {int32_t(std::max_element(ref->begin(), ref->end()) - ref->begin())};
     }
   }
   // Errors leave every sequence as it was.
-  const int64_t before = gsq[0]->n_past();
+  const int64_t before = rs[0]->n_past();
   const int32_t bad = V;
-  RunnerInput wrong[2] = {{gsq[0].get(), std::span<const int32_t>(next[0]), false}, {gsq[1].get(), {&bad, 1}, false}};
+  RunnerInput wrong[2] = {{rs[0].get(), std::span<const int32_t>(next[0]), false}, {rs[1].get(), {&bad, 1}, false}};
   EXPECT_FALSE((*gpu)->forward(wrong).ok());
-  EXPECT_EQ(gsq[0]->n_past(), before);
-  RunnerInput twice[2] = {{gsq[0].get(), std::span<const int32_t>(next[0]), false},
-                          {gsq[0].get(), std::span<const int32_t>(next[0]), false}};
+  EXPECT_EQ(rs[0]->n_past(), before);
+  RunnerInput twice[2] = {{rs[0].get(), std::span<const int32_t>(next[0]), false},
+                          {rs[0].get(), std::span<const int32_t>(next[0]), false}};
   EXPECT_FALSE((*gpu)->forward(twice).ok());
-  EXPECT_EQ(gsq[0]->n_past(), before);
-  RunnerInput foreign[1] = {{cs[0].get(), std::span<const int32_t>(next[0]), false}};
-  EXPECT_FALSE((*gpu)->forward(foreign).ok());
+  EXPECT_EQ(rs[0]->n_past(), before);
   // A clone holds a slot of its own and continues like the original.
-  auto copy = gsq[2]->clone();
+  auto copy = rs[2]->clone();
   ASSERT_NE(copy, nullptr);
-  EXPECT_EQ(copy->n_past(), gsq[2]->n_past());
+  EXPECT_EQ(copy->n_past(), rs[2]->n_past());
   EXPECT_GT(copy->nbytes(), 0u);
+  RunnerInput a[1] = {{rs[2].get(), std::span<const int32_t>(next[2]), false}};
+  RunnerInput b[1] = {{copy.get(), std::span<const int32_t>(next[2]), false}};
+  auto la = (*gpu)->forward(a);
+  auto lb = (*gpu)->forward(b);
+  ASSERT_TRUE(la.ok() && lb.ok());
+  EXPECT_EQ(std::memcmp((*la)[0].data(), (*lb)[0].data(), (*la)[0].size() * sizeof(float)), 0);
 }
 
-TEST(GpuRunner, V41MatchesTheCpuRunner) { runner_matches_cpu_runner("v41"); }
-TEST(GpuRunner, V4MatchesTheCpuRunner) { runner_matches_cpu_runner("v4"); }
+TEST(GpuRunner, V41MatchesTheEngineAlone) { runner_matches_the_engine_alone("v41"); }
+TEST(GpuRunner, V4MatchesTheEngineAlone) { runner_matches_the_engine_alone("v4"); }
 
 }  // namespace
 }  // namespace spw

@@ -85,6 +85,10 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--tolerance", type=float, default=0.05, help="nats; see the module docstring")
+    ap.add_argument("--agreement", choices=["verdict", "report"], default="verdict",
+                    help="report: print the agreement table without failing on it, for random-weight models, where "
+                    "a flipped bf16 rounding grows through the layers far past any tolerance (the engine's golden "
+                    "tests bound it there, tests/gpu/test_engine_golden.cpp)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--device", default="cuda", help="the runner checked against the CPU (cpu: a smoke test of this "
                     "script on a machine without a GPU)")
@@ -113,7 +117,7 @@ def main() -> int:
               f"tolerance {args.tolerance} nats\n")
         print("| prompt | identical tokens | first difference | CPU margin there (nats) | verdict |")
         print("|---:|---:|---:|---:|---|")
-        n_identical = 0
+        n_identical = n_far = 0
         cold = []
         for i, p in enumerate(prompts[:args.prompts]):
             ids_c, top_c = cpu_out[i]
@@ -126,13 +130,19 @@ def main() -> int:
                 continue
             m = margin(top_c[k]) if k is not None else float("inf")
             ok = m <= args.tolerance
-            failures += not ok
-            print(f"| {i} | {k} | {k} | {m:.4f} | {'near tie' if ok else 'FAIL'} |")
-        print(f"\nidentical: {n_identical}/{args.prompts}; unexplained differences: {failures}\n")
+            n_far += not ok
+            print(f"| {i} | {k} | {k} | {m:.4f} | {'near tie' if ok else 'beyond tolerance'} |")
+        print(f"\nidentical: {n_identical}/{args.prompts}; differences beyond the tolerance: {n_far}"
+              f"{' (reported, not counted: --agreement report)' if args.agreement == 'report' else ''}\n")
+        if args.agreement == "verdict":
+            failures += n_far
 
         print(f"## Batch independence on the {args.device} runner: {args.concurrency} concurrent greedy requests\n")
         alone = [gpu.complete(p, args.tokens)[0] for p in prompts[:args.concurrency]]
-        cached = re.search(r"^spillway_prompt_tokens_cached_total (\S+)", gpu.http.get("/metrics").text, re.M)
+        metrics = gpu.http.get("/metrics").text
+        cached = re.search(r"^spillway_prompt_tokens_cached_total (\S+)", metrics, re.M)
+        entries = re.search(r"^spillway_prefix_cache_entries (\S+)", metrics, re.M)
+        print(f"prefix cache entries: {entries.group(1) if entries else '?'}")
         same_cached = sum(a == b for a, b in zip(cold, alone))
         print(f"prefix cache: the {len(cold)} prompts again give the cold ids: {same_cached}/{len(cold)} "
               f"(prompt tokens served from the cache so far: {cached.group(1) if cached else '?'})\n")
@@ -151,6 +161,8 @@ def main() -> int:
         print(f"\nscheduler steps on the {args.device} server: {steps.group(1) if steps else '?'}")
     finally:
         rc = gpu.stop()
+        for line in [l for l in gpu.log if "warn" in l or "error" in l][:5]:
+            print("server: " + line.rstrip())
         if rc != 0:
             print(f"the {args.device} server exited {rc}:\n" + "".join(gpu.log[-30:]))
             failures += 1
