@@ -148,3 +148,86 @@ TEST_F(RuntimeScheduler, CancelFreesTheSequence) {
 
 }  // namespace
 }  // namespace spw::runtime
+
+namespace spw::runtime {
+namespace {
+
+// The CPU runner with the GPU runner's slot discipline: at most `running + cached` sequences alive at once
+// (new_sequence and clone fail past that), max_sequences() = running, max_cached_states() = cached.
+class SlotLimitedRunner final : public ModelRunner {
+ public:
+  SlotLimitedRunner(CpuRunner& inner, int running, int cached) : inner_(inner), running_(running), cached_(cached) {}
+
+  struct Seq final : RunnerSequence {
+    Seq(SlotLimitedRunner& r, std::unique_ptr<RunnerSequence> s) : owner(r), inner(std::move(s)) { ++owner.alive; }
+    ~Seq() override { --owner.alive; }
+    int64_t n_past() const override { return inner->n_past(); }
+    std::unique_ptr<RunnerSequence> clone() const override {
+      if (owner.alive >= owner.running_ + owner.cached_) return nullptr;
+      return std::make_unique<Seq>(owner, inner->clone());
+    }
+    size_t nbytes() const override { return inner->nbytes(); }
+    SlotLimitedRunner& owner;
+    std::unique_ptr<RunnerSequence> inner;
+  };
+
+  const ModelConfig& config() const override { return inner_.config(); }
+  std::string_view device() const override { return "cpu"; }
+  int64_t max_context() const override { return 0; }
+  int max_sequences() const override { return running_; }
+  int max_cached_states() const override { return cached_; }
+  Result<std::unique_ptr<RunnerSequence>> new_sequence() override {
+    if (alive >= running_ + cached_) return make_error("all ", running_ + cached_, " slots in use");
+    auto s = inner_.new_sequence();
+    if (!s.ok()) return s.error();
+    return std::unique_ptr<RunnerSequence>(std::make_unique<Seq>(*this, std::move(s.value())));
+  }
+  Result<std::vector<std::vector<float>>> forward(std::span<const RunnerInput> inputs) override {
+    std::vector<RunnerInput> in(inputs.begin(), inputs.end());
+    for (auto& i : in) i.seq = static_cast<Seq*>(i.seq)->inner.get();
+    return inner_.forward(in);
+  }
+
+  int alive = 0;
+
+ private:
+  CpuRunner& inner_;
+  int running_, cached_;
+};
+
+// With slots for only a few cached copies beside the running sequences, the prefix cache still hits, never takes
+// a running sequence's slot (no request fails), and changes no output.
+TEST_F(RuntimeScheduler, PrefixCacheWithinTheRunnersSlots) {
+  const auto ps = prompts(12);
+  SlotLimitedRunner limited(*runner_, 4, 2);
+  std::vector<std::vector<int32_t>> alone;
+  {
+    SchedulerSettings s;
+    s.prefix_cache_nbytes = 0;
+    Scheduler sched(*runner_, s);
+    for (const auto& p : ps) alone.push_back(collect(*sched.submit(greedy(p, 5)).stream));
+  }
+  SchedulerSettings s;
+  s.prefill_chunk = 16;
+  s.step_token_budget = 24;
+  Scheduler sched(limited, s);
+  EXPECT_EQ(sched.settings().max_num_seqs, 4);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (const auto& p : ps) streams.push_back(sched.submit(greedy(p, 5)).stream);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      FinishReason r = FinishReason::none;
+      EXPECT_EQ(collect(*streams[i], &r), alone[i]) << "round " << round << " request " << i;
+      EXPECT_EQ(r, FinishReason::length);
+    }
+  }
+  const SchedulerSnapshot m = sched.metrics();
+  std::printf("[ measured ] prompt tokens %llu, cached %llu, cache entries %llu\n",
+              (unsigned long long)m.prompt_tokens, (unsigned long long)m.prompt_tokens_cached,
+              (unsigned long long)m.prefix_cache_entries);
+  EXPECT_GT(m.prompt_tokens_cached, 0u);
+  EXPECT_LE(m.prefix_cache_entries, 2u);
+}
+
+}  // namespace
+}  // namespace spw::runtime
