@@ -14,7 +14,6 @@
 #include <sstream>
 
 #include "base/log.h"
-#include "base/settings.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "cli/default_model.h"
@@ -141,13 +140,11 @@ int run(RunOptions o) {
   RunnerOptions ro;
   ro.device = o.device;
   ro.model_dir = o.model_dir;
-  ro.is_demo_model = is_default_model(o.model_dir);
   ro.numerics = numerics;
   ro.max_num_seqs = 1;
   ro.max_model_len = int64_t(prompt->size()) + o.max_tokens + 1;
   ro.prefill_chunk = o.prefill_chunk;
   ro.prefix_cache_slots = 0;
-  ro.gpu = settings().gpu;
   auto loaded = load_runner(ro);
   if (!loaded.ok()) {
     SPW_LOG_ERROR("{}", loaded.error().message);

@@ -4,6 +4,8 @@
 #include <string>
 
 #include "base/log.h"
+#include "base/settings.h"
+#include "cli/default_model.h"
 #include "cli/load_progress.h"
 #include "model/cpu_runner.h"
 #if defined(SPW_HAVE_GPU_RUNNER)
@@ -72,7 +74,7 @@ Result<LoadedRunner> load_cuda(const RunnerOptions& o) {
   settings.budget.max_seqs = o.max_num_seqs;
   settings.prefix_cache_slots = o.prefix_cache_slots;
   settings.numerics = o.numerics;
-  settings.gpu = o.gpu;
+  settings.gpu = spw::settings().gpu;
   settings.batch_invariant = o.batch_invariant;
   settings.on_progress = layer_progress("loading weights (GPU)");
   auto runner = engine::load_gpu_runner(o.model_dir, settings);
@@ -93,11 +95,12 @@ Result<LoadedRunner> load_runner(const RunnerOptions& o) {
 #if defined(SPW_HAVE_GPU_RUNNER)
   const int n_gpus = engine::cuda_device_count();
   if (device == "auto") {
-    device = n_gpus > 0 && !o.is_demo_model ? "cuda" : "cpu";
+    const bool demo = is_default_model(o.model_dir);
+    device = n_gpus > 0 && !demo ? "cuda" : "cpu";
     SPW_LOG_INFO("--device auto: {} ({})", device,
-                 n_gpus == 0        ? "no CUDA device is visible"
-                 : o.is_demo_model ? "the bundled demo model runs on the CPU; --device cuda puts it on the GPU"
-                                   : "a CUDA device is visible");
+                 n_gpus == 0 ? "no CUDA device is visible"
+                 : demo      ? "the bundled demo model runs on the CPU; --device cuda puts it on the GPU"
+                             : "a CUDA device is visible");
   }
   if (device == "cuda") {
     if (n_gpus == 0) return make_error("--device cuda: no CUDA device is visible to this process");

@@ -9,7 +9,6 @@
 #include <memory>
 #include <string>
 
-#include "base/settings.h"
 #include "base/status.h"
 #include "model/model.h"
 #include "model/model_runner.h"
@@ -19,7 +18,6 @@ namespace spw::cli {
 struct RunnerOptions {
   std::string device = "auto";  // auto, cpu or cuda
   std::string model_dir;
-  bool is_demo_model = false;
   Numerics numerics = Numerics::reference();
   // The GPU runner's KV budget: every sequence may reach max_model_len positions.
   int max_num_seqs = 64;  // running sequences
@@ -27,7 +25,6 @@ struct RunnerOptions {
   int prefill_chunk = 256;
   bool batch_invariant = true;  // GPU: decode calls of at most 16 sequences (engine/gpu_runner.h)
   int prefix_cache_slots = 8;   // GPU: sequence slots for the prefix cache's device copies
-  GpuSettings gpu;
 };
 
 struct LoadedRunner {

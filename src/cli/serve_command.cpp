@@ -9,7 +9,6 @@
 #include <thread>
 
 #include "base/log.h"
-#include "base/settings.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "cli/default_model.h"
@@ -82,14 +81,12 @@ int serve(ServeOptions o) {
   RunnerOptions runner_options;
   runner_options.device = o.device;
   runner_options.model_dir = o.s.model_dir;
-  runner_options.is_demo_model = is_default_model(o.s.model_dir);
   runner_options.numerics = o.numerics == "exact" ? Numerics::exact() : Numerics::reference();
   runner_options.max_num_seqs = o.s.scheduler.max_num_seqs;
   runner_options.max_model_len = o.s.max_model_len;
   runner_options.prefill_chunk = o.s.scheduler.prefill_chunk;
   runner_options.batch_invariant = o.batch_invariant;
   runner_options.prefix_cache_slots = o.prefix_cache_mb > 0 ? o.prefix_cache_slots : 0;
-  runner_options.gpu = settings().gpu;
   auto loaded = load_runner(runner_options);
   if (!loaded.ok()) {
     SPW_LOG_ERROR("{}", loaded.error().message);

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""`spillway serve` on the GPU runner against the CPU runner, through HTTP (needs only httpx).
+"""`spillway serve` on the GPU runner against the CPU runner, through HTTP (with the server suite's harness:
+needs its Python packages, tests/python/requirements.txt).
 
     python tools/serve/check_gpu_runner.py --bin build/bin/spillway --model DIR [--prompts 20 --tokens 32]
 
@@ -24,37 +25,23 @@ import concurrent.futures
 import json
 import random
 import re
-import subprocess
 import sys
-import threading
 import time
+from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python" / "server"))
+from spw_server_harness import Server as HarnessServer  # noqa: E402  (the suite's server process)
+
 
 class Server:
+    """A `spillway serve --device DEVICE` process (the server suite's harness starts it) and an HTTP client."""
+
     def __init__(self, binary: str, model: str, device: str, extra: list[str]):
-        cmd = [binary, "serve", "--model", model, "--port", "0", "--device", device, *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.log: list[str] = []
-        self.port = 0
-        seen = threading.Event()
-
-        def pump():
-            for line in self.proc.stdout:
-                self.log.append(line)
-                m = re.search(r"on http://[^:]+:(\d+)", line)
-                if m and not self.port:
-                    self.port = int(m.group(1))
-                    seen.set()
-            seen.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not seen.wait(600) or not self.port:
-            self.proc.kill()
-            raise RuntimeError(f"--device {device}: the server did not start:\n" + "".join(self.log[-40:]))
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.http = httpx.Client(base_url=self.base, timeout=600)
+        self.server = HarnessServer(binary, Path(model), "--device", device, *extra, api_key=None)
+        self.log = self.server.log
+        self.http = httpx.Client(base_url=self.server.base, timeout=600)
 
     def complete(self, prompt: list[int], tokens: int) -> tuple[list[int], list[dict]]:
         r = self.http.post("/v1/completions", json={"prompt": prompt, "max_tokens": tokens, "temperature": 0,
@@ -64,12 +51,7 @@ class Server:
         return choice["token_ids"], choice["logprobs"]["top_logprobs"]
 
     def stop(self) -> int:
-        self.proc.terminate()
-        try:
-            return self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return -9
+        return self.server.stop()
 
 
 def margin(top: dict) -> float:
