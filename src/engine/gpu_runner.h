@@ -7,7 +7,9 @@
 // host, where the scheduler samples. With batch_invariant (the default) a decode call takes at most 16
 // sequences: up to there every kernel computes each row from that row alone (the linears take the GEMV),
 // so a sequence's result is what GpuModel::forward computes for it alone whatever else runs
-// (tests/gpu/test_engine_batch.cpp; through the server: tools/serve/check_gpu_runner.py). Without it one
+// (tests/gpu/test_engine_batch.cpp; through the server: tools/serve/check_gpu_runner.py). That holds for
+// dense experts; the fused EXL3 decode kernel meets its projections by fp32 atomics, whose order may vary
+// between runs (cuda/exl3_moe.h), so EXL3 models are not held to it. Without it one
 // call takes the whole batch, which past 16 rows takes GEMMs whose per-row sums may depend on the
 // batch size.
 // The prefix cache keeps device copies of sequences (GpuModel::copy_sequence) in prefix_cache_slots
