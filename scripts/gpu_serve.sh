@@ -6,7 +6,9 @@
 #  2. tools/serve/check_gpu_runner.py on that model: GPU vs CPU greedy continuations, and concurrent vs alone;
 #  3. load through HTTP on a synthetic full-width V4.1 model (tools/synth, LAYERS layers, EXL3 K = 3 experts):
 #     bench/load.py at 1, 8, 32 and 64 streaming clients, then `spillway bench` at the same batch sizes and
-#     prompt length in the same call (the server's aggregate tokens/s against the engine's own).
+#     prompt length in the same call (the server's aggregate tokens/s against the engine's own); on the same
+#     model bench/shared_prefix.py (an 8K-token prefix shared by 32 requests against cold prompts) and
+#     tools/serve/check_overload.py (256 requests at once against a KV budget of 8 and a queue of 32).
 #   here:  BUILD_DIR=build-sm90 STAGE_BINS=bin/spillway bash scripts/gpu_test.sh stage    # .exl3pack/dev.tar.xz
 #          python3 -m pip download ... -d .whl  (openai, anthropic, jsonschema and their needs missing on the
 #          GPU image, for its Python 3.12: the list is WHEELS below)
@@ -24,7 +26,8 @@ set -u
 cd "$(dirname "$0")/.."
 [ -f .exl3pack/dev.tar.xz ] && [ ! -x .exl3dev/spillway ] && tar xJf .exl3pack/dev.tar.xz
 OUT=${OUT:-/tmp/serve_out}
-mkdir -p "$OUT"
+LOGS=/tmp/serve_logs  # server logs and /metrics, packed into $OUT/logs.tar.gz at the end ($OUT takes 8 files)
+mkdir -p "$OUT" $LOGS
 # Only spillway sees the staged libraries (coreutils there die loading the dev box's libpcre2).
 cat > /tmp/spillway <<EOF
 #!/bin/sh
@@ -69,14 +72,33 @@ if [ -z "${SKIP_LOAD:-}" ]; then
   cat /tmp/synth.log >> "$OUT/serve_main.log"
   P=${LOAD_PROMPT:-64} N=${LOAD_TOKENS:-256}
   /tmp/spillway serve --model $SYNTH --device cuda --port 18300 --max-num-seqs 64 --max-batch 64 \
-    --max-model-len $((P + N + 64)) --max-tokens-limit $N > "$OUT/serve_synth.log" 2>&1 &
+    --max-model-len $((P + N + 64)) --max-tokens-limit $N > $LOGS/serve_synth.log 2>&1 &
   SERVER=$!
   for _ in $(seq 300); do curl -sf http://127.0.0.1:18300/health > /dev/null && break; sleep 1; done
   timeout 120 python3 bench/load.py --base-url http://127.0.0.1:18300/v1 --concurrency 1,8,32,64 --requests-per-stream 1 \
     --prompt-tokens "$P" --max-tokens "$N" --vocab 129280 2>&1 | tee "$OUT/load_synth.md"
-  curl -s http://127.0.0.1:18300/metrics > "$OUT/metrics_synth.txt"
+  curl -s http://127.0.0.1:18300/metrics > $LOGS/metrics_synth.txt
   kill -TERM $SERVER; wait $SERVER; echo "server rc $?" >> "$OUT/serve_main.log"
+  # A shared 8K-token prefix across 32 requests against cold prompts (bench/shared_prefix.py).
+  /tmp/spillway serve --model $SYNTH --device cuda --port 18301 --max-num-seqs 64 --max-model-len 8448 \
+    --max-tokens-limit 16 > $LOGS/serve_prefix.log 2>&1 &
+  SERVER=$!
+  for _ in $(seq 300); do curl -sf http://127.0.0.1:18301/health > /dev/null && break; sleep 1; done
+  timeout 150 python3 bench/shared_prefix.py --base-url http://127.0.0.1:18301/v1 --prefix-tokens 8192 --requests 32 \
+    --vocab 129280 > "$OUT/shared_prefix_synth.md" 2>&1
+  echo "shared prefix: rc $? — $(grep 'cold / warm' "$OUT/shared_prefix_synth.md")" | tee -a "$OUT/serve_main.log"
+  kill -TERM $SERVER; wait $SERVER
+  # KV exhaustion: a KV budget of 8 requests and a queue of 32 under 256 at once (tools/serve/check_overload.py).
+  /tmp/spillway serve --model $SYNTH --device cuda --port 18302 --max-num-seqs 64 --max-model-len 1024 \
+    --kv-tokens $((8 * (512 + 64))) --max-queue 32 --prefix-cache-slots 0 > $LOGS/serve_overload.log 2>&1 &
+  SERVER=$!
+  for _ in $(seq 300); do curl -sf http://127.0.0.1:18302/health > /dev/null && break; sleep 1; done
+  timeout 150 python3 tools/serve/check_overload.py --base-url http://127.0.0.1:18302/v1 --requests 256 \
+    --prompt-tokens 512 --max-tokens 64 --vocab 129280 > "$OUT/overload_synth.md" 2>&1
+  echo "overload: rc $? — $(tail -1 "$OUT/overload_synth.md")" | tee -a "$OUT/serve_main.log"
+  kill -TERM $SERVER; wait $SERVER
   timeout 100 /tmp/spillway bench --model $SYNTH --batches 1 8 32 64 --batch-prompt "$P" --batch-steps 16 --decode-steps 16 --prefill 4096 --prefill-runs 1 \
-    2>&1 | tee "$OUT/bench_synth.md" | grep -E "^\| (1|8|32|64) \||HBM|tensor-core|Device" | tee -a "$OUT/serve_main.log"
+    2>&1 | tee -a "$OUT/load_synth.md" | grep -E "^\| (1|8|32|64) \||HBM|tensor-core|Device" | tee -a "$OUT/serve_main.log"
 fi
+tar czf "$OUT/logs.tar.gz" -C $LOGS . /tmp/synth.log 2>/dev/null
 exit 0

@@ -51,18 +51,16 @@ GpuRunner::GpuRunner(std::unique_ptr<GpuModel> model, bool batch_invariant, int 
     : model_(std::move(model)),
       cache_slots_(cache_slots),
       max_decode_rows_(batch_invariant ? std::min(kDeviceDispatchRows, model_->budget().max_seqs)
-                                       : model_->budget().max_seqs - cache_slots) {
-  if (auto m = device_memory(); m.ok()) memory_after_load_ = *m;
-}
+                                       : model_->budget().max_seqs - cache_slots) {}
 
 RunnerUsage GpuRunner::usage() const {
   RunnerUsage u;
   const auto pages = model_->kv_pages();
   u.kv_blocks_used = pages.used;
   u.kv_blocks_total = pages.total;
-  if (memory_after_load_.total > 0) {
-    u.device_bytes_total = int64_t(memory_after_load_.total);
-    u.device_bytes_used = int64_t(memory_after_load_.total - memory_after_load_.free);
+  if (auto m = device_memory(); m.ok()) {
+    u.device_bytes_total = int64_t(m->total);
+    u.device_bytes_used = int64_t(m->total - m->free);
   }
   return u;
 }

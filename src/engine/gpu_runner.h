@@ -72,7 +72,6 @@ class GpuRunner final : public ModelRunner {
   std::unique_ptr<GpuModel> model_;
   int cache_slots_;      // slots kept for the prefix cache's copies
   int max_decode_rows_;  // sequences per decode call
-  DeviceMemory memory_after_load_;  // the engine allocates nothing after its load
 };
 
 // Applies settings.gpu's kernel switches (process-wide) and loads the model onto device 0 with pools

@@ -48,7 +48,7 @@ std::string render_metrics(const runtime::SchedulerSnapshot& s) {
     metric(out, "spillway_kv_blocks_total", "gauge", "KV pool pages in all (GPU runner).", double(s.runner.kv_blocks_total));
   }
   if (s.runner.device_bytes_total >= 0) {
-    metric(out, "spillway_device_memory_used_bytes", "gauge", "Device memory in use after the model loaded (all processes).",
+    metric(out, "spillway_device_memory_used_bytes", "gauge", "Device memory in use (all processes), read each scheduler step.",
            double(s.runner.device_bytes_used));
     metric(out, "spillway_device_memory_total_bytes", "gauge", "Device memory in all.", double(s.runner.device_bytes_total));
   }
