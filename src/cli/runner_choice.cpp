@@ -34,7 +34,7 @@ Result<LoadedRunner> load_cpu(const RunnerOptions& o) {
   if (!model.ok()) return model.error();
   LoadedRunner out;
   out.cpu_model = std::move(model.value());
-  out.runner = std::make_unique<CpuRunner>(*out.cpu_model);
+  out.runner = std::make_unique<CpuRunner>(*out.cpu_model, o.kv_tokens);
   return out;
 }
 
@@ -46,14 +46,17 @@ Result<LoadedRunner> load_cuda(const RunnerOptions& o) {
   budget.max_seqs = o.max_num_seqs + o.prefix_cache_slots;  // the runner keeps the extra slots for cached copies
   budget.max_context = o.max_model_len;
   budget.max_step_tokens = o.prefill_chunk;
+  budget.pool_tokens = o.kv_tokens;
   const engine::MemoryPlan plan = engine::plan_memory(*config, budget, o.numerics.fake_quant);
   auto mem = engine::device_memory();
   if (!mem.ok()) return mem.error();
-  SPW_LOG_INFO("GPU memory plan ({} sequence slots, {} of them for the prefix cache, of up to {} positions; prefill "
-               "pieces of {} tokens): weights {:.2f} GiB, "
+  SPW_LOG_INFO("GPU memory plan ({} sequence slots, {} of them for the prefix cache, of up to {} positions, {} "
+               "positions in all; prefill pieces of {} tokens): weights {:.2f} GiB, "
                "KV pools {:.2f} GiB, sequence state {:.2f} GiB, workspace {:.2f} GiB; total {:.2f} GiB of {:.2f} GiB "
                "free ({:.2f} GiB on the device); Engram tables {:.2f} GiB and staging {:.2f} GiB in host memory",
-               budget.max_seqs, o.prefix_cache_slots, budget.max_context, budget.max_step_tokens, plan.weights.total() / kGiB,
+               budget.max_seqs, o.prefix_cache_slots, budget.max_context,
+               budget.pool_tokens > 0 ? budget.pool_tokens : budget.max_seqs * budget.max_context, budget.max_step_tokens,
+               plan.weights.total() / kGiB,
                plan.kv.pool_nbytes() / kGiB, plan.state_nbytes / kGiB, plan.workspace_nbytes / kGiB,
                plan.device_total() / kGiB, mem->free / kGiB, mem->total / kGiB, plan.engram_tables_host_nbytes / kGiB,
                plan.staging_host_nbytes / kGiB);
@@ -64,10 +67,10 @@ Result<LoadedRunner> load_cuda(const RunnerOptions& o) {
                         "GPU with more memory)");
     return make_error("the GPU plan needs ", plan.device_total() / kGiB, " GiB of device memory and ",
                       mem->free / kGiB, " GiB are free; the KV pools (", plan.kv.pool_nbytes() / kGiB,
-                      " GiB) hold --max-num-seqs ", o.max_num_seqs, " plus --prefix-cache-slots ", o.prefix_cache_slots,
-                      " sequences of --max-model-len ", budget.max_context,
-                      " positions: lower any of them (the workspace grows with --prefill-chunk ", budget.max_step_tokens,
-                      ")");
+                      " GiB) hold --kv-tokens ", o.kv_tokens, " positions over --max-num-seqs ", o.max_num_seqs,
+                      " plus --prefix-cache-slots ", o.prefix_cache_slots, " sequences of up to --max-model-len ",
+                      budget.max_context, ": lower any of them (the workspace grows with --prefill-chunk ",
+                      budget.max_step_tokens, ")");
   }
   engine::GpuRunnerSettings settings;
   settings.budget = budget;

@@ -19,9 +19,11 @@ struct RunnerOptions {
   std::string device = "auto";  // auto, cpu or cuda
   std::string model_dir;
   Numerics numerics = Numerics::reference();
-  // The GPU runner's KV budget: every sequence may reach max_model_len positions.
+  // The KV budget: each sequence may reach max_model_len positions, all of them together kv_tokens
+  // (the GPU's pools, and the CPU runner's accounting; 0: every sequence at max_model_len).
   int max_num_seqs = 64;  // running sequences
   int64_t max_model_len = 8192;
+  int64_t kv_tokens = 0;
   int prefill_chunk = 256;
   bool batch_invariant = true;  // GPU: decode calls of at most 16 sequences (engine/gpu_runner.h)
   int prefix_cache_slots = 8;   // GPU: sequence slots for the prefix cache's device copies

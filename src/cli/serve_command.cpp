@@ -84,6 +84,7 @@ int serve(ServeOptions o) {
   runner_options.numerics = o.numerics == "exact" ? Numerics::exact() : Numerics::reference();
   runner_options.max_num_seqs = o.s.scheduler.max_num_seqs;
   runner_options.max_model_len = o.s.max_model_len;
+  runner_options.kv_tokens = o.s.scheduler.kv_tokens;
   runner_options.prefill_chunk = o.s.scheduler.prefill_chunk;
   runner_options.batch_invariant = o.batch_invariant;
   runner_options.prefix_cache_slots = o.prefix_cache_mb > 0 ? o.prefix_cache_slots : 0;
@@ -157,7 +158,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--max-batch", sched.max_batch, "sequences in one scheduler step")
       ->envname("SPILLWAY_MAX_BATCH")
       ->capture_default_str();
-  cmd->add_option("--kv-tokens", sched.kv_tokens, "KV capacity: sum of prompt + max_tokens over running sequences")
+  cmd->add_option("--kv-tokens", sched.kv_tokens,
+                  "KV capacity in positions, over all running sequences and prefix-cache copies (GPU: sizes the KV "
+                  "pools); admission and preemption keep within it")
       ->envname("SPILLWAY_KV_TOKENS")
       ->capture_default_str();
   cmd->add_option("--max-queue", sched.max_queue, "requests waiting for admission before new ones get 503")

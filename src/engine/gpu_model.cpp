@@ -161,6 +161,30 @@ GpuModel::KvPageCounts GpuModel::kv_pages() const {
   return c;
 }
 
+bool GpuModel::can_hold(std::span<const Growth> growth) const {
+  const ModelConfig& c = config_;
+  const GpuState& st = *state_;
+  int64_t slots = 0, ring = 0, comp = 0, keys = 0;
+  for (const Growth& g : growth) {
+    if (!g.seq) {
+      ++slots;
+      ring += c.n_layers * pages_for(c.window);
+    }
+    for (int l = 0; l < c.n_layers; ++l) {
+      const int r = c.layers[l].compress_ratio;
+      if (r == 0) continue;
+      const int64_t want = pages_for(g.n_total / r);
+      if (layer_has_compressed(c, l))
+        comp += std::max<int64_t>(0, want - (g.seq ? int64_t(g.seq->comp_pages[l].size()) : 0));
+      if (layer_has_index_keys(c, l))
+        keys += std::max<int64_t>(0, want - (g.seq ? int64_t(g.seq->key_pages[l].size()) : 0));
+    }
+  }
+  const int64_t free_slots = std::count(st.slot_used.begin(), st.slot_used.end(), false);
+  return slots <= free_slots && ring <= st.ring.alloc.n_free() && comp <= st.comp.alloc.n_free() &&
+         keys <= st.keys.alloc.n_free();
+}
+
 void GpuModel::free_sequence(GpuSequence& seq) {
   if (seq.owner != this || seq.slot < 0) return;
   for (auto& p : seq.ring_pages) state_->ring.alloc.free(p);

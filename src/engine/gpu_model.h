@@ -121,6 +121,15 @@ class GpuModel {
     int64_t used = 0, total = 0;
   };
   KvPageCounts kv_pages() const;
+  // A sequence grown to n_total positions (seq == nullptr: a new one, which also takes a slot and its
+  // window rings).
+  struct Growth {
+    const GpuSequence* seq = nullptr;
+    int64_t n_total = 0;
+  };
+  // Whether the slots and the three pools can take all of these growths at once: the pages each pool
+  // would hand out, exactly as forward() and new_sequence() reserve them.
+  bool can_hold(std::span<const Growth> growth) const;
 
   // Turns CUDA graphs for decode steps on or off (GpuModelOptions::cuda_graphs), e.g. to compare.
   void set_cuda_graphs(bool on);

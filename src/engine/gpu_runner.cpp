@@ -70,6 +70,16 @@ const ModelConfig& GpuRunner::config() const { return model_->config(); }
 int64_t GpuRunner::max_context() const { return model_->budget().max_context; }
 int GpuRunner::max_sequences() const { return model_->budget().max_seqs - cache_slots_; }
 
+bool GpuRunner::kv_can_hold(std::span<const KvGrowth> growth) const {
+  std::vector<GpuModel::Growth> g(growth.size());
+  for (size_t i = 0; i < growth.size(); ++i) {
+    const auto* s = dynamic_cast<const GpuRunnerSequence*>(growth[i].seq);
+    if (growth[i].seq && !s) return false;
+    g[i] = {s ? &s->seq : nullptr, growth[i].n_total};
+  }
+  return model_->can_hold(g);
+}
+
 Result<std::unique_ptr<RunnerSequence>> GpuRunner::new_sequence() {
   auto seq = model_->new_sequence();
   if (!seq.ok()) return seq.error();
@@ -98,6 +108,10 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
       if (id < 0 || id >= c.vocab_size)
         return make_error("input ", i, ": token ", id, " outside the vocabulary [0, ", c.vocab_size, ")");
   }
+  std::vector<KvGrowth> growth(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) growth[i] = {inputs[i].seq, seqs[i]->n_past + int64_t(inputs[i].tokens.size())};
+  if (!kv_can_hold(growth))
+    return make_error("KV pools exhausted: the step needs more pages than the live sequences leave free");
   std::vector<std::vector<float>> out(inputs.size());
   const size_t vocab = size_t(c.vocab_size);
   std::vector<size_t> decodes;

@@ -14,8 +14,8 @@
 // batch size.
 // The prefix cache keeps device copies of sequences (GpuModel::copy_sequence) in prefix_cache_slots
 // slots of their own, on top of the running sequences; a hit copies the cached state into a new
-// sequence. Not yet here: copy-free shared pages, and admission by free KV pages (the pools are sized
-// for every slot at max_context).
+// sequence. The pools hold budget.pool_tokens positions (GpuModel::can_hold answers kv_can_hold
+// exactly, page by page); not yet here: copy-free shared pages.
 // Not thread-safe: one scheduler thread calls it.
 #pragma once
 
@@ -63,6 +63,7 @@ class GpuRunner final : public ModelRunner {
   int max_sequences() const override;
   int max_cached_states() const override { return cache_slots_; }
   RunnerUsage usage() const override;
+  bool kv_can_hold(std::span<const KvGrowth> growth) const override;
   Result<std::unique_ptr<RunnerSequence>> new_sequence() override;
   Result<std::vector<std::vector<float>>> forward(std::span<const RunnerInput> inputs) override;
 

@@ -156,16 +156,19 @@ MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quanti
   for (int l = 0; l < c.n_layers; ++l) {
     const int64_t r = c.layers[l].compress_ratio;
     if (r == 0) continue;
-    const int64_t pages = int64_t(ceil_div(int64_t(ceil_div(T, r)), cuda::kKvPageRows));
+    // Every sequence at T, or pool_tokens in all plus each sequence's partly filled last page.
+    int64_t pages = S * int64_t(ceil_div(int64_t(ceil_div(T, r)), cuda::kKvPageRows));
+    if (budget.pool_tokens > 0)
+      pages = std::min(pages, int64_t(ceil_div(int64_t(ceil_div(budget.pool_tokens, r)), cuda::kKvPageRows)) + S);
     if (layer_has_compressed(c, l)) {
-      kv.compressed_pages += S * pages;
+      kv.compressed_pages += pages;
       kv.nbytes_per_token += double(comp_row) / double(r);
       const int64_t width = c.layers[l].attn == AttnKind::Csa ? 2 * D : D;
       const int64_t copies = c.layers[l].attn == AttnKind::Csa ? 4 : 2;  // kv, score (+ previous group)
       if (!c.is_v41() || r > 1) comp_states += f32_nbytes(copies * r * width);
     }
     if (layer_has_index_keys(c, l)) {
-      kv.index_key_pages += S * pages;
+      kv.index_key_pages += pages;
       kv.nbytes_per_token += double(key_row) / double(r);
       if (!c.is_v41()) comp_states += f32_nbytes(4 * r * 2 * Di);
     }

@@ -26,6 +26,10 @@ struct KvBudget {
   int max_seqs = 1;            // sequences alive at once
   int64_t max_context = 4096;  // positions per sequence
   int max_step_tokens = 512;   // tokens of one forward call (prefill chunk)
+  // Positions all sequences hold together (their compressed entries and index keys; the window rings
+  // are per sequence); 0: every sequence at max_context. Smaller pools rely on the scheduler's
+  // admission and preemption (ModelRunner::kv_can_hold).
+  int64_t pool_tokens = 0;
 };
 
 struct WeightBytes {

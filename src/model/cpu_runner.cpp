@@ -1,5 +1,7 @@
 #include "model/cpu_runner.h"
 
+#include <algorithm>
+
 namespace spw {
 
 namespace {
@@ -9,7 +11,26 @@ size_t vec_nbytes(const std::vector<T>& v) {
   return v.capacity() * sizeof(T);
 }
 
+int64_t blocks_for(int64_t n_positions) { return (n_positions + kCpuKvBlockTokens - 1) / kCpuKvBlockTokens; }
+
 }  // namespace
+
+CpuSequence::CpuSequence(SequenceState s, std::shared_ptr<CpuKvLedger> ledger)
+    : state(std::move(s)), ledger_(std::move(ledger)) {
+  account();
+}
+
+CpuSequence::~CpuSequence() { ledger_->used_blocks -= blocks_; }
+
+std::unique_ptr<RunnerSequence> CpuSequence::clone() const {
+  return std::make_unique<CpuSequence>(state, ledger_);
+}
+
+void CpuSequence::account() {
+  const int64_t now = blocks_for(state.n_past);
+  ledger_->used_blocks += now - blocks_;
+  blocks_ = now;
+}
 
 size_t CpuSequence::nbytes() const {
   size_t n = sizeof(SequenceState) + vec_nbytes(state.engram_recent);
@@ -21,8 +42,30 @@ size_t CpuSequence::nbytes() const {
   return n;
 }
 
+CpuRunner::CpuRunner(const Model& model, int64_t kv_tokens)
+    : model_(model), ledger_(std::make_shared<CpuKvLedger>()) {
+  ledger_->total_blocks = kv_tokens > 0 ? blocks_for(kv_tokens) : 0;
+}
+
+RunnerUsage CpuRunner::usage() const {
+  RunnerUsage u;
+  if (ledger_->total_blocks > 0) {
+    u.kv_blocks_used = ledger_->used_blocks;
+    u.kv_blocks_total = ledger_->total_blocks;
+  }
+  return u;
+}
+
+bool CpuRunner::kv_can_hold(std::span<const KvGrowth> growth) const {
+  if (ledger_->total_blocks == 0) return true;
+  int64_t more = 0;
+  for (const KvGrowth& g : growth)
+    more += std::max<int64_t>(0, blocks_for(g.n_total) - (g.seq ? blocks_for(g.seq->n_past()) : 0));
+  return ledger_->used_blocks + more <= ledger_->total_blocks;
+}
+
 Result<std::unique_ptr<RunnerSequence>> CpuRunner::new_sequence() {
-  return std::unique_ptr<RunnerSequence>(std::make_unique<CpuSequence>(model_.new_sequence()));
+  return std::unique_ptr<RunnerSequence>(std::make_unique<CpuSequence>(model_.new_sequence(), ledger_));
 }
 
 Result<std::vector<std::vector<float>>> CpuRunner::forward(std::span<const RunnerInput> inputs) {
@@ -43,14 +86,24 @@ Result<std::vector<std::vector<float>>> CpuRunner::forward(std::span<const Runne
     for (size_t j = 0; j < states[kind].size(); ++j)
       if (auto st = model_.validate_input(*states[kind][j], tokens[kind][j]); !st.ok())
         return make_error("input ", index[kind][j], ": ", st.error().message);
+  std::vector<KvGrowth> growth(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i)
+    growth[i] = {inputs[i].seq, inputs[i].seq->n_past() + int64_t(inputs[i].tokens.size())};
+  if (!kv_can_hold(growth))
+    return make_error("KV memory exhausted: the step needs more than the ", ledger_->total_blocks * kCpuKvBlockTokens,
+                      " positions of --kv-tokens that live sequences leave free");
   for (int kind : {0, 1}) {
     if (states[kind].empty()) continue;
     ForwardOptions options;
     options.all_logits = kind == 1;
     auto r = model_.forward_batch(states[kind], tokens[kind], options);
-    if (!r.ok()) return r.error();
+    if (!r.ok()) {
+      for (const RunnerInput& in : inputs) static_cast<CpuSequence*>(in.seq)->account();
+      return r.error();
+    }
     for (size_t j = 0; j < index[kind].size(); ++j) out[index[kind][j]] = std::move((*r)[j]);
   }
+  for (const RunnerInput& in : inputs) static_cast<CpuSequence*>(in.seq)->account();
   return out;
 }
 

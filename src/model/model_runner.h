@@ -40,6 +40,12 @@ struct RunnerUsage {
   int64_t device_bytes_used = -1, device_bytes_total = -1;    // the device's memory (all processes)
 };
 
+// A sequence's KV grown to n_total positions (seq == nullptr: a new sequence), for kv_can_hold.
+struct KvGrowth {
+  const RunnerSequence* seq = nullptr;
+  int64_t n_total = 0;
+};
+
 struct RunnerInput {
   RunnerSequence* seq = nullptr;
   std::span<const int32_t> tokens;  // appended to seq; at least one
@@ -61,13 +67,21 @@ class ModelRunner {
   virtual int max_cached_states() const { return -1; }
   // Cheap (host counters): the scheduler reads it after every step.
   virtual RunnerUsage usage() const { return {}; }
+  // Whether the KV memory can take all of these growths at once on top of what every live sequence
+  // (prefix-cache copies included) holds now: a new sequence's fixed part counts too, and each
+  // sequence at most once. Exact for the runner's block granularity, so a forward whose growth was
+  // accepted cannot run out of KV. Cheap (host counters). Runners without a KV limit: always true.
+  virtual bool kv_can_hold(std::span<const KvGrowth> growth) const {
+    (void)growth;
+    return true;
+  }
 
   // A new empty sequence. Errors: the runner's sequence slots or KV memory are exhausted.
   virtual Result<std::unique_ptr<RunnerSequence>> new_sequence() = 0;
   // One step: appends each input's tokens to its sequence (each sequence at most once) and returns,
   // per input in order, its logits: [vocab] for the last new position, or [n, vocab] with all_logits.
-  // Errors: invalid tokens or sequences (checked before any sequence advances), device failures
-  // (after which the step's sequences must not be used again).
+  // Errors: invalid tokens or sequences, KV memory exhausted (both checked before any sequence
+  // advances), device failures (after which the step's sequences must not be used again).
   virtual Result<std::vector<std::vector<float>>> forward(std::span<const RunnerInput> inputs) = 0;
 };
 

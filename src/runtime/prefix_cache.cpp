@@ -77,6 +77,12 @@ void PrefixCache::insert(std::span<const int32_t> prefix, const RunnerSequence& 
   entries_.emplace(h, std::move(e));
 }
 
+bool PrefixCache::evict_oldest() {
+  if (lru_.empty()) return false;
+  evict_to(max_nbytes_, entries_.size() - 1);
+  return true;
+}
+
 void PrefixCache::evict_to(size_t max_nbytes, size_t max_entries) {
   while ((nbytes_ > max_nbytes || entries_.size() > max_entries) && !lru_.empty()) {
     auto it = entries_.find(lru_.back());

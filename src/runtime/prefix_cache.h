@@ -35,6 +35,9 @@ class PrefixCache {
   // block_tokens and state.n_past() == prefix.size()). Replaces nothing already present.
   void insert(std::span<const int32_t> prefix, const RunnerSequence& state);
 
+  // Drops the least recently used copy (KV memory for running sequences); false when empty.
+  bool evict_oldest();
+
   size_t n_entries() const { return entries_.size(); }
   size_t nbytes() const { return nbytes_; }
 

@@ -1,6 +1,7 @@
 #include "runtime/scheduler.h"
 
 #include <algorithm>
+#include <array>
 #include <tuple>
 
 #include "base/log.h"
@@ -14,16 +15,20 @@ struct Scheduler::Sequence {
   GenerationRequest request;
   std::shared_ptr<RequestStream> stream;
   Sampler sampler;
-  std::unique_ptr<RunnerSequence> state;  // set when the scheduler thread starts the sequence
-  int64_t reserve = 0;      // KV tokens reserved: prompt + max_tokens
-  int64_t n_prefilled = 0;  // prompt tokens in `state`
-  int n_generated = 0;
-  int32_t last_token = 0;   // sampled, not yet fed to the model
+  std::unique_ptr<RunnerSequence> state;  // set while running; dropped when preempted
+  int64_t n_prefilled = 0;       // prompt tokens in `state`
+  std::vector<int32_t> output;   // generated tokens
+  size_t n_fed = 0;              // of which in `state`: output.size() − 1 once caught up (the last one
+                                 // is the next input); fewer while a preempted sequence replays them
+  int n_preemptions = 0;
+  bool seated = false;           // counted in n_active_ (admitted, not finished or preempted)
   clock::time_point submitted, last_token_at;
 
   Sequence(GenerationRequest r, std::shared_ptr<RequestStream> s)
       : request(std::move(r)), stream(std::move(s)), sampler(request.sampling, request.constraint) {}
   bool decoding() const { return n_prefilled == int64_t(request.prompt.size()); }
+  // Positions the state will hold once the prompt and every generated token are in it.
+  int64_t n_total() const { return int64_t(request.prompt.size() + output.size()); }
 };
 
 namespace {
@@ -75,27 +80,20 @@ Submission Scheduler::submit(GenerationRequest request) {
   if (reserve > settings_.kv_tokens)
     return {SubmitCode::too_large,
             make_error("the prompt (", request.prompt.size(), " tokens) plus max_tokens (", request.max_tokens,
-                       ") needs ", reserve, " KV tokens, more than this server's capacity of ", settings_.kv_tokens,
+                       ") needs ", reserve, " KV positions, more than this server's KV capacity of ", settings_.kv_tokens,
                        " (--kv-tokens); shorten the prompt or lower max_tokens")
                 .message,
             nullptr};
 
   auto stream = std::make_shared<RequestStream>(int(request.prompt.size()));
   auto seq = std::make_unique<Sequence>(std::move(request), stream);
-  seq->reserve = reserve;
   seq->submitted = clock::now();
   {
     std::lock_guard lock(mutex_);
     if (draining_ || stopping_) return {SubmitCode::draining, "the server is shutting down", nullptr};
-    const bool fits = waiting_.empty() && n_active_ < settings_.max_num_seqs &&
-                      kv_reserved_ + reserve <= settings_.kv_tokens;
-    if (fits) {
-      kv_reserved_ += reserve;
-      ++n_active_;
-      admitted_.push_back(std::move(seq));
-    } else if (int64_t(waiting_.size()) < settings_.max_queue) {
-      waiting_.push_back(std::move(seq));
-    } else {
+    // The queue holds what may be admitted at once (free seats) plus max_queue more.
+    const int64_t seats = std::max<int64_t>(0, settings_.max_num_seqs - n_active_);
+    if (int64_t(waiting_.size()) >= seats + settings_.max_queue) {
       metrics_.on_reject();
       return {SubmitCode::queue_full,
               make_error("the server is at capacity: ", n_active_, " requests running and ", waiting_.size(),
@@ -103,6 +101,7 @@ Submission Scheduler::submit(GenerationRequest request) {
                   .message,
               nullptr};
     }
+    waiting_.push_back(std::move(seq));
   }
   wake_.notify_one();
   out.stream = std::move(stream);
@@ -138,19 +137,28 @@ void Scheduler::stop() {
 }
 
 void Scheduler::release_locked(Sequence& seq) {
-  kv_reserved_ -= seq.reserve;
-  --n_active_;
+  if (seq.seated) --n_active_;
+  seq.seated = false;
 }
 
-// FIFO: the head of the queue is admitted first; nothing overtakes it.
-void Scheduler::admit_locked() {
-  while (!waiting_.empty() && n_active_ < settings_.max_num_seqs &&
-         kv_reserved_ + waiting_.front()->reserve <= settings_.kv_tokens) {
-    kv_reserved_ += waiting_.front()->reserve;
+// FIFO: the head of the queue is admitted first; nothing overtakes it. A sequence is admitted when a
+// seat is free and the runner's KV can hold its prompt (and the tokens it generated before a
+// preemption) beside one more token for every running sequence; prefix-cache copies are dropped,
+// oldest first, to make that room. Runner calls happen on the scheduler thread only.
+std::vector<std::unique_ptr<Scheduler::Sequence>> Scheduler::admit_locked() {
+  std::vector<std::unique_ptr<Sequence>> admitted;
+  std::vector<KvGrowth> growth;
+  for (const auto& r : running_) growth.push_back({r->state.get(), r->state->n_past() + 1});
+  while (!waiting_.empty() && n_active_ < settings_.max_num_seqs) {
+    growth.push_back({nullptr, waiting_.front()->n_total()});
+    while (!runner_.kv_can_hold(growth) && prefix_cache_.evict_oldest()) {}
+    if (!runner_.kv_can_hold(growth)) break;
     ++n_active_;
-    admitted_.push_back(std::move(waiting_.front()));
+    waiting_.front()->seated = true;
+    admitted.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
+  return admitted;
 }
 
 // Capacity is released before the stream reports the finish, so a client that saw its request
@@ -159,7 +167,6 @@ void Scheduler::finish(Sequence& seq, FinishReason reason, std::string error) {
   {
     std::lock_guard lock(mutex_);
     release_locked(seq);
-    admit_locked();
   }
   metrics_.on_finish(reason == FinishReason::cancelled);
   seq.stream->finish(reason, std::move(error));
@@ -168,8 +175,9 @@ void Scheduler::finish(Sequence& seq, FinishReason reason, std::string error) {
 bool Scheduler::start_sequence(Sequence& seq) {
   const auto& prompt = seq.request.prompt;
   int64_t cached = 0;
-  // A cached prefix has no logits to score, so a request for prompt logprobs prefills all of it.
-  if (!seq.request.prompt_logprobs)
+  // A cached prefix has no logits to score, so a request for prompt logprobs prefills all of it (once:
+  // after a preemption they have been sent).
+  if (!seq.request.prompt_logprobs || seq.n_preemptions > 0)
     std::tie(cached, seq.state) = prefix_cache_.lookup(prompt, max_cached_prefix(int64_t(prompt.size())));
   if (!seq.state) {
     auto fresh = runner_.new_sequence();
@@ -181,41 +189,59 @@ bool Scheduler::start_sequence(Sequence& seq) {
     seq.state = std::move(fresh.value());
   }
   seq.n_prefilled = cached;
-  seq.stream->set_cached_tokens(int(cached));
-  metrics_.on_admit(int64_t(prompt.size()), cached);
+  seq.n_fed = 0;
+  if (seq.n_preemptions == 0) {
+    seq.stream->set_cached_tokens(int(cached));
+    metrics_.on_admit(int64_t(prompt.size()), cached);
+  }
   return true;
 }
 
 void Scheduler::publish_gauges() {
-  int64_t queued, kv;
+  int64_t held = 0;
+  for (const auto& seq : running_) held += seq->state->n_past();
+  int64_t queued;
   {
     std::lock_guard lock(mutex_);
     queued = int64_t(waiting_.size());
-    kv = kv_reserved_;
   }
-  metrics_.set_gauges(queued, int64_t(running_.size()), kv, settings_.kv_tokens, prefix_cache_.n_entries(),
+  metrics_.set_gauges(queued, int64_t(running_.size()), held, settings_.kv_tokens, prefix_cache_.n_entries(),
                       prefix_cache_.nbytes(), runner_.usage());
 }
 
 void Scheduler::loop() {
+  publish_gauges();  // the runner's capacity is in /metrics before the first request
   for (;;) {
     std::vector<std::unique_ptr<Sequence>> fresh;
+    std::unique_ptr<Sequence> unfit;
     bool cancel_everything = false;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || cancel_all_ || !admitted_.empty() || !running_.empty(); });
+      wake_.wait(lock, [&] { return stopping_ || cancel_all_ || !waiting_.empty() || !running_.empty(); });
       cancel_everything = cancel_all_ || stopping_;
       cancel_all_ = false;
-      fresh.swap(admitted_);
       for (auto it = waiting_.begin(); it != waiting_.end();) {
         if (cancel_everything || (*it)->stream->cancelled()) {
+          release_locked(**it);
           (*it)->stream->finish(FinishReason::cancelled);
           it = waiting_.erase(it);
         } else {
           ++it;
         }
       }
+      fresh = admit_locked();
+      // Nothing runs and the head still does not fit: it never will (submit() bounds a request by
+      // --kv-tokens, so this is a runner whose KV is smaller than that); refuse it rather than spin.
+      if (running_.empty() && fresh.empty() && !waiting_.empty() && n_active_ < settings_.max_num_seqs) {
+        unfit = std::move(waiting_.front());
+        waiting_.pop_front();
+      }
     }
+    if (unfit)
+      finish(*unfit, FinishReason::error,
+             make_error("the ", runner_.device(), " runner's KV memory cannot hold this request (", unfit->n_total(),
+                        " positions) even alone; lower --kv-tokens to what the runner holds, or shorten the request")
+                 .message);
     for (auto& seq : fresh)
       if (start_sequence(*seq)) running_.push_back(std::move(seq));
     std::erase_if(running_, [&](const std::unique_ptr<Sequence>& seq) {
@@ -226,8 +252,25 @@ void Scheduler::loop() {
     if (!running_.empty()) run_step();
     publish_gauges();
     std::lock_guard lock(mutex_);
-    if (stopping_ && running_.empty() && admitted_.empty() && waiting_.empty()) break;
+    if (stopping_ && running_.empty() && waiting_.empty()) break;
   }
+}
+
+// Sends running_[i] back to the head of the queue without its state; readmitted, it prefills its prompt
+// again and replays its generated tokens as decode inputs (what produced them the first time, so
+// greedy output is unchanged), then goes on sampling.
+void Scheduler::preempt(size_t i) {
+  std::unique_ptr<Sequence> seq = std::move(running_[i]);
+  running_.erase(running_.begin() + std::ptrdiff_t(i));
+  SPW_LOG_DEBUG("preempting a sequence at {} positions to free KV memory", seq->state->n_past());
+  seq->state.reset();
+  seq->n_prefilled = 0;
+  seq->n_fed = 0;
+  ++seq->n_preemptions;
+  metrics_.on_preempt();
+  std::lock_guard lock(mutex_);
+  release_locked(*seq);
+  waiting_.push_front(std::move(seq));
 }
 
 // One runner step; prefill pieces of requests that asked for prompt logprobs get logits at every
@@ -237,7 +280,7 @@ Result<std::vector<std::vector<float>>> Scheduler::forward(const std::vector<siz
   std::vector<RunnerInput> inputs(members.size());
   for (size_t k = 0; k < members.size(); ++k) {
     const Sequence& s = *running_[members[k]];
-    inputs[k] = {s.state.get(), tokens[k], !s.decoding() && s.request.prompt_logprobs};
+    inputs[k] = {s.state.get(), tokens[k], !s.decoding() && s.request.prompt_logprobs && s.n_preemptions == 0};
   }
   auto out = runner_.forward(inputs);
   if (!out.ok()) return out;
@@ -260,22 +303,51 @@ Result<std::vector<std::vector<float>>> Scheduler::forward(const std::vector<siz
   return out;
 }
 
-void Scheduler::run_step() {
+// The step's plan, within the runner's KV: while the members' growth does not fit, prefix-cache copies
+// are dropped (oldest first), then the most recently admitted sequences preempted.
+StepPlan Scheduler::plan_within_kv(std::vector<PlanEntry>& entries) {
   const int64_t chunk = settings_.prefill_chunk, block = settings_.prefix_block;
-  std::vector<PlanEntry> entries(running_.size());
-  for (size_t i = 0; i < running_.size(); ++i) {
-    const Sequence& s = *running_[i];
-    entries[i].decoding = s.decoding();
-    entries[i].n_tokens =
-        s.decoding() ? 1 : next_prefill_end(s.n_prefilled, int64_t(s.request.prompt.size()), chunk, block) - s.n_prefilled;
+  for (;;) {
+    entries.assign(running_.size(), {});
+    for (size_t i = 0; i < running_.size(); ++i) {
+      const Sequence& s = *running_[i];
+      entries[i].decoding = s.decoding();
+      entries[i].n_tokens = s.decoding() ? 1
+                                         : next_prefill_end(s.n_prefilled, int64_t(s.request.prompt.size()), chunk, block) -
+                                               s.n_prefilled;
+    }
+    StepPlan plan = plan_step(entries, size_t(settings_.max_batch), settings_.step_token_budget, rotate_);
+    std::vector<KvGrowth> growth;
+    for (size_t i : plan.members)
+      growth.push_back({running_[i]->state.get(), running_[i]->state->n_past() + entries[i].n_tokens});
+    if (runner_.kv_can_hold(growth)) return plan;
+    if (prefix_cache_.evict_oldest()) continue;
+    if (running_.size() == 1) {
+      // Alone, with no copies cached: submit() admitted nothing larger than --kv-tokens, so this is a
+      // runner whose KV is smaller than that.
+      finish(*running_[0], FinishReason::error,
+             make_error("the ", runner_.device(), " runner's KV memory cannot hold this sequence (",
+                        growth[0].n_total, " positions) even alone; lower --kv-tokens to what the runner holds")
+                 .message);
+      running_.clear();
+      return {};
+    }
+    preempt(running_.size() - 1);
   }
-  const StepPlan plan = plan_step(entries, size_t(settings_.max_batch), settings_.step_token_budget, rotate_++);
+}
+
+void Scheduler::run_step() {
+  const int64_t block = settings_.prefix_block;
+  std::vector<PlanEntry> entries;
+  const StepPlan plan = plan_within_kv(entries);
+  ++rotate_;
+  if (plan.members.empty()) return;
 
   std::vector<std::span<const int32_t>> tokens;
   for (size_t i : plan.members) {
     Sequence& s = *running_[i];
     if (s.decoding())
-      tokens.emplace_back(&s.last_token, 1);
+      tokens.emplace_back(&s.output[s.n_fed], 1);
     else
       tokens.push_back(std::span<const int32_t>(s.request.prompt).subspan(size_t(s.n_prefilled), size_t(entries[i].n_tokens)));
   }
@@ -298,26 +370,28 @@ void Scheduler::run_step() {
       if (!s.decoding()) {
         s.n_prefilled += int64_t(tokens[k].size());
         n_prefill += int64_t(tokens[k].size());
-        if (s.n_prefilled % block == 0)
+        const std::array<KvGrowth, 1> copy{KvGrowth{nullptr, s.n_prefilled}};
+        if (s.n_prefilled % block == 0 && runner_.kv_can_hold(copy))
           prefix_cache_.insert(std::span<const int32_t>(s.request.prompt).first(size_t(s.n_prefilled)), *s.state);
-        if (!s.decoding()) continue;
+        if (!s.decoding() || !s.output.empty()) continue;  // more prompt, or generated tokens to replay
+      } else if (++s.n_fed < s.output.size()) {
+        continue;  // replaying after a preemption
       }
       GeneratedToken tok = s.sampler.sample((*logits)[k]);
       const int32_t id = tok.id;
-      if (s.n_generated == 0)
+      if (s.output.empty())
         metrics_.on_first_token(std::chrono::duration<double>(t1 - s.submitted).count());
       else
         metrics_.on_inter_token(std::chrono::duration<double>(t1 - s.last_token_at).count());
       s.last_token_at = t1;
-      s.last_token = id;
-      ++s.n_generated;
+      s.output.push_back(id);
       ++n_generated;
       s.stream->push(std::move(tok));
       const auto& stops = s.request.stop_token_ids;
       if ((id == eos && !s.request.ignore_eos) || std::find(stops.begin(), stops.end(), id) != stops.end()) {
         finish(s, FinishReason::stop);
         done[plan.members[k]] = true;
-      } else if (s.n_generated >= s.request.max_tokens) {
+      } else if (int64_t(s.output.size()) >= s.request.max_tokens) {
         finish(s, FinishReason::length);
         done[plan.members[k]] = true;
       }

@@ -1,10 +1,14 @@
 // The scheduler: one thread that owns the model runner (model/model_runner.h: the CPU reference or
 // the GPU engine; neither is reentrant), running continuous batching over every admitted sequence.
 //
-// Each step: reap cancelled sequences, admit waiting requests in FIFO order while the KV capacity
-// model allows (sum over running sequences of prompt + max_tokens ≤ kv_tokens, and at most
-// max_num_seqs), plan (decode tokens first, then chunked-prefill pieces under the step token
-// budget), hand the step to the runner, sample, push tokens to each request's stream.
+// Each step: reap cancelled sequences, admit waiting requests in FIFO order while a seat is free (at
+// most max_num_seqs) and the runner's KV memory can hold them (ModelRunner::kv_can_hold: the blocks
+// actually held, not prompt + max_tokens), plan (decode tokens first, then chunked-prefill pieces under
+// the step token budget), make room for the step's KV growth (dropping prefix-cache copies, then
+// preempting the most recently admitted sequences back to the head of the queue), hand the step to
+// the runner, sample, push tokens to each request's stream. A preempted sequence is recomputed when
+// readmitted: its prompt prefilled again (the prefix cache may serve it) and its generated tokens
+// replayed as one-token decode inputs, so it computes exactly what it computed before.
 // HTTP threads only call submit() and talk to their RequestStream.
 #pragma once
 
@@ -21,13 +25,14 @@
 #include "runtime/request_stream.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler_metrics.h"
+#include "runtime/step_plan.h"
 
 namespace spw::runtime {
 
 struct SchedulerSettings {
   int max_num_seqs = 64;        // sequences admitted (running) at once
   int max_batch = 64;           // sequences in one forward_batch step
-  int64_t kv_tokens = 262144;   // KV capacity model: Σ (prompt + max_tokens) over running sequences
+  int64_t kv_tokens = 262144;   // KV positions the runner holds; a request's prompt + max_tokens must fit
   int max_queue = 256;          // requests waiting for admission; beyond this, submit is refused
   int prefill_chunk = 256;      // prefill piece size (multiple of prefix_block)
   int step_token_budget = 512;  // tokens per step (decodes + prefill pieces), ≥ prefill_chunk
@@ -71,10 +76,13 @@ class Scheduler {
  private:
   struct Sequence;
   void loop();
-  void admit_locked();
+  // Moves waiting requests that fit to the caller (who starts them); mutex_ held.
+  std::vector<std::unique_ptr<Sequence>> admit_locked();
   // Gives the sequence its state (a prefix-cache copy or a new one); false: none could be made and
   // the request is finished with the error.
   bool start_sequence(Sequence& seq);
+  StepPlan plan_within_kv(std::vector<PlanEntry>& entries);
+  void preempt(size_t i);
   void run_step();
   Result<std::vector<std::vector<float>>> forward(const std::vector<size_t>& members,
                                                   std::span<const std::span<const int32_t>> tokens);
@@ -89,10 +97,8 @@ class Scheduler {
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::unique_ptr<Sequence>> waiting_;   // guarded by mutex_
-  std::vector<std::unique_ptr<Sequence>> admitted_;  // guarded by mutex_; the scheduler picks them up
-  int64_t kv_reserved_ = 0;                          // guarded by mutex_
-  int64_t n_active_ = 0;                             // admitted + running, guarded by mutex_
+  std::deque<std::unique_ptr<Sequence>> waiting_;  // guarded by mutex_; preempted sequences go first
+  int64_t n_active_ = 0;                            // admitted sequences, guarded by mutex_
   bool draining_ = false, stopping_ = false, cancel_all_ = false;
 
   std::vector<std::unique_ptr<Sequence>> running_;  // scheduler thread only

@@ -82,6 +82,11 @@ void SchedulerMetrics::on_reject() {
   ++s_.requests_rejected;
 }
 
+void SchedulerMetrics::on_preempt() {
+  std::lock_guard lock(mutex_);
+  ++s_.preemptions;
+}
+
 SchedulerSnapshot SchedulerMetrics::snapshot() const {
   std::lock_guard lock(mutex_);
   SchedulerSnapshot out = s_;

@@ -26,8 +26,9 @@ struct Histogram {
 struct SchedulerSnapshot {
   int64_t queue_depth = 0;
   int64_t running = 0;
-  int64_t kv_tokens_used = 0;      // reserved prompt + max_tokens of running sequences
+  int64_t kv_tokens_used = 0;      // positions held by running sequences
   int64_t kv_tokens_capacity = 0;
+  uint64_t preemptions = 0;        // running sequences sent back to the queue to free KV
   uint64_t requests_finished = 0;
   uint64_t requests_rejected = 0;
   uint64_t requests_cancelled = 0;
@@ -61,6 +62,7 @@ class SchedulerMetrics {
   void on_inter_token(double seconds);
   void on_finish(bool cancelled);
   void on_reject();
+  void on_preempt();
   SchedulerSnapshot snapshot() const;
 
  private:

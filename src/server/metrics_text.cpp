@@ -33,8 +33,7 @@ std::string render_metrics(const runtime::SchedulerSnapshot& s) {
   std::string out;
   metric(out, "spillway_queue_depth", "gauge", "Requests waiting for admission.", double(s.queue_depth));
   metric(out, "spillway_running_sequences", "gauge", "Sequences admitted and not finished.", double(s.running));
-  metric(out, "spillway_kv_tokens_used", "gauge", "KV tokens reserved (prompt + max_tokens of running sequences).",
-         double(s.kv_tokens_used));
+  metric(out, "spillway_kv_tokens_used", "gauge", "KV positions held by running sequences.", double(s.kv_tokens_used));
   metric(out, "spillway_kv_tokens_capacity", "gauge", "KV capacity in tokens (--kv-tokens).", double(s.kv_tokens_capacity));
   metric(out, "spillway_kv_usage_ratio", "gauge", "kv_tokens_used / kv_tokens_capacity.",
          s.kv_tokens_capacity ? double(s.kv_tokens_used) / double(s.kv_tokens_capacity) : 0.0);
@@ -43,9 +42,9 @@ std::string render_metrics(const runtime::SchedulerSnapshot& s) {
     out += "spillway_runner_info{device=\"" + s.device + "\"} 1\n";
   }
   if (s.runner.kv_blocks_total >= 0) {
-    metric(out, "spillway_kv_blocks_used", "gauge", "KV pool pages held by sequences (GPU runner).",
+    metric(out, "spillway_kv_blocks_used", "gauge", "KV blocks (GPU: pool pages) held by sequences and prefix-cache copies.",
            double(s.runner.kv_blocks_used));
-    metric(out, "spillway_kv_blocks_total", "gauge", "KV pool pages in all (GPU runner).", double(s.runner.kv_blocks_total));
+    metric(out, "spillway_kv_blocks_total", "gauge", "KV blocks (GPU: pool pages) in all.", double(s.runner.kv_blocks_total));
   }
   if (s.runner.device_bytes_total >= 0) {
     metric(out, "spillway_device_memory_used_bytes", "gauge", "Device memory in use (all processes), read each scheduler step.",
@@ -67,6 +66,9 @@ std::string render_metrics(const runtime::SchedulerSnapshot& s) {
   metric(out, "spillway_requests_finished_total", "counter", "Requests finished (any reason).", double(s.requests_finished));
   metric(out, "spillway_requests_cancelled_total", "counter", "Requests cancelled (client gone, stop text, shutdown).",
          double(s.requests_cancelled));
+  metric(out, "spillway_preemptions_total", "counter",
+         "Running sequences sent back to the queue to free KV memory (recomputed when readmitted).",
+         double(s.preemptions));
   metric(out, "spillway_requests_rejected_total", "counter", "Requests refused because the queue was full.",
          double(s.requests_rejected));
   histogram(out, "spillway_time_to_first_token_seconds", "Submission to first generated token.", s.ttft);

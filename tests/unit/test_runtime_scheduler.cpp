@@ -105,15 +105,18 @@ TEST_F(RuntimeScheduler, ConcurrentEqualsAloneAndPrefixCacheChangesNothing) {
   EXPECT_GT(m.prompt_tokens_cached, 0u);
 }
 
-TEST_F(RuntimeScheduler, TinyKvQueuesFullQueueRefusesTooLargeRejected) {
+TEST_F(RuntimeScheduler, FullQueueRefusesTooLargeRejected) {
   SchedulerSettings s;
   s.kv_tokens = 40;
+  s.max_num_seqs = 1;
   s.max_queue = 2;
-  Scheduler sched(*runner_, s);
+  CpuRunner tiny(*model_, s.kv_tokens);
+  Scheduler sched(tiny, s);
   auto big = sched.submit(greedy({0, 1, 2}, 50));
   EXPECT_EQ(big.code, SubmitCode::too_large);
+  EXPECT_NE(big.message.find("--kv-tokens"), std::string::npos);
   std::vector<std::shared_ptr<RequestStream>> ok;
-  for (int i = 0; i < 3; ++i) {  // 5 + 20 = 25 each: one runs, two wait
+  for (int i = 0; i < 3; ++i) {  // one seat: one runs, two wait
     auto sub = sched.submit(greedy({0, 5, 6, 7, int32_t(8 + i)}, 20));
     ASSERT_EQ(sub.code, SubmitCode::ok) << i;
     ok.push_back(sub.stream);
@@ -127,6 +130,55 @@ TEST_F(RuntimeScheduler, TinyKvQueuesFullQueueRefusesTooLargeRejected) {
     EXPECT_EQ(r, FinishReason::length);
   }
   EXPECT_TRUE(sched.idle());
+  EXPECT_EQ(sched.metrics().requests_rejected, 1u);
+}
+
+// Admission by the KV the runner actually holds: more sequences start than prompt + max_tokens would
+// allow, the pool runs out as they grow, the newest are preempted and recomputed (prompt prefilled
+// again, generated tokens replayed as decodes), and every greedy output is what it is with no limit.
+// With the prefix cache on, its copies are dropped before anything is preempted.
+TEST_F(RuntimeScheduler, KvExhaustionPreemptsAndChangesNoOutput) {
+  const auto ps = prompts(8);
+  constexpr int kTokens = 40;
+  std::vector<std::vector<int32_t>> alone;
+  {
+    SchedulerSettings s;
+    s.prefix_cache_nbytes = 0;
+    Scheduler sched(*runner_, s);
+    for (const auto& p : ps) alone.push_back(collect(*sched.submit(greedy(p, kTokens)).stream));
+  }
+  for (const bool cache : {false, true}) {
+    SchedulerSettings s;
+    s.kv_tokens = 160;  // 10 blocks of 16: each request ends at 43-78 positions (3-5 blocks)
+    s.prefill_chunk = 16;
+    s.step_token_budget = 32;
+    if (!cache) s.prefix_cache_nbytes = 0;
+    CpuRunner tiny(*model_, s.kv_tokens);
+    {
+      Scheduler sched(tiny, s);
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      for (const auto& p : ps) {
+        auto sub = sched.submit(greedy(p, kTokens));
+        ASSERT_EQ(sub.code, SubmitCode::ok) << sub.message;
+        streams.push_back(sub.stream);
+      }
+      for (size_t i = 0; i < ps.size(); ++i) {
+        FinishReason r = FinishReason::none;
+        EXPECT_EQ(collect(*streams[i], &r), alone[i]) << "cache " << cache << " request " << i;
+        EXPECT_EQ(r, FinishReason::length);
+      }
+      const SchedulerSnapshot m = sched.metrics();
+      std::printf("[ measured ] cache %d: preemptions %llu, prefill tokens %llu (prompts %llu), cached %llu\n", cache,
+                  (unsigned long long)m.preemptions, (unsigned long long)m.prefill_tokens,
+                  (unsigned long long)m.prompt_tokens, (unsigned long long)m.prompt_tokens_cached);
+      EXPECT_GT(m.preemptions, 0u);
+      EXPECT_EQ(m.requests_finished, ps.size());
+      EXPECT_LE(m.runner.kv_blocks_used, m.runner.kv_blocks_total);
+      for (int i = 0; i < 100 && !sched.idle(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      EXPECT_TRUE(sched.idle());
+    }
+    EXPECT_EQ(tiny.usage().kv_blocks_used, 0) << "every block returns once the scheduler and its cache are gone";
+  }
 }
 
 TEST_F(RuntimeScheduler, CancelFreesTheSequence) {

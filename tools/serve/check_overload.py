@@ -4,8 +4,8 @@
     python tools/serve/check_overload.py --base-url http://127.0.0.1:8000/v1 --requests 256 \
         --prompt-tokens 512 --max-tokens 64
 
-Run it against a server whose KV budget (--kv-tokens) and queue (--max-queue) are far smaller than the
-load, so admission runs out of KV and the queue fills. Sends --requests non-streaming greedy
+Run it against a server whose KV capacity (--kv-tokens) and queue (--max-queue) are far smaller than the
+load, so admission runs out of KV, running sequences are preempted as they grow, and the queue fills. Sends --requests non-streaming greedy
 completions (random token-id prompts, ignore_eos) at once and checks:
  1. each is answered either 200 with exactly --max-tokens tokens, or 503 with a Retry-After header
     (the queue was full); anything else, a dropped connection included, counts as lost;
@@ -26,7 +26,8 @@ import time
 import httpx
 
 GAUGES = ["spillway_queue_depth", "spillway_running_sequences", "spillway_kv_tokens_used", "spillway_kv_blocks_used",
-          "spillway_device_memory_used_bytes", "spillway_requests_rejected_total", "spillway_requests_finished_total"]
+          "spillway_device_memory_used_bytes", "spillway_requests_rejected_total", "spillway_requests_finished_total",
+          "spillway_preemptions_total"]
 
 
 def read_metrics(http: httpx.Client) -> dict[str, float]:

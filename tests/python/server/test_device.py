@@ -48,9 +48,10 @@ def test_metrics_name_the_runner_and_its_kv_pages(server):
     assert len(devices) == 1, m
     device = re.search(r'device="(\w+)"', devices[0]).group(1)
     assert device in ("cpu", "cuda")
+    assert 0 <= m["spillway_kv_blocks_used"] <= m["spillway_kv_blocks_total"]
     if device == "cuda":  # the GPU runner's paged pools and the device's memory
-        assert 0 <= m["spillway_kv_blocks_used"] <= m["spillway_kv_blocks_total"]
         assert m["spillway_kv_blocks_total"] > 0
         assert 0 < m["spillway_device_memory_used_bytes"] <= m["spillway_device_memory_total_bytes"]
-    else:  # the CPU reference has no pools
-        assert "spillway_kv_blocks_total" not in m
+    else:  # the CPU reference counts blocks of 16 positions of --kv-tokens (the server's default), no device
+        assert m["spillway_kv_blocks_total"] == m["spillway_kv_tokens_capacity"] / 16
+        assert "spillway_device_memory_total_bytes" not in m
