@@ -14,7 +14,7 @@
 #          GPU image, for its Python 3.12: the list is WHEELS below)
 #          move models/demo/model.safetensors out of the tree (the upload is 64 MiB at most)
 #   there: bash scripts/gpu_serve.sh          # carry: .exl3pack .whl ; results in $OUT
-# Switches: SKIP_SUITE=1, SKIP_CHECK=1, SKIP_LOAD=1, LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
+# Switches: SKIP_SUITE=1, SKIP_CHECK=1, SKIP_LOAD=1, DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
 # LOAD_TOKENS (default 256 generated per request), PYTEST_ARGS (extra pytest arguments).
 # WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl): openai==3.57.0
 #   anthropic==2.17.0 pydantic==2.14.4 pydantic_core==2.50.5 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1
@@ -66,6 +66,16 @@ if [ -z "${SKIP_CHECK:-}" ]; then
     --agreement report > "$OUT/check_tiny_v41.md" 2>&1
   grep -h "prefix cache\|no device copy" "$OUT/check_tiny_v41.md" | head -5 >> "$OUT/serve_main.log"
   echo "check_gpu_runner (tiny V4.1): rc $? — $(tail -1 "$OUT/check_tiny_v41.md")" | tee -a "$OUT/serve_main.log"
+fi
+# DEMO=1: the trained demo model, GPU against CPU with the agreement judged (--agreement verdict). Its
+# weights travel xz-compressed (here: mkdir -p .demopack && xz -T2 -c models/demo/model.safetensors >
+# .demopack/model.safetensors.xz, then move the original out of the tree; carry .demopack).
+if [ -n "${DEMO:-}" ]; then
+  [ -f .demopack/model.safetensors.xz ] && [ ! -f models/demo/model.safetensors ] &&
+    xz -dc .demopack/model.safetensors.xz > models/demo/model.safetensors
+  timeout 300 python3 tools/serve/check_gpu_runner.py --bin /tmp/spillway --model models/demo --prompts 20 --tokens 32 \
+    > "$OUT/check_demo.md" 2>&1
+  echo "check_gpu_runner (demo model): rc $? — $(tail -1 "$OUT/check_demo.md")" | tee -a "$OUT/serve_main.log"
 fi
 wait
 if [ -z "${SKIP_LOAD:-}" ]; then

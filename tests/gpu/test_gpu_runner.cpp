@@ -5,11 +5,14 @@
 //    (memcmp), for prompts ending inside a compressor group and after several of them;
 //  - GpuRunner::forward against GpuModel::forward on each sequence alone (mixed decode and prefill inputs
 //    in one step): bit-identical logits;
-//  - its argument errors, which leave every sequence as it was.
+//  - its argument errors, which leave every sequence as it was;
+//  - pools smaller than every slot at max_context: kv_can_hold says exactly what forward() can take.
 #if defined(SPW_HAVE_CUDA)
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdio>
 #include <cstring>
 
 #include "../golden/golden_fixture.h"
@@ -152,6 +155,51 @@ void runner_matches_the_engine_alone(const std::string& arch) {
   ASSERT_TRUE(la.ok() && lb.ok());
   EXPECT_EQ(std::memcmp((*la)[0].data(), (*lb)[0].data(), (*la)[0].size() * sizeof(float)), 0);
 }
+
+// Pools smaller than every slot at max_context (KvBudget::pool_tokens): kv_can_hold answers exactly what
+// forward() can reserve. A sequence grows in prefill pieces while kv_can_hold accepts the next piece;
+// the first refused piece makes forward() fail with nothing advanced, and freeing another sequence's
+// pages makes it fit again.
+void small_pools_hold_what_kv_can_hold_says(const std::string& arch) {
+  SPW_REQUIRE_GPU();
+  engine::GpuRunnerSettings gs;
+  gs.budget.max_seqs = 2;
+  gs.budget.max_context = 4096;
+  gs.budget.max_step_tokens = 256;
+  gs.budget.pool_tokens = 1024;
+  auto gpu = engine::load_gpu_runner(golden::fixture_dir(arch) + "/model", gs);
+  ASSERT_TRUE(gpu.ok()) << gpu.error().message;
+  ModelRunner& r = **gpu;
+  const int V = int(r.config().vocab_size);
+  auto other = r.new_sequence();
+  auto seq = r.new_sequence();
+  ASSERT_TRUE(other.ok() && seq.ok());
+  const auto piece = gpu_test::lcg_tokens(256, 41, V);
+  ASSERT_TRUE(r.forward(std::array{RunnerInput{other->get(), piece, false}}).ok());
+  int pieces = 0;
+  for (; pieces < 16; ++pieces) {
+    const std::array<KvGrowth, 1> g{KvGrowth{seq->get(), (*seq)->n_past() + 256}};
+    if (!r.kv_can_hold(g)) break;
+    auto out = r.forward(std::array{RunnerInput{seq->get(), piece, false}});
+    ASSERT_TRUE(out.ok()) << arch << " piece " << pieces << ": kv_can_hold accepted it: " << out.error().message;
+  }
+  std::printf("[ measured ] %s: %d pieces of 256 beside one of 256 in pools for 1024 positions (+ a page per sequence "
+              "and layer)\n", arch.c_str(), pieces);
+  ASSERT_LT(pieces, 16) << "the pools never ran out";
+  EXPECT_GE(pieces, 3) << "1024 positions hold at least 3 pieces beside the other sequence's one";
+  const int64_t before = (*seq)->n_past();
+  auto refused = r.forward(std::array{RunnerInput{seq->get(), piece, false}});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("KV"), std::string::npos) << refused.error().message;
+  EXPECT_EQ((*seq)->n_past(), before);
+  other->reset();
+  const std::array<KvGrowth, 1> g{KvGrowth{seq->get(), (*seq)->n_past() + 256}};
+  EXPECT_TRUE(r.kv_can_hold(g)) << "the other sequence's pages are free again";
+  EXPECT_TRUE(r.forward(std::array{RunnerInput{seq->get(), piece, false}}).ok());
+}
+
+TEST(GpuRunner, V41SmallPoolsHoldWhatKvCanHoldSays) { small_pools_hold_what_kv_can_hold_says("v41"); }
+TEST(GpuRunner, V4SmallPoolsHoldWhatKvCanHoldSays) { small_pools_hold_what_kv_can_hold_says("v4"); }
 
 TEST(GpuRunner, V41MatchesTheEngineAlone) { runner_matches_the_engine_alone("v41"); }
 TEST(GpuRunner, V4MatchesTheEngineAlone) { runner_matches_the_engine_alone("v4"); }

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import httpx
-import openai
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -95,10 +94,14 @@ class Server:
                 time.sleep(0.05)
 
     def client(self, **kw) -> openai.OpenAI:
+        import openai  # here, so tools that only start servers (tools/serve) need no openai package
+
         return openai.OpenAI(base_url=self.base + "/v1", api_key=self.api_key or "none", max_retries=0,
                              timeout=kw.pop("timeout", 120), **kw)
 
     def async_client(self, **kw) -> openai.AsyncOpenAI:
+        import openai
+
         return openai.AsyncOpenAI(base_url=self.base + "/v1", api_key=self.api_key or "none", max_retries=0,
                                   timeout=kw.pop("timeout", 300), **kw)
 
