@@ -114,25 +114,40 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
     return make_error("KV pools exhausted: the step needs more pages than the live sequences leave free");
   std::vector<std::vector<float>> out(inputs.size());
   const size_t vocab = size_t(c.vocab_size);
-  std::vector<size_t> decodes;
+  // Decodes in two groups: greedy picks (the device's argmax, no logits copied back) and the rest.
+  std::vector<size_t> decodes[2];
   for (size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i].tokens.size() == 1 && !inputs[i].all_logits) decodes.push_back(i);
-  for (size_t first = 0; first < decodes.size(); first += size_t(max_decode_rows_)) {
-    const size_t n = std::min(decodes.size() - first, size_t(max_decode_rows_));
-    std::vector<GpuSequence*> batch;
-    std::vector<int32_t> tokens, next(n);
-    for (size_t k = first; k < first + n; ++k) {
-      batch.push_back(seqs[decodes[k]]);
-      tokens.push_back(inputs[decodes[k]].tokens[0]);
+    if (inputs[i].tokens.size() == 1 && !inputs[i].all_logits) {
+      const bool greedy = inputs[i].pick && inputs[i].pick->temperature <= 0.f;
+      decodes[greedy ? 0 : 1].push_back(i);
     }
-    std::vector<float> logits;
-    SPW_TRY(model_->decode(batch, tokens, next, &logits));
-    for (size_t k = 0; k < n; ++k)
-      out[decodes[first + k]].assign(logits.begin() + std::ptrdiff_t(k * vocab),
-                                     logits.begin() + std::ptrdiff_t((k + 1) * vocab));
+  for (int group : {0, 1}) {
+    const std::vector<size_t>& rows = decodes[group];
+    for (size_t first = 0; first < rows.size(); first += size_t(max_decode_rows_)) {
+      const size_t n = std::min(rows.size() - first, size_t(max_decode_rows_));
+      std::vector<GpuSequence*> batch;
+      std::vector<int32_t> tokens, next(n);
+      for (size_t k = first; k < first + n; ++k) {
+        batch.push_back(seqs[rows[k]]);
+        tokens.push_back(inputs[rows[k]].tokens[0]);
+      }
+      std::vector<float> logits;
+      SPW_TRY(model_->decode(batch, tokens, next, group == 0 ? nullptr : &logits));
+      for (size_t k = 0; k < n; ++k) {
+        if (group == 0) {
+          inputs[rows[first + k]].pick->token = next[k];
+          continue;
+        }
+        out[rows[first + k]].assign(logits.begin() + std::ptrdiff_t(k * vocab),
+                                    logits.begin() + std::ptrdiff_t((k + 1) * vocab));
+      }
+    }
   }
+  std::vector<bool> done(inputs.size(), false);
+  for (size_t i : decodes[0]) done[i] = true;
+  for (size_t i : decodes[1]) done[i] = true;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!out[i].empty()) continue;
+    if (done[i]) continue;
     ForwardOptions options;
     options.all_logits = inputs[i].all_logits;
     auto r = model_->forward(*seqs[i], inputs[i].tokens, options);

@@ -57,7 +57,8 @@ class CpuRunner final : public ModelRunner {
   bool kv_can_hold(std::span<const KvGrowth> growth) const override;
   Result<std::unique_ptr<RunnerSequence>> new_sequence() override;
   // One forward_batch per kind of input (last-position logits, all logits), so each routed expert
-  // runs once per kind for every sequence's tokens.
+  // runs once per kind for every sequence's tokens. Greedy TokenPicks are answered (argmax, lowest
+  // id on ties), others with logits.
   Result<std::vector<std::vector<float>>> forward(std::span<const RunnerInput> inputs) override;
 
  private:

@@ -46,10 +46,26 @@ struct KvGrowth {
   int64_t n_total = 0;
 };
 
+// The next token of a one-token input, for the runner to pick itself (on the device) instead of
+// returning logits: the server sampler's pipeline without penalties, bias, constraint or logprobs
+// (runtime/sampler.h), with the uniform u the sampler drew for it. temperature ≤ 0 is greedy (the
+// lowest id of the maximum logit).
+struct TokenPick {
+  float temperature = 0.f;
+  int32_t top_k = 0;
+  float top_p = 1.f;
+  float min_p = 0.f;
+  double u = 0;
+  int32_t token = -1;  // out: the runner's pick, or −1 when it returned the logits instead
+};
+
 struct RunnerInput {
   RunnerSequence* seq = nullptr;
   std::span<const int32_t> tokens;  // appended to seq; at least one
   bool all_logits = false;          // logits for every new position, else only the last
+  // Optional, for a one-token input without all_logits: the runner may set pick->token and return
+  // no logits for this input (an empty vector).
+  TokenPick* pick = nullptr;
 };
 
 class ModelRunner {

@@ -60,14 +60,40 @@ GeneratedToken Sampler::sample(std::span<const float> raw) {
     logits = masked_;
   }
   GeneratedToken out;
-  out.id = draw(logits);
+  out.id = draw(logits, params_.temperature > 0.f ? uniform01(rng_) : 0.0);
   if (params_.top_logprobs >= 0) log_softmax_top(logits, out.id, params_.top_logprobs, out);
   ++counts_[out.id];
   if (constraint_) constraint_->accept(out.id);
   return out;
 }
 
-int32_t Sampler::draw(std::span<const float> logits) {
+bool Sampler::runner_may_pick() const {
+  return !constraint_ && params_.top_logprobs < 0 && params_.presence_penalty == 0.f &&
+         params_.frequency_penalty == 0.f && params_.logit_bias.empty();
+}
+
+TokenPick Sampler::next_pick() {
+  TokenPick p;
+  p.temperature = params_.temperature;
+  p.top_k = params_.top_k;
+  p.top_p = params_.top_p;
+  p.min_p = params_.min_p;
+  p.u = params_.temperature > 0.f ? uniform01(rng_) : 0.0;
+  return p;
+}
+
+GeneratedToken Sampler::accept(int32_t id) {
+  GeneratedToken out;
+  out.id = id;
+  ++counts_[id];
+  return out;
+}
+
+GeneratedToken Sampler::sample(std::span<const float> logits, const TokenPick& pick) {
+  return accept(draw(logits, pick.u));
+}
+
+int32_t Sampler::draw(std::span<const float> logits, double u) {
   const size_t vocab = logits.size();
   work_.assign(logits.begin(), logits.end());
   if (params_.presence_penalty != 0.f || params_.frequency_penalty != 0.f)
@@ -121,7 +147,7 @@ int32_t Sampler::draw(std::span<const float> logits) {
     n_keep = std::max<size_t>(n, 1);
     sum = kept > 0 ? kept : p[0];
   }
-  double r = uniform01(rng_) * sum;
+  double r = u * sum;
   for (size_t i = 0; i < n_keep; ++i) {
     r -= p[i];
     if (r < 0) return order_[i];

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "model/model_runner.h"
 #include "runtime/request.h"
 
 namespace spw::runtime {
@@ -28,8 +29,20 @@ class Sampler {
   // Picks the next token from logits [vocab]. Records it for the penalties.
   GeneratedToken sample(std::span<const float> logits);
 
+  // Whether a model runner may pick this request's tokens itself (TokenPick): nothing here needs the
+  // logits on the host (no penalties, logit_bias, constraint or logprobs).
+  bool runner_may_pick() const;
+  // The runner's pick of the next token: the parameters, and the uniform sample() would draw (drawn
+  // now from this sampler's generator, so the sequence of draws is the same on either path).
+  TokenPick next_pick();
+  // Records the token a runner picked with next_pick()'s parameters.
+  GeneratedToken accept(int32_t id);
+  // sample() with next_pick()'s draw, for a runner that returned the logits after all.
+  GeneratedToken sample(std::span<const float> logits, const TokenPick& pick);
+
  private:
-  int32_t draw(std::span<const float> logits);
+  // The pipeline on logits [vocab]; u is the uniform for the draw (unused when greedy).
+  int32_t draw(std::span<const float> logits, double u);
 
   SamplingParams params_;
   std::shared_ptr<LogitsConstraint> constraint_;

@@ -274,13 +274,16 @@ void Scheduler::preempt(size_t i) {
 }
 
 // One runner step; prefill pieces of requests that asked for prompt logprobs get logits at every
-// position (scored and pushed here), so every member's result is then its last position's logits.
+// position (scored and pushed here), so every member's result is then its last position's logits,
+// or none where the runner picked the token (offered[k]: picks[k] goes to the runner).
 Result<std::vector<std::vector<float>>> Scheduler::forward(const std::vector<size_t>& members,
-                                                        std::span<const std::span<const int32_t>> tokens) {
+                                                        std::span<const std::span<const int32_t>> tokens,
+                                                        std::span<TokenPick> picks, std::span<const char> offered) {
   std::vector<RunnerInput> inputs(members.size());
   for (size_t k = 0; k < members.size(); ++k) {
     const Sequence& s = *running_[members[k]];
-    inputs[k] = {s.state.get(), tokens[k], !s.decoding() && s.request.prompt_logprobs && s.n_preemptions == 0};
+    inputs[k] = {s.state.get(), tokens[k], !s.decoding() && s.request.prompt_logprobs && s.n_preemptions == 0,
+                 offered[k] ? &picks[k] : nullptr};
   }
   auto out = runner_.forward(inputs);
   if (!out.ok()) return out;
@@ -344,15 +347,26 @@ void Scheduler::run_step() {
   if (plan.members.empty()) return;
 
   std::vector<std::span<const int32_t>> tokens;
-  for (size_t i : plan.members) {
-    Sequence& s = *running_[i];
-    if (s.decoding())
+  // Decodes whose sampler needs no logits on the host let the runner pick (TokenPick); a replayed
+  // token's pick is greedy and ignored (nothing is sampled then, and no uniform is drawn).
+  std::vector<TokenPick> picks(plan.members.size());
+  std::vector<char> offered(plan.members.size(), 0);
+  for (size_t k = 0; k < plan.members.size(); ++k) {
+    Sequence& s = *running_[plan.members[k]];
+    if (s.decoding()) {
       tokens.emplace_back(&s.output[s.n_fed], 1);
-    else
-      tokens.push_back(std::span<const int32_t>(s.request.prompt).subspan(size_t(s.n_prefilled), size_t(entries[i].n_tokens)));
+      if (s.n_fed + 1 < s.output.size()) {
+        offered[k] = 1;
+      } else if (s.sampler.runner_may_pick()) {
+        picks[k] = s.sampler.next_pick();
+        offered[k] = 1;
+      }
+    } else {
+      tokens.push_back(std::span<const int32_t>(s.request.prompt).subspan(size_t(s.n_prefilled), size_t(entries[plan.members[k]].n_tokens)));
+    }
   }
   const auto t0 = clock::now();
-  auto logits = forward(plan.members, tokens);
+  auto logits = forward(plan.members, tokens, picks, offered);
   const auto t1 = clock::now();
 
   std::vector<bool> done(running_.size(), false);
@@ -377,7 +391,10 @@ void Scheduler::run_step() {
       } else if (++s.n_fed < s.output.size()) {
         continue;  // replaying after a preemption
       }
-      GeneratedToken tok = s.sampler.sample((*logits)[k]);
+      // A pick offered: the runner's token, or the host's draw with the pick's uniform.
+      GeneratedToken tok = !offered[k]            ? s.sampler.sample((*logits)[k])
+                           : picks[k].token >= 0 ? s.sampler.accept(picks[k].token)
+                                                 : s.sampler.sample((*logits)[k], picks[k]);
       const int32_t id = tok.id;
       if (s.output.empty())
         metrics_.on_first_token(std::chrono::duration<double>(t1 - s.submitted).count());

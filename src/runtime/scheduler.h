@@ -85,7 +85,8 @@ class Scheduler {
   void preempt(size_t i);
   void run_step();
   Result<std::vector<std::vector<float>>> forward(const std::vector<size_t>& members,
-                                                  std::span<const std::span<const int32_t>> tokens);
+                                                  std::span<const std::span<const int32_t>> tokens,
+                                                  std::span<TokenPick> picks, std::span<const char> offered);
   void finish(Sequence& seq, FinishReason reason, std::string error = {});
   void release_locked(Sequence& seq);
   void publish_gauges();

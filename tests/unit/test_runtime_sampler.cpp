@@ -1,9 +1,11 @@
 // Sampler: logit_bias is added before drawing (greedy and sampled), never un-masks a constrained
-// token, and leaves the reported logprobs those of the model.
+// token, and leaves the reported logprobs those of the model; a runner's pick (TokenPick) is offered
+// only where the host needs no logits, and draws the same uniforms as sampling on the host.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <set>
 #include <vector>
 
 #include "runtime/sampler.h"
@@ -77,6 +79,57 @@ TEST(Sampler, LogprobsIgnoreTheBias) {
   EXPECT_NEAR(t.logprob, -1.0 - std::log(z), 1e-5);
   ASSERT_EQ(t.top.size(), 1u);
   EXPECT_EQ(t.top[0].id, 1);
+}
+
+TEST(Sampler, RunnerMayPickOnlyWithoutHostWork) {
+  SamplingParams plain;
+  plain.temperature = 0.7f;
+  plain.top_p = 0.9f;
+  EXPECT_TRUE(Sampler(plain).runner_may_pick());
+  SamplingParams p = plain;
+  p.top_logprobs = 0;
+  EXPECT_FALSE(Sampler(p).runner_may_pick()) << "logprobs need the logits";
+  p = plain;
+  p.presence_penalty = 0.5f;
+  EXPECT_FALSE(Sampler(p).runner_may_pick()) << "penalties change the logits";
+  p = plain;
+  p.frequency_penalty = -0.5f;
+  EXPECT_FALSE(Sampler(p).runner_may_pick());
+  p = plain;
+  p.logit_bias = {{2, 1.f}};
+  EXPECT_FALSE(Sampler(p).runner_may_pick()) << "a bias changes the logits";
+  EXPECT_FALSE(Sampler(plain, std::make_shared<OnlyTokens>(std::vector<int32_t>{2})).runner_may_pick())
+      << "a constraint masks the logits";
+}
+
+// The same seed gives the same tokens whether each is sampled on the host, or picked through next_pick()
+// and then drawn on the host with the pick's uniform (what happens when a runner returns logits).
+TEST(Sampler, PicksDrawWhatSamplingDraws) {
+  SamplingParams p;
+  p.temperature = 1.3f;
+  p.top_k = 4;
+  p.min_p = 0.01f;
+  p.top_p = 0.95f;
+  p.seed = 1234;
+  Sampler host(p), picked(p);
+  std::vector<int32_t> a, b;
+  for (int i = 0; i < 200; ++i) {
+    a.push_back(host.sample(kLogits).id);
+    const TokenPick pick = picked.next_pick();
+    EXPECT_EQ(pick.temperature, p.temperature);
+    EXPECT_EQ(pick.top_k, p.top_k);
+    EXPECT_GE(pick.u, 0.0);
+    EXPECT_LT(pick.u, 1.0);
+    b.push_back(picked.sample(kLogits, pick).id);
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_GT(std::set<int32_t>(a.begin(), a.end()).size(), 1u) << "a real draw, not a constant";
+  // Greedy: no uniform drawn, and a runner's token is taken as is.
+  SamplingParams g;
+  g.temperature = 0;
+  Sampler greedy(g);
+  EXPECT_EQ(greedy.next_pick().u, 0.0);
+  EXPECT_EQ(greedy.accept(3).id, 3);
 }
 
 }  // namespace
