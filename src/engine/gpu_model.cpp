@@ -490,13 +490,17 @@ Result<std::vector<float>> GpuModel::forward(GpuSequence& seq, std::span<const i
 }
 
 Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int32_t> tokens, std::span<int32_t> next,
-                        std::vector<float>* logits) {
+                        std::vector<float>* logits, std::span<const TokenDraw> draws) {
   GpuState& st = *state_;
   const int B = int(seqs.size());
   if (B == 0) return make_error("decode: no sequences");
   if (tokens.size() != seqs.size() || next.size() != seqs.size())
     return make_error("decode: ", seqs.size(), " sequences, ", tokens.size(), " tokens, ", next.size(),
                       " outputs (one each)");
+  if (!draws.empty() && draws.size() != seqs.size())
+    return make_error("decode: ", seqs.size(), " sequences, ", draws.size(), " draws (none, or one each)");
+  const bool sampled = std::any_of(draws.begin(), draws.end(), [](const TokenDraw& d) { return d.params.temperature > 0.f; });
+  if (sampled && !st.sample_ws.get()) return make_error("decode: no sampling workspace (the plan has none)");
   if (B > options_.budget.max_seqs)
     return make_error("decode: ", B, " sequences, the budget allows ", options_.budget.max_seqs);
   if (options_.linear_path == LinearPath::kGemv && B > 16)
@@ -524,8 +528,28 @@ Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int3
   SPW_TRY(run_step(s, {}, 0, B, out));
   DeviceSpan<int32_t> next_d;
   SPW_TRY(s.alloc(next_d, B));
-  SPW_TRY(cuda::argmax(out.get(), B, config_.vocab_size, next_d.get(), s.stream));
+  if (!sampled) SPW_TRY(cuda::argmax(out.get(), B, config_.vocab_size, next_d.get(), s.stream));
   if (s.graphs) SPW_TRY(s.graphs->end_segment());
+  if (sampled) {
+    // Outside the graphs: the parameters change every step. Rows are independent, so pieces of
+    // kSampleRows give what one call would.
+    std::vector<cuda::SampleParams> params(static_cast<size_t>(B));
+    std::vector<double> u(static_cast<size_t>(B));
+    for (int b = 0; b < B; ++b) {
+      params[size_t(b)] = draws[size_t(b)].params;
+      u[size_t(b)] = draws[size_t(b)].u;
+    }
+    DeviceSpan<cuda::SampleParams> params_d;
+    DeviceSpan<double> u_d;
+    SPW_TRY(s.upload(params, params_d));
+    SPW_TRY(s.upload(u, u_d));
+    const int64_t V = config_.vocab_size;
+    for (int first = 0; first < B; first += kSampleRows) {
+      const int n = std::min(kSampleRows, B - first);
+      SPW_TRY(cuda::sample(out.get() + int64_t(first) * V, n, V, params_d.get() + first, u_d.get() + first,
+                           st.sample_ws.get(), st.sample_ws.size(), next_d.get() + first, s.stream));
+    }
+  }
   std::vector<int32_t> host_next;
   SPW_TRY(s.download(next_d.get(), size_t(B), host_next));
   if (logits) SPW_TRY(s.download(out.get(), out.size(), *logits));
@@ -659,6 +683,7 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
       SPW_TRY(exl3_cuda_moe_workspace_alloc(st.exl3_moe_ws, kDeviceDispatchRows * c.top_k, st.exl3_moe[l].layer.d,
                                             st.exl3_moe[l].layer.f));
   }
+  if (m->plan_.sample_nbytes > 0) SPW_TRY(st.sample_ws.alloc(m->plan_.sample_nbytes));
   SPW_TRY(st.arena.init(m->plan_.step_arena_nbytes));
   SPW_TRY(st.staging.init(m->plan_.staging_host_nbytes));
   st.cuda_graphs = options.cuda_graphs;

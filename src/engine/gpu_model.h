@@ -49,6 +49,7 @@
 
 #include "base/status.h"
 #include "cuda/dense/dense_linear.h"
+#include "cuda/ops/sampling.h"
 #include "engine/memory_plan.h"
 #include "engine/moe_dispatch.h"
 #include "engine/step_graphs.h"
@@ -156,15 +157,22 @@ class GpuModel {
   Result<std::vector<float>> forward(GpuSequence& seq, std::span<const int32_t> tokens,
                                      const ForwardOptions& options = {});
 
+  // A token drawn on the device: cuda::sample's parameters and the uniform u ∈ [0, 1) for the row.
+  struct TokenDraw {
+    cuda::SampleParams params;
+    double u = 0;
+  };
   // One decode step for B sequences with one new token each (tokens[i] for seqs[i]); returns the
-  // greedy next token of each (argmax on the GPU) in next[B]; copies logits [B, vocab] to the host
-  // only when `logits` is non-null.
+  // next token of each in next[B]: the greedy one (argmax on the GPU), or with draws (none, or one
+  // per sequence, some with temperature > 0) the one cuda::sample draws (cuda/ops/sampling.h: the
+  // server sampler's pipeline, given its uniform). Copies logits [B, vocab] to the host only when
+  // `logits` is non-null.
   // Per sequence the result is what forward(seq, {token}) computes: every kernel of the step works
   // per row (the sequence's slot and position), and linears on ≤ 16 rows take the GEMV, whose row
   // results do not depend on the other rows. Errors: B = 0 or above the budget's max_seqs, a
   // sequence twice, mismatched spans, and forward()'s errors.
   Status decode(std::span<GpuSequence* const> seqs, std::span<const int32_t> tokens, std::span<int32_t> next,
-                std::vector<float>* logits = nullptr);
+                std::vector<float>* logits = nullptr, std::span<const TokenDraw> draws = {});
 
  private:
   friend Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string&, const Numerics&,

@@ -114,25 +114,25 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
     return make_error("KV pools exhausted: the step needs more pages than the live sequences leave free");
   std::vector<std::vector<float>> out(inputs.size());
   const size_t vocab = size_t(c.vocab_size);
-  // Decodes in two groups: greedy picks (the device's argmax, no logits copied back) and the rest.
+  // Decodes in two groups: token picks (drawn on the device, no logits copied back) and the rest.
   std::vector<size_t> decodes[2];
   for (size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i].tokens.size() == 1 && !inputs[i].all_logits) {
-      const bool greedy = inputs[i].pick && inputs[i].pick->temperature <= 0.f;
-      decodes[greedy ? 0 : 1].push_back(i);
-    }
+    if (inputs[i].tokens.size() == 1 && !inputs[i].all_logits) decodes[inputs[i].pick ? 0 : 1].push_back(i);
   for (int group : {0, 1}) {
     const std::vector<size_t>& rows = decodes[group];
     for (size_t first = 0; first < rows.size(); first += size_t(max_decode_rows_)) {
       const size_t n = std::min(rows.size() - first, size_t(max_decode_rows_));
       std::vector<GpuSequence*> batch;
       std::vector<int32_t> tokens, next(n);
+      std::vector<GpuModel::TokenDraw> draws;
       for (size_t k = first; k < first + n; ++k) {
         batch.push_back(seqs[rows[k]]);
         tokens.push_back(inputs[rows[k]].tokens[0]);
+        if (const TokenPick* p = inputs[rows[k]].pick)
+          draws.push_back({{p->temperature, p->top_k, p->top_p, p->min_p}, p->u});
       }
       std::vector<float> logits;
-      SPW_TRY(model_->decode(batch, tokens, next, group == 0 ? nullptr : &logits));
+      SPW_TRY(model_->decode(batch, tokens, next, group == 0 ? nullptr : &logits, draws));
       for (size_t k = 0; k < n; ++k) {
         if (group == 0) {
           inputs[rows[first + k]].pick->token = next[k];

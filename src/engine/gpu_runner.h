@@ -3,9 +3,9 @@
 // in the KV pools, returned when the sequence is destroyed.
 //
 // A step runs the one-token inputs that want only their last logits as batched decodes
-// (GpuModel::decode) and every other input as its own GpuModel::forward call. Greedy TokenPicks are
-// answered by the device's argmax (decode calls of their own, no logits copied back); every other
-// result is logits on the host, where the scheduler samples. With batch_invariant (the default) a decode call takes at most 16
+// (GpuModel::decode) and every other input as its own GpuModel::forward call. TokenPicks are drawn
+// on the device (argmax, or cuda::sample with the sampler's uniform: decode calls of their own, no
+// logits copied back); every other result is logits on the host, where the scheduler samples. With batch_invariant (the default) a decode call takes at most 16
 // sequences: up to there every kernel computes each row from that row alone (the linears take the GEMV),
 // so a sequence's result is what GpuModel::forward computes for it alone whatever else runs
 // (tests/gpu/test_engine_batch.cpp; through the server: tools/serve/check_gpu_runner.py). That holds for

@@ -59,6 +59,7 @@ struct GpuState {
   Exl3CudaMoeWorkspace exl3_moe_ws;         // pairs of a ≤ 16-row step
   LinearWorkspace ws;
   Exl3CudaWorkspace exl3_ws;  // EXL3 experts (max(d, F) wide)
+  DeviceBuffer<char> sample_ws;  // token sampling of kSampleRows decode rows (memory_plan.h)
   std::vector<bool> slot_used;
   cudaStream_t stream = nullptr;  // non-blocking; every kernel and copy of the model runs on it
   DeviceArena arena;              // step temporaries (memory_plan.h: step_arena_nbytes)

@@ -1,5 +1,7 @@
 #include "engine/memory_plan.h"
 
+#include "cuda/ops/sampling.h"
+
 #include <algorithm>
 
 #include "cuda/attn/kv_pages.h"
@@ -98,6 +100,11 @@ int64_t exl3_workspace_width(const ModelConfig& c) {
   return (std::max<int64_t>(c.d_model, c.d_expert) + 127) / 128 * 128;
 }
 
+size_t sample_rows_workspace_nbytes(const ModelConfig& c, const KvBudget& budget) {
+  auto n = cuda::sample_workspace_nbytes(std::min(kSampleRows, budget.max_seqs), c.vocab_size);
+  return n.ok() ? *n : 0;
+}
+
 MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quantized_kv) {
   MemoryPlan plan;
   WeightBytes& w = plan.weights;
@@ -181,7 +188,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quanti
   const size_t linear_ws = f32_nbytes(n * max_in) + std::max(size_t(64) << 20, f32_nbytes(128 * max_in));
   plan.step_arena_nbytes = step_arena_nbytes(c, n, T);
   const int64_t exl3_w = exl3_workspace_width(c);
-  plan.workspace_nbytes = linear_ws + plan.step_arena_nbytes + exl3_cuda_workspace_nbytes(exl3_w, exl3_w);
+  plan.sample_nbytes = sample_rows_workspace_nbytes(c, budget);
+  plan.workspace_nbytes =
+      linear_ws + plan.step_arena_nbytes + exl3_cuda_workspace_nbytes(exl3_w, exl3_w) + plan.sample_nbytes;
   // Staging: the per-row arrays of a step and the page-table rows of a decode batch; larger copies
   // (all-logits downloads, test hooks) synchronise and reuse it.
   plan.staging_host_nbytes = size_t(4) << 20;

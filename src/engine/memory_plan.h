@@ -63,7 +63,8 @@ struct MemoryPlan {
   WeightBytes weights;
   KvPlan kv;
   size_t state_nbytes = 0;        // compressor states and page tables of max_seqs sequences
-  size_t workspace_nbytes = 0;    // linear workspace + step arena + EXL3 GEMM workspace (not the fused
+  size_t sample_nbytes = 0;       // token sampling of up to kSampleRows decode rows (cuda/ops/sampling.h)
+  size_t workspace_nbytes = 0;    // linear workspace + step arena + EXL3 GEMM workspace + sampling (not the fused
                                   // EXL3 MoE's, ~6 MB at V4.1 width, allocated only for EXL3 experts)
   size_t step_arena_nbytes = 0;   // the step's activations at step_max_rows rows (GpuModel's arena)
   size_t staging_host_nbytes = 0;  // pinned host staging of the step's copies (host memory)
@@ -76,6 +77,11 @@ struct MemoryPlan {
 // keys (V4: CSA layers; V4.1: the KV sources).
 bool layer_has_compressed(const ModelConfig& c, int layer);
 bool layer_has_index_keys(const ModelConfig& c, int layer);
+
+// Decode rows the device samples in one call (GpuModel::decode samples larger steps in pieces).
+inline constexpr int kSampleRows = 16;
+// Bytes of that sampling workspace for this model and budget.
+size_t sample_rows_workspace_nbytes(const ModelConfig& c, const KvBudget& budget);
 
 // Rows of the largest step: a prefill chunk (max_step_tokens) or a decode batch (max_seqs).
 inline int step_max_rows(const KvBudget& b) { return b.max_step_tokens > b.max_seqs ? b.max_step_tokens : b.max_seqs; }

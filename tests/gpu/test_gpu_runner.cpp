@@ -6,7 +6,8 @@
 //  - GpuRunner::forward against GpuModel::forward on each sequence alone (mixed decode and prefill inputs
 //    in one step): bit-identical logits;
 //  - its argument errors, which leave every sequence as it was;
-//  - pools smaller than every slot at max_context: kv_can_hold says exactly what forward() can take.
+//  - pools smaller than every slot at max_context: kv_can_hold says exactly what forward() can take;
+//  - token picks drawn on the device agree with the logits.
 #if defined(SPW_HAVE_CUDA)
 #include <gtest/gtest.h>
 
@@ -200,6 +201,57 @@ void small_pools_hold_what_kv_can_hold_says(const std::string& arch) {
 
 TEST(GpuRunner, V41SmallPoolsHoldWhatKvCanHoldSays) { small_pools_hold_what_kv_can_hold_says("v41"); }
 TEST(GpuRunner, V4SmallPoolsHoldWhatKvCanHoldSays) { small_pools_hold_what_kv_can_hold_says("v4"); }
+
+// Token picks (TokenPick) are drawn on the device from the same logits: a greedy pick is the argmax of the
+// logits the runner returns without a pick (lowest id on ties); a sampled pick with top_k 1 is that argmax too,
+// and with top_k 5 one of the five largest; a picked input returns no logits.
+TEST(GpuRunner, V41PicksAreDrawnFromTheLogits) {
+  SPW_REQUIRE_GPU();
+  engine::GpuRunnerSettings gs;
+  gs.budget.max_seqs = 4;
+  gs.budget.max_context = 1024;
+  gs.prefix_cache_slots = 0;
+  auto gpu = engine::load_gpu_runner(golden::fixture_dir("v41") + "/model", gs);
+  ASSERT_TRUE(gpu.ok()) << gpu.error().message;
+  ModelRunner& r = **gpu;
+  const int V = int(r.config().vocab_size);
+  auto a = r.new_sequence();
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(r.forward(std::array{RunnerInput{a->get(), gpu_test::lcg_tokens(21, 51, V), false}}).ok());
+  const std::vector<int32_t> token = {7};
+  for (int trial = 0; trial < 3; ++trial) {
+    // The logits of the next position, from a copy (so every pick sees the same state).
+    auto probe = (*a)->clone();
+    ASSERT_NE(probe, nullptr);
+    auto logits = r.forward(std::array{RunnerInput{probe.get(), token, false}});
+    ASSERT_TRUE(logits.ok());
+    const std::vector<float>& l = (*logits)[0];
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    for (int i = 0; i < V; ++i) order[size_t(i)] = i;
+    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return l[size_t(x)] > l[size_t(y)]; });
+    TokenPick picks[3];
+    picks[0].temperature = 0.f;
+    picks[1].temperature = 1.f;
+    picks[1].top_k = 1;
+    picks[1].u = 0.9;
+    picks[2].temperature = 0.8f;
+    picks[2].top_k = 5;
+    picks[2].u = 0.25 * trial + 0.1;
+    for (TokenPick& pick : picks) {
+      auto copy = (*a)->clone();
+      ASSERT_NE(copy, nullptr);
+      auto out = r.forward(std::array{RunnerInput{copy.get(), token, false, &pick}});
+      ASSERT_TRUE(out.ok()) << out.error().message;
+      EXPECT_TRUE((*out)[0].empty()) << "a picked input returns no logits";
+      ASSERT_GE(pick.token, 0);
+      if (pick.top_k == 5)
+        EXPECT_NE(std::find(order.begin(), order.begin() + 5, pick.token), order.begin() + 5) << pick.token;
+      else
+        EXPECT_EQ(pick.token, order[0]);
+    }
+    ASSERT_TRUE(r.forward(std::array{RunnerInput{a->get(), token, false}}).ok());
+  }
+}
 
 TEST(GpuRunner, V41MatchesTheEngineAlone) { runner_matches_the_engine_alone("v41"); }
 TEST(GpuRunner, V4MatchesTheEngineAlone) { runner_matches_the_engine_alone("v4"); }
