@@ -212,7 +212,7 @@ void Scheduler::publish_gauges() {
 void Scheduler::loop() {
   publish_gauges();  // the runner's capacity is in /metrics before the first request
   for (;;) {
-    std::vector<std::unique_ptr<Sequence>> fresh;
+    std::vector<std::unique_ptr<Sequence>> fresh, gone;
     std::unique_ptr<Sequence> unfit;
     bool cancel_everything = false;
     {
@@ -222,8 +222,7 @@ void Scheduler::loop() {
       cancel_all_ = false;
       for (auto it = waiting_.begin(); it != waiting_.end();) {
         if (cancel_everything || (*it)->stream->cancelled()) {
-          release_locked(**it);
-          (*it)->stream->finish(FinishReason::cancelled);
+          gone.push_back(std::move(*it));
           it = waiting_.erase(it);
         } else {
           ++it;
@@ -237,6 +236,7 @@ void Scheduler::loop() {
         waiting_.pop_front();
       }
     }
+    for (auto& seq : gone) finish(*seq, FinishReason::cancelled);
     if (unfit)
       finish(*unfit, FinishReason::error,
              make_error("the ", runner_.device(), " runner's KV memory cannot hold this request (", unfit->n_total(),
