@@ -1,6 +1,7 @@
 """Continuous batching, capacity and lifecycle: 64 concurrent streams equal the same requests run
 one at a time, client disconnects (streaming or not) free their sequences, a tiny --kv-tokens queues instead of
-failing, --max-queue overflow gives 503, SIGTERM drains in-flight requests and exits 0."""
+failing and preempts without changing outputs, --max-queue overflow gives 503, SIGTERM drains in-flight requests
+and exits 0."""
 from __future__ import annotations
 
 import asyncio
@@ -153,6 +154,35 @@ def test_tiny_kv_capacity_queues_requests(spillway_bin, model_dir):
         with pytest.raises(openai.BadRequestError) as e:
             s.client().completions.create(model="tiny-v41", prompt=[0, 1, 2], max_tokens=100)
         assert "--kv-tokens" in e.value.body["message"]
+    finally:
+        assert s.stop() == 0
+
+
+def test_kv_exhaustion_preempts_and_changes_no_output(spillway_bin, model_dir):
+    # 96 positions (6 blocks of 16) and requests that end at 80: a second running sequence cannot grow
+    # beside the first without one of them being preempted (sent back to the queue, recomputed when
+    # readmitted). Greedy outputs must equal the same requests run alone; every block comes back.
+    s = Server(spillway_bin, model_dir, "--kv-tokens", "96", "--prefix-cache-mb", "0")
+    try:
+        rng = random.Random(9)
+        prompts = [[0] + [rng.randrange(3, 1000) for _ in range(19)] for _ in range(5)]
+        alone = [asyncio.run(stream_ids(s.async_client(), p, 60))[0] for p in prompts]
+
+        async def overlapping():
+            client = s.async_client()
+            first = asyncio.create_task(stream_ids(client, prompts[0], 60))
+            while s.metrics()["spillway_running_sequences"] == 0:  # the first runs before the rest arrive
+                await asyncio.sleep(0.005)
+            rest = await asyncio.gather(*(stream_ids(client, p, 60) for p in prompts[1:]))
+            return [await first] + list(rest)
+
+        got = asyncio.run(overlapping())
+        assert [ids for ids, _ in got] == alone
+        assert all(f == "length" for _, f in got)
+        m = s.metrics()
+        assert m["spillway_preemptions_total"] > 0
+        assert s.wait_metric("spillway_kv_blocks_used", lambda v: v == 0) == 0
+        assert m["spillway_kv_blocks_total"] == 6
     finally:
         assert s.stop() == 0
 
