@@ -57,9 +57,10 @@ class Uploader {
     return d;
   }
 
-  // The linear stored under "<stem>.weight" (+ "<stem>.scale"), in the checkpoint's own bytes.
-  DeviceLinear linear(const std::string& stem, const Linear& l) {
+  // The linear as the checkpoint stores it (Linear::stem: "<stem>.weight" + "<stem>.scale"), in its own bytes.
+  DeviceLinear linear(const Linear& l) {
     if (l.n_out == 0 || !status_.ok()) return DeviceLinear{};
+    const std::string& stem = l.stem;
     DeviceLinear d = describe(l);
     const bool quantized = l.kind == LinearKind::Fp8 || l.kind == LinearKind::Fp4;
     const TensorInfo* t = find(stem + ".weight");
@@ -96,9 +97,8 @@ class Uploader {
     return d;
   }
 
-  // One part of a stack: the checkpoint stem, the host linear and where its device view goes.
+  // One part of a stack: the host linear and where its device view goes.
   struct Part {
-    std::string stem;
     const Linear* l;
     DeviceLinear* out;
   };
@@ -112,7 +112,7 @@ class Uploader {
       if (p.l->n_out > 0) have.push_back(p);
       else *p.out = DeviceLinear{};
     auto alone = [&] {
-      for (const Part& p : have) *p.out = linear(p.stem, *p.l);
+      for (const Part& p : have) *p.out = linear(*p.l);
       return DeviceStack{};
     };
     if (!status_.ok() || have.size() < 2) return alone();
@@ -123,8 +123,8 @@ class Uploader {
     std::vector<const TensorInfo*> ws, scales;
     for (size_t i = 0; i < have.size(); ++i) {
       const Linear& l = *have[i].l;
-      const TensorInfo* t = find(have[i].stem + ".weight");
-      const TensorInfo* sc = fp8 ? find(have[i].stem + ".scale") : nullptr;
+      const TensorInfo* t = find(l.stem + ".weight");
+      const TensorInfo* sc = fp8 ? find(l.stem + ".scale") : nullptr;
       const size_t n = size_t(l.n_out) * l.n_in;
       const bool last = i + 1 == have.size();
       const bool as_stored =
@@ -164,40 +164,40 @@ class Uploader {
     }
     for (const Part& p : have)
       if (Status e = linear_cuda_check(*p.out); !e.ok() && status_.ok())
-        status_ = make_error("upload_weights: ", p.stem, " (stacked): ", e.error().message);
+        status_ = make_error("upload_weights: ", p.l->stem, " (stacked): ", e.error().message);
     if (Status e = linear_cuda_check(st.w); !e.ok() && status_.ok())
-      status_ = make_error("upload_weights: the stack from ", have[0].stem, ": ", e.error().message);
+      status_ = make_error("upload_weights: the stack from ", have[0].l->stem, ": ", e.error().message);
     return st;
   }
 
-  DeviceExpert expert(const std::string& stem, const Expert& e) {
+  DeviceExpert expert(const Expert& e) {
     DeviceExpert d;
     const Linear* ls[3] = {&e.w1, &e.w2, &e.w3};
-    const char* names[3] = {"w1", "w2", "w3"};
     bool all_exl3 = true;
-    for (int q = 0; q < 3 && all_exl3 && status_.ok(); ++q) all_exl3 = exl3(stem + names[q], *ls[q], d.exl3[q]);
+    for (int q = 0; q < 3 && all_exl3 && status_.ok(); ++q) all_exl3 = exl3(*ls[q], d.exl3[q]);
     if (all_exl3 && status_.ok()) return d;
     d = DeviceExpert{};
-    d.w1 = linear(stem + "w1", e.w1);
-    d.w2 = linear(stem + "w2", e.w2);
-    d.w3 = linear(stem + "w3", e.w3);
+    d.w1 = linear(e.w1);
+    d.w2 = linear(e.w2);
+    d.w3 = linear(e.w3);
     return d;
   }
 
   // The shared expert: as expert(), with w1 and w3 stacked when they are FP8 (one GEMV launch in decode).
-  DeviceExpert shared_expert(const std::string& stem, const Expert& e) {
+  DeviceExpert shared_expert(const Expert& e) {
     const Exl3Lookup lookup = [this](const std::string& n) { return find(n); };
-    if (exl3_is_stored(lookup, stem + "w1")) return expert(stem, e);
+    if (exl3_is_stored(lookup, e.w1.stem)) return expert(e);
     DeviceExpert d;
-    if (e.w1.kind == LinearKind::Fp8) d.w13 = stack({{stem + "w1", &e.w1, &d.w1}, {stem + "w3", &e.w3, &d.w3}});
-    else d.w1 = linear(stem + "w1", e.w1), d.w3 = linear(stem + "w3", e.w3);
-    d.w2 = linear(stem + "w2", e.w2);
+    if (e.w1.kind == LinearKind::Fp8) d.w13 = stack({{&e.w1, &d.w1}, {&e.w3, &d.w3}});
+    else d.w1 = linear(e.w1), d.w3 = linear(e.w3);
+    d.w2 = linear(e.w2);
     return d;
   }
 
-  // The EXL3 tensor stored under `stem` (trellis, suh, svh) on the device, if there is one that the
+  // The EXL3 tensor stored under l.stem (trellis, suh, svh) on the device, if there is one that the
   // CUDA kernels take as is: stored [k = n_in, n = n_out] with no padding, no bias.
-  bool exl3(const std::string& stem, const Linear& l, Exl3CudaTensor& out) {
+  bool exl3(const Linear& l, Exl3CudaTensor& out) {
+    const std::string& stem = l.stem;
     const Exl3Lookup lookup = [this](const std::string& n) { return find(n); };
     if (!exl3_is_stored(lookup, stem)) return false;
     auto t = exl3_load(lookup, stem);
@@ -233,44 +233,43 @@ Result<std::unique_ptr<DeviceWeights>> upload_weights(const ModelConfig& c, cons
   auto out = std::make_unique<DeviceWeights>();
   Uploader up(c, w, numerics, *out);
   out->embed = up.f32(w.embed);
-  out->head = up.linear("head", w.head);
+  out->head = up.linear(w.head);
   out->norm = up.f32(w.norm);
   if (!c.is_v41()) out->hc_head = up.hc(w.hc_head);
   out->layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
     DeviceLayer& dl = out->layers[l];
-    const std::string p = "layers." + std::to_string(l) + ".";
     dl.attn_norm = up.f32(lw.attn_norm);
     dl.ffn_norm = up.f32(lw.ffn_norm);
     dl.hc_attn = up.hc(lw.hc_attn);
     dl.hc_ffn = up.hc(lw.hc_ffn);
-    dl.wq_a_wkv = up.stack({{p + "attn.wq_a", &lw.wq_a, &dl.wq_a}, {p + "attn.wkv", &lw.wkv, &dl.wkv}});
-    dl.wq_b_idx = up.stack({{p + "attn.wq_b", &lw.wq_b, &dl.wq_b}, {p + "attn.indexer.wq_b", &lw.idx_wq_b, &dl.idx_wq_b}});
+    dl.wq_a_wkv = up.stack({{&lw.wq_a, &dl.wq_a}, {&lw.wkv, &dl.wkv}});
+    dl.wq_b_idx = up.stack({{&lw.wq_b, &dl.wq_b}, {&lw.idx_wq_b, &dl.idx_wq_b}});
     dl.wo_a = up.bf16(lw.wo_a.w);
-    dl.wo_b = up.linear(p + "attn.wo_b", lw.wo_b);
+    dl.wo_b = up.linear(lw.wo_b);
     dl.q_norm = up.f32(lw.q_norm);
     dl.kv_norm = up.f32(lw.kv_norm);
     dl.attn_sink = up.f32(lw.attn_sink);
-    dl.compressors = up.stack({{p + "attn.compressor.wkv", &lw.comp_wkv, &dl.comp_wkv},
-                               {p + "attn.compressor.wgate", &lw.comp_wgate, &dl.comp_wgate},
-                               {p + "attn.indexer.compressor.wkv", &lw.idx_comp_wkv, &dl.idx_comp_wkv},
-                               {p + "attn.indexer.compressor.wgate", &lw.idx_comp_wgate, &dl.idx_comp_wgate}});
+    dl.compressors = up.stack({{&lw.comp_wkv, &dl.comp_wkv},
+                               {&lw.comp_wgate, &dl.comp_wgate},
+                               {&lw.idx_comp_wkv, &dl.idx_comp_wkv},
+                               {&lw.idx_comp_wgate, &dl.idx_comp_wgate}});
     dl.comp_ape = up.f32(lw.comp_ape);
     dl.comp_norm = up.f32(lw.comp_norm);
-    dl.idx_weights_proj = up.linear(p + "attn.indexer.weights_proj", lw.idx_weights_proj);
+    dl.idx_weights_proj = up.linear(lw.idx_weights_proj);
     dl.idx_comp_ape = up.f32(lw.idx_comp_ape);
     dl.idx_comp_norm = up.f32(lw.idx_comp_norm);
-    dl.idx_wk = up.linear(p + "attn.indexer.wk", lw.idx_wk);
+    dl.idx_wk = up.linear(lw.idx_wk);
     dl.idx_k_norm = up.f32(lw.idx_k_norm);
-    dl.gate = up.linear(p + "ffn.gate", lw.gate);
+    dl.gate = up.linear(lw.gate);
     dl.gate_bias = up.f32(lw.gate_bias);
     dl.tid2eid = up.i32(lw.tid2eid);
     dl.experts.resize(lw.experts.size());
     for (size_t e = 0; e < lw.experts.size(); ++e)
-      dl.experts[e] = up.expert(p + "ffn.experts." + std::to_string(e) + ".", lw.experts[e]);
-    dl.shared = up.shared_expert(p + "ffn.shared_experts.", lw.shared);
-    dl.engram_wkv = up.linear(p + "engram.wkv", lw.engram.wkv);
+      dl.experts[e] = up.expert(lw.experts[e]);
+    dl.shared = up.shared_expert(lw.shared);
+    dl.engram_wkv = up.linear(lw.engram.wkv);
     SPW_TRY(up.status());
   }
   SPW_TRY(up.status());

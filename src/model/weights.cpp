@@ -86,7 +86,8 @@ class TensorSource {
 
   // A weight stored as BF16/F32 and used with product precision `use` (Bf16 or F32).
   Linear plain(const std::string& name, int n_out, int n_in, LinearKind use) {
-    Linear l{floats(name, {n_out, n_in}), n_out, n_in, use};
+    Linear l{floats(name, {n_out, n_in}), n_out, n_in, use, {}};
+    l.stem = name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
     return l;
   }
 
@@ -99,7 +100,7 @@ class TensorSource {
     if (!w || !s) return {};
     std::vector<uint16_t> bf(size_t(n_out) * n_in);
     dequant_fp8_blocks(w->data, s->data, n_out, n_in, block, bf.data());
-    return Linear{widen(bf), n_out, n_in, use};
+    return Linear{widen(bf), n_out, n_in, use, stem};
   }
 
   // An MXFP4 routed-expert weight: I8 [n_out, n_in/2] + ue8m0 [n_out, n_in/32].
@@ -107,14 +108,16 @@ class TensorSource {
     const TensorInfo* w = require(stem + ".weight", {DType::I8}, {n_out, n_in / 2});
     const TensorInfo* s = require(stem + ".scale", {DType::F8_E8M0}, {n_out, n_in / 32});
     if (!w || !s) return {};
-    return fp4_values(*w, *s, n_out, n_in);
+    Linear l = fp4_values(*w, *s, n_out, n_in);
+    l.stem = stem;
+    return l;
   }
 
   // The values of a validated MXFP4 weight (thread-safe: touches no state of the source).
   static Linear fp4_values(const TensorInfo& w, const TensorInfo& s, int n_out, int n_in) {
     std::vector<uint16_t> bf(size_t(n_out) * n_in);
     dequant_mxfp4(w.data, s.data, n_out, n_in, bf.data());
-    return Linear{widen(bf), n_out, n_in, LinearKind::Fp4};
+    return Linear{widen(bf), n_out, n_in, LinearKind::Fp4, {}};
   }
 
   HcWeights hc(const std::string& prefix, int hc_mult, int d) {
@@ -185,18 +188,26 @@ void load_attention(TensorSource& src, const ModelConfig& c, const LayerPlan& pl
 
 // A routed expert projection: MXFP4 as released, or EXL3 after `spillway quantize` (model/exl3_experts.h). Without
 // values, only checked (names, dtypes, shapes): n_out, n_in and kind are set, w stays empty.
+Linear routed_expert_values(TensorSource& src, const std::string& stem, int n_out, int n_in, bool values);
+
 Linear routed_expert_linear(TensorSource& src, const std::string& stem, int n_out, int n_in, bool values) {
+  Linear l = routed_expert_values(src, stem, n_out, n_in, values);
+  l.stem = stem;
+  return l;
+}
+
+Linear routed_expert_values(TensorSource& src, const std::string& stem, int n_out, int n_in, bool values) {
   const Exl3Lookup lookup = [&src](const std::string& n) { return src.find(n); };
   if (!exl3_is_stored(lookup, stem)) {
     if (values) return src.fp4(stem, n_out, n_in);
     src.require(stem + ".weight", {DType::I8}, {n_out, n_in / 2});
     src.require(stem + ".scale", {DType::F8_E8M0}, {n_out, n_in / 32});
-    return Linear{{}, n_out, n_in, LinearKind::Fp4};
+    return Linear{{}, n_out, n_in, LinearKind::Fp4, {}};
   }
   if (!values) {
     auto t = exl3_load(lookup, stem);  // validates; copies only suh/svh
     if (!t.ok()) src.fail(t.error());
-    return Linear{{}, n_out, n_in, LinearKind::Bf16};
+    return Linear{{}, n_out, n_in, LinearKind::Bf16, {}};
   }
   auto l = load_exl3_expert_linear(lookup, stem, n_out, n_in);
   if (!l.ok()) src.fail(l.error());
@@ -242,6 +253,7 @@ void load_moe(TensorSource& src, const ModelConfig& c, const LayerPlan& plan, co
       Linear* out;
       const TensorInfo *w, *s;
       int n_out, n_in;
+      std::string stem;
     };
     std::vector<Job> jobs;
     for (int e = 0; e < E; ++e) {
@@ -254,11 +266,14 @@ void load_moe(TensorSource& src, const ModelConfig& c, const LayerPlan& plan, co
         const TensorInfo* w = src.require(stem + ".weight", {DType::I8}, {n_outs[k], n_ins[k] / 2});
         const TensorInfo* s = src.require(stem + ".scale", {DType::F8_E8M0}, {n_outs[k], n_ins[k] / 32});
         if (src.error()) return;
-        jobs.push_back({outs[k], w, s, n_outs[k], n_ins[k]});
+        jobs.push_back({outs[k], w, s, n_outs[k], n_ins[k], stem});
       }
     }
     global_pool().parallel_for(jobs.size(), [&jobs](size_t b, size_t e) {
-      for (size_t i = b; i < e; ++i) *jobs[i].out = TensorSource::fp4_values(*jobs[i].w, *jobs[i].s, jobs[i].n_out, jobs[i].n_in);
+      for (size_t i = b; i < e; ++i) {
+        *jobs[i].out = TensorSource::fp4_values(*jobs[i].w, *jobs[i].s, jobs[i].n_out, jobs[i].n_in);
+        jobs[i].out->stem = jobs[i].stem;
+      }
     });
   } else {
     for (int e = 0; e < E; ++e) {

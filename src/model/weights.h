@@ -24,6 +24,10 @@ struct Linear {
   std::vector<float> w;  // [n_out, n_in], row-major
   int n_out = 0, n_in = 0;
   LinearKind kind = LinearKind::Bf16;
+  // Where the checkpoint stores it: "<stem>.weight" (+ "<stem>.scale", or the EXL3 tensors under the
+  // stem). The loader below is the one place that names checkpoint tensors; the GPU uploader
+  // (engine/device_weights.cpp) reads the stored bytes back through this.
+  std::string stem;
   bool empty() const { return w.empty(); }
 };
 
