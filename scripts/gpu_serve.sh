@@ -15,7 +15,8 @@
 #          move models/demo/model.safetensors out of the tree (the upload is 64 MiB at most)
 #   there: bash scripts/gpu_serve.sh          # carry: .exl3pack .whl ; results in $OUT
 # Switches: SKIP_SUITE=1, SKIP_CHECK=1, SKIP_LOAD=1, DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
-# LOAD_TOKENS (default 256 generated per request), PYTEST_ARGS (extra pytest arguments).
+# LOAD_TOKENS (default 256 generated per request), LOAD_BATCH_INVARIANT (the load server's --batch-invariant,
+# default true), PYTEST_ARGS (extra pytest arguments).
 # WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl): openai==3.57.0
 #   anthropic==2.17.0 pydantic==2.14.4 pydantic_core==2.50.5 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1
 #   annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 jsonschema==4.26.0
@@ -82,11 +83,13 @@ if [ -z "${SKIP_LOAD:-}" ]; then
   cat /tmp/synth.log >> "$OUT/serve_main.log"
   P=${LOAD_PROMPT:-64} N=${LOAD_TOKENS:-256}
   /tmp/spillway serve --model $SYNTH --device cuda --port 18300 --max-num-seqs 64 --max-batch 64 \
-    --max-model-len $((P + N + 64)) --max-tokens-limit $N > $LOGS/serve_synth.log 2>&1 &
+    --batch-invariant ${LOAD_BATCH_INVARIANT:-true} --max-model-len $((P + N + 64)) --max-tokens-limit $N \
+    > $LOGS/serve_synth.log 2>&1 &
   SERVER=$!
   for _ in $(seq 300); do curl -sf http://127.0.0.1:18300/health > /dev/null && break; sleep 1; done
+  echo "load: --batch-invariant ${LOAD_BATCH_INVARIANT:-true}" >> "$OUT/load_synth.md"
   timeout 120 python3 bench/load.py --base-url http://127.0.0.1:18300/v1 --concurrency 1,8,32,64 --requests-per-stream 1 \
-    --prompt-tokens "$P" --max-tokens "$N" --vocab 129280 2>&1 | tee "$OUT/load_synth.md"
+    --prompt-tokens "$P" --max-tokens "$N" --vocab 129280 2>&1 | tee -a "$OUT/load_synth.md"
   curl -s http://127.0.0.1:18300/metrics > $LOGS/metrics_synth.txt
   kill -TERM $SERVER; wait $SERVER; echo "server rc $?" >> "$OUT/serve_main.log"
   # A shared 8K-token prefix across 32 requests against cold prompts (bench/shared_prefix.py).
@@ -100,7 +103,7 @@ if [ -z "${SKIP_LOAD:-}" ]; then
   kill -TERM $SERVER; wait $SERVER
   # KV exhaustion: a KV budget of 8 requests and a queue of 32 under 256 at once (tools/serve/check_overload.py).
   /tmp/spillway serve --model $SYNTH --device cuda --port 18302 --max-num-seqs 64 --max-model-len 1024 \
-    --kv-tokens $((8 * (512 + 64))) --max-queue 32 --prefix-cache-slots 0 > $LOGS/serve_overload.log 2>&1 &
+    --kv-tokens $((8 * (512 + 64))) --max-queue 32 --prefix-cache-mb 0 > $LOGS/serve_overload.log 2>&1 &
   SERVER=$!
   for _ in $(seq 300); do curl -sf http://127.0.0.1:18302/health > /dev/null && break; sleep 1; done
   timeout 150 python3 tools/serve/check_overload.py --base-url http://127.0.0.1:18302/v1 --requests 256 \

@@ -77,10 +77,17 @@ void PrefixCache::insert(std::span<const int32_t> prefix, const RunnerSequence& 
   entries_.emplace(h, std::move(e));
 }
 
-bool PrefixCache::evict_oldest() {
-  if (lru_.empty()) return false;
-  evict_to(max_nbytes_, entries_.size() - 1);
-  return true;
+bool PrefixCache::evict_oldest(std::span<const int32_t> keep) {
+  for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
+    auto entry = entries_.find(*it);
+    const std::vector<int32_t>& t = entry->second.tokens;
+    if (t.size() <= keep.size() && std::equal(t.begin(), t.end(), keep.begin())) continue;
+    nbytes_ -= entry->second.nbytes;
+    entries_.erase(entry);
+    lru_.erase(std::next(it).base());
+    return true;
+  }
+  return false;
 }
 
 void PrefixCache::evict_to(size_t max_nbytes, size_t max_entries) {

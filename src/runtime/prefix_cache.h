@@ -35,8 +35,9 @@ class PrefixCache {
   // block_tokens and state.n_past() == prefix.size()). Replaces nothing already present.
   void insert(std::span<const int32_t> prefix, const RunnerSequence& state);
 
-  // Drops the least recently used copy (KV memory for running sequences); false when empty.
-  bool evict_oldest();
+  // Drops the least recently used copy (KV memory for running sequences), except one whose tokens
+  // begin `keep` (the copy a request about to start would use); false when there is none to drop.
+  bool evict_oldest(std::span<const int32_t> keep = {});
 
   size_t n_entries() const { return entries_.size(); }
   size_t nbytes() const { return nbytes_; }

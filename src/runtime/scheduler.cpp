@@ -143,15 +143,17 @@ void Scheduler::release_locked(Sequence& seq) {
 
 // FIFO: the head of the queue is admitted first; nothing overtakes it. A sequence is admitted when a
 // seat is free and the runner's KV can hold its prompt (and the tokens it generated before a
-// preemption) beside one more token for every running sequence; prefix-cache copies are dropped,
-// oldest first, to make that room. Runner calls happen on the scheduler thread only.
+// preemption) beside one more token for every running sequence; prefix-cache copies other than those
+// of its own prompt's prefixes are dropped, oldest first, to make that room. Runner calls happen on
+// the scheduler thread only.
 std::vector<std::unique_ptr<Scheduler::Sequence>> Scheduler::admit_locked() {
   std::vector<std::unique_ptr<Sequence>> admitted;
   std::vector<KvGrowth> growth;
   for (const auto& r : running_) growth.push_back({r->state.get(), r->state->n_past() + 1});
   while (!waiting_.empty() && n_active_ < settings_.max_num_seqs) {
     growth.push_back({nullptr, waiting_.front()->n_total()});
-    while (!runner_.kv_can_hold(growth) && prefix_cache_.evict_oldest()) {}
+    // The copies this request would start from stay (a burst sharing a prefix must not evict it).
+    while (!runner_.kv_can_hold(growth) && prefix_cache_.evict_oldest(waiting_.front()->request.prompt)) {}
     if (!runner_.kv_can_hold(growth)) break;
     ++n_active_;
     waiting_.front()->seated = true;

@@ -191,6 +191,30 @@ TEST(RuntimePrefixCache, AtMostMaxEntriesCopies) {
   EXPECT_EQ(none.n_entries(), 0u);
 }
 
+// evict_oldest drops the least recently used copy, passing over those that begin the tokens to keep.
+TEST(RuntimePrefixCache, EvictOldestKeepsTheCopiesOfARequestsPrefix) {
+  CpuSequence s(SequenceState{});
+  PrefixCache cache(16, size_t(1) << 30);
+  std::vector<int32_t> a(32), b(32, 5);
+  std::iota(a.begin(), a.end(), 100);
+  for (auto* t : {&a, &b})
+    for (int n : {16, 32}) {
+      s.state.n_past = n;
+      cache.insert(std::span<const int32_t>(*t).first(size_t(n)), s);
+    }
+  ASSERT_EQ(cache.n_entries(), 4u);
+  // a's two copies are the oldest; keeping a's prefix evicts b's, then nothing more.
+  EXPECT_TRUE(cache.evict_oldest(a));
+  EXPECT_TRUE(cache.evict_oldest(a));
+  EXPECT_FALSE(cache.evict_oldest(a));
+  EXPECT_EQ(cache.n_entries(), 2u);
+  EXPECT_EQ(cache.lookup(a, 32).first, 32);
+  EXPECT_EQ(cache.lookup(b, 32).first, 0);
+  EXPECT_TRUE(cache.evict_oldest());
+  EXPECT_EQ(cache.lookup(a, 32).first, 32) << "the lookup made a's 32-token copy the most recent";
+  EXPECT_EQ(cache.n_entries(), 1u);
+}
+
 // A runner that cannot copy its states (clone() == nullptr) caches nothing.
 TEST(RuntimePrefixCache, StatesThatCannotBeCopiedAreNotCached) {
   struct Uncopyable final : RunnerSequence {

@@ -19,6 +19,14 @@ import pytest
 from spw_server_harness import Server
 
 
+def runner_device(server: Server) -> str:
+    """The server's runner ("cpu" or "cuda"), from spillway_runner_info in /metrics."""
+    for name, value in server.metrics().items():
+        if name.startswith("spillway_runner_info{") and value == 1:
+            return name.split('device="')[1].split('"')[0]
+    raise AssertionError("no spillway_runner_info in /metrics")
+
+
 def prompts_for_batch(n: int) -> list[list[int]]:
     rng = random.Random(5)
     shared = [rng.randrange(3, 1000) for _ in range(35)]
@@ -147,7 +155,8 @@ def test_tiny_kv_capacity_queues_requests(spillway_bin, model_dir):
         stop.set()
         t.join()
         assert all(len(ids) == 20 and f == "length" for ids, f in got)
-        assert max(peak_queue) >= 1  # two fit at a time; the rest waited
+        if runner_device(s) == "cpu":  # exact: blocks of 16 of --kv-tokens (see test_kv_exhaustion_... below)
+            assert max(peak_queue) >= 1  # two fit at a time; the rest waited
         ref = [asyncio.run(stream_ids(s.async_client(), p, 20))[0] for p in prompts]
         assert [ids for ids, _ in got] == ref
         # A request that can never fit is refused with a message naming the capacity.
@@ -180,9 +189,14 @@ def test_kv_exhaustion_preempts_and_changes_no_output(spillway_bin, model_dir):
         assert [ids for ids, _ in got] == alone
         assert all(f == "length" for _, f in got)
         m = s.metrics()
-        assert m["spillway_preemptions_total"] > 0
         assert s.wait_metric("spillway_kv_blocks_used", lambda v: v == 0) == 0
-        assert m["spillway_kv_blocks_total"] == 6
+        # The CPU runner counts --kv-tokens exactly (blocks of 16). The GPU's pools keep, beside the pages of
+        # --kv-tokens positions, one partly filled page of 64 compressed rows per sequence slot and layer, so a
+        # capacity this small never runs out there: its exhaustion is checked at full width by
+        # tools/serve/check_overload.py (scripts/gpu_serve.sh) and by tests/gpu/test_gpu_runner.cpp.
+        if runner_device(s) == "cpu":
+            assert m["spillway_preemptions_total"] > 0
+            assert m["spillway_kv_blocks_total"] == 6
     finally:
         assert s.stop() == 0
 
