@@ -4,6 +4,7 @@
 #include "base/log.h"
 #include "base/settings.h"
 #include "cli/commands.h"
+#include "spw_version.h"  // generated at build time (src/cli/write_version.cmake)
 
 int main(int argc, char** argv) {
   CLI::App app{"Spillway: inference engine for DeepSeek-V4.1-Flash and V4-Flash"};
