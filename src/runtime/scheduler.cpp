@@ -143,13 +143,17 @@ void Scheduler::release_locked(Sequence& seq) {
 
 // FIFO: the head of the queue is admitted first; nothing overtakes it. A sequence is admitted when a
 // seat is free and the runner's KV can hold its prompt (and the tokens it generated before a
-// preemption) beside one more token for every running sequence; prefix-cache copies other than those
+// preemption) beside every running sequence's next step; prefix-cache copies other than those
 // of its own prompt's prefixes are dropped, oldest first, to make that room. Runner calls happen on
 // the scheduler thread only.
 std::vector<std::unique_ptr<Scheduler::Sequence>> Scheduler::admit_locked() {
   std::vector<std::unique_ptr<Sequence>> admitted;
   std::vector<KvGrowth> growth;
-  for (const auto& r : running_) growth.push_back({r->state.get(), r->state->n_past() + 1});
+  // Each running sequence's next step: one decode token, or its next prefill piece.
+  for (const auto& r : running_)
+    growth.push_back({r->state.get(), r->decoding() ? r->state->n_past() + 1
+                                                    : next_prefill_end(r->n_prefilled, int64_t(r->request.prompt.size()),
+                                                                       settings_.prefill_chunk, settings_.prefix_block)});
   while (!waiting_.empty() && n_active_ < settings_.max_num_seqs) {
     growth.push_back({nullptr, waiting_.front()->n_total()});
     // The copies this request would start from stay (a burst sharing a prefix must not evict it).
