@@ -24,10 +24,7 @@ import time
 import httpx
 import openai
 
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))]
+from load import pct  # bench/load.py, beside this script
 
 
 async def ttft(client, model: str, prompt: list[int], max_tokens: int) -> float:
