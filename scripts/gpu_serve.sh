@@ -14,9 +14,10 @@
 #          GPU image, for its Python 3.12: the list is WHEELS below)
 #          move models/demo/model.safetensors out of the tree (the upload is 64 MiB at most)
 #   there: bash scripts/gpu_serve.sh          # carry: .exl3pack .whl ; results in $OUT
-# Switches: SKIP_SUITE=1, SKIP_CHECK=1, SKIP_LOAD=1, DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
-# LOAD_TOKENS (default 256 generated per request), LOAD_BATCH_INVARIANT (the load server's --batch-invariant,
-# default true), PYTEST_ARGS (extra pytest arguments).
+# Switches: SKIP_SUITE=1, SKIP_CHECK=1, SKIP_LOAD=1, SKIP_PREFIX_OVERLOAD=1 (the load runs without the shared-prefix
+# and KV-exhaustion runs), DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
+# LOAD_TOKENS (default 256 generated per request), LOAD_BATCH_INVARIANT (the load servers' --batch-invariant values,
+# one load run each; default "true false"), PYTEST_ARGS (extra pytest arguments).
 # WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl): openai==3.57.0
 #   anthropic==2.17.0 pydantic==2.14.4 pydantic_core==2.50.5 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1
 #   annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 jsonschema==4.26.0
@@ -75,23 +76,26 @@ if [ -n "${DEMO:-}" ]; then
   [ -f .demopack/model.safetensors.xz ] && [ ! -f models/demo/model.safetensors ] &&
     xz -dc .demopack/model.safetensors.xz > models/demo/model.safetensors
   timeout 300 python3 tools/serve/check_gpu_runner.py --bin /tmp/spillway --model models/demo --prompts 20 --tokens 32 \
-    > "$OUT/check_demo.md" 2>&1
+    --prompts-file tools/demo_model/heldout_prompts.json > "$OUT/check_demo.md" 2>&1
   echo "check_gpu_runner (demo model): rc $? — $(tail -1 "$OUT/check_demo.md")" | tee -a "$OUT/serve_main.log"
 fi
 wait
 if [ -z "${SKIP_LOAD:-}" ]; then
   cat /tmp/synth.log >> "$OUT/serve_main.log"
   P=${LOAD_PROMPT:-64} N=${LOAD_TOKENS:-256}
-  /tmp/spillway serve --model $SYNTH --device cuda --port 18300 --max-num-seqs 64 --max-batch 64 \
-    --batch-invariant ${LOAD_BATCH_INVARIANT:-true} --max-model-len $((P + N + 64)) --max-tokens-limit $N \
-    > $LOGS/serve_synth.log 2>&1 &
-  SERVER=$!
-  for _ in $(seq 300); do curl -sf http://127.0.0.1:18300/health > /dev/null && break; sleep 1; done
-  echo "load: --batch-invariant ${LOAD_BATCH_INVARIANT:-true}" >> "$OUT/load_synth.md"
-  timeout 120 python3 bench/load.py --base-url http://127.0.0.1:18300/v1 --concurrency 1,8,32,64 --requests-per-stream 1 \
-    --prompt-tokens "$P" --max-tokens "$N" --vocab 129280 2>&1 | tee -a "$OUT/load_synth.md"
-  curl -s http://127.0.0.1:18300/metrics > $LOGS/metrics_synth.txt
-  kill -TERM $SERVER; wait $SERVER; echo "server rc $?" >> "$OUT/serve_main.log"
+  for MODE in ${LOAD_BATCH_INVARIANT:-true false}; do
+    /tmp/spillway serve --model $SYNTH --device cuda --port 18300 --max-num-seqs 64 --max-batch 64 \
+      --batch-invariant $MODE --max-model-len $((P + N + 64)) --max-tokens-limit $N \
+      > $LOGS/serve_synth_$MODE.log 2>&1 &
+    SERVER=$!
+    for _ in $(seq 300); do curl -sf http://127.0.0.1:18300/health > /dev/null && break; sleep 1; done
+    echo "load: --batch-invariant $MODE" | tee -a "$OUT/load_synth.md" >> "$OUT/serve_main.log"
+    timeout 120 python3 bench/load.py --base-url http://127.0.0.1:18300/v1 --concurrency 1,8,32,64 --requests-per-stream 1 \
+      --prompt-tokens "$P" --max-tokens "$N" --vocab 129280 2>&1 | tee -a "$OUT/load_synth.md" | grep -E "^\| (1|8|32|64) \|" >> "$OUT/serve_main.log"
+    curl -s http://127.0.0.1:18300/metrics > $LOGS/metrics_synth_$MODE.txt
+    kill -TERM $SERVER; wait $SERVER; echo "server rc $?" >> "$OUT/serve_main.log"
+  done
+  if [ -z "${SKIP_PREFIX_OVERLOAD:-}" ]; then
   # A shared 8K-token prefix across 32 requests against cold prompts (bench/shared_prefix.py).
   /tmp/spillway serve --model $SYNTH --device cuda --port 18301 --max-num-seqs 64 --max-model-len 8448 \
     --max-tokens-limit 16 > $LOGS/serve_prefix.log 2>&1 &
@@ -110,6 +114,7 @@ if [ -z "${SKIP_LOAD:-}" ]; then
     --prompt-tokens 512 --max-tokens 64 --vocab 129280 > "$OUT/overload_synth.md" 2>&1
   echo "overload: rc $? — $(tail -1 "$OUT/overload_synth.md")" | tee -a "$OUT/serve_main.log"
   kill -TERM $SERVER; wait $SERVER
+  fi
   timeout 100 /tmp/spillway bench --model $SYNTH --batches 1 8 32 64 --batch-prompt "$P" --batch-steps 16 --decode-steps 16 --prefill 4096 --prefill-runs 1 \
     2>&1 | tee -a "$OUT/load_synth.md" | grep -E "^\| (1|8|32|64) \||HBM|tensor-core|Device" | tee -a "$OUT/serve_main.log"
 fi

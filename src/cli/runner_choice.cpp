@@ -46,6 +46,7 @@ Result<LoadedRunner> load_cuda(const RunnerOptions& o) {
   budget.max_seqs = o.max_num_seqs + o.prefix_cache_slots;  // the runner keeps the extra slots for cached copies
   budget.max_context = o.max_model_len;
   budget.max_step_tokens = o.prefill_chunk;
+  budget.max_step_rows = o.step_rows;
   budget.pool_tokens = o.kv_tokens;
   const engine::MemoryPlan plan = engine::plan_memory(*config, budget, o.numerics.fake_quant);
   auto mem = engine::device_memory();

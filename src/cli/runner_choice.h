@@ -25,7 +25,8 @@ struct RunnerOptions {
   int64_t max_model_len = 8192;
   int64_t kv_tokens = 0;
   int prefill_chunk = 256;
-  bool batch_invariant = true;  // GPU: decode calls of at most 16 sequences (engine/gpu_runner.h)
+  int step_rows = 0;  // GPU: rows of one multi-sequence prefill step (serve's --step-token-budget); 0: prefill_chunk
+  bool batch_invariant = true;  // GPU: rows computed independently of the batch (engine/gpu_runner.h)
   int prefix_cache_slots = 8;   // GPU: sequence slots for the prefix cache's device copies
 };
 

@@ -86,6 +86,7 @@ int serve(ServeOptions o) {
   runner_options.max_model_len = o.s.max_model_len;
   runner_options.kv_tokens = o.s.scheduler.kv_tokens;
   runner_options.prefill_chunk = o.s.scheduler.prefill_chunk;
+  runner_options.step_rows = o.s.scheduler.step_token_budget;
   runner_options.batch_invariant = o.batch_invariant;
   runner_options.prefix_cache_slots = o.prefix_cache_mb > 0 ? o.prefix_cache_slots : 0;
   auto loaded = load_runner(runner_options);
@@ -176,7 +177,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->envname("SPILLWAY_PREFILL_CHUNK")
       ->capture_default_str();
   cmd->add_option("--step-token-budget", sched.step_token_budget,
-                  "tokens per scheduler step (decodes + prefill pieces)")
+                  "tokens per scheduler step (decodes + prefill pieces); GPU without --batch-invariant: also the "
+                  "rows of one batched prefill step")
       ->envname("SPILLWAY_STEP_TOKEN_BUDGET")
       ->capture_default_str();
   cmd->add_option("--prefix-cache-mb", o->prefix_cache_mb, "prefix-cache memory budget in MiB (0 = off)")
@@ -237,8 +239,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->envname("SPILLWAY_DEVICE")
       ->capture_default_str();
   cmd->add_option("--batch-invariant", o->batch_invariant,
-                  "GPU: a sequence's greedy output does not depend on what else is batched with it (decode calls of "
-                  "at most 16 sequences); false runs each step's decodes in one call, faster at large batches")
+                  "GPU: a sequence's greedy output does not depend on what else is batched with it (decode linears on "
+                  "the GEMV, decode calls of at most 64 sequences (16 with EXL3 experts), each prefill piece alone); "
+                  "false runs each step's decodes in one call (GEMMs past 16) and its prefill pieces together, faster "
+                  "at large batches")
       ->envname("SPILLWAY_BATCH_INVARIANT")
       ->capture_default_str();
   cmd->add_option("--prefix-cache-slots", o->prefix_cache_slots,

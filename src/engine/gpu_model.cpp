@@ -53,6 +53,16 @@ size_t GpuModel::step_arena_capacity() const { return state_->arena.capacity(); 
 void GpuModel::set_cuda_graphs(bool on) { state_->cuda_graphs = on; }
 StepGraphStats GpuModel::graph_stats() const { return state_->graphs.stats(); }
 
+int GpuModel::invariant_decode_rows() const {
+  const LinearPath path = options_.linear_path == LinearPath::kAuto ? options_.decode_linear_path : options_.linear_path;
+  int rows = path == LinearPath::kGemv ? options_.budget.max_seqs : kDeviceDispatchRows;
+  for (const ExpertTable& t : state_->expert_tables)
+    if (t.ready() && options_.moe_dispatch == MoeDispatch::kAuto) rows = std::min(rows, options_.moe_paths.dense_device_rows);
+  for (const Exl3MoeTable& t : state_->exl3_moe)
+    if (t.ready() && options_.moe_dispatch == MoeDispatch::kAuto) rows = std::min(rows, kDeviceDispatchRows);
+  return std::min(rows, options_.budget.max_seqs);
+}
+
 namespace {
 
 // Writes page-table row (layer, slot) of a pool from the sequence's page list (queued on the stream).
@@ -358,9 +368,10 @@ Status GpuModel::begin_step(GpuStep& s) {
   return batch.end(s.stream);
 }
 
-// Embedding, the blocks and the head of the step; logits [n_out, vocab] of rows first .. first +
-// n_out − 1 in `logits` (step-scope arena memory).
-Status GpuModel::run_step(GpuStep& s, const ForwardOptions& options, int first, int n_out, Buf& logits) {
+// Embedding, the blocks and the head of the step; logits [n_out, vocab] of the rows of out_rows, in
+// order, in `logits` (step-scope arena memory).
+Status GpuModel::run_step(GpuStep& s, const ForwardOptions& options, std::span<const RowRange> out_rows,
+                          Buf& logits) {
   const ModelConfig& c = config_;
   GpuState& st = *state_;
   const int n = s.n, d = c.d_model, hc = c.hc_mult, n_mix = (2 + hc) * hc;
@@ -430,10 +441,27 @@ Status GpuModel::run_step(GpuStep& s, const ForwardOptions& options, int first, 
     }
   }
 
-  // Head: collapse the streams (V4: hc_head weights; V4.1: the last FFN's pre), norm, project.
+  // Head: collapse the streams (V4: hc_head weights; V4.1: the last FFN's pre), norm, project. Output rows
+  // in several ranges are first gathered into one block.
   SPW_TRY(s.segment(c.n_layers));
-  const float* rows = streams.get() + size_t(first) * hc_d;
-  const float* head_pre = carried.get() + size_t(first) * hc;
+  int n_out = 0;
+  for (const RowRange& r : out_rows) n_out += r.n;
+  const float* rows = streams.get() + size_t(out_rows[0].first) * hc_d;
+  const float* head_pre = carried.get() + size_t(out_rows[0].first) * hc;
+  if (out_rows.size() > 1) {
+    Buf rows_out, pre_out;
+    SPW_TRY(s.alloc(rows_out, size_t(n_out) * hc_d));
+    SPW_TRY(s.alloc(pre_out, size_t(n_out) * hc));
+    int at = 0;
+    for (const RowRange& r : out_rows) {
+      SPW_CUDA_TRY(cudaMemcpyAsync(rows_out.get() + size_t(at) * hc_d, streams.get() + size_t(r.first) * hc_d,
+                                   size_t(r.n) * hc_d * sizeof(float), cudaMemcpyDeviceToDevice, s.stream));
+      SPW_CUDA_TRY(cudaMemcpyAsync(pre_out.get() + size_t(at) * hc, carried.get() + size_t(r.first) * hc,
+                                   size_t(r.n) * hc * sizeof(float), cudaMemcpyDeviceToDevice, s.stream));
+      at += r.n;
+    }
+    rows = rows_out.get(), head_pre = pre_out.get();
+  }
   const bool fused = cuda::hc_fused_supported(hc) && n_out <= kFusedHcMaxRows;
   const cuda::HcPreFromMixes head_from{mixes.get(), hc, st.w->hc_head.scale, st.w->hc_head.base, c.hc_eps};
   if (!c.is_v41()) {
@@ -480,12 +508,50 @@ Result<std::vector<float>> GpuModel::forward(GpuSequence& seq, std::span<const i
   GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {StepChunk{&seq, tokens}}, options_.linear_path, st.stream,
             options_.moe_dispatch, options_.moe_paths};
   if (Status e = begin_step(s); !e.ok()) return make_error("forward: ", e.error().message);
-  const int first = options.all_logits ? 0 : s.n - 1, n_out = s.n - first;
+  const int first = options.all_logits ? 0 : s.n - 1;
+  const RowRange out_rows[] = {{first, s.n - first}};
   DeviceSpan<float> logits;
-  SPW_TRY(run_step(s, options, first, n_out, logits));
+  SPW_TRY(run_step(s, options, out_rows, logits));
   std::vector<float> out;
   SPW_TRY(s.download(logits.get(), logits.size(), out));
   end_step(s);
+  return out;
+}
+
+Result<std::vector<std::vector<float>>> GpuModel::forward_chunks(std::span<const ChunkInput> chunks) {
+  GpuState& st = *state_;
+  if (chunks.empty()) return make_error("forward_chunks: no chunks");
+  ArenaScope scope(st.arena);
+  GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {}, options_.linear_path, st.stream,
+            options_.moe_dispatch, options_.moe_paths};
+  for (size_t b = 0; b < chunks.size(); ++b) {
+    if (!chunks[b].seq) return make_error("forward_chunks: chunk ", b, " has no sequence");
+    if (int64_t(chunks[b].tokens.size()) > options_.budget.max_step_tokens)
+      return make_error("forward_chunks: chunk ", b, " has ", chunks[b].tokens.size(),
+                        " tokens, the budget allows ", options_.budget.max_step_tokens);
+    s.chunks.push_back(StepChunk{chunks[b].seq, chunks[b].tokens});
+  }
+  if (Status e = begin_step(s); !e.ok()) return make_error("forward_chunks: ", e.error().message);
+  std::vector<RowRange> out_rows;
+  for (size_t b = 0; b < chunks.size(); ++b) {
+    const StepChunk& ch = s.chunks[b];
+    const RowRange r = chunks[b].all_logits ? RowRange{ch.row0, ch.n} : RowRange{ch.row0 + ch.n - 1, 1};
+    if (!out_rows.empty() && out_rows.back().first + out_rows.back().n == r.first) out_rows.back().n += r.n;
+    else out_rows.push_back(r);
+  }
+  DeviceSpan<float> logits;
+  SPW_TRY(run_step(s, {}, out_rows, logits));
+  std::vector<float> all;
+  SPW_TRY(s.download(logits.get(), logits.size(), all));
+  end_step(s);
+  std::vector<std::vector<float>> out(chunks.size());
+  const size_t vocab = size_t(config_.vocab_size);
+  size_t at = 0;
+  for (size_t b = 0; b < chunks.size(); ++b) {
+    const size_t n = chunks[b].all_logits ? chunks[b].tokens.size() : 1;
+    out[b].assign(all.begin() + std::ptrdiff_t(at * vocab), all.begin() + std::ptrdiff_t((at + n) * vocab));
+    at += n;
+  }
   return out;
 }
 
@@ -503,11 +569,9 @@ Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int3
   if (sampled && !st.sample_ws.get()) return make_error("decode: no sampling workspace (the plan has none)");
   if (B > options_.budget.max_seqs)
     return make_error("decode: ", B, " sequences, the budget allows ", options_.budget.max_seqs);
-  if (options_.linear_path == LinearPath::kGemv && B > 16)
-    return make_error("decode: the forced GEMV path takes at most 16 sequences per step, got ", B);
   ArenaScope scope(st.arena);
-  GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {}, options_.linear_path, st.stream, options_.moe_dispatch,
-            options_.moe_paths};
+  const LinearPath path = options_.linear_path == LinearPath::kAuto ? options_.decode_linear_path : options_.linear_path;
+  GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {}, path, st.stream, options_.moe_dispatch, options_.moe_paths};
   for (int b = 0; b < B; ++b) {
     if (!seqs[b]) return make_error("decode: sequence ", b, " is null");
     s.chunks.push_back(StepChunk{seqs[b], tokens.subspan(b, 1)});
@@ -525,7 +589,8 @@ Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int3
     }
   } abort_recording{s.graphs};
   DeviceSpan<float> out;
-  SPW_TRY(run_step(s, {}, 0, B, out));
+  const RowRange out_rows[] = {{0, B}};
+  SPW_TRY(run_step(s, {}, out_rows, out));
   DeviceSpan<int32_t> next_d;
   SPW_TRY(s.alloc(next_d, B));
   if (!sampled) SPW_TRY(cuda::argmax(out.get(), B, config_.vocab_size, next_d.get(), s.stream));
@@ -595,9 +660,6 @@ Status alloc_compressor(CompressorBuffers& cb, const cuda::CompressorShape& shap
 
 Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, const Numerics& numerics,
                                                  const GpuModelOptions& options) {
-  if (options.linear_path == LinearPath::kGemv && options.budget.max_step_tokens > 16)
-    return make_error("load_gpu_model: the forced GEMV path takes at most 16 tokens per call, the budget allows ",
-                      options.budget.max_step_tokens);
   auto config = read_model_config(model_dir);
   if (!config.ok()) return config.error();
   if (!config->is_v41() && numerics.fake_quant && !numerics.bf16_activations)

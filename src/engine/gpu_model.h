@@ -68,9 +68,12 @@ enum class MoeDispatch { kAuto, kHost, kDevice };
 struct GpuModelOptions {
   KvBudget budget;
   // kAuto: the dense library's choice per call (weight-streaming GEMV up to 16 tokens, else GEMM).
-  // kGemv forces the GEMV for every linear (then no call may exceed 16 tokens): the same summation
+  // kGemv forces the GEMV for every linear (past 16 tokens in slices of 16, each reading the weight again): the same summation
   // order for every chunking, which the chunked-prefill test uses to expect identical results.
   LinearPath linear_path = LinearPath::kAuto;
+  // The linears of decode steps when linear_path is kAuto: kGemv keeps every row's sums independent of the
+  // batch at any size (GpuRunner's batch invariance), kAuto takes GEMMs past 16 rows.
+  LinearPath decode_linear_path = LinearPath::kAuto;
   // Routed experts: kAuto runs steps of ≤ 16 rows with the dispatch on the device (grouped GEMVs over
   // the (token, slot) pairs, engine/moe_dispatch.h) and longer ones per expert with the token lists on
   // the host (GEMMs that read each expert once); kHost / kDevice force one (tests compare them).
@@ -132,6 +135,12 @@ class GpuModel {
   // would hand out, exactly as forward() and new_sequence() reserve them.
   bool can_hold(std::span<const Growth> growth) const;
 
+  // The most sequences one decode() step may take with every row computed from that row's inputs alone (the
+  // linears on the GEMV, routed experts dispatched on the device), so that a sequence's logits do not depend on
+  // the others: 16 unless decode steps force the GEMV, then dense-table experts allow MoePaths::dense_device_rows
+  // and EXL3 experts 16 (past it their dispatch goes through the host), capped at the budget's max_seqs.
+  int invariant_decode_rows() const;
+
   // Turns CUDA graphs for decode steps on or off (GpuModelOptions::cuda_graphs), e.g. to compare.
   void set_cuda_graphs(bool on);
   // Counts of the graph segments launched so far (zeros without graphs).
@@ -157,6 +166,22 @@ class GpuModel {
   Result<std::vector<float>> forward(GpuSequence& seq, std::span<const int32_t> tokens,
                                      const ForwardOptions& options = {});
 
+  // One sequence's part of a multi-sequence step (forward_chunks).
+  struct ChunkInput {
+    GpuSequence* seq = nullptr;
+    std::span<const int32_t> tokens;  // appended to seq; at least one
+    bool all_logits = false;          // logits of every new position, else of the last
+  };
+  // Appends every chunk's tokens to its sequence in one step: the rows of all chunks go through each
+  // linear, the MoE and the head together, and each row attends only to its own sequence (per-row
+  // slots and positions, as in decode). Returns per chunk its logits on the host: [vocab], or
+  // [n, vocab] with all_logits. What it saves over one forward() per chunk: the weights are read once
+  // for all chunks and the launches are shared. A row's numbers are forward()'s up to f32 summation
+  // order: the linears' path (GEMV up to 16 rows, else GEMM) and the MoE dispatch follow the step's
+  // row count, so a row's result can depend on the other chunks (GpuRunner uses it only without
+  // batch invariance). Errors: forward()'s, checked for every chunk before any sequence advances.
+  Result<std::vector<std::vector<float>>> forward_chunks(std::span<const ChunkInput> chunks);
+
   // A token drawn on the device: cuda::sample's parameters and the uniform u ∈ [0, 1) for the row.
   struct TokenDraw {
     cuda::SampleParams params;
@@ -180,7 +205,12 @@ class GpuModel {
   GpuModel() = default;
   Status reserve_pages(GpuSequence& seq, int64_t n_total);
   Status begin_step(GpuStep& s);
-  Status run_step(GpuStep& s, const ForwardOptions& options, int first, int n_out, DeviceSpan<float>& logits);
+  // Rows first .. first + n − 1 of a step whose logits run_step computes.
+  struct RowRange {
+    int first = 0, n = 0;
+  };
+  Status run_step(GpuStep& s, const ForwardOptions& options, std::span<const RowRange> out_rows,
+                  DeviceSpan<float>& logits);
   void end_step(GpuStep& s);
 
   ModelConfig config_;

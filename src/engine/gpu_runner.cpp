@@ -50,8 +50,8 @@ Result<DeviceMemory> device_memory() {
 GpuRunner::GpuRunner(std::unique_ptr<GpuModel> model, bool batch_invariant, int cache_slots)
     : model_(std::move(model)),
       cache_slots_(cache_slots),
-      max_decode_rows_(batch_invariant ? std::min(kDeviceDispatchRows, model_->budget().max_seqs)
-                                       : model_->budget().max_seqs - cache_slots) {}
+      batch_invariant_(batch_invariant),
+      max_decode_rows_(batch_invariant ? model_->invariant_decode_rows() : model_->budget().max_seqs - cache_slots) {}
 
 RunnerUsage GpuRunner::usage() const {
   RunnerUsage u;
@@ -146,13 +146,35 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
   std::vector<bool> done(inputs.size(), false);
   for (size_t i : decodes[0]) done[i] = true;
   for (size_t i : decodes[1]) done[i] = true;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (done[i]) continue;
-    ForwardOptions options;
-    options.all_logits = inputs[i].all_logits;
-    auto r = model_->forward(*seqs[i], inputs[i].tokens, options);
-    if (!r.ok()) return make_error("input ", i, ": ", r.error().message);
-    out[i] = std::move(r.value());
+  std::vector<size_t> pieces;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!done[i]) pieces.push_back(i);
+  if (batch_invariant_) {  // each piece alone: its numbers never depend on the other pieces
+    for (size_t i : pieces) {
+      ForwardOptions options;
+      options.all_logits = inputs[i].all_logits;
+      auto r = model_->forward(*seqs[i], inputs[i].tokens, options);
+      if (!r.ok()) return make_error("input ", i, ": ", r.error().message);
+      out[i] = std::move(r.value());
+    }
+    return out;
+  }
+  // Pieces together, in steps of at most step_max_rows rows.
+  const int64_t max_rows = step_max_rows(budget);
+  for (size_t first = 0; first < pieces.size();) {
+    std::vector<GpuModel::ChunkInput> chunks;
+    int64_t rows = 0;
+    size_t last = first;
+    for (; last < pieces.size(); ++last) {
+      const RunnerInput& in = inputs[pieces[last]];
+      if (!chunks.empty() && rows + int64_t(in.tokens.size()) > max_rows) break;
+      chunks.push_back({seqs[pieces[last]], in.tokens, in.all_logits});
+      rows += int64_t(in.tokens.size());
+    }
+    auto r = model_->forward_chunks(chunks);
+    if (!r.ok()) return make_error("inputs ", pieces[first], "..", pieces[last - 1], ": ", r.error().message);
+    for (size_t k = first; k < last; ++k) out[pieces[k]] = std::move(r.value()[k - first]);
+    first = last;
   }
   return out;
 }
@@ -164,6 +186,7 @@ Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir,
   options.budget = settings.budget;
   options.budget.max_seqs += settings.prefix_cache_slots;
   options.moe_paths = moe_paths_from(settings.gpu);
+  if (settings.batch_invariant) options.decode_linear_path = LinearPath::kGemv;
   options.on_progress = settings.on_progress;
   auto model = load_gpu_model(model_dir, settings.numerics, options);
   if (!model.ok()) return model.error();

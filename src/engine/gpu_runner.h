@@ -3,16 +3,20 @@
 // in the KV pools, returned when the sequence is destroyed.
 //
 // A step runs the one-token inputs that want only their last logits as batched decodes
-// (GpuModel::decode) and every other input as its own GpuModel::forward call. TokenPicks are drawn
+// (GpuModel::decode) and every other input (a prefill piece) as its own GpuModel::forward call, or,
+// without batch_invariant, together in GpuModel::forward_chunks steps of up to step_max_rows rows
+// (the weights read once for all of them; their rows' sums then depend on the step). TokenPicks are drawn
 // on the device (argmax, or cuda::sample with the sampler's uniform: decode calls of their own, no
-// logits copied back); every other result is logits on the host, where the scheduler samples. With batch_invariant (the default) a decode call takes at most 16
-// sequences: up to there every kernel computes each row from that row alone (the linears take the GEMV),
-// so a sequence's result is what GpuModel::forward computes for it alone whatever else runs
+// logits copied back); every other result is logits on the host, where the scheduler samples.
+// With batch_invariant (the default) decode steps force the GEMV for every linear (in slices of 16 rows
+// past 16) and a decode call takes at most GpuModel::invariant_decode_rows() sequences (64 for dense-table
+// experts, dispatched on the device; 16 for EXL3 experts): there every kernel computes each row from that
+// row alone, so a sequence's result is what GpuModel::forward computes for it alone whatever else runs
 // (tests/gpu/test_engine_batch.cpp; through the server: tools/serve/check_gpu_runner.py). That holds for
 // dense experts; the fused EXL3 decode kernel meets its projections by fp32 atomics, whose order may vary
-// between runs (cuda/exl3_moe.h), so EXL3 models are not held to it. Without it one
-// call takes the whole batch, which past 16 rows takes GEMMs whose per-row sums may depend on the
-// batch size.
+// between runs (cuda/exl3_moe.h), so EXL3 models are not held to it. Without it one call takes the whole
+// batch, which past 16 rows takes GEMMs (one weight read for all rows) whose per-row sums may depend on
+// the batch size.
 // The prefix cache keeps device copies of sequences (GpuModel::copy_sequence) in prefix_cache_slots
 // slots of their own, on top of the running sequences; a hit copies the cached state into a new
 // sequence. The pools hold budget.pool_tokens positions (GpuModel::can_hold answers kv_can_hold
@@ -47,7 +51,7 @@ struct GpuRunnerSettings {
   KvBudget budget;  // running sequences, context and step tokens (the pools also hold prefix_cache_slots)
   Numerics numerics = Numerics::reference();
   GpuSettings gpu;                               // kernel switches and expert paths (base/settings.h)
-  bool batch_invariant = true;                   // decode calls of at most 16 sequences (see above)
+  bool batch_invariant = true;                   // see above
   int prefix_cache_slots = 8;                    // sequence slots (and their pool pages) for cached copies
   std::function<void(int done, int total)> on_progress;  // layers read from the checkpoint
 };
@@ -73,6 +77,7 @@ class GpuRunner final : public ModelRunner {
  private:
   std::unique_ptr<GpuModel> model_;
   int cache_slots_;      // slots kept for the prefix cache's copies
+  bool batch_invariant_;  // prefill pieces one per call (else several per GpuModel::forward_chunks step)
   int max_decode_rows_;  // sequences per decode call
 };
 

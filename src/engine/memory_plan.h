@@ -26,6 +26,7 @@ struct KvBudget {
   int max_seqs = 1;            // sequences alive at once
   int64_t max_context = 4096;  // positions per sequence
   int max_step_tokens = 512;   // tokens of one forward call (prefill chunk)
+  int max_step_rows = 0;       // rows of one multi-sequence step (GpuModel::forward_chunks); see step_max_rows
   // Positions all sequences hold together (their compressed entries and index keys; the window rings
   // are per sequence); 0: every sequence at max_context. Smaller pools rely on the scheduler's
   // admission and preemption (ModelRunner::kv_can_hold).
@@ -83,8 +84,12 @@ inline constexpr int kSampleRows = 16;
 // Bytes of that sampling workspace for this model and budget.
 size_t sample_rows_workspace_nbytes(const ModelConfig& c, const KvBudget& budget);
 
-// Rows of the largest step: a prefill chunk (max_step_tokens) or a decode batch (max_seqs).
-inline int step_max_rows(const KvBudget& b) { return b.max_step_tokens > b.max_seqs ? b.max_step_tokens : b.max_seqs; }
+// Rows of the largest step: a prefill chunk (max_step_tokens), a decode batch (max_seqs) or a
+// multi-sequence step (max_step_rows), whichever is largest.
+inline int step_max_rows(const KvBudget& b) {
+  const int rows = b.max_step_tokens > b.max_seqs ? b.max_step_tokens : b.max_seqs;
+  return b.max_step_rows > rows ? b.max_step_rows : rows;
+}
 
 // Device bytes of a step's temporaries at n_rows rows and contexts up to max_context, as GpuModel
 // allocates them from its arena: the step-long arrays plus the largest sublayer's scope.

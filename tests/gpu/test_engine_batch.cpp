@@ -3,6 +3,8 @@
 // sequences with different prompt lengths (so that their compressors emit entries at different
 // steps and their indexers see different entry counts).
 //
+// B = 40 with decode's linears forced onto the GEMV (GpuModelOptions::decode_linear_path, sliced by 16 rows):
+// the same exactness past 16 rows, which GpuRunner's batch invariance relies on.
 // Each sequence is prefilled with forward() in both runs (the same calls, so the same KV state), then
 // teacher-forced with the same pseudo-random decode tokens: alone, one forward() call per token;
 // batched, one decode() call per step for all B sequences. Asserted, per sequence and step:
@@ -50,9 +52,11 @@ namespace {
 constexpr int kDecodeSteps = 6;
 
 std::unique_ptr<engine::GpuModel> load_gpu(const std::string& arch, int max_seqs,
-                                           engine::MoeDispatch dispatch = engine::MoeDispatch::kAuto) {
+                                           engine::MoeDispatch dispatch = engine::MoeDispatch::kAuto,
+                                           LinearPath decode_path = LinearPath::kAuto) {
   engine::GpuModelOptions opts;
   opts.moe_dispatch = dispatch;
+  opts.decode_linear_path = decode_path;
   opts.budget.max_context = 1024;
   opts.budget.max_seqs = max_seqs;
   auto m = engine::load_gpu_model(golden::fixture_dir(arch) + "/model", Numerics::reference(), opts);
@@ -80,11 +84,13 @@ int64_t first_mismatch(const float* a, const float* b, int64_t n, double& max_di
   return first;
 }
 
-void batch_vs_alone(const std::string& arch, const std::vector<int>& prompt_lens) {
+void batch_vs_alone(const std::string& arch, const std::vector<int>& prompt_lens,
+                    LinearPath decode_path = LinearPath::kAuto) {
   SPW_REQUIRE_GPU();
   const int B = int(prompt_lens.size());
-  auto gpu = load_gpu(arch, B);
+  auto gpu = load_gpu(arch, B, engine::MoeDispatch::kAuto, decode_path);
   ASSERT_TRUE(gpu);
+  ASSERT_GE(gpu->invariant_decode_rows(), B) << arch << ": B = " << B << " is past the rows decode keeps independent";
   const int V = int(gpu->config().vocab_size);
   std::vector<std::vector<int32_t>> prompts(B), steps(B);
   for (int i = 0; i < B; ++i) {
@@ -154,6 +160,15 @@ TEST(EngineBatch, V4DecodeB3MatchesAlone) { batch_vs_alone("v4", {2, 17, 63}); }
 TEST(EngineBatch, V41DecodeB3MatchesAlone) { batch_vs_alone("v41", {2, 17, 63}); }
 TEST(EngineBatch, V4DecodeB8MatchesAlone) { batch_vs_alone("v4", {1, 3, 7, 16, 31, 64, 127, 130}); }
 TEST(EngineBatch, V41DecodeB8MatchesAlone) { batch_vs_alone("v41", {1, 3, 7, 16, 31, 64, 127, 130}); }
+// Past 16 rows with decode's linears on the GEMV (in slices of 16) and the dense experts dispatched on the
+// device (up to 64 rows): still every row from its own inputs (GpuRunner's batch invariance past 16).
+std::vector<int> lens_b40() {
+  std::vector<int> v;
+  for (int i = 0; i < 40; ++i) v.push_back(1 + (i * 37) % 131);
+  return v;
+}
+TEST(EngineBatch, V4DecodeB40GemvMatchesAlone) { batch_vs_alone("v4", lens_b40(), LinearPath::kGemv); }
+TEST(EngineBatch, V41DecodeB40GemvMatchesAlone) { batch_vs_alone("v41", lens_b40(), LinearPath::kGemv); }
 
 // One bf16 ulp at magnitude m > 0.
 float bf16_ulp(float m) {

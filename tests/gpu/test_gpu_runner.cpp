@@ -7,12 +7,14 @@
 //    in one step): bit-identical logits;
 //  - its argument errors, which leave every sequence as it was;
 //  - pools smaller than every slot at max_context: kv_can_hold says exactly what forward() can take;
-//  - token picks drawn on the device agree with the logits.
+//  - token picks drawn on the device agree with the logits;
+//  - without batch invariance, prefill pieces run together and each input gets its own logits.
 #if defined(SPW_HAVE_CUDA)
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -255,6 +257,60 @@ TEST(GpuRunner, V41PicksAreDrawnFromTheLogits) {
 
 TEST(GpuRunner, V41MatchesTheEngineAlone) { runner_matches_the_engine_alone("v41"); }
 TEST(GpuRunner, V4MatchesTheEngineAlone) { runner_matches_the_engine_alone("v4"); }
+
+// Without batch invariance the prefill pieces of a step run together (GpuModel::forward_chunks), in steps of at
+// most step_max_rows rows: five pieces (16 + 40 + 90 + 60 + 30 rows, one step of 146 and one of 90 when steps
+// hold 150 rows) give each input its own logits, in input order, with the shape it asked for. Checked against
+// the batch-invariant runner (each piece alone): every piece's first row (position 0, identical inputs up to
+// summation order) within 1e-2, as tests/gpu/test_engine_chunks.cpp bounds it; a piece's logits at the wrong
+// index would be another prompt's, far beyond that.
+TEST(GpuRunner, V41PrefillPiecesTogetherWithoutBatchInvariance) {
+  SPW_REQUIRE_GPU();
+  engine::GpuRunnerSettings gs;
+  gs.budget.max_seqs = 6;
+  gs.budget.max_context = 1024;
+  gs.budget.max_step_tokens = 128;
+  gs.budget.max_step_rows = 150;
+  gs.prefix_cache_slots = 0;
+  gs.batch_invariant = false;
+  auto together = engine::load_gpu_runner(golden::fixture_dir("v41") + "/model", gs);
+  ASSERT_TRUE(together.ok()) << together.error().message;
+  gs.batch_invariant = true;
+  auto alone = engine::load_gpu_runner(golden::fixture_dir("v41") + "/model", gs);
+  ASSERT_TRUE(alone.ok()) << alone.error().message;
+  const int V = int((*together)->config().vocab_size);
+  const int lens[] = {16, 40, 90, 60, 30};
+  std::vector<std::vector<int32_t>> toks;
+  std::vector<std::unique_ptr<RunnerSequence>> ts, as;
+  std::vector<RunnerInput> tin, ain;
+  for (int i = 0; i < 5; ++i) toks.push_back(gpu_test::lcg_tokens(lens[i], 70 + i, V));
+  for (int i = 0; i < 5; ++i) {
+    auto t = (*together)->new_sequence();
+    auto a = (*alone)->new_sequence();
+    ASSERT_TRUE(t.ok() && a.ok());
+    ts.push_back(std::move(t.value()));
+    as.push_back(std::move(a.value()));
+    tin.push_back({ts.back().get(), toks[size_t(i)], i % 2 == 1});
+    ain.push_back({as.back().get(), toks[size_t(i)], i % 2 == 1});
+  }
+  auto got = (*together)->forward(tin);
+  auto want = (*alone)->forward(ain);
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  ASSERT_TRUE(want.ok()) << want.error().message;
+  for (int i = 0; i < 5; ++i) {
+    const size_t rows = i % 2 == 1 ? size_t(lens[i]) : 1;
+    ASSERT_EQ((*got)[size_t(i)].size(), rows * size_t(V)) << "input " << i;
+    ASSERT_EQ((*want)[size_t(i)].size(), rows * size_t(V)) << "input " << i;
+    EXPECT_EQ(ts[size_t(i)]->n_past(), lens[i]);
+    if (rows == 1) continue;  // only all-logits pieces have a position-0 row
+    float first_row = 0;
+    for (int v = 0; v < V; ++v)
+      first_row = std::max(first_row, std::fabs((*got)[size_t(i)][size_t(v)] - (*want)[size_t(i)][size_t(v)]));
+    std::printf("  [runner pieces together] input %d (%d tokens): position 0 max |dlogit| %.3g\n", i, lens[i],
+                first_row);
+    EXPECT_LE(first_row, 1e-2f) << "input " << i;
+  }
+}
 
 }  // namespace
 }  // namespace spw

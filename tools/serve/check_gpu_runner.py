@@ -64,6 +64,9 @@ def main() -> int:
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--prompts", type=int, default=20)
+    ap.add_argument("--prompts-file", help="JSON {\"prompts\": [{\"prompt\": TEXT}, ...]} (e.g. the demo model's "
+                    "held-out prompts, tools/demo_model/heldout_prompts.json): the agreement check's prompts, as text, "
+                    "instead of random token ids")
     ap.add_argument("--prompt-tokens", type=int, default=48, help="mean prompt length (lengths vary ±50%%)")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=64)
@@ -86,6 +89,13 @@ def main() -> int:
         return [0] + [rng.randrange(3, min(vocab, 4096)) for _ in range(n)]
 
     prompts = [prompt() for _ in range(max(args.prompts, args.concurrency))]
+    described = f"{args.prompts} prompts of about {args.prompt_tokens} random token ids"
+    if args.prompts_file:
+        texts = [p["prompt"] for p in json.load(open(args.prompts_file))["prompts"]]
+        if len(texts) < args.prompts:
+            raise SystemExit(f"{args.prompts_file} has {len(texts)} prompts, --prompts asks for {args.prompts}")
+        prompts[:args.prompts] = texts[:args.prompts]
+        described = f"{args.prompts} text prompts of {args.prompts_file}"
     failures = 0
     t0 = time.perf_counter()
     cpu = Server(args.bin, args.model, "cpu", args.serve_arg)
@@ -96,26 +106,27 @@ def main() -> int:
     gpu = Server(args.bin, args.model, args.device, args.serve_arg)
     try:
         print(f"## {args.device} runner vs CPU runner: {args.model}\n")
-        print(f"{args.prompts} prompts of about {args.prompt_tokens} random token ids, {args.tokens} greedy tokens, "
-              f"tolerance {args.tolerance} nats\n")
-        print("| prompt | identical tokens | first difference | CPU margin there (nats) | verdict |")
-        print("|---:|---:|---:|---:|---|")
+        print(f"{described}, {args.tokens} greedy tokens, tolerance {args.tolerance} nats\n")
+        print("| prompt | identical tokens | first difference | CPU margin there (nats) | GPU margin there (nats) "
+              "| verdict |")
+        print("|---:|---:|---:|---:|---:|---|")
         n_identical = n_far = 0
         cold, again = [], []
         for i, p in enumerate(prompts[:args.prompts]):
             ids_c, top_c = cpu_out[i]
-            ids_g, _ = gpu.complete(p, args.tokens)
+            ids_g, top_g = gpu.complete(p, args.tokens)
             cold.append(ids_g)
             again.append(gpu.complete(p, args.tokens)[0])
             k = next((j for j in range(min(len(ids_c), len(ids_g))) if ids_c[j] != ids_g[j]), None)
             if k is None and len(ids_c) == len(ids_g):
                 n_identical += 1
-                print(f"| {i} | {len(ids_c)} | — | — | identical |")
+                print(f"| {i} | {len(ids_c)} | — | — | — | identical |")
                 continue
             m = margin(top_c[k]) if k is not None else float("inf")
+            mg = margin(top_g[k]) if k is not None else float("inf")
             ok = m <= args.tolerance
             n_far += not ok
-            print(f"| {i} | {k} | {k} | {m:.4f} | {'near tie' if ok else 'beyond tolerance'} |")
+            print(f"| {i} | {k} | {k} | {m:.4f} | {mg:.4f} | {'near tie' if ok else 'beyond tolerance'} |")
         print(f"\nidentical: {n_identical}/{args.prompts}; differences beyond the tolerance: {n_far}"
               f"{' (reported, not counted: --agreement report)' if args.agreement == 'report' else ''}\n")
         if args.agreement == "verdict":

@@ -252,10 +252,11 @@ Status linear_cuda(const DeviceLinear& w, const float* x, int n_tokens, float* y
   SPW_TRY(linear_cuda_check(w));
   if (n_tokens < 1) return {};
   path = resolve(path, n_tokens);
-  if (path == LinearPath::kGemv && n_tokens > kGemvMaxTokens)
-    return make_error("dense linear: the gemv path takes at most ", kGemvMaxTokens, " tokens, got ", n_tokens);
-  if (path == LinearPath::kGemv) return linear_gemv(w, x, n_tokens, y, round_out, ws, stream);
-  return linear_gemm(w, x, n_tokens, y, round_out, ws, stream);
+  if (path == LinearPath::kGemm) return linear_gemm(w, x, n_tokens, y, round_out, ws, stream);
+  for (int r0 = 0; r0 < n_tokens; r0 += kGemvMaxTokens)  // slices of 16 rows: each row's sums stay the same
+    SPW_TRY(linear_gemv(w, x + size_t(r0) * w.n_in, std::min(kGemvMaxTokens, n_tokens - r0),
+                        y + size_t(r0) * w.n_out, round_out, ws, stream));
+  return {};
 }
 
 Status stacked_linear_cuda(const DeviceLinear& w, std::span<const int> part_rows, const float* x, int n_tokens,
@@ -273,10 +274,13 @@ Status stacked_linear_cuda(const DeviceLinear& w, std::span<const int> part_rows
     rows += part_rows[p];
   }
   if (rows != w.n_out) return make_error("stacked linear: the parts' ", rows, " rows are not the weight's ", w.n_out);
-  if (n_tokens < 1) return {};
-  if (n_tokens > kGemvMaxTokens)
-    return make_error("stacked linear: the gemv path takes at most ", kGemvMaxTokens, " tokens, got ", n_tokens);
-  return linear_gemv(w, x, n_tokens, nullptr, round_out, ws, stream, part_rows, ys);
+  for (int r0 = 0; r0 < n_tokens; r0 += kGemvMaxTokens) {  // slices of 16 rows, as linear_cuda's kGemv
+    float* slice_ys[kMaxStackParts];
+    for (size_t p = 0; p < part_rows.size(); ++p) slice_ys[p] = ys[p] + size_t(r0) * part_rows[p];
+    SPW_TRY(linear_gemv(w, x + size_t(r0) * w.n_in, std::min(kGemvMaxTokens, n_tokens - r0), nullptr, round_out, ws,
+                        stream, part_rows, std::span<float* const>(slice_ys, part_rows.size())));
+  }
+  return {};
 }
 
 bool stack_keeps_rows(const DeviceLinear& w, std::span<const int> part_rows) {
@@ -304,16 +308,17 @@ Status grouped_proj_cuda(const uint16_t* w_a, const float* o, int n_tokens, int 
     return make_error("grouped projection: bad shape (groups ", n_groups, ", rank ", rank, ", per_group ", per_group, ")");
   if (n_tokens < 1) return {};
   path = resolve(path, n_tokens);
-  if (path == LinearPath::kGemv && n_tokens > kGemvMaxTokens)
-    return make_error("grouped projection: the gemv path takes at most ", kGemvMaxTokens, " tokens, got ", n_tokens);
   const int d_in = n_groups * per_group, d_out = n_groups * rank;
   if (path == LinearPath::kGemv) {
-    densedev::GemvArgs a;
-    a.format = DenseFormat::kBf16, a.w = w_a, a.n_out = rank, a.n_in = per_group;
-    a.x = o, a.ldx = d_in, a.y = z, a.ldy = d_out, a.n_tokens = n_tokens, a.round_out = round_out;
-    a.n_groups = n_groups, a.w_group_nbytes = sizeof(uint16_t) * static_cast<size_t>(rank) * per_group;
-    a.x_group_off = per_group, a.y_group_off = rank;
-    if (cudaError_t e = densedev::gemv_launch(a, stream); e != cudaSuccess) return cuda_error("launch grouped gemv", e);
+    for (int r0 = 0; r0 < n_tokens; r0 += kGemvMaxTokens) {  // slices of 16 rows, as linear_cuda's kGemv
+      densedev::GemvArgs a;
+      a.format = DenseFormat::kBf16, a.w = w_a, a.n_out = rank, a.n_in = per_group;
+      a.x = o + size_t(r0) * d_in, a.ldx = d_in, a.y = z + size_t(r0) * d_out, a.ldy = d_out;
+      a.n_tokens = std::min(kGemvMaxTokens, n_tokens - r0), a.round_out = round_out;
+      a.n_groups = n_groups, a.w_group_nbytes = sizeof(uint16_t) * static_cast<size_t>(rank) * per_group;
+      a.x_group_off = per_group, a.y_group_off = rank;
+      if (cudaError_t e = densedev::gemv_launch(a, stream); e != cudaSuccess) return cuda_error("launch grouped gemv", e);
+    }
     return {};
   }
   if (ws.act_nbytes < 2 * static_cast<size_t>(n_tokens) * d_in)
