@@ -240,7 +240,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--batch-invariant", o->batch_invariant,
                   "GPU: a sequence's greedy output does not depend on what else is batched with it (decode linears on "
-                  "the GEMV, decode calls of at most 64 sequences (16 with EXL3 experts), each prefill piece alone); "
+                  "the GEMV, decode calls of at most 64 sequences, each prefill piece alone; not available with EXL3 experts, "
+                  "which then run as with false); "
                   "false runs each step's decodes in one call (GEMMs past 16) and its prefill pieces together, faster "
                   "at large batches")
       ->envname("SPILLWAY_BATCH_INVARIANT")

@@ -10,13 +10,13 @@
 // logits copied back); every other result is logits on the host, where the scheduler samples.
 // With batch_invariant (the default) decode steps force the GEMV for every linear (in slices of 16 rows
 // past 16) and a decode call takes at most GpuModel::invariant_decode_rows() sequences (64 for dense-table
-// experts, dispatched on the device; 16 for EXL3 experts): there every kernel computes each row from that
-// row alone, so a sequence's result is what GpuModel::forward computes for it alone whatever else runs
-// (tests/gpu/test_engine_batch.cpp; through the server: tools/serve/check_gpu_runner.py). That holds for
-// dense experts; the fused EXL3 decode kernel meets its projections by fp32 atomics, whose order may vary
-// between runs (cuda/exl3_moe.h), so EXL3 models are not held to it. Without it one call takes the whole
-// batch, which past 16 rows takes GEMMs (one weight read for all rows) whose per-row sums may depend on
-// the batch size.
+// experts, dispatched on the device): there every kernel computes each row from that row alone, so a
+// sequence's result is what GpuModel::forward computes for it alone whatever else runs
+// (tests/gpu/test_engine_batch.cpp; through the server: tools/serve/check_gpu_runner.py). Models with EXL3
+// routed experts cannot have it (GpuModel::has_exl3_experts: their kernels meet sums by fp32 atomics and
+// change with the row count), so for them the runner warns once and runs as without it. Without it one
+// call takes the whole batch, which past 16 rows takes GEMMs (one weight read for all rows) whose per-row
+// sums may depend on the batch size.
 // The prefix cache keeps device copies of sequences (GpuModel::copy_sequence) in prefix_cache_slots
 // slots of their own, on top of the running sequences; a hit copies the cached state into a new
 // sequence. The pools hold budget.pool_tokens positions (GpuModel::can_hold answers kv_can_hold

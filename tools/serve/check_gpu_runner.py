@@ -10,7 +10,11 @@ Starts two servers on the same model, `--device cpu` and `--device cuda`, and ch
     differ where the CPU's two most likely tokens are within --tolerance nats of each other: the GPU
     forward differs from the CPU reference by f32 summation order and the bf16 roundings that order can
     flip (src/engine/gpu_model.h), which can swap two near-tied tokens and nothing else. A first
-    difference at a larger margin is a failure.
+    difference at a larger margin is a failure. The default, 0.1 nats: on the demo model one flipped bf16
+    rounding per row and layer moves at least 1% of the top-two gaps that far
+    (tests/unit/test_demo_model.cpp, DemoModel.OneFlipPerRowAndLayerMovesTopTwoGaps, which prints the
+    distribution). Also printed: the same sequences (prompt + the CPU's continuation) teacher-forced on
+    both runners, and how far the GPU's top-two gaps and logprobs sit from the CPU's.
  2. the prefix cache: each prompt sent again right after its first, cold run (so its entry is still among
     the --prefix-cache-slots most recent: served from the cached copy, GpuModel::copy_sequence) gives the same
     ids, and the server counts the cached prompt tokens;
@@ -50,6 +54,18 @@ class Server:
         choice = r.json()["choices"][0]
         return choice["token_ids"], choice["logprobs"]["top_logprobs"]
 
+    def tokenize(self, text: str) -> list[int]:
+        r = self.http.post("/tokenize", json={"prompt": text, "add_special_tokens": False})
+        r.raise_for_status()
+        return r.json()["tokens"]
+
+    def score(self, ids: list[int]) -> list[dict]:
+        """Teacher-forced top-2 logprobs of every position after the first (echo with logprobs)."""
+        r = self.http.post("/v1/completions", json={"prompt": ids, "max_tokens": 1, "temperature": 0, "echo": True,
+                                                     "logprobs": 2})
+        r.raise_for_status()
+        return r.json()["choices"][0]["logprobs"]["top_logprobs"][1:len(ids)]
+
     def stop(self) -> int:
         return self.server.stop()
 
@@ -70,7 +86,7 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=48, help="mean prompt length (lengths vary ±50%%)")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--tolerance", type=float, default=0.05, help="nats; see the module docstring")
+    ap.add_argument("--tolerance", type=float, default=0.1, help="nats; see the module docstring")
     ap.add_argument("--agreement", choices=["verdict", "report"], default="verdict",
                     help="report: print the agreement table without failing on it, for random-weight models, where "
                     "a flipped bf16 rounding grows through the layers far past any tolerance (the engine's golden "
@@ -101,6 +117,10 @@ def main() -> int:
     cpu = Server(args.bin, args.model, "cpu", args.serve_arg)
     try:
         cpu_out = [cpu.complete(p, args.tokens) for p in prompts[:args.prompts]]
+        # Each prompt with the CPU's continuation, as ids, scored teacher-forced on both runners below.
+        forced = [(cpu.tokenize(p) if isinstance(p, str) else p) + cpu_out[i][0]
+                  for i, p in enumerate(prompts[:args.prompts])]
+        forced_cpu = [cpu.score(ids) for ids in forced]
     finally:
         cpu.stop()
     gpu = Server(args.bin, args.model, args.device, args.serve_arg)
@@ -131,6 +151,30 @@ def main() -> int:
               f"{' (reported, not counted: --agreement report)' if args.agreement == 'report' else ''}\n")
         if args.agreement == "verdict":
             failures += n_far
+
+        # The same sequences teacher-forced on both: how far the GPU's top-two gaps sit from the CPU's.
+        gap_moves, lp_moves = [], []
+        for ids, top_c in zip(forced, forced_cpu):
+            for c, g in zip(top_c, gpu.score(ids)):
+                if not c or not g:
+                    continue
+                if len(c) < 2:
+                    continue
+                a, b = sorted(c, key=c.get, reverse=True)[:2]  # the CPU's top two
+                if a in g and b in g:
+                    gap_moves.append(abs((c[a] - c[b]) - (g[a] - g[b])))
+                shared = set(c) & set(g)
+                lp_moves += [abs(c[t] - g[t]) for t in shared]
+
+        def pct(v: list[float], q: float) -> float:
+            v = sorted(v)
+            return v[int(q * (len(v) - 1))] if v else float("nan")
+
+        print(f"teacher forced (each prompt + the CPU's continuation, {sum(len(f) - 1 for f in forced)} positions): "
+              f"|top-two gap GPU − CPU| p50 {pct(gap_moves, 0.5):.4f}, p99 {pct(gap_moves, 0.99):.4f}, max "
+              f"{max(gap_moves, default=float('nan')):.4f} nats over {len(gap_moves)} positions with the same top two; "
+              f"|logprob GPU − CPU| of those tokens p50 {pct(lp_moves, 0.5):.4f}, p99 {pct(lp_moves, 0.99):.4f}, max "
+              f"{max(lp_moves, default=float('nan')):.4f}\n")
 
         print(f"## Batch independence on the {args.device} runner: {args.concurrency} concurrent greedy requests\n")
         alone = [gpu.complete(p, args.tokens)[0] for p in prompts[:args.concurrency]]
