@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # `spillway serve` on the GPU runner (engine/gpu_runner.h), in one device call:
 #  1. the Python server suite (tests/python/server, official openai/anthropic SDKs) with every server on
-#     `--device cuda` (SPILLWAY_DEVICE=cuda), on the tiny V4.1 fixture model; the client-library tests are
-#     left out (litellm and langchain do not travel: see below);
+#     `--device cuda` (SPILLWAY_DEVICE=cuda), once per model of SUITE_MODELS (default "tiny"): tiny (the V4.1
+#     fixture), demo (the trained demo model), synth (a synthetic full-width V4.1 model of SUITE_SYNTH_LAYERS
+#     layers, default 2, with SUITE_SYNTH_EXPERTS experts, default mxfp4 as the release ships them), each
+#     through SPILLWAY_TEST_MODEL with the suite's own tokenizer (tests/python/server/spw_server_harness.py);
+#     the client-library tests are left out (litellm and langchain do not travel: see below); a run past
+#     SUITE_TIMEOUT is interrupted (SIGINT), so pytest still prints its summary of failures;
 #  2. tools/serve/check_gpu_runner.py on that model: GPU vs CPU greedy continuations, and concurrent vs alone;
 #  3. load through HTTP on a synthetic full-width V4.1 model (tools/synth, LAYERS layers, EXL3 K = 3 experts):
 #     bench/load.py at 1, 8, 32 and 64 streaming clients, then `spillway bench` at the same batch sizes and
@@ -14,10 +18,11 @@
 #          GPU image, for its Python 3.12: the list is WHEELS below)
 #          move models/demo/model.safetensors out of the tree (the upload is 64 MiB at most)
 #   there: bash scripts/gpu_serve.sh          # carry: .exl3pack .whl ; results in $OUT
-# Switches: SKIP_SUITE=1, SKIP_CHECK=1, SKIP_LOAD=1, SKIP_PREFIX_OVERLOAD=1 (the load runs without the shared-prefix
-# and KV-exhaustion runs), DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
+# Switches: SKIP_SUITE=1, SUITE_MODELS, SKIP_CHECK=1, SKIP_LOAD=1, LOAD_RUNS (which runs of step 3, default
+# "load prefix overload bench"), DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
 # LOAD_TOKENS (default 256 generated per request), LOAD_BATCH_INVARIANT (the load servers' --batch-invariant values,
-# one load run each; default "true false"), PYTEST_ARGS (extra pytest arguments).
+# one load run each; default "true": a model with EXL3 experts runs without batch invariance either way),
+# PYTEST_ARGS (extra pytest arguments), SUITE_TIMEOUT (seconds per suite run, default 240).
 # WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl): openai==3.57.0
 #   anthropic==2.17.0 pydantic==2.14.4 pydantic_core==2.50.5 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1
 #   annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 jsonschema==4.26.0
@@ -54,14 +59,39 @@ if [ -n "${GPU_TEST_FILTER:-}" ] && [ -x .exl3dev/spw_gpu_tests ]; then
   (timeout 240 env LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64 .exl3dev/spw_gpu_tests --gtest_brief=1 \
     --gtest_filter="$GPU_TEST_FILTER" > "$OUT/gpu_tests.log" 2>&1; echo "gpu tests rc $?" >> "$OUT/gpu_tests.log") &
 fi
-[ -z "${SKIP_LOAD:-}" ] && (python3 tools/synth/make_synthetic_model.py $SYNTH --arch v41 --experts exl3 --bits 3 \
-  --layers "$LAYERS" --tokenizer none > /tmp/synth.log 2>&1) &
-
-if [ -z "${SKIP_SUITE:-}" ]; then
-  SPILLWAY_BIN=/tmp/spillway SPILLWAY_DEVICE=cuda timeout ${SUITE_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider tests/python/server \
-    --ignore=tests/python/server/test_client_libraries.py ${PYTEST_ARGS:-} > "$OUT/pytest_cuda.log" 2>&1
-  echo "pytest on the GPU runner: rc $? — $(tail -1 "$OUT/pytest_cuda.log")" | tee -a "$OUT/serve_main.log"
+SUITE_MODELS=${SUITE_MODELS:-tiny}
+[ -n "${SKIP_SUITE:-}" ] && SUITE_MODELS=""
+SYNTH_PID="" SUITE_SYNTH_PID=""
+if [ -z "${SKIP_LOAD:-}" ]; then
+  python3 tools/synth/make_synthetic_model.py $SYNTH --arch v41 --experts exl3 --bits 3 \
+    --layers "$LAYERS" --tokenizer none > /tmp/synth.log 2>&1 &
+  SYNTH_PID=$!
 fi
+SUITE_SYNTH=/tmp/synth_v41_suite
+if [[ " $SUITE_MODELS " == *" synth "* ]]; then
+  python3 tools/synth/make_synthetic_model.py $SUITE_SYNTH --arch v41 --experts ${SUITE_SYNTH_EXPERTS:-mxfp4} --bits 3 \
+    --layers ${SUITE_SYNTH_LAYERS:-2} --tokenizer none > /tmp/synth_suite.log 2>&1 &
+  SUITE_SYNTH_PID=$!
+fi
+# The demo weights travel xz-compressed (here: mkdir -p .demopack && xz -T2 -c models/demo/model.safetensors >
+# .demopack/model.safetensors.xz, then move the original out of the tree; carry .demopack).
+if [ -n "${DEMO:-}" ] || [[ " $SUITE_MODELS " == *" demo "* ]]; then
+  [ -f .demopack/model.safetensors.xz ] && [ ! -f models/demo/model.safetensors ] &&
+    xz -dc .demopack/model.safetensors.xz > models/demo/model.safetensors
+fi
+
+for M in $SUITE_MODELS; do
+  case $M in
+    tiny) DIR="" ;;
+    demo) DIR=$PWD/models/demo ;;
+    synth) DIR=$SUITE_SYNTH; wait $SUITE_SYNTH_PID; cat /tmp/synth_suite.log >> "$OUT/serve_main.log" ;;
+    *) echo "SUITE_MODELS: unknown model $M (tiny, demo or synth)"; continue ;;
+  esac
+  SPILLWAY_BIN=/tmp/spillway SPILLWAY_DEVICE=cuda SPILLWAY_TEST_MODEL=$DIR timeout -s INT -k 30 ${SUITE_TIMEOUT:-240} \
+    python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/python/server \
+    --ignore=tests/python/server/test_client_libraries.py ${PYTEST_ARGS:-} > "$OUT/pytest_cuda_$M.log" 2>&1
+  echo "pytest on the GPU runner ($M): rc $? — $(tail -1 "$OUT/pytest_cuda_$M.log")" | tee -a "$OUT/serve_main.log"
+done
 if [ -z "${SKIP_CHECK:-}" ]; then
   # Random weights: GPU vs CPU agreement is reported, not judged (see --agreement); the rest is judged.
   timeout 120 python3 tools/serve/check_gpu_runner.py --bin /tmp/spillway --model tests/golden/fixtures/v41/model \
@@ -69,21 +99,18 @@ if [ -z "${SKIP_CHECK:-}" ]; then
   grep -h "prefix cache\|no device copy" "$OUT/check_tiny_v41.md" | head -5 >> "$OUT/serve_main.log"
   echo "check_gpu_runner (tiny V4.1): rc $? — $(tail -1 "$OUT/check_tiny_v41.md")" | tee -a "$OUT/serve_main.log"
 fi
-# DEMO=1: the trained demo model, GPU against CPU with the agreement judged (--agreement verdict). Its
-# weights travel xz-compressed (here: mkdir -p .demopack && xz -T2 -c models/demo/model.safetensors >
-# .demopack/model.safetensors.xz, then move the original out of the tree; carry .demopack).
+# DEMO=1: the trained demo model, GPU against CPU with the agreement judged (--agreement verdict).
 if [ -n "${DEMO:-}" ]; then
-  [ -f .demopack/model.safetensors.xz ] && [ ! -f models/demo/model.safetensors ] &&
-    xz -dc .demopack/model.safetensors.xz > models/demo/model.safetensors
   timeout 300 python3 tools/serve/check_gpu_runner.py --bin /tmp/spillway --model models/demo --prompts 20 --tokens 32 \
     --prompts-file tools/demo_model/heldout_prompts.json > "$OUT/check_demo.md" 2>&1
   echo "check_gpu_runner (demo model): rc $? — $(tail -1 "$OUT/check_demo.md")" | tee -a "$OUT/serve_main.log"
 fi
-wait
+wait  # the GPU tests and the synthetic model
 if [ -z "${SKIP_LOAD:-}" ]; then
   cat /tmp/synth.log >> "$OUT/serve_main.log"
   P=${LOAD_PROMPT:-64} N=${LOAD_TOKENS:-256}
-  for MODE in ${LOAD_BATCH_INVARIANT:-true false}; do
+  LOAD_RUNS=" ${LOAD_RUNS:-load prefix overload bench} "
+  [[ $LOAD_RUNS == *" load "* ]] && for MODE in ${LOAD_BATCH_INVARIANT:-true}; do
     /tmp/spillway serve --model $SYNTH --device cuda --port 18300 --max-num-seqs 64 --max-batch 64 \
       --batch-invariant $MODE --max-model-len $((P + N + 64)) --max-tokens-limit $N \
       > $LOGS/serve_synth_$MODE.log 2>&1 &
@@ -95,7 +122,7 @@ if [ -z "${SKIP_LOAD:-}" ]; then
     curl -s http://127.0.0.1:18300/metrics > $LOGS/metrics_synth_$MODE.txt
     kill -TERM $SERVER; wait $SERVER; echo "server rc $?" >> "$OUT/serve_main.log"
   done
-  if [ -z "${SKIP_PREFIX_OVERLOAD:-}" ]; then
+  if [[ $LOAD_RUNS == *" prefix "* ]]; then
   # A shared 8K-token prefix across 32 requests against cold prompts (bench/shared_prefix.py).
   /tmp/spillway serve --model $SYNTH --device cuda --port 18301 --max-num-seqs 64 --max-model-len 8448 \
     --max-tokens-limit 16 > $LOGS/serve_prefix.log 2>&1 &
@@ -105,17 +132,19 @@ if [ -z "${SKIP_LOAD:-}" ]; then
     --vocab 129280 > "$OUT/shared_prefix_synth.md" 2>&1
   echo "shared prefix: rc $? — $(grep 'cold / warm' "$OUT/shared_prefix_synth.md")" | tee -a "$OUT/serve_main.log"
   kill -TERM $SERVER; wait $SERVER
-  # KV exhaustion: a KV budget of 8 requests and a queue of 32 under 256 at once (tools/serve/check_overload.py).
+  fi
+  if [[ $LOAD_RUNS == *" overload "* ]]; then
+  # KV exhaustion: a KV budget of 8 requests and a queue of 32 under three bursts of 256 at once (tools/serve/check_overload.py).
   /tmp/spillway serve --model $SYNTH --device cuda --port 18302 --max-num-seqs 64 --max-model-len 1024 \
     --kv-tokens $((8 * (512 + 64))) --max-queue 32 --prefix-cache-mb 0 > $LOGS/serve_overload.log 2>&1 &
   SERVER=$!
   for _ in $(seq 300); do curl -sf http://127.0.0.1:18302/health > /dev/null && break; sleep 1; done
-  timeout 150 python3 tools/serve/check_overload.py --base-url http://127.0.0.1:18302/v1 --requests 256 \
+  timeout 200 python3 tools/serve/check_overload.py --base-url http://127.0.0.1:18302/v1 --requests 256 \
     --prompt-tokens 512 --max-tokens 64 --vocab 129280 > "$OUT/overload_synth.md" 2>&1
   echo "overload: rc $? — $(tail -1 "$OUT/overload_synth.md")" | tee -a "$OUT/serve_main.log"
   kill -TERM $SERVER; wait $SERVER
   fi
-  timeout 100 /tmp/spillway bench --model $SYNTH --batches 1 8 32 64 --batch-prompt "$P" --batch-steps 16 --decode-steps 16 --prefill 4096 --prefill-runs 1 \
+  [[ $LOAD_RUNS == *" bench "* ]] && timeout 100 /tmp/spillway bench --model $SYNTH --batches 1 8 32 64 --batch-prompt "$P" --batch-steps 16 --decode-steps 16 --prefill 4096 --prefill-runs 1 \
     2>&1 | tee -a "$OUT/load_synth.md" | grep -E "^\| (1|8|32|64) \||HBM|tensor-core|Device" | tee -a "$OUT/serve_main.log"
 fi
 tar czf "$OUT/logs.tar.gz" -C $LOGS . /tmp/synth.log 2>/dev/null

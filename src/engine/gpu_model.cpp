@@ -563,7 +563,8 @@ Result<std::vector<std::vector<float>>> GpuModel::forward_chunks(std::span<const
 }
 
 Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int32_t> tokens, std::span<int32_t> next,
-                        std::vector<float>* logits, std::span<const TokenDraw> draws) {
+                        std::vector<float>* logits, std::span<const TokenDraw> draws,
+                        std::vector<cuda::RowLogprobs>* row_logprobs) {
   GpuState& st = *state_;
   const int B = int(seqs.size());
   if (B == 0) return make_error("decode: no sequences");
@@ -574,6 +575,11 @@ Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int3
     return make_error("decode: ", seqs.size(), " sequences, ", draws.size(), " draws (none, or one each)");
   const bool sampled = std::any_of(draws.begin(), draws.end(), [](const TokenDraw& d) { return d.params.temperature > 0.f; });
   if (sampled && !st.sample_ws.get()) return make_error("decode: no sampling workspace (the plan has none)");
+  const bool edited = std::any_of(draws.begin(), draws.end(), [](const TokenDraw& d) { return d.edits(); });
+  const bool want_logprobs = std::any_of(draws.begin(), draws.end(), [](const TokenDraw& d) { return d.top_logprobs >= 0; });
+  if (want_logprobs && !row_logprobs) return make_error("decode: draws ask for logprobs and there is nowhere to put them");
+  if (edited && !fits_pick_workspace(draws))
+    return make_error("decode: the draws' penalties and biases exceed ", kPickShiftsPerStep, " shifts in one call");
   if (B > options_.budget.max_seqs)
     return make_error("decode: ", B, " sequences, the budget allows ", options_.budget.max_seqs);
   ArenaScope scope(st.arena);
@@ -600,11 +606,14 @@ Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int3
   SPW_TRY(run_step(s, {}, out_rows, out));
   DeviceSpan<int32_t> next_d;
   SPW_TRY(s.alloc(next_d, B));
-  if (!sampled) SPW_TRY(cuda::argmax(out.get(), B, config_.vocab_size, next_d.get(), s.stream));
+  if (!sampled && !edited) SPW_TRY(cuda::argmax(out.get(), B, config_.vocab_size, next_d.get(), s.stream));
   if (s.graphs) SPW_TRY(s.graphs->end_segment());
+  // Outside the graphs: the draws' inputs change every step.
+  PickEdits edits(st.pick_ws.get(), st.pick_ws.size());
+  if (edited) SPW_TRY(edits.before_draw(out.get(), config_.vocab_size, draws, s.stream));
+  if (!sampled && edited) SPW_TRY(cuda::argmax(out.get(), B, config_.vocab_size, next_d.get(), s.stream));
   if (sampled) {
-    // Outside the graphs: the parameters change every step. Rows are independent, so pieces of
-    // kSampleRows give what one call would.
+    // Rows are independent, so pieces of kSampleRows give what one call would.
     std::vector<cuda::SampleParams> params(static_cast<size_t>(B));
     std::vector<double> u(static_cast<size_t>(B));
     for (int b = 0; b < B; ++b) {
@@ -622,6 +631,7 @@ Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int3
                            st.sample_ws.get(), st.sample_ws.size(), next_d.get() + first, s.stream));
     }
   }
+  if (want_logprobs) SPW_TRY(edits.after_draw(out.get(), next_d.get(), *row_logprobs, s.stream));
   std::vector<int32_t> host_next;
   SPW_TRY(s.download(next_d.get(), size_t(B), host_next));
   if (logits) SPW_TRY(s.download(out.get(), out.size(), *logits));
@@ -753,6 +763,7 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
                                             st.exl3_moe[l].layer.f));
   }
   if (m->plan_.sample_nbytes > 0) SPW_TRY(st.sample_ws.alloc(m->plan_.sample_nbytes));
+  SPW_TRY(st.pick_ws.alloc(m->plan_.pick_nbytes));
   SPW_TRY(st.arena.init(m->plan_.step_arena_nbytes));
   SPW_TRY(st.staging.init(m->plan_.staging_host_nbytes));
   st.cuda_graphs = options.cuda_graphs;

@@ -53,6 +53,7 @@
 #include "engine/memory_plan.h"
 #include "engine/moe_dispatch.h"
 #include "engine/step_graphs.h"
+#include "engine/token_picks.h"
 #include "model/model.h"
 
 namespace spw::engine {
@@ -189,22 +190,24 @@ class GpuModel {
   // batch invariance). Errors: forward()'s, checked for every chunk before any sequence advances.
   Result<std::vector<std::vector<float>>> forward_chunks(std::span<const ChunkInput> chunks);
 
-  // A token drawn on the device: cuda::sample's parameters and the uniform u ∈ [0, 1) for the row.
-  struct TokenDraw {
-    cuda::SampleParams params;
-    double u = 0;
-  };
+  // A token drawn on the device (engine/token_picks.h): cuda::sample's parameters, the uniform u ∈ [0, 1)
+  // for the row, and the sampler's edits around the draw (mask, penalties and biases, logprobs).
+  using TokenDraw = engine::TokenDraw;
   // One decode step for B sequences with one new token each (tokens[i] for seqs[i]); returns the
   // next token of each in next[B]: the greedy one (argmax on the GPU), or with draws (none, or one
-  // per sequence, some with temperature > 0) the one cuda::sample draws (cuda/ops/sampling.h: the
-  // server sampler's pipeline, given its uniform). Copies logits [B, vocab] to the host only when
-  // `logits` is non-null.
+  // per sequence) the one the draw's pipeline gives (TokenPick in model/model_runner.h: edits by
+  // cuda/ops/pick_logits.h, then argmax or cuda::sample, the server sampler's pipeline given its
+  // uniform). With draws that ask for logprobs, `row_logprobs` (required then) gets one entry per
+  // sequence. Copies logits [B, vocab] to the host only when `logits` is non-null (after the draws'
+  // edits, if any).
   // Per sequence the result is what forward(seq, {token}) computes: every kernel of the step works
   // per row (the sequence's slot and position), and linears on ≤ 16 rows take the GEMV, whose row
   // results do not depend on the other rows. Errors: B = 0 or above the budget's max_seqs, a
-  // sequence twice, mismatched spans, and forward()'s errors.
+  // sequence twice, mismatched spans, draws beyond the pick workspace (fits_pick_workspace), and
+  // forward()'s errors.
   Status decode(std::span<GpuSequence* const> seqs, std::span<const int32_t> tokens, std::span<int32_t> next,
-                std::vector<float>* logits = nullptr, std::span<const TokenDraw> draws = {});
+                std::vector<float>* logits = nullptr, std::span<const TokenDraw> draws = {},
+                std::vector<cuda::RowLogprobs>* row_logprobs = nullptr);
 
  private:
   friend Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string&, const Numerics&,

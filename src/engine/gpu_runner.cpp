@@ -119,32 +119,66 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
   std::vector<std::vector<float>> out(inputs.size());
   const size_t vocab = size_t(c.vocab_size);
   // Decodes in two groups: token picks (drawn on the device, no logits copied back) and the rest.
+  // A pick's mask and shifts travel with it; a pick with more shifts than one call's workspace takes
+  // (kPickShiftsPerStep) returns its logits instead, for the host to draw.
   std::vector<size_t> decodes[2];
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i].tokens.size() == 1 && !inputs[i].all_logits) decodes[inputs[i].pick ? 0 : 1].push_back(i);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].tokens.size() != 1 || inputs[i].all_logits) continue;
+    const TokenPick* p = inputs[i].pick;
+    const bool pick = p && int64_t(p->penalties.size() + p->biases.size()) <= kPickShiftsPerStep;
+    decodes[pick ? 0 : 1].push_back(i);
+  }
+  const auto shifts_of = [&](size_t i) {
+    const TokenPick* p = inputs[i].pick;
+    return int64_t(p->penalties.size() + p->biases.size());
+  };
+  const auto to_device = [](const std::vector<LogitShift>& v) {
+    std::vector<cuda::LogitShift> d(v.size());
+    for (size_t j = 0; j < v.size(); ++j) d[j] = {v[j].id, v[j].delta};
+    return d;
+  };
   for (int group : {0, 1}) {
     const std::vector<size_t>& rows = decodes[group];
-    for (size_t first = 0; first < rows.size(); first += size_t(max_decode_rows_)) {
-      const size_t n = std::min(rows.size() - first, size_t(max_decode_rows_));
+    for (size_t first = 0; first < rows.size();) {
+      // A call: up to max_decode_rows_ rows, and for picks up to kPickShiftsPerStep shifts in all.
+      size_t n = 0;
+      for (int64_t shifts = 0; first + n < rows.size() && n < size_t(max_decode_rows_); ++n) {
+        if (group == 0 && (shifts += shifts_of(rows[first + n])) > kPickShiftsPerStep) break;
+      }
       std::vector<GpuSequence*> batch;
       std::vector<int32_t> tokens, next(n);
       std::vector<GpuModel::TokenDraw> draws;
+      std::vector<std::vector<cuda::LogitShift>> shifts;  // the draws' penalties and biases, in pairs
+      shifts.reserve(2 * n);
       for (size_t k = first; k < first + n; ++k) {
         batch.push_back(seqs[rows[k]]);
         tokens.push_back(inputs[rows[k]].tokens[0]);
-        if (const TokenPick* p = inputs[rows[k]].pick)
-          draws.push_back({{p->temperature, p->top_k, p->top_p, p->min_p}, p->u});
+        if (const TokenPick* p = inputs[rows[k]].pick; group == 0) {
+          shifts.push_back(to_device(p->penalties));
+          shifts.push_back(to_device(p->biases));
+          draws.push_back({{p->temperature, p->top_k, p->top_p, p->min_p}, p->u, shifts[shifts.size() - 2],
+                           shifts.back(), p->allowed, p->top_logprobs});
+        }
       }
       std::vector<float> logits;
-      SPW_TRY(model_->decode(batch, tokens, next, group == 0 ? nullptr : &logits, draws));
+      std::vector<cuda::RowLogprobs> row_logprobs;
+      SPW_TRY(model_->decode(batch, tokens, next, group == 0 ? nullptr : &logits, draws, &row_logprobs));
       for (size_t k = 0; k < n; ++k) {
+        const size_t i = rows[first + k];
         if (group == 0) {
-          inputs[rows[first + k]].pick->token = next[k];
+          TokenPick& p = *inputs[i].pick;
+          p.token = next[k];
+          if (p.top_logprobs >= 0) {
+            const cuda::RowLogprobs& lp = row_logprobs[k];
+            p.logprob = lp.chosen;
+            p.top.clear();
+            for (int j = 0; j < lp.n_top; ++j) p.top.push_back({lp.top_ids[j], lp.top_logprobs[j]});
+          }
           continue;
         }
-        out[rows[first + k]].assign(logits.begin() + std::ptrdiff_t(k * vocab),
-                                    logits.begin() + std::ptrdiff_t((k + 1) * vocab));
+        out[i].assign(logits.begin() + std::ptrdiff_t(k * vocab), logits.begin() + std::ptrdiff_t((k + 1) * vocab));
       }
+      first += n;
     }
   }
   std::vector<bool> done(inputs.size(), false);

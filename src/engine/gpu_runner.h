@@ -6,8 +6,9 @@
 // (GpuModel::decode) and every other input (a prefill piece) as its own GpuModel::forward call, or,
 // without batch_invariant, together in GpuModel::forward_chunks steps of up to step_max_rows rows
 // (the weights read once for all of them; their rows' sums then depend on the step). TokenPicks are drawn
-// on the device (argmax, or cuda::sample with the sampler's uniform: decode calls of their own, no
-// logits copied back); every other result is logits on the host, where the scheduler samples.
+// on the device with the sampler's whole pipeline (mask, logprobs, penalties and biases, then argmax or
+// cuda::sample with the sampler's uniform: decode calls of their own, no logits copied back, only the
+// token and its logprobs); every other result is logits on the host, where the scheduler samples.
 // With batch_invariant (the default) decode steps force the GEMV for every linear (in slices of 16 rows
 // past 16) and a decode call takes at most GpuModel::invariant_decode_rows() sequences (64 for dense-table
 // experts, dispatched on the device): there every kernel computes each row from that row alone, so a

@@ -60,6 +60,7 @@ struct GpuState {
   LinearWorkspace ws;
   Exl3CudaWorkspace exl3_ws;  // EXL3 experts (max(d, F) wide)
   DeviceBuffer<char> sample_ws;  // token sampling of kSampleRows decode rows (memory_plan.h)
+  DeviceBuffer<char> pick_ws;    // the draws' edits of a decode call (token_picks.h)
   std::vector<bool> slot_used;
   cudaStream_t stream = nullptr;  // non-blocking; every kernel and copy of the model runs on it
   DeviceArena arena;              // step temporaries (memory_plan.h: step_arena_nbytes)

@@ -7,6 +7,7 @@
 #include "cuda/attn/kv_pages.h"
 #include "cuda/attn/sparse_attn.h"
 #include "cuda/exl3_gemm.h"
+#include "engine/token_picks.h"
 
 namespace spw::engine {
 namespace {
@@ -189,8 +190,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quanti
   plan.step_arena_nbytes = step_arena_nbytes(c, n, T);
   const int64_t exl3_w = exl3_workspace_width(c);
   plan.sample_nbytes = sample_rows_workspace_nbytes(c, budget);
-  plan.workspace_nbytes =
-      linear_ws + plan.step_arena_nbytes + exl3_cuda_workspace_nbytes(exl3_w, exl3_w) + plan.sample_nbytes;
+  plan.pick_nbytes = pick_workspace_nbytes(budget.max_seqs, c.vocab_size);
+  plan.workspace_nbytes = linear_ws + plan.step_arena_nbytes + exl3_cuda_workspace_nbytes(exl3_w, exl3_w) +
+                          plan.sample_nbytes + plan.pick_nbytes;
   // Staging: the per-row arrays of a step and the page-table rows of a decode batch; larger copies
   // (all-logits downloads, test hooks) synchronise and reuse it.
   plan.staging_host_nbytes = size_t(4) << 20;

@@ -65,7 +65,8 @@ struct MemoryPlan {
   KvPlan kv;
   size_t state_nbytes = 0;        // compressor states and page tables of max_seqs sequences
   size_t sample_nbytes = 0;       // token sampling of up to kSampleRows decode rows (cuda/ops/sampling.h)
-  size_t workspace_nbytes = 0;    // linear workspace + step arena + EXL3 GEMM workspace + sampling (not the fused
+  size_t pick_nbytes = 0;         // the draws' edits of a decode call of max_seqs rows (engine/token_picks.h)
+  size_t workspace_nbytes = 0;    // linear workspace + step arena + EXL3 GEMM workspace + sampling + picks (not the fused
                                   // EXL3 MoE's, ~6 MB at V4.1 width, allocated only for EXL3 experts)
   size_t step_arena_nbytes = 0;   // the step's activations at step_max_rows rows (GpuModel's arena)
   size_t staging_host_nbytes = 0;  // pinned host staging of the step's copies (host memory)

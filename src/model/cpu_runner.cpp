@@ -104,11 +104,13 @@ Result<std::vector<std::vector<float>>> CpuRunner::forward(std::span<const Runne
     for (size_t j = 0; j < index[kind].size(); ++j) out[index[kind][j]] = std::move((*r)[j]);
   }
   for (const RunnerInput& in : inputs) static_cast<CpuSequence*>(in.seq)->account();
-  // Greedy picks are taken here as the GPU runner takes them (the lowest id of the maximum); others
-  // keep their logits for the host's draw.
+  // Plain greedy picks are taken here as the GPU runner takes them (the lowest id of the maximum);
+  // others keep their logits for the host's draw.
   for (size_t i = 0; i < inputs.size(); ++i) {
     TokenPick* pick = inputs[i].pick;
-    if (!pick || pick->temperature > 0.f || out[i].empty()) continue;
+    if (!pick || pick->temperature > 0.f || !pick->penalties.empty() || !pick->biases.empty() ||
+        !pick->allowed.empty() || pick->top_logprobs >= 0 || out[i].empty())
+      continue;
     pick->token = int32_t(std::max_element(out[i].begin(), out[i].end()) - out[i].begin());
     out[i].clear();
   }

@@ -46,17 +46,41 @@ struct KvGrowth {
   int64_t n_total = 0;
 };
 
+// A token's logprob under the model's distribution.
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.f;
+};
+
+// A logit moved before the draw: a presence/frequency penalty or a logit_bias.
+struct LogitShift {
+  int32_t id = 0;
+  float delta = 0.f;
+};
+
+// Most alternatives a TokenPick reports (OpenAI's top_logprobs limit).
+inline constexpr int kMaxPickTopLogprobs = 20;
+
 // The next token of a one-token input, for the runner to pick itself (on the device) instead of
-// returning logits: the server sampler's pipeline without penalties, bias, constraint or logprobs
-// (runtime/sampler.h), with the uniform u the sampler drew for it. temperature ≤ 0 is greedy (the
-// lowest id of the maximum logit).
+// returning logits: the server sampler's whole pipeline (runtime/sampler.h) with the uniform u the
+// sampler drew for it. In order: tokens outside `allowed` masked to −infinity; the logprobs taken
+// from the masked logits; `penalties` then `biases` added (each delta once, in two passes, so a
+// token in both gets the penalty first, as on the host); then the draw: temperature ≤ 0 is greedy
+// (the lowest id of the maximum), else top-k, min-p, top-p and the CDF inverted at u.
 struct TokenPick {
   float temperature = 0.f;
   int32_t top_k = 0;
   float top_p = 1.f;
   float min_p = 0.f;
   double u = 0;
-  int32_t token = -1;  // out: the runner's pick, or −1 when it returned the logits instead
+  std::vector<LogitShift> penalties;  // ids unique
+  std::vector<LogitShift> biases;     // ids unique
+  std::vector<uint64_t> allowed;      // empty: every token; else bit id of word id / 64 set = may come next
+  int top_logprobs = -1;              // −1: no logprobs; k in 0..kMaxPickTopLogprobs: the chosen and k most likely
+  // Out: the runner's pick, or −1 when it returned the logits instead.
+  int32_t token = -1;
+  float logprob = 0.f;             // with top_logprobs ≥ 0: the chosen token's (masked) logprob
+  std::vector<TokenLogprob> top;   // and the top_logprobs most likely, most likely first (finite only)
 };
 
 struct RunnerInput {

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/model_runner.h"
 #include "runtime/logits_constraint.h"
 
 namespace spw::runtime {
@@ -43,10 +44,7 @@ struct GenerationRequest {
   std::shared_ptr<LogitsConstraint> constraint;
 };
 
-struct TokenLogprob {
-  int32_t id = 0;
-  float logprob = 0.f;
-};
+using spw::TokenLogprob;
 
 struct GeneratedToken {
   int32_t id = 0;

@@ -50,79 +50,96 @@ GeneratedToken score_token(std::span<const float> logits, int32_t id, int top_n)
 Sampler::Sampler(const SamplingParams& params, std::shared_ptr<LogitsConstraint> constraint)
     : params_(params), constraint_(std::move(constraint)) {
   rng_.seed(params.seed ? *params.seed : os_seed());
-}
-
-GeneratedToken Sampler::sample(std::span<const float> raw) {
-  std::span<const float> logits = raw;
-  if (constraint_) {
-    masked_.assign(raw.begin(), raw.end());
-    constraint_->mask(masked_);
-    logits = masked_;
+  for (const auto& [id, bias] : params.logit_bias) {
+    auto same = std::find_if(biases_.begin(), biases_.end(), [id = id](const LogitShift& b) { return b.id == id; });
+    if (same == biases_.end()) biases_.push_back({id, bias});
+    else same->delta += bias;
   }
-  GeneratedToken out;
-  out.id = draw(logits, params_.temperature > 0.f ? uniform01(rng_) : 0.0);
-  if (params_.top_logprobs >= 0) log_softmax_top(logits, out.id, params_.top_logprobs, out);
-  ++counts_[out.id];
-  if (constraint_) constraint_->accept(out.id);
-  return out;
 }
 
-bool Sampler::runner_may_pick() const {
-  return !constraint_ && params_.top_logprobs < 0 && params_.presence_penalty == 0.f &&
-         params_.frequency_penalty == 0.f && params_.logit_bias.empty();
-}
+GeneratedToken Sampler::sample(std::span<const float> logits) { return sample(logits, next_pick(int64_t(logits.size()))); }
 
-TokenPick Sampler::next_pick() {
+bool Sampler::runner_may_pick() const { return params_.top_logprobs <= kMaxPickTopLogprobs; }
+
+TokenPick Sampler::next_pick(int64_t vocab) {
   TokenPick p;
   p.temperature = params_.temperature;
   p.top_k = params_.top_k;
   p.top_p = params_.top_p;
   p.min_p = params_.min_p;
   p.u = params_.temperature > 0.f ? uniform01(rng_) : 0.0;
+  if (params_.presence_penalty != 0.f || params_.frequency_penalty != 0.f) {
+    p.penalties.reserve(counts_.size());
+    for (const auto& [id, count] : counts_)
+      p.penalties.push_back({id, -(params_.presence_penalty + params_.frequency_penalty * float(count))});
+  }
+  p.biases = biases_;
+  if (constraint_) {
+    p.allowed.assign(size_t(vocab + 63) / 64, 0);
+    constraint_->allowed(p.allowed);
+  }
+  p.top_logprobs = params_.top_logprobs;
   return p;
 }
 
-GeneratedToken Sampler::accept(int32_t id) {
-  GeneratedToken out;
-  out.id = id;
+void Sampler::record(int32_t id) {
   ++counts_[id];
+  if (constraint_) constraint_->accept(id);
+}
+
+GeneratedToken Sampler::accept(const TokenPick& picked) {
+  GeneratedToken out;
+  out.id = picked.token;
+  if (picked.top_logprobs >= 0) {
+    out.logprob = picked.logprob;
+    out.top = picked.top;
+  }
+  record(out.id);
   return out;
 }
 
-GeneratedToken Sampler::sample(std::span<const float> logits, const TokenPick& pick) {
-  return accept(draw(logits, pick.u));
+GeneratedToken Sampler::sample(std::span<const float> raw, const TokenPick& pick) {
+  std::span<const float> logits = raw;
+  if (!pick.allowed.empty()) {
+    masked_.assign(raw.begin(), raw.end());
+    apply_mask(masked_, pick.allowed);
+    logits = masked_;
+  }
+  GeneratedToken out;
+  out.id = draw(logits, pick);
+  if (pick.top_logprobs >= 0) log_softmax_top(logits, out.id, pick.top_logprobs, out);
+  record(out.id);
+  return out;
 }
 
-int32_t Sampler::draw(std::span<const float> logits, double u) {
+int32_t Sampler::draw(std::span<const float> logits, const TokenPick& pick) {
   const size_t vocab = logits.size();
   work_.assign(logits.begin(), logits.end());
-  if (params_.presence_penalty != 0.f || params_.frequency_penalty != 0.f)
-    for (const auto& [id, count] : counts_)
-      work_[id] -= params_.presence_penalty + params_.frequency_penalty * float(count);
-  for (const auto& [id, bias] : params_.logit_bias)
-    if (id >= 0 && size_t(id) < vocab) work_[size_t(id)] += bias;
+  for (const std::vector<LogitShift>* shifts : {&pick.penalties, &pick.biases})
+    for (const LogitShift& s : *shifts)
+      if (s.id >= 0 && size_t(s.id) < vocab) work_[size_t(s.id)] += s.delta;
 
-  if (params_.temperature <= 0.f) {
+  if (pick.temperature <= 0.f) {
     size_t best = 0;
     for (size_t i = 1; i < vocab; ++i)
       if (work_[i] > work_[best]) best = i;
     return int32_t(best);
   }
-
+  const double u = pick.u;
   // Candidates in descending logit order (ties: lower id first), cut by top-k.
   order_.resize(vocab);
   std::iota(order_.begin(), order_.end(), 0);
   const auto by_logit = [&](int32_t a, int32_t b) { return work_[a] > work_[b] || (work_[a] == work_[b] && a < b); };
   size_t n_keep = vocab;
-  if (params_.top_k > 0 && size_t(params_.top_k) < vocab) {
-    n_keep = size_t(params_.top_k);
+  if (pick.top_k > 0 && size_t(pick.top_k) < vocab) {
+    n_keep = size_t(pick.top_k);
     std::partial_sort(order_.begin(), order_.begin() + n_keep, order_.end(), by_logit);
   } else {
     std::sort(order_.begin(), order_.end(), by_logit);
   }
 
   // Probabilities (unnormalised) at temperature.
-  const double inv_t = 1.0 / params_.temperature;
+  const double inv_t = 1.0 / pick.temperature;
   const double top = work_[order_[0]];
   std::vector<double> p(n_keep);
   double sum = 0;
@@ -132,15 +149,15 @@ int32_t Sampler::draw(std::span<const float> logits, double u) {
   }
   // Masked (-inf) tokens sort last with probability 0; never let rounding land on one.
   while (n_keep > 1 && p[n_keep - 1] == 0) --n_keep;
-  if (params_.min_p > 0.f) {
-    const double floor_p = params_.min_p * p[0];  // p[0] is the max
+  if (pick.min_p > 0.f) {
+    const double floor_p = pick.min_p * p[0];  // p[0] is the max
     size_t n = 1;
     while (n < n_keep && p[n] >= floor_p) ++n;
     for (size_t i = n; i < n_keep; ++i) sum -= p[i];
     n_keep = n;
   }
-  if (params_.top_p < 1.f) {
-    const double target = params_.top_p * sum;
+  if (pick.top_p < 1.f) {
+    const double target = pick.top_p * sum;
     double kept = 0;
     size_t n = 0;
     while (n < n_keep && kept < target) kept += p[n++];

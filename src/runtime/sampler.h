@@ -1,4 +1,5 @@
-// Per-request token sampler: penalties and logit_bias → temperature → top-k → min-p → top-p → draw.
+// Per-request token sampler: constraint mask → penalties and logit_bias → temperature → top-k →
+// min-p → top-p → draw (TokenPick in model/model_runner.h states the pipeline a runner reproduces).
 // Deterministic for a given seed: its own RNG (splitmix-seeded mt19937_64), ties broken by the
 // lower token id, and no dependence on other requests in the batch.
 // Logprobs are reported from the model's own distribution (log-softmax of the raw logits), as
@@ -24,28 +25,34 @@ GeneratedToken score_token(std::span<const float> logits, int32_t id, int top_n)
 
 class Sampler {
  public:
+  // Duplicate logit_bias ids are summed, in order, into one bias each.
   explicit Sampler(const SamplingParams& params, std::shared_ptr<LogitsConstraint> constraint = nullptr);
 
-  // Picks the next token from logits [vocab]. Records it for the penalties.
+  // Picks the next token from logits [vocab]: sample(logits, next_pick(vocab)).
   GeneratedToken sample(std::span<const float> logits);
 
-  // Whether a model runner may pick this request's tokens itself (TokenPick): nothing here needs the
-  // logits on the host (no penalties, logit_bias, constraint or logprobs).
+  // Whether a model runner may pick this request's tokens itself (TokenPick): false only for more
+  // top_logprobs than a pick reports.
   bool runner_may_pick() const;
-  // The runner's pick of the next token: the parameters, and the uniform sample() would draw (drawn
-  // now from this sampler's generator, so the sequence of draws is the same on either path).
-  TokenPick next_pick();
-  // Records the token a runner picked with next_pick()'s parameters.
-  GeneratedToken accept(int32_t id);
-  // sample() with next_pick()'s draw, for a runner that returned the logits after all.
+  // The next token's pick: the whole pipeline's inputs (the penalties of the tokens generated so far,
+  // the biases, the constraint's allowed tokens, top_logprobs) and the uniform the draw uses (drawn
+  // now from this sampler's generator, only when temperature > 0, so the sequence of draws is the
+  // same on either path). vocab sizes the allowed-token mask.
+  TokenPick next_pick(int64_t vocab);
+  // Records the token a runner picked for next_pick()'s pick, with the logprobs it reported.
+  GeneratedToken accept(const TokenPick& picked);
+  // The pick drawn on the host from logits [vocab], for a runner that returned the logits instead.
   GeneratedToken sample(std::span<const float> logits, const TokenPick& pick);
 
  private:
-  // The pipeline on logits [vocab]; u is the uniform for the draw (unused when greedy).
-  int32_t draw(std::span<const float> logits, double u);
+  // Records id: the penalties' counts and the constraint's state.
+  void record(int32_t id);
+  // The pipeline after the mask on logits [vocab]: shifts, then the draw with the pick's uniform.
+  int32_t draw(std::span<const float> logits, const TokenPick& pick);
 
   SamplingParams params_;
   std::shared_ptr<LogitsConstraint> constraint_;
+  std::vector<LogitShift> biases_;  // logit_bias with unique ids
   std::mt19937_64 rng_;
   std::unordered_map<int32_t, int> counts_;  // generated token → times generated
   std::vector<float> work_;

@@ -353,8 +353,9 @@ void Scheduler::run_step() {
   if (plan.members.empty()) return;
 
   std::vector<std::span<const int32_t>> tokens;
-  // Decodes whose sampler needs no logits on the host let the runner pick (TokenPick); a replayed
-  // token's pick is greedy and ignored (nothing is sampled then, and no uniform is drawn).
+  // Decodes let the runner pick (TokenPick: the sampler's whole pipeline) unless the sampler wants more
+  // top_logprobs than a pick reports; a replayed token's pick is greedy and ignored (nothing is
+  // sampled then, and no uniform is drawn).
   std::vector<TokenPick> picks(plan.members.size());
   std::vector<char> offered(plan.members.size(), 0);
   for (size_t k = 0; k < plan.members.size(); ++k) {
@@ -364,7 +365,7 @@ void Scheduler::run_step() {
       if (s.n_fed + 1 < s.output.size()) {
         offered[k] = 1;
       } else if (s.sampler.runner_may_pick()) {
-        picks[k] = s.sampler.next_pick();
+        picks[k] = s.sampler.next_pick(runner_.config().vocab_size);
         offered[k] = 1;
       }
     } else {
@@ -399,7 +400,7 @@ void Scheduler::run_step() {
       }
       // A pick offered: the runner's token, or the host's draw with the pick's uniform.
       GeneratedToken tok = !offered[k]            ? s.sampler.sample((*logits)[k])
-                           : picks[k].token >= 0 ? s.sampler.accept(picks[k].token)
+                           : picks[k].token >= 0 ? s.sampler.accept(picks[k])
                                                  : s.sampler.sample((*logits)[k], picks[k]);
       const int32_t id = tok.id;
       if (s.output.empty())

@@ -85,26 +85,24 @@ class GrammarConstraint final : public runtime::LogitsConstraint {
   GrammarConstraint(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenTrie> trie, int32_t eos_id)
       : GrammarConstraint(grammar, trie, eos_id, grammar->start()) {}
 
-  void mask(std::span<float> logits) override {
-    constexpr float kMasked = -std::numeric_limits<float>::infinity();
-    const bool eos_ok = !broken_ && grammar_->accepting(state_);
-    bool any = eos_ok;
+  // The grammar's tokens from the current state; EOS only where the grammar accepts, or when
+  // nothing else is left (a broken sequence, or a vocabulary lacking a byte the grammar needs).
+  void allowed(std::span<uint64_t> bits) override {
+    const size_t n_bits = bits.size() * 64;
+    bool any = false;
     if (!broken_) {
-      const std::vector<uint64_t>& bits = allowed();
-      for (size_t i = 0; i < logits.size(); ++i) {
-        if (int32_t(i) == eos_id_) continue;
-        const bool ok = i < trie_->n_tokens() && ((bits[i / 64] >> (i % 64)) & 1);
-        if (!ok) logits[i] = kMasked;
-        any = any || ok;
+      const std::vector<uint64_t>& from = allowed_from_state();
+      const size_t n = std::min(from.size(), bits.size());
+      for (size_t w = 0; w < n; ++w) {
+        uint64_t word = from[w];
+        if (eos_id_ >= 0 && size_t(eos_id_) / 64 == w) word &= ~(uint64_t(1) << (size_t(eos_id_) % 64));
+        bits[w] |= word;
+        any = any || word != 0;
       }
-    } else {
-      std::fill(logits.begin(), logits.end(), kMasked);
     }
-    const bool eos_in_range = eos_id_ >= 0 && size_t(eos_id_) < logits.size();
-    if (eos_ok || !eos_in_range) return;
-    // EOS is masked unless the grammar accepts; should nothing else be left (a broken sequence, or
-    // a vocabulary lacking a byte the grammar needs), it is all that remains, with probability 1.
-    logits[size_t(eos_id_)] = any ? kMasked : 0.f;
+    const bool eos_ok = !broken_ && grammar_->accepting(state_);
+    if (eos_id_ >= 0 && size_t(eos_id_) < n_bits && (eos_ok || !any))
+      bits[size_t(eos_id_) / 64] |= uint64_t(1) << (size_t(eos_id_) % 64);
   }
 
   void accept(int32_t id) override {
@@ -115,7 +113,7 @@ class GrammarConstraint final : public runtime::LogitsConstraint {
  private:
   static constexpr size_t kMaxCachedStates = 256;
 
-  const std::vector<uint64_t>& allowed() {
+  const std::vector<uint64_t>& allowed_from_state() {
     auto it = cache_.find(state_);
     if (it != cache_.end()) return it->second;
     if (cache_.size() >= kMaxCachedStates) cache_.clear();

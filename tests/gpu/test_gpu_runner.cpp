@@ -21,6 +21,7 @@
 #include "../golden/golden_fixture.h"
 #include "engine/gpu_model.h"
 #include "engine/gpu_runner.h"
+#include "runtime/sampler.h"
 #include "gpu_test_util.h"
 
 namespace spw {
@@ -253,6 +254,76 @@ TEST(GpuRunner, V41PicksAreDrawnFromTheLogits) {
     }
     ASSERT_TRUE(r.forward(std::array{RunnerInput{a->get(), token, false}}).ok());
   }
+}
+
+// Picks with the sampler's whole pipeline (a mask, penalties, biases, logprobs), several in one decode
+// call, drawn on the device: each is what the server's sampler draws from the logits the runner returns
+// for the same state without a pick (runtime::Sampler::sample(logits, pick)); ids exact, logprobs within
+// 1e-6 relative (tests/gpu/test_cuda_ops_pick.cpp says why).
+TEST(GpuRunner, V41EditedPicksMatchTheHostSampler) {
+  SPW_REQUIRE_GPU();
+  engine::GpuRunnerSettings gs;
+  gs.budget.max_seqs = 8;
+  gs.budget.max_context = 1024;
+  gs.prefix_cache_slots = 0;
+  auto gpu = engine::load_gpu_runner(golden::fixture_dir("v41") + "/model", gs);
+  ASSERT_TRUE(gpu.ok()) << gpu.error().message;
+  ModelRunner& r = **gpu;
+  const int V = int(r.config().vocab_size);
+  auto a = r.new_sequence();
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(r.forward(std::array{RunnerInput{a->get(), gpu_test::lcg_tokens(33, 52, V), false}}).ok());
+  const std::vector<int32_t> token = {11};
+  auto probe = (*a)->clone();
+  ASSERT_NE(probe, nullptr);
+  auto logits = r.forward(std::array{RunnerInput{probe.get(), token, false}});
+  ASSERT_TRUE(logits.ok());
+  const std::vector<float>& l = (*logits)[0];
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (int i = 0; i < V; ++i) order[size_t(i)] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return l[size_t(x)] > l[size_t(y)]; });
+  std::vector<TokenPick> picks(4);
+  // 0: greedy, the top two penalised below the third, logprobs with 5 alternatives.
+  picks[0].penalties = {{order[0], -50.f}, {order[1], -40.f}};
+  picks[0].top_logprobs = 5;
+  // 1: greedy, a mask allowing the 10th..30th most likely, a bias lifting the 20th.
+  picks[1].allowed.assign(size_t(V + 63) / 64, 0);
+  for (int k = 10; k < 30; ++k) picks[1].allowed[size_t(order[size_t(k)]) / 64] |= uint64_t(1) << (order[size_t(k)] % 64);
+  picks[1].biases = {{order[20], 30.f}, {order[0], 100.f}};
+  picks[1].top_logprobs = 0;
+  // 2: sampled, top_k 5, a penalty and a bias on the same token.
+  picks[2].temperature = 0.9f;
+  picks[2].top_k = 5;
+  picks[2].u = 0.7;
+  picks[2].penalties = {{order[0], -1.f}};
+  picks[2].biases = {{order[0], 0.25f}, {order[3], 2.f}};
+  picks[2].top_logprobs = 20;
+  // 3: plain greedy beside them.
+  std::vector<std::unique_ptr<RunnerSequence>> copies;
+  std::vector<RunnerInput> inputs;
+  for (TokenPick& pick : picks) {
+    copies.push_back((*a)->clone());
+    ASSERT_NE(copies.back(), nullptr);
+    inputs.push_back(RunnerInput{copies.back().get(), token, false, &pick});
+  }
+  auto out = r.forward(inputs);
+  ASSERT_TRUE(out.ok()) << out.error().message;
+  for (size_t k = 0; k < picks.size(); ++k) {
+    SCOPED_TRACE(testing::Message() << "pick " << k);
+    EXPECT_TRUE((*out)[k].empty()) << "a picked input returns no logits";
+    runtime::Sampler host(runtime::SamplingParams{});
+    const runtime::GeneratedToken want = host.sample(l, picks[k]);
+    EXPECT_EQ(picks[k].token, want.id);
+    if (picks[k].top_logprobs < 0) continue;
+    EXPECT_NEAR(picks[k].logprob, want.logprob, 1e-6 * std::max(1.f, std::fabs(want.logprob)));
+    ASSERT_EQ(picks[k].top.size(), want.top.size());
+    for (size_t j = 0; j < want.top.size(); ++j) {
+      EXPECT_EQ(picks[k].top[j].id, want.top[j].id) << j;
+      EXPECT_NEAR(picks[k].top[j].logprob, want.top[j].logprob, 1e-6 * std::max(1.f, std::fabs(want.top[j].logprob)));
+    }
+  }
+  EXPECT_EQ(picks[0].token, order[2]) << "the two penalised tokens fall below the third";
+  EXPECT_EQ(picks[1].token, order[20]) << "the bias lifts the 20th; the 1st stays masked";
 }
 
 TEST(GpuRunner, V41MatchesTheEngineAlone) { runner_matches_the_engine_alone("v41"); }

@@ -1,10 +1,11 @@
 // Sampler: logit_bias is added before drawing (greedy and sampled), never un-masks a constrained
-// token, and leaves the reported logprobs those of the model; a runner's pick (TokenPick) is offered
-// only where the host needs no logits, and draws the same uniforms as sampling on the host.
+// token, and leaves the reported logprobs those of the model; a runner's pick (TokenPick) carries the
+// whole pipeline's inputs and draws the same uniforms as sampling on the host.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -17,10 +18,8 @@ namespace {
 class OnlyTokens final : public LogitsConstraint {
  public:
   explicit OnlyTokens(std::vector<int32_t> allowed) : allowed_(std::move(allowed)) {}
-  void mask(std::span<float> logits) override {
-    for (size_t i = 0; i < logits.size(); ++i)
-      if (std::find(allowed_.begin(), allowed_.end(), int32_t(i)) == allowed_.end())
-        logits[i] = -std::numeric_limits<float>::infinity();
+  void allowed(std::span<uint64_t> bits) override {
+    for (int32_t id : allowed_) bits[size_t(id) / 64] |= uint64_t(1) << (size_t(id) % 64);
   }
   void accept(int32_t) override {}
 
@@ -81,25 +80,74 @@ TEST(Sampler, LogprobsIgnoreTheBias) {
   EXPECT_EQ(t.top[0].id, 1);
 }
 
-TEST(Sampler, RunnerMayPickOnlyWithoutHostWork) {
-  SamplingParams plain;
-  plain.temperature = 0.7f;
-  plain.top_p = 0.9f;
-  EXPECT_TRUE(Sampler(plain).runner_may_pick());
-  SamplingParams p = plain;
-  p.top_logprobs = 0;
-  EXPECT_FALSE(Sampler(p).runner_may_pick()) << "logprobs need the logits";
-  p = plain;
-  p.presence_penalty = 0.5f;
-  EXPECT_FALSE(Sampler(p).runner_may_pick()) << "penalties change the logits";
-  p = plain;
-  p.frequency_penalty = -0.5f;
+TEST(Sampler, RunnerMayPickUpToTheTopLogprobsAPickReports) {
+  SamplingParams p;
+  p.top_logprobs = kMaxPickTopLogprobs;
+  EXPECT_TRUE(Sampler(p).runner_may_pick());
+  p.top_logprobs = kMaxPickTopLogprobs + 1;
   EXPECT_FALSE(Sampler(p).runner_may_pick());
-  p = plain;
-  p.logit_bias = {{2, 1.f}};
-  EXPECT_FALSE(Sampler(p).runner_may_pick()) << "a bias changes the logits";
-  EXPECT_FALSE(Sampler(plain, std::make_shared<OnlyTokens>(std::vector<int32_t>{2})).runner_may_pick())
-      << "a constraint masks the logits";
+}
+
+// A pick carries what the host pipeline would apply: the penalties of the tokens generated so far,
+// the biases (duplicate ids summed), the constraint's allowed tokens and top_logprobs.
+TEST(Sampler, PicksCarryPenaltiesBiasesAndTheMask) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.25f;
+  p.top_logprobs = 2;
+  p.logit_bias = {{4, 1.f}, {2, -3.f}, {4, 0.5f}};
+  Sampler s(p, std::make_shared<OnlyTokens>(std::vector<int32_t>{1, 3, 70}));
+  TokenPick first = s.next_pick(80);
+  EXPECT_TRUE(first.penalties.empty());
+  ASSERT_EQ(first.biases.size(), 2u);
+  EXPECT_EQ(first.biases[0].id, 4);
+  EXPECT_EQ(first.biases[0].delta, 1.5f);
+  EXPECT_EQ(first.biases[1].id, 2);
+  EXPECT_EQ(first.top_logprobs, 2);
+  ASSERT_EQ(first.allowed.size(), 2u) << "80 tokens: two words";
+  EXPECT_EQ(first.allowed[0], (uint64_t(1) << 1) | (uint64_t(1) << 3));
+  EXPECT_EQ(first.allowed[1], uint64_t(1) << (70 - 64));
+  first.token = 1;
+  first.logprob = -0.25f;
+  first.top = {{1, -0.25f}, {3, -1.5f}};
+  const GeneratedToken got = s.accept(first);
+  EXPECT_EQ(got.id, 1);
+  EXPECT_EQ(got.logprob, -0.25f);
+  ASSERT_EQ(got.top.size(), 2u);
+  EXPECT_EQ(got.top[1].id, 3);
+  TokenPick again = first;
+  again.token = 1;
+  s.accept(again);
+  again.token = 3;
+  s.accept(again);
+  TokenPick next = s.next_pick(80);
+  std::map<int32_t, float> penalties;
+  for (const LogitShift& x : next.penalties) penalties[x.id] = x.delta;
+  EXPECT_EQ(penalties, (std::map<int32_t, float>{{1, -(0.5f + 0.25f * 2)}, {3, -(0.5f + 0.25f)}}));
+}
+
+// The host's draw of a pick is the pipeline TokenPick states: mask, logprobs from the masked logits,
+// penalties then biases, then the draw.
+TEST(Sampler, HostDrawOfAPickFollowsThePipeline) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.top_logprobs = 3;
+  p.frequency_penalty = 2.5f;
+  Sampler s(p, std::make_shared<OnlyTokens>(std::vector<int32_t>{1, 2, 3}));
+  // kLogits = {0, 3, 1, 2, -1}: 1 first; then 1 pays 2.5 (3 → 0.5) and 3 (2) wins; then 1 and 3 are both
+  // penalised (0.5 and -0.5) and 2 (1) wins.
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    const GeneratedToken t = s.sample(kLogits, s.next_pick(5));
+    ids.push_back(t.id);
+    double z = std::exp(3.0) + std::exp(1.0) + std::exp(2.0);
+    EXPECT_NEAR(t.logprob, double(kLogits[size_t(t.id)]) - std::log(z), 1e-6) << "the masked model's logprob";
+    ASSERT_EQ(t.top.size(), 3u);
+    EXPECT_EQ(t.top[0].id, 1);
+    EXPECT_EQ(t.top[2].id, 2);
+  }
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 3, 2}));
 }
 
 // The same seed gives the same tokens whether each is sampled on the host, or picked through next_pick()
@@ -115,7 +163,7 @@ TEST(Sampler, PicksDrawWhatSamplingDraws) {
   std::vector<int32_t> a, b;
   for (int i = 0; i < 200; ++i) {
     a.push_back(host.sample(kLogits).id);
-    const TokenPick pick = picked.next_pick();
+    const TokenPick pick = picked.next_pick(int64_t(kLogits.size()));
     EXPECT_EQ(pick.temperature, p.temperature);
     EXPECT_EQ(pick.top_k, p.top_k);
     EXPECT_GE(pick.u, 0.0);
@@ -128,8 +176,10 @@ TEST(Sampler, PicksDrawWhatSamplingDraws) {
   SamplingParams g;
   g.temperature = 0;
   Sampler greedy(g);
-  EXPECT_EQ(greedy.next_pick().u, 0.0);
-  EXPECT_EQ(greedy.accept(3).id, 3);
+  TokenPick pick = greedy.next_pick(int64_t(kLogits.size()));
+  EXPECT_EQ(pick.u, 0.0);
+  pick.token = 3;
+  EXPECT_EQ(greedy.accept(pick).id, 3);
 }
 
 }  // namespace

@@ -16,6 +16,13 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
+// The constraint's mask applied to logits, as the host sampler applies it.
+void mask(runtime::LogitsConstraint& c, std::span<float> logits) {
+  std::vector<uint64_t> bits((logits.size() + 63) / 64, 0);
+  c.allowed(bits);
+  runtime::apply_mask(logits, bits);
+}
+
 constexpr int32_t kEos = 1;
 
 std::vector<std::string> toy_vocab() {
@@ -114,7 +121,7 @@ TEST(ToolCallConstraint, MaskMatchesBruteForce) {
   auto state = g->start();
   for (const std::string& piece : script) {
     std::vector<float> logits(vocab.size(), 0.f);
-    c.mask(logits);
+    mask(c, logits);
     for (size_t id = 0; id < vocab.size(); ++id) {
       auto t = state;
       const bool expect = id != size_t(kEos) && !vocab[id].empty() && g->feed(t, vocab[id]);
@@ -127,7 +134,7 @@ TEST(ToolCallConstraint, MaskMatchesBruteForce) {
   }
   // Complete: only EOS is left, with probability 1.
   std::vector<float> logits(vocab.size(), 5.f);
-  c.mask(logits);
+  mask(c, logits);
   for (size_t id = 0; id < vocab.size(); ++id) EXPECT_EQ(std::isfinite(logits[id]), id == size_t(kEos));
 }
 

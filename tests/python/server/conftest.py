@@ -1,21 +1,20 @@
 """Fixtures for the `spillway serve` end-to-end suite (harness in spw_server_harness.py).
 
-The server runs the tiny random-weight V4.1 fixture (tests/golden/fixtures/v41/model, vocab 1024,
-EOS id 1) from a temporary copy that gets a byte-level BPE tokenizer.json trained here with
-`tokenizers`. The binary comes from $SPILLWAY_BIN (scripts/test.sh sets it). Every server inherits the
+The server runs the tiny random-weight V4.1 fixture, or the model $SPILLWAY_TEST_MODEL names, from a
+temporary folder that links its files and gets the byte-level BPE tokenizer.json trained in
+spw_server_harness.py. The binary comes from $SPILLWAY_BIN (scripts/test.sh sets it). Every server inherits the
 environment, so SPILLWAY_DEVICE=cuda runs the whole suite on the GPU runner (scripts/gpu_serve.sh).
 """
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import openai
 import pytest
 from tokenizers import Tokenizer
 
-from spw_server_harness import FIXTURE, ROOT, Server, build_tokenizer
+from spw_server_harness import MODEL, ROOT, Server, build_tokenizer, link_model
 
 
 @pytest.fixture(scope="session")
@@ -28,8 +27,8 @@ def spillway_bin() -> str:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("model") / "tiny-v41"
-    shutil.copytree(FIXTURE, d)
+    d = tmp_path_factory.mktemp("model") / "tiny-v41"  # the served model id, whatever the weights
+    link_model(MODEL, d)
     build_tokenizer(d / "tokenizer.json")
     return d
 

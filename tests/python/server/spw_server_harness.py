@@ -2,10 +2,16 @@
 and a Server class that runs one `spillway serve` process.
 
 The server runs the tiny random-weight V4.1 fixture (tests/golden/fixtures/v41/model, vocab 1024,
-EOS id 1) from a temporary copy that gets a byte-level BPE tokenizer.json trained here with
-`tokenizers`, with DeepSeek's special tokens at ids 0.. (BOS 0, EOS 1, PAD 2). Random weights give
-random text: the tests check protocol behaviour, determinism and robustness, not quality.
-The binary comes from $SPILLWAY_BIN (scripts/test.sh sets it).
+EOS id 1), or the model directory $SPILLWAY_TEST_MODEL names (the demo model, a synthetic full-width
+model: any V4 / V4.1 checkpoint with BOS 0 and EOS 1), from a temporary folder that links its files
+and gets a byte-level BPE tokenizer.json trained here with `tokenizers`: DeepSeek's special tokens at
+ids 0.. (BOS 0, EOS 1, PAD 2), about 1000 trained tokens, and filler tokens up to the model's vocabulary
+so that every id the model can produce decodes. A filler's bytes start with 0xFF, never valid UTF-8, so
+the tool-call and response_format grammars never allow one: a random model then finishes a constrained
+call as it does on the fixture's 1024 tokens (with 128K text tokens beside the one that closes a string,
+a random model never closes it). The suite's prompts and assertions rest on
+this one tokenizer whatever the weights; the tests check protocol behaviour, determinism and
+robustness, not quality. The binary comes from $SPILLWAY_BIN (scripts/test.sh sets it).
 """
 from __future__ import annotations
 
@@ -25,6 +31,15 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURE = ROOT / "tests" / "golden" / "fixtures" / "v41" / "model"
+MODEL = Path(os.environ.get("SPILLWAY_TEST_MODEL") or FIXTURE)
+
+
+def model_vocab(model: Path) -> int:
+    cfg = json.loads((model / "config.json").read_text())
+    return int(cfg.get("text_config", cfg)["vocab_size"])
+
+
+VOCAB = model_vocab(MODEL)  # token ids run 0 .. VOCAB - 1
 API_KEY = "sk-spillway-test"
 
 SPECIALS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "<｜User｜>", "<｜Assistant｜>",
@@ -42,7 +57,15 @@ CORPUS = [
 ]
 
 
-def build_tokenizer(path: Path) -> None:
+def link_model(model: Path, dest: Path) -> None:
+    """dest: a folder with model's files linked in, less its tokenizer (build_tokenizer writes one)."""
+    dest.mkdir(parents=True)
+    for f in model.iterdir():
+        if f.is_file() and not f.name.startswith("tokenizer"):
+            (dest / f.name).symlink_to(f.resolve())
+
+
+def build_tokenizer(path: Path, vocab_size: int = VOCAB) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -56,7 +79,15 @@ def build_tokenizer(path: Path) -> None:
     for t in j["added_tokens"]:
         t["special"] = t["content"] in SPECIALS[:3]
     assert [t["id"] for t in j["added_tokens"]] == list(range(len(SPECIALS)))
-    assert max(j["model"]["vocab"].values()) < 1024
+    vocab = j["model"]["vocab"]
+    assert max(vocab.values()) < 1024 <= vocab_size
+    next_id, n = max(vocab.values()) + 1, 0
+    while next_id < vocab_size:  # fillers: never produced by the merges, so prompts never contain them
+        filler = f"\u00ffzq{n}"  # byte-level 'ÿ' is byte 0xFF
+        n += 1
+        if filler not in vocab:
+            vocab[filler] = next_id
+            next_id += 1
     path.write_text(json.dumps(j, ensure_ascii=False), encoding="utf-8")
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
+from spw_server_harness import VOCAB
+
 PROMPT_IDS = [0, 17, 42, 99, 7]
 
 
@@ -22,7 +24,7 @@ def test_token_id_prompt_non_streaming(client):
     assert r.object == "text_completion"
     assert c.finish_reason == "length"
     assert len(token_ids(c)) == 12
-    assert all(0 <= t < 1024 for t in token_ids(c))
+    assert all(0 <= t < VOCAB for t in token_ids(c))
     assert r.usage.prompt_tokens == len(PROMPT_IDS)
     assert r.usage.completion_tokens == 12
     assert r.usage.total_tokens == len(PROMPT_IDS) + 12
@@ -160,7 +162,7 @@ def test_logit_bias_forces_and_bans_tokens_under_greedy(client):
 
 def test_logit_bias_out_of_vocabulary_is_a_400(client):
     with pytest.raises(openai.BadRequestError) as e:
-        greedy(client, PROMPT_IDS, 2, logit_bias={"1024": 5})
+        greedy(client, PROMPT_IDS, 2, logit_bias={str(VOCAB): 5})
     assert "logit_bias" in str(e.value) and "vocabulary" in str(e.value)
 
 

@@ -6,6 +6,8 @@ import httpx
 import openai
 import pytest
 
+from spw_server_harness import VOCAB
+
 
 def post(server, path, body=None, content=None, headers=None):
     h = server.headers() if headers is None else headers
@@ -59,18 +61,18 @@ def test_auth_failure_401(server):
     ({"prompt": [1, -4]}, "prompt"),
     ({"prompt": [[1, 2], []]}, "prompt"),
     ({"prompt": ["a", [1]]}, "prompt"),
-    ({"prompt": [[1, 2], [5000]]}, "prompt"),
+    ({"prompt": [[1, 2], [VOCAB]]}, "prompt"),
     ({"prompt": ["a"] * 65}, "prompt"),
     ({"prompt": ["a"] * 8, "n": 9}, "prompt"),
     ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
     ({"prompt": "hi", "logit_bias": {"5": "up"}}, "logit_bias"),
     ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
     ({"prompt": "hi", "logit_bias": {"-1": 1}}, "logit_bias"),
-    ({"prompt": "hi", "logit_bias": {"1024": 1}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {str(VOCAB): 1}}, "logit_bias"),
     ({"prompt": "hi", "logit_bias": [1, 2]}, "logit_bias"),
     ({"prompt": "hi", "echo": True, "logprobs": 1, "stream": True}, "echo"),
     ({"prompt": []}, "prompt"),
-    ({"prompt": [5000]}, "prompt"),
+    ({"prompt": [VOCAB]}, "prompt"),
     ({"max_tokens": 3}, "prompt"),
     ({"prompt": "hi", "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
 ])

@@ -76,8 +76,15 @@ def send_until_refused(sock: socket.socket, chunks, limit_s: float) -> int:
     return sent
 
 
+def reset_peak_rss(pid: int) -> None:
+    """VmHWM := VmRSS (Linux ≥ 4.0: clear_refs 5), so the peak measures what comes next, not model loading."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
 def test_chunked_body_over_the_limit_is_refused_while_it_arrives(transport_server):
     pid = transport_server.proc.pid
+    reset_peak_rss(pid)
     before = memory_kib(pid)
     s = connect(transport_server)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + API_KEY.encode() +
