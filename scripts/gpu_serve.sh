@@ -22,7 +22,7 @@
 # "load prefix overload bench"), DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
 # LOAD_TOKENS (default 256 generated per request), LOAD_BATCH_INVARIANT (the load servers' --batch-invariant values,
 # one load run each; default "true": a model with EXL3 experts runs without batch invariance either way),
-# PYTEST_ARGS (extra pytest arguments), SUITE_TIMEOUT (seconds per suite run, default 240).
+# PYTEST_K (a pytest -k expression), PYTEST_ARGS (extra pytest arguments, no spaces within one), SUITE_TIMEOUT (seconds per suite run, default 240).
 # WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl): openai==3.57.0
 #   anthropic==2.17.0 pydantic==2.14.4 pydantic_core==2.50.5 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1
 #   annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 jsonschema==4.26.0
@@ -89,7 +89,8 @@ for M in $SUITE_MODELS; do
   esac
   SPILLWAY_BIN=/tmp/spillway SPILLWAY_DEVICE=cuda SPILLWAY_TEST_MODEL=$DIR timeout -s INT -k 30 ${SUITE_TIMEOUT:-240} \
     python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/python/server \
-    --ignore=tests/python/server/test_client_libraries.py ${PYTEST_ARGS:-} > "$OUT/pytest_cuda_$M.log" 2>&1
+    --ignore=tests/python/server/test_client_libraries.py ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} \
+    > "$OUT/pytest_cuda_$M.log" 2>&1
   echo "pytest on the GPU runner ($M): rc $? — $(tail -1 "$OUT/pytest_cuda_$M.log")" | tee -a "$OUT/serve_main.log"
 done
 if [ -z "${SKIP_CHECK:-}" ]; then
