@@ -108,7 +108,7 @@ Result<std::vector<std::vector<float>>> CpuRunner::forward(std::span<const Runne
   // others keep their logits for the host's draw.
   for (size_t i = 0; i < inputs.size(); ++i) {
     TokenPick* pick = inputs[i].pick;
-    if (!pick || pick->temperature > 0.f || !pick->penalties.empty() || !pick->biases.empty() ||
+    if (!pick || pick->temperature > 0.f || pick->repetition_penalty != 1.f || !pick->penalties.empty() || !pick->biases.empty() ||
         !pick->allowed.empty() || pick->top_logprobs >= 0 || out[i].empty())
       continue;
     pick->token = int32_t(std::max_element(out[i].begin(), out[i].end()) - out[i].begin());

@@ -64,15 +64,18 @@ inline constexpr int kMaxPickTopLogprobs = 20;
 // The next token of a one-token input, for the runner to pick itself (on the device) instead of
 // returning logits: the server sampler's whole pipeline (runtime/sampler.h) with the uniform u the
 // sampler drew for it. In order: tokens outside `allowed` masked to −infinity; the logprobs taken
-// from the masked logits; `penalties` then `biases` added (each delta once, in two passes, so a
-// token in both gets the penalty first, as on the host); then the draw: temperature ≤ 0 is greedy
-// (the lowest id of the maximum), else top-k, min-p, top-p and the CDF inverted at u.
+// from the masked logits; the logits of `repeated` divided by repetition_penalty where positive, else
+// multiplied by it; `penalties` then `biases` added (each delta once, in two passes, so a token in
+// both gets the penalty first, as on the host); then the draw: temperature ≤ 0 is greedy (the lowest
+// id of the maximum), else top-k, min-p, top-p and the CDF inverted at u.
 struct TokenPick {
   float temperature = 0.f;
   int32_t top_k = 0;
   float top_p = 1.f;
   float min_p = 0.f;
   double u = 0;
+  float repetition_penalty = 1.f;     // 1: off
+  std::vector<int32_t> repeated;      // with repetition_penalty ≠ 1: the ids seen (prompt and generated), unique
   std::vector<LogitShift> penalties;  // ids unique
   std::vector<LogitShift> biases;     // ids unique
   std::vector<uint64_t> allowed;      // empty: every token; else bit id of word id / 64 set = may come next

@@ -23,6 +23,9 @@ struct SamplingParams {
   std::optional<uint64_t> seed;  // per-request RNG; unset = seeded from the OS
   float presence_penalty = 0.f;   // OpenAI semantics: over generated tokens only
   float frequency_penalty = 0.f;
+  // vLLM's repetition_penalty, over the prompt's and the generated tokens: a seen token's logit l
+  // becomes l / p when l > 0, else l · p; 1 = off.
+  float repetition_penalty = 1.f;
   int top_logprobs = -1;  // -1: no logprobs; 0: the chosen token's only; k: also the k most likely
   // OpenAI logit_bias: (token id, bias in [-100, 100]) added to the logits before drawing, after any
   // constraint's mask (a bias never un-masks a token). Logprobs stay those of the model.

@@ -47,9 +47,11 @@ GeneratedToken score_token(std::span<const float> logits, int32_t id, int top_n)
   return out;
 }
 
-Sampler::Sampler(const SamplingParams& params, std::shared_ptr<LogitsConstraint> constraint)
+Sampler::Sampler(const SamplingParams& params, std::shared_ptr<LogitsConstraint> constraint,
+                 std::span<const int32_t> prompt)
     : params_(params), constraint_(std::move(constraint)) {
   rng_.seed(params.seed ? *params.seed : os_seed());
+  if (params.repetition_penalty != 1.f) seen_.insert(prompt.begin(), prompt.end());
   for (const auto& [id, bias] : params.logit_bias) {
     auto same = std::find_if(biases_.begin(), biases_.end(), [id = id](const LogitShift& b) { return b.id == id; });
     if (same == biases_.end()) biases_.push_back({id, bias});
@@ -73,6 +75,10 @@ TokenPick Sampler::next_pick(int64_t vocab) {
     for (const auto& [id, count] : counts_)
       p.penalties.push_back({id, -(params_.presence_penalty + params_.frequency_penalty * float(count))});
   }
+  if (params_.repetition_penalty != 1.f) {
+    p.repetition_penalty = params_.repetition_penalty;
+    p.repeated.assign(seen_.begin(), seen_.end());
+  }
   p.biases = biases_;
   if (constraint_) {
     p.allowed.assign(size_t(vocab + 63) / 64, 0);
@@ -84,6 +90,7 @@ TokenPick Sampler::next_pick(int64_t vocab) {
 
 void Sampler::record(int32_t id) {
   ++counts_[id];
+  if (params_.repetition_penalty != 1.f) seen_.insert(id);
   if (constraint_) constraint_->accept(id);
 }
 
@@ -115,6 +122,12 @@ GeneratedToken Sampler::sample(std::span<const float> raw, const TokenPick& pick
 int32_t Sampler::draw(std::span<const float> logits, const TokenPick& pick) {
   const size_t vocab = logits.size();
   work_.assign(logits.begin(), logits.end());
+  if (pick.repetition_penalty != 1.f)
+    for (int32_t id : pick.repeated)
+      if (id >= 0 && size_t(id) < vocab) {
+        float& l = work_[size_t(id)];
+        l = l > 0.f ? l / pick.repetition_penalty : l * pick.repetition_penalty;
+      }
   for (const std::vector<LogitShift>* shifts : {&pick.penalties, &pick.biases})
     for (const LogitShift& s : *shifts)
       if (s.id >= 0 && size_t(s.id) < vocab) work_[size_t(s.id)] += s.delta;

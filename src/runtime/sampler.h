@@ -1,5 +1,5 @@
-// Per-request token sampler: constraint mask → penalties and logit_bias → temperature → top-k →
-// min-p → top-p → draw (TokenPick in model/model_runner.h states the pipeline a runner reproduces).
+// Per-request token sampler: constraint mask → repetition penalty → presence/frequency penalties and
+// logit_bias → temperature → top-k → min-p → top-p → draw (TokenPick in model/model_runner.h states the pipeline a runner reproduces).
 // Deterministic for a given seed: its own RNG (splitmix-seeded mt19937_64), ties broken by the
 // lower token id, and no dependence on other requests in the batch.
 // Logprobs are reported from the model's own distribution (log-softmax of the raw logits), as
@@ -13,6 +13,7 @@
 #include <span>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "model/model_runner.h"
@@ -25,14 +26,16 @@ GeneratedToken score_token(std::span<const float> logits, int32_t id, int top_n)
 
 class Sampler {
  public:
-  // Duplicate logit_bias ids are summed, in order, into one bias each.
-  explicit Sampler(const SamplingParams& params, std::shared_ptr<LogitsConstraint> constraint = nullptr);
+  // Duplicate logit_bias ids are summed, in order, into one bias each. prompt: the tokens the
+  // repetition penalty counts as seen before the first generated one.
+  explicit Sampler(const SamplingParams& params, std::shared_ptr<LogitsConstraint> constraint = nullptr,
+                   std::span<const int32_t> prompt = {});
 
   // Picks the next token from logits [vocab]: sample(logits, next_pick(vocab)).
   GeneratedToken sample(std::span<const float> logits);
 
   // Whether a model runner may pick this request's tokens itself (TokenPick): false only for more
-  // top_logprobs than a pick reports.
+  // top_logprobs than a pick reports. (A runner may still return logits for any pick.)
   bool runner_may_pick() const;
   // The next token's pick: the whole pipeline's inputs (the penalties of the tokens generated so far,
   // the biases, the constraint's allowed tokens, top_logprobs) and the uniform the draw uses (drawn
@@ -55,6 +58,7 @@ class Sampler {
   std::vector<LogitShift> biases_;  // logit_bias with unique ids
   std::mt19937_64 rng_;
   std::unordered_map<int32_t, int> counts_;  // generated token → times generated
+  std::unordered_set<int32_t> seen_;          // prompt and generated tokens (repetition penalty only)
   std::vector<float> work_;
   std::vector<int32_t> order_;
   std::vector<float> masked_;

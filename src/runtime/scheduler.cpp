@@ -25,7 +25,7 @@ struct Scheduler::Sequence {
   clock::time_point submitted, last_token_at;
 
   Sequence(GenerationRequest r, std::shared_ptr<RequestStream> s)
-      : request(std::move(r)), stream(std::move(s)), sampler(request.sampling, request.constraint) {}
+      : request(std::move(r)), stream(std::move(s)), sampler(request.sampling, request.constraint, request.prompt) {}
   bool decoding() const { return n_prefilled == int64_t(request.prompt.size()); }
   // Positions the state will hold once the prompt and every generated token are in it.
   int64_t n_total() const { return int64_t(request.prompt.size() + output.size()); }

@@ -183,6 +183,10 @@ void read_generation(Fields& f, GenerationParams& g, bool chat) {
   if (auto v = f.number("min_p", 0, 1)) s.min_p = float(*v);
   if (auto v = f.number("presence_penalty", -2, 2)) s.presence_penalty = float(*v);
   if (auto v = f.number("frequency_penalty", -2, 2)) s.frequency_penalty = float(*v);
+  if (auto v = f.number("repetition_penalty", 0, 2)) {
+    if (*v <= 0) f.fail(bad_request("'repetition_penalty' must be greater than 0, got 0", "repetition_penalty"));
+    s.repetition_penalty = float(*v);
+  }
   if (auto v = f.integer("seed", INT64_MIN, INT64_MAX)) s.seed = uint64_t(*v);
   if (auto v = f.integer("n", 1, kMaxChoices)) g.n = int(*v);
   read_logit_bias(f, s);

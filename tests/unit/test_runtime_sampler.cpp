@@ -150,6 +150,30 @@ TEST(Sampler, HostDrawOfAPickFollowsThePipeline) {
   EXPECT_EQ(ids, (std::vector<int32_t>{1, 3, 2}));
 }
 
+// The repetition penalty divides a seen token's positive logit and multiplies a negative one; the prompt's
+// tokens count as seen from the start, generated ones as they come.
+TEST(Sampler, RepetitionPenaltyCoversPromptAndGeneratedTokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 2.f;
+  const std::vector<float> logits = {0.f, 3.f, 1.f, 2.f, -1.f};
+  const std::vector<int32_t> prompt = {1};
+  Sampler s(p, nullptr, prompt);
+  // 1 (a prompt token: 3 → 1.5) falls below 3 (2): 3 first; then 3 is seen too (2 → 1) and 1 (1.5) wins,
+  // and keeps winning: the penalty does not grow with repeats (unlike frequency_penalty).
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(s.sample(logits).id);
+  EXPECT_EQ(ids, (std::vector<int32_t>{3, 1, 1, 1}));
+  const TokenPick pick = s.next_pick(5);
+  EXPECT_EQ(pick.repetition_penalty, 2.f);
+  EXPECT_EQ(std::set<int32_t>(pick.repeated.begin(), pick.repeated.end()), (std::set<int32_t>{1, 3}));
+  // A negative logit of a seen token is multiplied: −1 · 2 = −2 keeps 4 below everything.
+  SamplingParams q = p;
+  Sampler negative(q, nullptr, std::vector<int32_t>{0, 1, 2, 3});
+  const std::vector<float> low = {-3.f, -3.f, -3.f, -3.f, -4.f};
+  EXPECT_EQ(negative.sample(low).id, 4) << "−4 unseen beats −6";
+}
+
 // The same seed gives the same tokens whether each is sampled on the host, or picked through next_pick()
 // and then drawn on the host with the pick's uniform (what happens when a runner returns logits).
 TEST(Sampler, PicksDrawWhatSamplingDraws) {

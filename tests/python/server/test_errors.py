@@ -64,6 +64,8 @@ def test_auth_failure_401(server):
     ({"prompt": [[1, 2], [VOCAB]]}, "prompt"),
     ({"prompt": ["a"] * 65}, "prompt"),
     ({"prompt": ["a"] * 8, "n": 9}, "prompt"),
+    ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "hi", "repetition_penalty": 2.5}, "repetition_penalty"),
     ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
     ({"prompt": "hi", "logit_bias": {"5": "up"}}, "logit_bias"),
     ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
