@@ -16,7 +16,7 @@
 #   here:  BUILD_DIR=build-sm90 STAGE_BINS=bin/spillway bash scripts/gpu_test.sh stage    # .exl3pack/dev.tar.xz
 #          python3 -m pip download ... -d .whl  (openai, anthropic, jsonschema and their needs missing on the
 #          GPU image, for its Python 3.12: the list is WHEELS below)
-#          move models/demo/model.safetensors out of the tree (the upload is 64 MiB at most)
+#          move models/demo/model.safetensors out of the tree (the upload is 64 MiB at most; DEMO below)
 #   there: bash scripts/gpu_serve.sh          # carry: .exl3pack .whl ; results in $OUT
 # Switches: SKIP_SUITE=1, SUITE_MODELS, SKIP_CHECK=1, SKIP_LOAD=1, LOAD_RUNS (which runs of step 3, default
 # "load prefix overload bench"), DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
@@ -74,16 +74,22 @@ if [[ " $SUITE_MODELS " == *" synth "* ]]; then
   SUITE_SYNTH_PID=$!
 fi
 # The demo weights travel xz-compressed (here: mkdir -p .demopack && xz -T2 -c models/demo/model.safetensors >
-# .demopack/model.safetensors.xz, then move the original out of the tree; carry .demopack).
-if [ -n "${DEMO:-}" ] || [[ " $SUITE_MODELS " == *" demo "* ]]; then
-  [ -f .demopack/model.safetensors.xz ] && [ ! -f models/demo/model.safetensors ] &&
-    xz -dc .demopack/model.safetensors.xz > models/demo/model.safetensors
+# .demopack/model.safetensors.xz, then move the original out of the tree; carry .demopack). They unpack into
+# .demodir (ignored by git, so it stays on a warm machine): the weights, the binary and the suite's wheels do not
+# fit one 64 MiB upload, so a call with .demopack (DEMO=1, no wheels) can be followed within the machine's idle
+# time by one with .whl and SUITE_MODELS=demo, which finds .demodir there.
+DEMO_DIR=$PWD/models/demo
+if [ -f .demopack/model.safetensors.xz ] && [ ! -f .demodir/model.safetensors ]; then
+  mkdir -p .demodir
+  for f in models/demo/*; do [ "$(basename "$f")" != model.safetensors ] && cp -f "$f" .demodir/; done
+  xz -dc .demopack/model.safetensors.xz > .demodir/model.safetensors
 fi
+[ -f .demodir/model.safetensors ] && DEMO_DIR=$PWD/.demodir
 
 for M in $SUITE_MODELS; do
   case $M in
     tiny) DIR="" ;;
-    demo) DIR=$PWD/models/demo ;;
+    demo) DIR=$DEMO_DIR ;;
     synth) DIR=$SUITE_SYNTH; wait $SUITE_SYNTH_PID; cat /tmp/synth_suite.log >> "$OUT/serve_main.log" ;;
     *) echo "SUITE_MODELS: unknown model $M (tiny, demo or synth)"; continue ;;
   esac
@@ -102,7 +108,7 @@ if [ -z "${SKIP_CHECK:-}" ]; then
 fi
 # DEMO=1: the trained demo model, GPU against CPU with the agreement judged (--agreement verdict).
 if [ -n "${DEMO:-}" ]; then
-  timeout 300 python3 tools/serve/check_gpu_runner.py --bin /tmp/spillway --model models/demo --prompts 20 --tokens 32 \
+  timeout 300 python3 tools/serve/check_gpu_runner.py --bin /tmp/spillway --model "$DEMO_DIR" --prompts 20 --tokens 32 \
     --prompts-file tools/demo_model/heldout_prompts.json > "$OUT/check_demo.md" 2>&1
   echo "check_gpu_runner (demo model): rc $? — $(tail -1 "$OUT/check_demo.md")" | tee -a "$OUT/serve_main.log"
 fi

@@ -39,7 +39,9 @@ def model_vocab(model: Path) -> int:
     return int(cfg.get("text_config", cfg)["vocab_size"])
 
 
-VOCAB = model_vocab(MODEL)  # token ids run 0 .. VOCAB - 1
+# Token ids run 0 .. VOCAB - 1; 0 when the model is absent (tools that import only Server travel without the
+# fixture; the suite's model_dir fixture then fails on the missing folder).
+VOCAB = model_vocab(MODEL) if (MODEL / "config.json").is_file() else 0
 API_KEY = "sk-spillway-test"
 
 SPECIALS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "<｜User｜>", "<｜Assistant｜>",
@@ -59,6 +61,8 @@ CORPUS = [
 
 def link_model(model: Path, dest: Path) -> None:
     """dest: a folder with model's files linked in, less its tokenizer (build_tokenizer writes one)."""
+    if not (model / "config.json").is_file():
+        raise FileNotFoundError(f"no model at {model} (SPILLWAY_TEST_MODEL names a model folder)")
     dest.mkdir(parents=True)
     for f in model.iterdir():
         if f.is_file() and not f.name.startswith("tokenizer"):
