@@ -123,6 +123,22 @@ Status copy_pages(GpuState& st, const KvPool& pool, const std::vector<int32_t>& 
   return {};
 }
 
+// dst := src's first n_shared pages (one more reference each) and copies of the rest, in dst's page-table row.
+Status share_pages(GpuState& st, KvPool& pool, int layer, int slot, const std::vector<int32_t>& src, size_t n_shared,
+                   std::vector<int32_t>& dst) {
+  if (src.empty()) return {};
+  n_shared = std::min(n_shared, src.size());
+  const std::vector<int32_t> shared(src.begin(), src.begin() + std::ptrdiff_t(n_shared));
+  const std::vector<int32_t> rest_src(src.begin() + std::ptrdiff_t(n_shared), src.end());
+  auto rest = pool.alloc.alloc(int32_t(rest_src.size()));
+  if (!rest.ok()) return make_error("KV pool exhausted: ", rest.error().message);
+  pool.alloc.retain(shared);
+  dst = shared;
+  dst.insert(dst.end(), rest->begin(), rest->end());
+  SPW_TRY(copy_pages(st, pool, rest_src, *rest));
+  return upload_page_row(st, pool, layer, slot, dst);
+}
+
 // Queues a copy of slot `from`'s compressor state into slot `to`.
 Status copy_compressor_slot(GpuState& st, const CompressorBuffers& cb, int from, int to) {
   if (cb.shape.ratio == 0) return {};
@@ -144,11 +160,12 @@ Result<GpuSequence> GpuModel::copy_sequence(const GpuSequence& src) {
   GpuSequence& dst = *made;  // returned to the pools by its destructor on any error below
   for (int l = 0; l < config_.n_layers; ++l) {
     SPW_TRY(grow(st, st.ring, l, dst.slot, dst.ring_pages[l], int64_t(src.ring_pages[l].size())));
-    SPW_TRY(grow(st, st.comp, l, dst.slot, dst.comp_pages[l], int64_t(src.comp_pages[l].size())));
-    SPW_TRY(grow(st, st.keys, l, dst.slot, dst.key_pages[l], int64_t(src.key_pages[l].size())));
     SPW_TRY(copy_pages(st, st.ring, src.ring_pages[l], dst.ring_pages[l]));
-    SPW_TRY(copy_pages(st, st.comp, src.comp_pages[l], dst.comp_pages[l]));
-    SPW_TRY(copy_pages(st, st.keys, src.key_pages[l], dst.key_pages[l]));
+    // Pages every row of which holds an entry already written (entries are written once, in order).
+    const int r = config_.layers[l].compress_ratio;
+    const size_t full = options_.share_kv_pages && r > 0 ? size_t(src.n_past / r / cuda::kKvPageRows) : 0;
+    SPW_TRY(share_pages(st, st.comp, l, dst.slot, src.comp_pages[l], full, dst.comp_pages[l]));
+    SPW_TRY(share_pages(st, st.keys, l, dst.slot, src.key_pages[l], full, dst.key_pages[l]));
     SPW_TRY(copy_compressor_slot(st, st.comp_state[l], src.slot, dst.slot));
     SPW_TRY(copy_compressor_slot(st, st.idx_comp_state[l], src.slot, dst.slot));
   }

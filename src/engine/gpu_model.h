@@ -84,6 +84,10 @@ struct GpuModelOptions {
   // Decode steps whose MoE dispatches on the device (≤ 16 sequences) run from CUDA graphs, recorded per
   // step and updated in place (engine/step_graphs.h); false launches every kernel directly.
   bool cuda_graphs = true;
+  // copy_sequence shares the source's full pages of compressed entries and index keys (rows no sequence
+  // writes again: entries are appended, never rewritten) instead of copying them; the window ring, the
+  // last partly filled page and the compressor states are still copied.
+  bool share_kv_pages = false;
   // Called as the checkpoint's layers are read (LoadOptions::on_progress), for a progress display.
   std::function<void(int done, int total)> on_progress;
 };
@@ -160,7 +164,9 @@ class GpuModel {
   void free_sequence(GpuSequence& seq);
   // A new sequence holding a copy of src's state (its pages' rows, compressor partial groups and host
   // bookkeeping), queued on the model's stream: forward() on either gives what it would give on src.
-  // Errors: a foreign or freed src, no free slot, the pools exhausted (nothing is taken then).
+  // With share_kv_pages the full pages of compressed entries and index keys are shared (reference
+  // counted in the pools), not copied. Errors: a foreign or freed src, no free slot, the pools exhausted
+  // (nothing is taken then).
   Result<GpuSequence> copy_sequence(const GpuSequence& src);
   // Device bytes a sequence holds: its KV pages and its slot's compressor states.
   size_t sequence_nbytes(const GpuSequence& seq) const;

@@ -226,6 +226,7 @@ Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir,
   options.budget = settings.budget;
   options.budget.max_seqs += settings.prefix_cache_slots;
   options.moe_paths = moe_paths_from(settings.gpu);
+  options.share_kv_pages = settings.gpu.kv_share_pages;
   options.on_progress = settings.on_progress;
   auto model = load_gpu_model(model_dir, settings.numerics, options);
   if (!model.ok()) return model.error();

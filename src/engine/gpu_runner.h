@@ -20,8 +20,9 @@
 // sums may depend on the batch size.
 // The prefix cache keeps device copies of sequences (GpuModel::copy_sequence) in prefix_cache_slots
 // slots of their own, on top of the running sequences; a hit copies the cached state into a new
-// sequence. The pools hold budget.pool_tokens positions (GpuModel::can_hold answers kv_can_hold
-// exactly, page by page); not yet here: copy-free shared pages.
+// sequence (with GpuSettings::kv_share_pages, sharing the full pages of compressed entries and index
+// keys instead). The pools hold budget.pool_tokens positions (GpuModel::can_hold answers kv_can_hold
+// page by page, counting a copy's pages as new: exact without sharing, an upper bound with it).
 // Not thread-safe: one scheduler thread calls it.
 #pragma once
 

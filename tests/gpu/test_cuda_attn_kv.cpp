@@ -110,6 +110,23 @@ TEST(CudaAttnKv, PageAllocator) {
   EXPECT_EQ(a.n_free(), 5);
 }
 
+// A retained page goes back to the pool only when its last holder frees it.
+TEST(CudaAttnKv, PageAllocatorCountsReferences) {
+  cuda::KvPageAllocator a(4);
+  auto p = a.alloc(2);
+  ASSERT_TRUE(p.ok());
+  a.retain({p.value()[0]});
+  EXPECT_EQ(a.refs(p.value()[0]), 2);
+  a.free(p.value());
+  EXPECT_EQ(a.n_free(), 3) << "the shared page is still held";
+  EXPECT_EQ(a.refs(p.value()[0]), 1);
+  a.free({p.value()[0]});
+  EXPECT_EQ(a.n_free(), 4);
+  auto q = a.alloc(4);
+  ASSERT_TRUE(q.ok());
+  for (int32_t page : q.value()) EXPECT_EQ(a.refs(page), 1) << "a page handed out again starts at one reference";
+}
+
 TEST(CudaAttnKv, RealFormatsRoundTrip) {
   SPW_REQUIRE_GPU();
   run_format("window v4.1", cuda::kv_format_window_v41(512), 3, 70, 1);

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "../golden/golden_fixture.h"
 #include "engine/gpu_model.h"
@@ -27,26 +28,42 @@
 namespace spw {
 namespace {
 
-std::unique_ptr<engine::GpuModel> load_gpu(const std::string& arch, int max_seqs) {
+std::unique_ptr<engine::GpuModel> load_gpu(const std::string& arch, int max_seqs, bool share_kv_pages = false) {
   engine::GpuModelOptions opts;
   opts.budget.max_context = 1024;
   opts.budget.max_seqs = max_seqs;
+  opts.share_kv_pages = share_kv_pages;
   auto m = engine::load_gpu_model(golden::fixture_dir(arch) + "/model", Numerics::reference(), opts);
   if (!m.ok()) ADD_FAILURE() << arch << ": " << m.error().message;
   return m.ok() ? std::move(m.value()) : nullptr;
 }
 
-void copy_continues_like_the_original(const std::string& arch) {
+int64_t pages_of(const engine::GpuSequence& s) {
+  int64_t n = 0;
+  for (const auto* lists : {&s.ring_pages, &s.comp_pages, &s.key_pages})
+    for (const auto& pages : *lists) n += int64_t(pages.size());
+  return n;
+}
+
+// With share_kv_pages the copy takes fewer new pages than the original holds once a full page of compressed
+// entries exists (300 positions: 75 entries of the ratio-4 layers), and the results are the same.
+void copy_continues_like_the_original(const std::string& arch, bool share_kv_pages = false) {
   SPW_REQUIRE_GPU();
-  auto m = load_gpu(arch, 4);
+  auto m = load_gpu(arch, 4, share_kv_pages);
   ASSERT_TRUE(m);
   const int V = int(m->config().vocab_size);
-  for (int prompt_len : {5, 37, 130}) {
+  for (int prompt_len : {5, 37, 130, 300}) {
     auto a = m->new_sequence();
     ASSERT_TRUE(a.ok()) << a.error().message;
     ASSERT_TRUE(m->forward(*a, gpu_test::lcg_tokens(prompt_len, 11, V)).ok());
+    const int64_t used = m->kv_pages().used;
     auto b = m->copy_sequence(*a);
     ASSERT_TRUE(b.ok()) << b.error().message;
+    const int64_t taken = m->kv_pages().used - used;
+    if (share_kv_pages && prompt_len == 300)
+      EXPECT_LT(taken, pages_of(*a)) << arch << ": no page shared";
+    else
+      EXPECT_EQ(taken, pages_of(*a)) << arch << " prompt " << prompt_len;
     EXPECT_EQ(b->n_past, a->n_past);
     EXPECT_EQ(m->sequence_nbytes(*b), m->sequence_nbytes(*a));
     // A prefill piece, then decode tokens, on each.
@@ -71,6 +88,44 @@ void copy_continues_like_the_original(const std::string& arch) {
 
 TEST(GpuRunner, V41CopyContinuesLikeTheOriginal) { copy_continues_like_the_original("v41"); }
 TEST(GpuRunner, V4CopyContinuesLikeTheOriginal) { copy_continues_like_the_original("v4"); }
+TEST(GpuRunner, V41SharedCopyContinuesLikeTheOriginal) { copy_continues_like_the_original("v41", true); }
+TEST(GpuRunner, V4SharedCopyContinuesLikeTheOriginal) { copy_continues_like_the_original("v4", true); }
+
+// Shared pages outlive the sequence that made them: with the original freed and its other pages reused by a
+// new sequence, the copy continues exactly as a sequence fed the same tokens from scratch.
+TEST(GpuRunner, V41SharedPagesOutliveTheirSource) {
+  SPW_REQUIRE_GPU();
+  auto m = load_gpu("v41", 4, true);
+  ASSERT_TRUE(m);
+  const int V = int(m->config().vocab_size);
+  const auto prompt = gpu_test::lcg_tokens(300, 21, V), more = gpu_test::lcg_tokens(5, 22, V);
+  const int64_t idle = m->kv_pages().used;
+  std::optional<engine::GpuSequence> b;
+  {
+    auto a = m->new_sequence();
+    ASSERT_TRUE(a.ok());
+    ASSERT_TRUE(m->forward(*a, prompt).ok());
+    auto copy = m->copy_sequence(*a);
+    ASSERT_TRUE(copy.ok());
+    b.emplace(std::move(copy.value()));
+  }  // a freed: its shared pages stay with b
+  auto other = m->new_sequence();
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(m->forward(*other, gpu_test::lcg_tokens(300, 23, V)).ok());  // takes the pages a returned
+  auto fresh = m->new_sequence();
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_TRUE(m->forward(*fresh, prompt).ok());
+  for (int t = 0; t < 5; ++t) {
+    auto lb = m->forward(*b, std::span<const int32_t>(more).subspan(size_t(t), 1));
+    auto lf = m->forward(*fresh, std::span<const int32_t>(more).subspan(size_t(t), 1));
+    ASSERT_TRUE(lb.ok() && lf.ok());
+    EXPECT_EQ(std::memcmp(lb->data(), lf->data(), lb->size() * sizeof(float)), 0) << "step " << t;
+  }
+  b.reset();
+  other->owner->free_sequence(*other);
+  fresh->owner->free_sequence(*fresh);
+  EXPECT_EQ(m->kv_pages().used, idle) << "every page returned once no sequence holds it";
+}
 
 TEST(GpuRunner, CopyNeedsAFreeSlot) {
   SPW_REQUIRE_GPU();

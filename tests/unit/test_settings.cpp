@@ -35,6 +35,7 @@ TEST(Settings, DefaultsWhenUnset) {
   EXPECT_EQ(s.gpu.pdl, d.gpu.pdl);
   EXPECT_TRUE(s.gpu.pdl);
   EXPECT_FALSE(s.gpu.gemv_mma);
+  EXPECT_FALSE(s.gpu.kv_share_pages);
   EXPECT_TRUE(s.gpu.f32_split_gemm);
   EXPECT_TRUE(s.gpu.attn_mma && s.gpu.attn_vec4 && s.gpu.attn_fused && s.gpu.exl3_grouped);
   EXPECT_EQ(s.gpu.exl3_decode, Exl3DecodeKernel::kByRows);
@@ -58,9 +59,10 @@ TEST(Settings, SwitchesTurnOffOnlyOnTheirExactValue) {
 
 TEST(Settings, OptInsAndValues) {
   EnvScope env{{"SPILLWAY_GEMV_MMA", "1"}, {"SPILLWAY_EXL3_DECODE", "grouped"},
-               {"SPILLWAY_DENSE_DEVICE_ROWS", "16"}, {"SPILLWAY_CPU_SPIN_US", "0"}};
+               {"SPILLWAY_DENSE_DEVICE_ROWS", "16"}, {"SPILLWAY_CPU_SPIN_US", "0"}, {"SPILLWAY_KV_SHARE_PAGES", "1"}};
   const Settings s = settings_from_env();
   EXPECT_TRUE(s.gpu.gemv_mma);
+  EXPECT_TRUE(s.gpu.kv_share_pages);
   EXPECT_EQ(s.gpu.exl3_decode, Exl3DecodeKernel::kGrouped);
   EXPECT_EQ(s.gpu.dense_device_rows, 16);
   EXPECT_EQ(s.cpu_spin_us, 0);

@@ -75,7 +75,7 @@ bool kv_format_supported(const KvRowFormat& f) {
   return d > 0 && d <= 1024;
 }
 
-KvPageAllocator::KvPageAllocator(int32_t n_pages) {
+KvPageAllocator::KvPageAllocator(int32_t n_pages) : refs_(size_t(std::max(n_pages, 0)), 0) {
   free_.reserve(size_t(n_pages));
   for (int32_t p = n_pages - 1; p >= 0; --p) free_.push_back(p);  // pops hand out 0, 1, 2, ...
 }
@@ -86,11 +86,17 @@ Result<std::vector<int32_t>> KvPageAllocator::alloc(int32_t n) {
   std::vector<int32_t> pages(free_.end() - n, free_.end());
   std::reverse(pages.begin(), pages.end());
   free_.resize(free_.size() - size_t(n));
+  for (int32_t p : pages) refs_[size_t(p)] = 1;
   return pages;
 }
 
+void KvPageAllocator::retain(const std::vector<int32_t>& pages) {
+  for (int32_t p : pages) ++refs_[size_t(p)];
+}
+
 void KvPageAllocator::free(const std::vector<int32_t>& pages) {
-  for (auto it = pages.rbegin(); it != pages.rend(); ++it) free_.push_back(*it);
+  for (auto it = pages.rbegin(); it != pages.rend(); ++it)
+    if (--refs_[size_t(*it)] == 0) free_.push_back(*it);
 }
 
 Status kv_write_rows_cuda(const KvPages& kv, const float* x, const int32_t* seqs, const int64_t* rows,

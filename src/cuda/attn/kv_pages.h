@@ -77,16 +77,22 @@ struct KvPages {
 };
 
 // Host-side free list of page ids of one pool (the pool itself is cudaMalloc'ed by the owner).
+// Pages are reference-counted so that sequences can share pages they will never write again (the full
+// pages of compressed entries and index keys of a common prefix): alloc hands out pages with one
+// reference, retain adds one, free drops one and returns a page to the pool at zero.
 class KvPageAllocator {
  public:
   explicit KvPageAllocator(int32_t n_pages);
   // Takes n pages; error (nothing taken) if fewer are free.
   Result<std::vector<int32_t>> alloc(int32_t n);
+  void retain(const std::vector<int32_t>& pages);
   void free(const std::vector<int32_t>& pages);
   int32_t n_free() const { return int32_t(free_.size()); }
+  int32_t refs(int32_t page) const { return refs_[size_t(page)]; }
 
  private:
   std::vector<int32_t> free_;
+  std::vector<int32_t> refs_;  // per page
 };
 
 // Quantize and store rows: row i of x [n_rows, d] goes to logical row rows[i] of sequence seqs[i].
