@@ -263,15 +263,22 @@ TEST(GpuRunner, V4SmallPoolsHoldWhatKvCanHoldSays) { small_pools_hold_what_kv_ca
 // Token picks (TokenPick) are drawn on the device from the same logits: a greedy pick is the argmax of the
 // logits the runner returns without a pick (lowest id on ties); a sampled pick with top_k 1 is that argmax too,
 // and with top_k 5 one of the five largest; a picked input returns no logits.
-TEST(GpuRunner, V41PicksAreDrawnFromTheLogits) {
-  SPW_REQUIRE_GPU();
+// The tiny V4.1 fixture as a runner of max_seqs sequences of 1024 positions, no prefix-cache slots.
+std::unique_ptr<engine::GpuRunner> load_v41_runner(int max_seqs) {
   engine::GpuRunnerSettings gs;
-  gs.budget.max_seqs = 4;
+  gs.budget.max_seqs = max_seqs;
   gs.budget.max_context = 1024;
   gs.prefix_cache_slots = 0;
   auto gpu = engine::load_gpu_runner(golden::fixture_dir("v41") + "/model", gs);
-  ASSERT_TRUE(gpu.ok()) << gpu.error().message;
-  ModelRunner& r = **gpu;
+  if (!gpu.ok()) ADD_FAILURE() << gpu.error().message;
+  return gpu.ok() ? std::move(gpu.value()) : nullptr;
+}
+
+TEST(GpuRunner, V41PicksAreDrawnFromTheLogits) {
+  SPW_REQUIRE_GPU();
+  auto gpu = load_v41_runner(4);
+  ASSERT_TRUE(gpu);
+  ModelRunner& r = *gpu;
   const int V = int(r.config().vocab_size);
   auto a = r.new_sequence();
   ASSERT_TRUE(a.ok());
@@ -317,13 +324,9 @@ TEST(GpuRunner, V41PicksAreDrawnFromTheLogits) {
 // 1e-6 relative (tests/gpu/test_cuda_ops_pick.cpp says why).
 TEST(GpuRunner, V41EditedPicksMatchTheHostSampler) {
   SPW_REQUIRE_GPU();
-  engine::GpuRunnerSettings gs;
-  gs.budget.max_seqs = 8;
-  gs.budget.max_context = 1024;
-  gs.prefix_cache_slots = 0;
-  auto gpu = engine::load_gpu_runner(golden::fixture_dir("v41") + "/model", gs);
-  ASSERT_TRUE(gpu.ok()) << gpu.error().message;
-  ModelRunner& r = **gpu;
+  auto gpu = load_v41_runner(8);
+  ASSERT_TRUE(gpu);
+  ModelRunner& r = *gpu;
   const int V = int(r.config().vocab_size);
   auto a = r.new_sequence();
   ASSERT_TRUE(a.ok());
