@@ -134,11 +134,6 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
     const TokenPick* p = inputs[i].pick;
     return int64_t(p->penalties.size() + p->biases.size());
   };
-  const auto to_device = [](const std::vector<LogitShift>& v) {
-    std::vector<cuda::LogitShift> d(v.size());
-    for (size_t j = 0; j < v.size(); ++j) d[j] = {v[j].id, v[j].delta};
-    return d;
-  };
   for (int group : {0, 1}) {
     const std::vector<size_t>& rows = decodes[group];
     for (size_t first = 0; first < rows.size();) {
@@ -149,22 +144,15 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
       }
       std::vector<GpuSequence*> batch;
       std::vector<int32_t> tokens, next(n);
-      std::vector<GpuModel::TokenDraw> draws;
-      std::vector<std::vector<cuda::LogitShift>> shifts;  // the draws' penalties and biases, in pairs
-      shifts.reserve(2 * n);
+      PickDraws draws;
       for (size_t k = first; k < first + n; ++k) {
         batch.push_back(seqs[rows[k]]);
         tokens.push_back(inputs[rows[k]].tokens[0]);
-        if (const TokenPick* p = inputs[rows[k]].pick; group == 0) {
-          shifts.push_back(to_device(p->penalties));
-          shifts.push_back(to_device(p->biases));
-          draws.push_back({{p->temperature, p->top_k, p->top_p, p->min_p}, p->u, shifts[shifts.size() - 2],
-                           shifts.back(), p->allowed, p->top_logprobs});
-        }
+        if (group == 0) draws.add(*inputs[rows[k]].pick);
       }
       std::vector<float> logits;
       std::vector<cuda::RowLogprobs> row_logprobs;
-      SPW_TRY(model_->decode(batch, tokens, next, group == 0 ? nullptr : &logits, draws, &row_logprobs));
+      SPW_TRY(model_->decode(batch, tokens, next, group == 0 ? nullptr : &logits, draws.draws(), &row_logprobs));
       for (size_t k = 0; k < n; ++k) {
         const size_t i = rows[first + k];
         if (group == 0) {

@@ -36,6 +36,15 @@ Status copy_up(void* dst, const void* src, size_t nbytes, cudaStream_t stream) {
 
 }  // namespace
 
+void PickDraws::add(const TokenPick& p) {
+  for (const std::vector<LogitShift>* from : {&p.penalties, &p.biases}) {
+    std::vector<cuda::LogitShift>& to = shifts_.emplace_back(from->size());
+    for (size_t j = 0; j < from->size(); ++j) to[j] = {(*from)[j].id, (*from)[j].delta};
+  }
+  draws_.push_back({{p.temperature, p.top_k, p.top_p, p.min_p}, p.u, shifts_[shifts_.size() - 2], shifts_.back(),
+                    p.allowed, p.top_logprobs});
+}
+
 size_t pick_workspace_nbytes(int64_t max_rows, int64_t vocab) { return layout(max_rows, vocab).total; }
 
 bool fits_pick_workspace(std::span<const TokenDraw> draws) {

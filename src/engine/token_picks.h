@@ -10,12 +10,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <vector>
 
 #include "base/status.h"
 #include "cuda/ops/pick_logits.h"
 #include "cuda/ops/sampling.h"
+#include "model/model_runner.h"
 
 namespace spw::engine {
 
@@ -29,6 +31,17 @@ struct TokenDraw {
   std::span<const uint64_t> allowed;  // empty: every token; else (vocab + 63) / 64 words
   int top_logprobs = -1;              // −1 .. cuda::kMaxTopLogprobs
   bool edits() const { return !penalties.empty() || !biases.empty() || !allowed.empty() || top_logprobs >= 0; }
+};
+
+// The draws of TokenPicks (model/model_runner.h), with the device-format shifts their spans point into.
+class PickDraws {
+ public:
+  void add(const TokenPick& pick);
+  std::span<const TokenDraw> draws() const { return draws_; }
+
+ private:
+  std::deque<std::vector<cuda::LogitShift>> shifts_;  // a deque: its elements never move
+  std::vector<TokenDraw> draws_;
 };
 
 // The workspace for calls of up to max_rows draws over a vocabulary of vocab.

@@ -79,20 +79,15 @@ void pick_case(int64_t rows, int64_t vocab, uint32_t seed) {
   }
 
   // The device.
-  std::vector<std::vector<cuda::LogitShift>> shifts;
-  std::vector<engine::TokenDraw> draws;
+  engine::PickDraws pick_draws;
   std::vector<cuda::SampleParams> params;
   std::vector<double> u;
-  shifts.reserve(2 * size_t(rows));
   for (const TokenPick& p : picks) {
-    for (const auto* v : {&p.penalties, &p.biases}) {
-      shifts.emplace_back();
-      for (const LogitShift& s : *v) shifts.back().push_back({s.id, s.delta});
-    }
-    params.push_back({p.temperature, p.top_k, p.top_p, p.min_p});
+    pick_draws.add(p);
+    params.push_back(pick_draws.draws().back().params);
     u.push_back(p.u);
-    draws.push_back({params.back(), p.u, shifts[shifts.size() - 2], shifts.back(), p.allowed, p.top_logprobs});
   }
+  const std::span<const engine::TokenDraw> draws = pick_draws.draws();
   Guarded<float> dl(logits);
   Guarded<uint8_t> pick_ws(engine::pick_workspace_nbytes(rows, vocab));
   auto sample_nbytes = cuda::sample_workspace_nbytes(rows, vocab);

@@ -274,6 +274,32 @@ std::unique_ptr<engine::GpuRunner> load_v41_runner(int max_seqs) {
   return gpu.ok() ? std::move(gpu.value()) : nullptr;
 }
 
+// The logits of seq's next position after `token`, computed on a copy (seq itself does not advance), and
+// the ids in descending logit order (ties: lower id first).
+struct NextLogits {
+  std::vector<float> logits;
+  std::vector<int32_t> order;
+};
+NextLogits probe_next(ModelRunner& r, const RunnerSequence& seq, const std::vector<int32_t>& token) {
+  NextLogits n;
+  auto probe = seq.clone();
+  if (!probe) {
+    ADD_FAILURE() << "no copy of the sequence";
+    return n;
+  }
+  auto out = r.forward(std::array{RunnerInput{probe.get(), token, false}});
+  if (!out.ok()) {
+    ADD_FAILURE() << out.error().message;
+    return n;
+  }
+  n.logits = std::move((*out)[0]);
+  n.order.resize(n.logits.size());
+  for (size_t i = 0; i < n.order.size(); ++i) n.order[i] = int32_t(i);
+  std::stable_sort(n.order.begin(), n.order.end(),
+                   [&](int32_t x, int32_t y) { return n.logits[size_t(x)] > n.logits[size_t(y)]; });
+  return n;
+}
+
 TEST(GpuRunner, V41PicksAreDrawnFromTheLogits) {
   SPW_REQUIRE_GPU();
   auto gpu = load_v41_runner(4);
@@ -286,14 +312,9 @@ TEST(GpuRunner, V41PicksAreDrawnFromTheLogits) {
   const std::vector<int32_t> token = {7};
   for (int trial = 0; trial < 3; ++trial) {
     // The logits of the next position, from a copy (so every pick sees the same state).
-    auto probe = (*a)->clone();
-    ASSERT_NE(probe, nullptr);
-    auto logits = r.forward(std::array{RunnerInput{probe.get(), token, false}});
-    ASSERT_TRUE(logits.ok());
-    const std::vector<float>& l = (*logits)[0];
-    std::vector<int32_t> order(static_cast<size_t>(V));
-    for (int i = 0; i < V; ++i) order[size_t(i)] = i;
-    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return l[size_t(x)] > l[size_t(y)]; });
+    const NextLogits next = probe_next(r, **a, token);
+    ASSERT_EQ(next.order.size(), size_t(V));
+    const std::vector<int32_t>& order = next.order;
     TokenPick picks[3];
     picks[0].temperature = 0.f;
     picks[1].temperature = 1.f;
@@ -332,14 +353,10 @@ TEST(GpuRunner, V41EditedPicksMatchTheHostSampler) {
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(r.forward(std::array{RunnerInput{a->get(), gpu_test::lcg_tokens(33, 52, V), false}}).ok());
   const std::vector<int32_t> token = {11};
-  auto probe = (*a)->clone();
-  ASSERT_NE(probe, nullptr);
-  auto logits = r.forward(std::array{RunnerInput{probe.get(), token, false}});
-  ASSERT_TRUE(logits.ok());
-  const std::vector<float>& l = (*logits)[0];
-  std::vector<int32_t> order(static_cast<size_t>(V));
-  for (int i = 0; i < V; ++i) order[size_t(i)] = i;
-  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return l[size_t(x)] > l[size_t(y)]; });
+  const NextLogits next = probe_next(r, **a, token);
+  ASSERT_EQ(next.order.size(), size_t(V));
+  const std::vector<float>& l = next.logits;
+  const std::vector<int32_t>& order = next.order;
   std::vector<TokenPick> picks(4);
   // 0: greedy, the top two penalised below the third, logprobs with 5 alternatives.
   picks[0].penalties = {{order[0], -50.f}, {order[1], -40.f}};

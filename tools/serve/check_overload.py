@@ -12,10 +12,10 @@ completions (random token-id prompts, ignore_eos) at once and checks:
  2. the server's rejected-requests counter grew by the number of 503s;
  3. within --settle seconds after the last answer the server is idle again: nothing queued or running,
     no KV positions held, KV blocks back to their value before the load;
- 4. the burst runs --bursts times (default 3), and the device memory (when the runner reports it) does
-    not grow in every burst after the first: a leak grows with each burst, while one-time allocations
-    (CUDA graphs of a decode row count not seen before, lazily loaded kernels) come mostly in the first
-    and then only when a burst meets a row count for the first time.
+ 4. the burst runs --bursts times (default 3), and the last burst leaves the device memory (when the
+    runner reports it) where the one before left it: the earlier bursts may leave one-time allocations
+    (CUDA graphs of a decode row count met for the first time, lazily loaded kernels), a leak grows
+    with every burst.
 Prints a markdown report; exits 1 when a check fails.
 """
 from __future__ import annotations
@@ -135,9 +135,9 @@ async def main() -> int:
         levels = [idle[mem]] + [m[mem] for m in after_each]
         growth = [(b - a) / 2**20 for a, b in zip(levels, levels[1:])]
         print("\ndevice memory growth per burst: " + ", ".join(f"{g:+.1f} MiB" for g in growth) +
-              " (the first: one-time allocations)")
-        if all(g > 0 for g in growth[1:]):
-            failures.append("device memory grew in every burst: " + ", ".join(f"{g:+.1f} MiB" for g in growth[1:]))
+              " (the earlier ones may be one-time allocations; the last must be 0)")
+        if growth[-1] != 0:
+            failures.append(f"device memory grew by {growth[-1]:+.1f} MiB in the last burst")
     for f in failures:
         print(f"\nFAIL: {f}")
     print("\nPASS" if not failures else f"\nFAIL ({len(failures)})")
