@@ -7,7 +7,9 @@
 #     through SPILLWAY_TEST_MODEL with the suite's own tokenizer (tests/python/server/spw_server_harness.py);
 #     the client-library tests are left out (litellm and langchain do not travel: see below); a run past
 #     SUITE_TIMEOUT is interrupted (SIGINT), so pytest still prints its summary of failures;
-#  2. tools/serve/check_gpu_runner.py on that model: GPU vs CPU greedy continuations, and concurrent vs alone;
+#  2. tools/serve/check_gpu_runner.py on the tiny fixture: GPU vs CPU greedy continuations, and concurrent vs
+#     alone; with CHECK_SYNTH=1 also on the suite's synthetic model (--gpu-only: the prefix cache and concurrent
+#     vs alone, for SUITE_SYNTH_EXPERTS=exl3 the EXL3 kernels' batch invariance through the server);
 #  3. load through HTTP on a synthetic full-width V4.1 model (tools/synth, LAYERS layers, EXL3 K = 3 experts):
 #     bench/load.py at 1, 8, 32 and 64 streaming clients, then `spillway bench` at the same batch sizes and
 #     prompt length in the same call (the server's aggregate tokens/s against the engine's own); on the same
@@ -21,7 +23,7 @@
 # Switches: SKIP_SUITE=1, SUITE_MODELS, SKIP_CHECK=1, SKIP_LOAD=1, LOAD_RUNS (which runs of step 3, default
 # "load prefix overload bench"), DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
 # LOAD_TOKENS (default 256 generated per request), LOAD_BATCH_INVARIANT (the load servers' --batch-invariant values,
-# one load run each; default "true": a model with EXL3 experts runs without batch invariance either way),
+# one load run each; default "true"),
 # PYTEST_K (a pytest -k expression), PYTEST_ARGS (extra pytest arguments, no spaces within one), SUITE_TIMEOUT (seconds per suite run, default 240).
 # WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl): openai==3.57.0
 #   anthropic==2.17.0 pydantic==2.14.4 pydantic_core==2.50.5 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1
@@ -68,7 +70,7 @@ if [ -z "${SKIP_LOAD:-}" ]; then
   SYNTH_PID=$!
 fi
 SUITE_SYNTH=/tmp/synth_v41_suite
-if [[ " $SUITE_MODELS " == *" synth "* ]]; then
+if [[ " $SUITE_MODELS " == *" synth "* || -n "${CHECK_SYNTH:-}" ]]; then
   python3 tools/synth/make_synthetic_model.py $SUITE_SYNTH --arch v41 --experts ${SUITE_SYNTH_EXPERTS:-mxfp4} --bits 3 \
     --layers ${SUITE_SYNTH_LAYERS:-2} --tokenizer none > /tmp/synth_suite.log 2>&1 &
   SUITE_SYNTH_PID=$!
@@ -105,6 +107,13 @@ if [ -z "${SKIP_CHECK:-}" ]; then
     --agreement report > "$OUT/check_tiny_v41.md" 2>&1
   grep -h "prefix cache\|no device copy" "$OUT/check_tiny_v41.md" | head -5 >> "$OUT/serve_main.log"
   echo "check_gpu_runner (tiny V4.1): rc $? — $(tail -1 "$OUT/check_tiny_v41.md")" | tee -a "$OUT/serve_main.log"
+fi
+if [ -n "${CHECK_SYNTH:-}" ]; then
+  [[ " $SUITE_MODELS " != *" synth "* ]] && { wait $SUITE_SYNTH_PID; cat /tmp/synth_suite.log >> "$OUT/serve_main.log"; }
+  timeout 240 python3 tools/serve/check_gpu_runner.py --bin /tmp/spillway --model $SUITE_SYNTH --gpu-only --prompts 8 \
+    > "$OUT/check_synth.md" 2>&1
+  echo "check_gpu_runner (synthetic, ${SUITE_SYNTH_EXPERTS:-mxfp4} experts): rc $? — $(tail -1 "$OUT/check_synth.md")" |
+    tee -a "$OUT/serve_main.log"
 fi
 # DEMO=1: the trained demo model, GPU against CPU with the agreement judged (--agreement verdict).
 if [ -n "${DEMO:-}" ]; then

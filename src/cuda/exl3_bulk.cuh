@@ -4,8 +4,11 @@
 // A block owns one 128-column group of one tensor over one k slice, for up to 8·G rows of x: a producer
 // warp streams the trellis into a shared-memory ring by bulk copies (cp.async.bulk on the TMA engine),
 // eight consumer warps decode each 16×16 tile in registers and multiply it with all rows on tensor cores
-// (mma.m16n8k16, fp32 accumulation). Partial sums of the k slices meet in an fp32 accumulator by atomics;
-// the last block of the column group to arrive applies the output Hadamard, svh and bias and writes y.
+// (mma.m16n8k16, fp32 accumulation). Partial sums of the k slices meet in an fp32 accumulator in split
+// order (split s adds after split s − 1 has, waiting on the column group's counter), so the sums never
+// depend on timing and every run gives the same bits; the last split applies the output Hadamard, svh and
+// bias and writes y. The wait cannot deadlock: split s − 1 of a column group has the lower block index,
+// so it was dispatched first and runs to completion without waiting on later blocks.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -33,7 +36,7 @@ struct BulkBlock {
   const void* x = nullptr;            // fp32 rows [m][k], or fp16 rows already rotated (kRotated)
   float* y = nullptr;                 // [rows][n]
   float* acc = nullptr;               // fp32 partial sums [rows][n]: zero on entry; may be y itself
-  uint32_t* counter = nullptr;        // this column group's arrival count: zero on entry, left zero
+  uint32_t* counter = nullptr;        // this column group's splits done: zero on entry, left zero
   const int32_t* row_map = nullptr;
   int row0 = 0;
   int k = 0, n = 0, m = 0;
@@ -45,23 +48,37 @@ struct BulkBlock {
   __device__ __forceinline__ int64_t row(int r) const { return row_map ? row_map[row0 + r] : row0 + r; }
 };
 
+// Blocks until the column group's counter reaches `turn` (its splits before this one have added), then
+// every thread of the block sees their sums (acquire by thread 0, then the block barrier).
+__device__ __forceinline__ void wait_for_turn(const uint32_t* counter, uint32_t turn) {
+  if (threadIdx.x == 0) {
+    uint32_t v;
+    for (;;) {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+      if (v == turn) break;
+      __nanosleep(32);
+    }
+  }
+  __syncthreads();
+}
+
 // Partial sums of one warp's 16-column strip (tile accumulators of G 8-token groups, exl3_device.cuh:
-// tile_mma; group h holds tokens 8h..8h+7) go into acc; the last block of the column group to arrive
-// applies the output Hadamard, svh and bias and writes y. All threads of the block call this;
-// `has_strip` is false for threads that computed nothing (the producer warp). G ≥ 8 needs stage_smem:
-// 4 KB per token group of shared memory no warp reads any more.
+// tile_mma; group h holds tokens 8h..8h+7) are added into acc in split order; the last split applies the
+// output Hadamard, svh and bias and writes y. All threads of the block call this; `has_strip` is false for
+// threads that computed nothing (the producer warp). G ≥ 8 needs stage_smem: 4 KB per token group of
+// shared memory no warp reads any more.
 template <int G>
 __device__ __forceinline__ void finish_column_group(const BulkBlock& b, const float (*c)[4], bool has_strip, int tn,
                                                     void* stage_smem = nullptr) {
   constexpr int kRows = 8 * G;
-  __shared__ bool is_last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t4 = lane & 3, g = lane >> 2;
   const int col = tn * 16 + g;
   const int n = b.n, m = b.m;
+  const bool is_last = b.split == b.n_splits - 1;
   if constexpr (G >= 8) {
     // 64 or 96 rows: the block's [8G][128] partial goes through shared memory (the ring's and x slice's
-    // space, free once every warp is done) and into acc as float4 atomics, a quarter of the scalar ones.
+    // space, free once every warp is done) and into acc as float4, a quarter of the scalar accesses.
     __syncthreads();
     float* stage = reinterpret_cast<float*>(stage_smem);
     if (has_strip)
@@ -73,32 +90,36 @@ __device__ __forceinline__ void finish_column_group(const BulkBlock& b, const fl
           stage[tok * 128 + sc] = c[h][j];
           stage[tok * 128 + sc + 8] = c[h][2 + j];
         }
-    __syncthreads();
+    wait_for_turn(b.counter, b.split);  // its barrier also publishes the staged partial
     for (int i = threadIdx.x; i < m * 32; i += blockDim.x) {
       const int tok = i >> 5, c4 = i & 31;
-      atomicAdd(reinterpret_cast<float4*>(b.acc + b.row(tok) * n + b.group * 128) + c4,
-                reinterpret_cast<const float4*>(stage + tok * 128)[c4]);
+      float4* a = reinterpret_cast<float4*>(b.acc + b.row(tok) * n + b.group * 128) + c4;
+      const float4 p = reinterpret_cast<const float4*>(stage + tok * 128)[c4], v = __ldcg(a);
+      __stcg(a, make_float4(v.x + p.x, v.y + p.y, v.z + p.z, v.w + p.w));
     }
-  } else if (has_strip) {
+  } else {
+    wait_for_turn(b.counter, b.split);
+    if (has_strip) {
 #pragma unroll
-    for (int h = 0; h < G; ++h) {
+      for (int h = 0; h < G; ++h) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int tok = 8 * h + 2 * t4 + j;
-        if (tok < m) {
-          float* a = b.acc + b.row(tok) * n;
-          atomicAdd(a + col, c[h][j]);
-          atomicAdd(a + col + 8, c[h][2 + j]);
+        for (int j = 0; j < 2; ++j) {
+          const int tok = 8 * h + 2 * t4 + j;
+          if (tok < m) {
+            float* a = b.acc + b.row(tok) * n;
+            __stcg(a + col, __ldcg(a + col) + c[h][j]);
+            __stcg(a + col + 8, __ldcg(a + col + 8) + c[h][2 + j]);
+          }
         }
       }
     }
   }
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(b.counter, 1u) == unsigned(b.n_splits - 1);
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
+  if (!is_last) {
+    if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(b.counter), "r"(b.split + 1) : "memory");
+    return;
+  }
   for (int r = warp; r < m && r < kRows; r += blockDim.x / 32) {
     const int64_t row = b.row(r);
     float* a = b.acc + row * n + b.group * 128;

@@ -3,8 +3,8 @@
 // (as kXSmem, trellis by block-wide bulk copies).
 // Contract, limits and accuracy: exl3_gemm.h.
 // Launch shape: grid (n/128 column groups, k splits), 256 compute threads; warp w of block (gx, gy)
-// owns output columns [128·gx + 16·w, +16) over the block's k slice; partial sums meet by fp32
-// atomics and the last block of a column group finishes it (output Hadamard, svh, bias).
+// owns output columns [128·gx + 16·w, +16) over the block's k slice; partial sums meet in slice order
+// and the last slice of a column group finishes it (output Hadamard, svh, bias): exl3_bulk.cuh.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 

@@ -6,9 +6,9 @@
 // chunk, exl3_rotate_rows_kernel), then the trellis product (two paths, see Exl3GemmPath): each warp walks one 16-column strip over the
 // slice, decoding every 16×16 trellis tile in registers (a lane's 8 positions are exactly its
 // mma.m16n8k16 A fragment, spec §1.4) while the next tiles are already in flight, and multiplies on
-// tensor cores with fp32 accumulation; partial sums meet in an fp32 workspace by atomics, and the last
-// block of each 128-column group applies the output Hadamard, svh and bias, writes y and zeroes its
-// workspace slice again (no memset between calls). For hundreds of tokens, exl3_prefill.h is faster
+// tensor cores with fp32 accumulation; the k slices' partial sums meet in an fp32 workspace in slice
+// order (deterministic: exl3_bulk.cuh), and the last slice of each 128-column group applies the output
+// Hadamard, svh and bias, writes y and zeroes its workspace slice again (no memset between calls). For hundreds of tokens, exl3_prefill.h is faster
 // (bench_exl3's prefill table: the crossover is ~128 tokens per matrix).
 //
 // Contract: all pointers are device pointers. x [m][k] fp32, y [m][n] fp32 (overwritten, no aliasing

@@ -16,7 +16,7 @@ namespace {
 using namespace exl3dev;
 
 // k-blocks (of 128) per slice: a 64-row block keeps 2 per SM with 512 k (ring + 66 KB of x), a 96-row
-// block with 384 k (ring + 75 KB), the smaller row classes take 1024 k per block and fewer atomics.
+// block with 384 k (ring + 75 KB), the smaller row classes take 1024 k per block and fewer slices to meet.
 constexpr int kSliceBlocks64 = 4, kSliceBlocks96 = 3, kSliceBlocksSmall = 8;
 // Token groups of each row class (≤ 8, ≤ 16, ≤ 64, ≤ 96 rows).
 constexpr int kClassGroups[kExl3GroupClasses] = {1, 2, 8, 12};

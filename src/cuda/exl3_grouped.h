@@ -10,15 +10,16 @@
 // How: exl3_rotate_grouped_cuda rotates every row once by its expert's suh into fp16 (gathering rows
 // of x through x_rows); the grouped kernel's blocks are (column group, k slice, item), items of ≤ 8,
 // ≤ 16, ≤ 64 and ≤ 96 rows in four launches (1, 2, 8 or 12 token groups per decoded tile). Partial sums of the
-// k slices meet by fp32 atomics in y itself, which the call zeroes first; the last block of an item's
-// column group applies the output Hadamard, svh and bias in place.
+// k slices meet in y itself in slice order (exl3_bulk.cuh), which the call zeroes first; the last slice of
+// an item's column group applies the output Hadamard, svh and bias in place.
 // Contract: device pointers unless said otherwise; layer as exl3_moe_decode_cuda's table (one integer K
 // 2..6 and codebook, d and f multiples of 128). xr [rows][k] fp16 from exl3_rotate_grouped_cuda;
 // y [y_rows_total][n] fp32 (overwritten: zeroed, then every mapped row written); counters ≥
 // items · n/128 uint32 (any content: zeroed by the call). Rows of different items must map to
 // distinct y rows.
-// Accuracy: as exl3_gemm_cuda (x rounded to fp16 once after its rotation, fp32 products and sums; the
-// sums of k slices meet in any order).
+// Accuracy: as exl3_gemm_cuda (x rounded to fp16 once after its rotation, fp32 products and sums).
+// Deterministic; a row's result depends on its item's row class (the slices' length), not on other rows'
+// values. The pairs launch has one class, so a pair's result never depends on the other pairs.
 // Tests: tests/gpu/test_exl3_grouped.cpp. Used by: engine/gpu_moe.cpp (host dispatch of EXL3 experts).
 #pragma once
 

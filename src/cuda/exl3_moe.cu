@@ -3,15 +3,19 @@
 // Work is a flat list of warp jobs per phase, walked grid-stride by every warp of a grid sized to be
 // fully resident; cooperative_groups' grid barrier separates the phases:
 //   A  rotate: (pair, gate|up, 128-block of d)         xr_gu[p][q] = fp16(had(x[t] ∘ suh_q))
-//   B  gate/up: every (pair, gate|up, 16-col strip of f, k-tile), split evenly over the warps   acc_gu[p][q] += x·Ŵ
-//   C  SwiGLU: (pair, 128-block of f)                  h = swiglu(had(acc)·svh + b); xr_d[p] = fp16(had(h ∘ suh_2))
-//   D  down: every (pair, 16-col strip of d, k-tile), split evenly                 acc_d[p] += h·Ŵ2
-//   E  combine: (token, 128-block of d)                y[t] = Σ_j (w_tj · had(acc_d[p])·svh_2 + b_2)
+//   B  gate/up: every (pair, gate|up, 16-col strip of f, k segment), split evenly over the warps
+//                                                      part_gu[p][q][s] = x[segment s]·Ŵ[segment s]
+//   C  SwiGLU: (pair, 128-block of f)                  acc = Σ_s part_gu[p][q][s] (in order);
+//                                                      h = swiglu(had(acc)·svh + b); xr_d[p] = fp16(had(h ∘ suh_2))
+//   D  down: every (pair, 16-col strip of d, k segment), split evenly               part_d[p][s] = h·Ŵ2 (segment s)
+//   E  combine: (token, 128-block of d)                y[t] = Σ_j (w_tj · had(Σ_s part_d[p][s])·svh_2 + b_2)
+// A k segment (kSegStages stages, 256 of k) is the unit of work: one warp computes it whole and stores it
+// in its own slot, and its boundaries depend only on the shapes. So every pair's sums are the same bits
+// whatever T is and however the segments fall to warps: the kernel is deterministic and a token's output
+// does not depend on the other tokens of the launch.
 // Tried and measured slower (H200, one V4.1 layer at one token): E split into a job per slot and a
 // job per token with a barrier between (97.4 → 101.3 µs); phases B and D handed out in units of kStages stages
 // from a grid-wide counter instead of even static shares (108 → 118 µs, same call).
-// Accumulators are zeroed by the phase that consumes them, so the workspace stays clean for the
-// next call without a memset.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -41,8 +45,8 @@ struct MoeArgs {
   float* y;
   __half* xr_gu;   // [P][2][d]
   __half* xr_d;    // [P][f]
-  float* acc_gu;   // [P][2][f]
-  float* acc_d;    // [P][d]
+  float* part_gu;  // [P][2][segments(d)][f]
+  float* part_d;   // [P][segments(f)][d]
   int T, topk, d, f;
   float limit;
   bool ref_round;  // Exl3CudaMoeLayer::reference_rounding
@@ -81,20 +85,25 @@ __device__ __forceinline__ int next_slot(const int32_t* idx, int topk, int prev_
   return best;
 }
 
-// Adds this warp's token-0 strip result (tile accumulators, exl3_device.cuh: tile_mma; token 0 sits in
-// lanes with t4 = 0: column g in c[0], column g + 8 in c[2]) to acc.
-__device__ __forceinline__ void add_row0(float* acc, int col0, const float (&c)[4], int lane) {
+// Stages per k segment: 2 (256 of k) where k allows, else 1 (k = 128·odd). A function of k alone.
+constexpr int kSegStages = 2;
+__host__ __device__ constexpr int seg_stages(int64_t k) { return (k / (16 * kStageTiles)) % kSegStages == 0 ? kSegStages : 1; }
+__host__ __device__ constexpr int segments(int64_t k) { return static_cast<int>(k / (16 * kStageTiles) / seg_stages(k)); }
+
+// Stores this warp's token-0 segment result (tile accumulators, exl3_device.cuh: tile_mma; token 0 sits in
+// lanes with t4 = 0: column g in c[0], column g + 8 in c[2]) in its slot.
+__device__ __forceinline__ void store_row0(float* slot, int col0, const float (&c)[4], int lane) {
   if ((lane & 3) != 0) return;
   const int col = col0 + (lane >> 2);
-  atomicAdd(acc + col, c[0]);
-  atomicAdd(acc + col + 8, c[2]);
+  __stcg(slot + col, c[0]);
+  __stcg(slot + col + 8, c[2]);
 }
 
 // One phase's matrix products as a single sequence of tiles, ordered (pair p, matrix q, 16-column strip
-// tn, k-tile kt) with kt fastest, split evenly over all warps of the grid ("stream-K"): every warp
-// gets the same number of tiles whatever the shapes, its ring keeps loading across strip boundaries,
-// and a strip split between two warps meets in acc by atomics. The unit of work is a stage of
-// kStageTiles consecutive k-tiles, which never crosses a strip (k is a multiple of 128).
+// tn, k-tile kt) with kt fastest, split over all warps of the grid in whole k segments (as evenly as
+// segments allow: every warp gets the same number of tiles up to one segment, whatever the shapes), its
+// ring loading on across segment and strip boundaries. A stage of kStageTiles consecutive k-tiles never
+// crosses a segment, a segment never crosses a strip (k is a multiple of 128).
 struct PhaseSeq {
   const Exl3CudaExpert* experts;
   const int32_t* idx;
@@ -103,8 +112,10 @@ struct PhaseSeq {
   int n_kt, n_tn;    // k-tiles per strip (a multiple of kStageTiles), strips per matrix
   const __half* xr;  // rotated input of (p, q): xr + (p·n_q + q)·ldx
   int ldx;
-  float* acc;        // output of (p, q): acc + (p·n_q + q)·ld_acc
-  int ld_acc;
+  float* part;       // segment s of (p, q): part + ((p·n_q + q)·n_seg + s)·ld_part
+  int ld_part;
+  int seg_stages, n_seg;
+  __device__ __forceinline__ int64_t total_segments() const { return static_cast<int64_t>(P) * n_q * n_tn * n_seg; }
 };
 
 struct StageCursor {
@@ -131,9 +142,9 @@ struct StageCursor {
   __device__ __forceinline__ int expert(const PhaseSeq& s) const { return p < s.P ? s.idx[p] : -1; }
 };
 
-// This warp's stages [st0, st1) of the phase: the warp copies their tiles (none for pairs whose expert is
-// −1) into its ring kStages stages ahead, 16 bytes per lane and cp.async, then decodes, multiplies, and
-// adds each strip segment's token-0 result to acc. A stage's 8 tiles lie a row of tiles apart, so a bulk
+// This warp's stages [st0, st1) of the phase (whole segments): the warp copies their tiles (none for pairs
+// whose expert is −1) into its ring kStages stages ahead, 16 bytes per lane and cp.async, then decodes,
+// multiplies, and stores each segment's token-0 result in its slot. A stage's 8 tiles lie a row of tiles apart, so a bulk
 // copy per tile (the earlier design) cost lane 0 ~135 SASS instructions per stage — about 17 of the
 // warp's ~69 issue slots per tile — while the other lanes waited; here each lane issues ≤ 3 copies.
 template <int K, int CB>
@@ -181,7 +192,7 @@ __device__ __forceinline__ void phase_stream(const PhaseSeq& s, int64_t st0, int
   cc.set(s, st0);
   int ce = cc.expert(s);
   float c[4] = {0.f, 0.f, 0.f, 0.f}, unused[4];
-  bool pending = false;  // c holds a strip segment not yet added to acc
+  const int seg_tiles = s.seg_stages * kStageTiles;
 
   for (int st = 0; st < kStages; ++st) issue(st);
 #pragma unroll 1
@@ -198,22 +209,31 @@ __device__ __forceinline__ void phase_stream(const PhaseSeq& s, int64_t st0, int
         tile_mma<K, CB, false>(tw[lw.wa], tw[lw.wb], tw[lw.wc], lw.off, __ldcg(xp + u * 8), __ldcg(xp + u * 8 + 4), 0u,
                                0u, c, unused);
       }
-      pending = true;
     }
     const StageCursor at = cc;
-    if (cc.advance(s)) {
-      if (pending) {
-        add_row0(s.acc + static_cast<size_t>(at.p * s.n_q + at.q) * s.ld_acc, at.tn * 16, c, lane);
-        c[0] = c[1] = c[2] = c[3] = 0.f;
-        pending = false;
+    const bool new_strip = cc.advance(s);
+    if (cc.kt % seg_tiles == 0) {  // the segment is complete
+      if (ce >= 0) {
+        const int64_t slot = (static_cast<int64_t>(at.p * s.n_q + at.q) * s.n_seg + at.kt / seg_tiles) * s.ld_part;
+        store_row0(s.part + slot, at.tn * 16, c, lane);
       }
-      ce = cc.expert(s);
+      c[0] = c[1] = c[2] = c[3] = 0.f;
     }
+    if (new_strip) ce = cc.expert(s);
     __syncwarp();  // every lane has read the slot before the warp refills it
     issue(st + kStages);
   }
-  if (pending) add_row0(s.acc + static_cast<size_t>(cc.p * s.n_q + cc.q) * s.ld_acc, cc.tn * 16, c, lane);
   ring.uses += n_stages;
+}
+
+// v = Σ_s part[s·ld + lane + 32i] over the n_seg slots in order: a lane's 4 columns of one 128-block.
+__device__ __forceinline__ void sum_segments(const float* part, int n_seg, int64_t ld, int lane, float (&v)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = __ldcg(part + lane + 32 * i);
+#pragma unroll 4
+  for (int s = 1; s < n_seg; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] += __ldcg(part + s * ld + lane + 32 * i);
 }
 
 template <int K, int CB>
@@ -243,11 +263,12 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
   grid.sync();
   stamp(a, warp0, 2, lane);
 
-  // B: gate/up partial products, all pairs' gate and up tiles split evenly over the warps.
+  // B: gate/up segments, all pairs' gate and up segments split evenly over the warps.
   {
-    const PhaseSeq seq{a.experts, a.idx, P, 0, 2, d_kt, f_tn, a.xr_gu, d, a.acc_gu, f};
-    const int64_t total = static_cast<int64_t>(P) * 2 * f_tn * (d_kt / kStageTiles);  // stages
-    phase_stream<K, CB>(seq, total * warp0 / n_warps, total * (warp0 + 1) / n_warps, ring, lane);
+    const PhaseSeq seq{a.experts, a.idx, P, 0, 2, d_kt, f_tn, a.xr_gu, d, a.part_gu, f, seg_stages(d), segments(d)};
+    const int64_t total = seq.total_segments();
+    phase_stream<K, CB>(seq, total * warp0 / n_warps * seq.seg_stages, total * (warp0 + 1) / n_warps * seq.seg_stages,
+                        ring, lane);
   }
   stamp(a, warp0, 3, lane);
   grid.sync();
@@ -260,13 +281,9 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
     if (e < 0) continue;
     const Exl3CudaExpert& ex = a.experts[e];
     float g[4], u[4];
-    float* ag = a.acc_gu + (static_cast<size_t>(p) * 2) * f + b * 128;
-    float* au = ag + f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      g[i] = __ldcg(ag + lane + 32 * i), u[i] = __ldcg(au + lane + 32 * i);
-      __stcg(ag + lane + 32 * i, 0.f), __stcg(au + lane + 32 * i, 0.f);
-    }
+    const int n_seg = segments(d);
+    sum_segments(a.part_gu + static_cast<size_t>(p) * 2 * n_seg * f + b * 128, n_seg, f, lane, g);
+    sum_segments(a.part_gu + (static_cast<size_t>(p) * 2 + 1) * n_seg * f + b * 128, n_seg, f, lane, u);
     had128_warp(g, lane);
     had128_warp(u, lane);
     float h[4];
@@ -293,11 +310,12 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
   grid.sync();
   stamp(a, warp0, 6, lane);
 
-  // D: down partial products, split the same way.
+  // D: down segments, split the same way.
   {
-    const PhaseSeq seq{a.experts, a.idx, P, 2, 1, f_kt, d_tn, a.xr_d, f, a.acc_d, d};
-    const int64_t total = static_cast<int64_t>(P) * d_tn * (f_kt / kStageTiles);  // stages
-    phase_stream<K, CB>(seq, total * warp0 / n_warps, total * (warp0 + 1) / n_warps, ring, lane);
+    const PhaseSeq seq{a.experts, a.idx, P, 2, 1, f_kt, d_tn, a.xr_d, f, a.part_d, d, seg_stages(f), segments(f)};
+    const int64_t total = seq.total_segments();
+    phase_stream<K, CB>(seq, total * warp0 / n_warps * seq.seg_stages, total * (warp0 + 1) / n_warps * seq.seg_stages,
+                        ring, lane);
   }
   stamp(a, warp0, 7, lane);
   grid.sync();
@@ -319,10 +337,8 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
       const int p = t * a.topk + j, e = a.idx[p];
       if (e < 0) continue;
       const Exl3CudaExpert& ex = a.experts[e];
-      float* ad = a.acc_d + static_cast<size_t>(p) * d + b * 128;
       float v[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = __ldcg(ad + lane + 32 * i), __stcg(ad + lane + 32 * i, 0.f);
+      sum_segments(a.part_d + static_cast<size_t>(p) * segments(f) * d + b * 128, segments(f), d, lane, v);
       had128_warp(v, lane);
       const float w = a.weights[p];
 #pragma unroll
@@ -365,7 +381,8 @@ MoeKernel pick_kernel(int K, int cb) {
 Error cuda_error(const char* what, cudaError_t e) { return make_error("CUDA ", what, ": ", cudaGetErrorString(e)); }
 
 size_t workspace_bytes(int pairs, int64_t d, int64_t f) {
-  return static_cast<size_t>(pairs) * (2 * d + f) * sizeof(__half) + static_cast<size_t>(pairs) * (2 * f + d) * sizeof(float);
+  return static_cast<size_t>(pairs) * (2 * d + f) * sizeof(__half) +
+         static_cast<size_t>(pairs) * (2 * segments(d) * f + segments(f) * d) * sizeof(float);
 }
 
 // The kernel, its shared memory and a grid that is fully resident (the grid barriers need every block at once).
@@ -438,8 +455,8 @@ Status exl3_moe_decode_cuda(const Exl3CudaMoeLayer& layer, const float* x, const
   char* b = static_cast<char*>(ws.buf);
   a.xr_gu = reinterpret_cast<__half*>(b);
   a.xr_d = a.xr_gu + static_cast<size_t>(ws.max_pairs) * 2 * layer.d;
-  a.acc_gu = reinterpret_cast<float*>(a.xr_d + static_cast<size_t>(ws.max_pairs) * layer.f);
-  a.acc_d = a.acc_gu + static_cast<size_t>(ws.max_pairs) * 2 * layer.f;
+  a.part_gu = reinterpret_cast<float*>(a.xr_d + static_cast<size_t>(ws.max_pairs) * layer.f);
+  a.part_d = a.part_gu + static_cast<size_t>(ws.max_pairs) * 2 * segments(layer.d) * layer.f;
   a.T = T, a.topk = topk, a.d = static_cast<int>(layer.d), a.f = static_cast<int>(layer.f);
   a.limit = layer.swiglu_limit;
   a.ref_round = layer.reference_rounding;

@@ -9,8 +9,11 @@
 // elsewhere, e.g. on another GPU), so y then carries only this shard's experts.
 //
 // How: a cooperative kernel whose warps walk five phases separated by grid barriers — rotate x by
-// each selected gate/up's suh; gate/up strips with fp32 atomics; output Hadamard + svh, SwiGLU,
-// rotate by the down projection's suh; down strips; output Hadamard + svh, weighted sum. All inputs
+// each selected gate/up's suh; gate/up products in k segments of 256, each computed whole by one warp
+// into a slot of its own; the slots summed in order, output Hadamard + svh, SwiGLU, rotate by the down
+// projection's suh; down products the same way; output Hadamard + svh, weighted sum. The segments'
+// boundaries depend on d and f alone and nothing meets by atomics, so results are deterministic and a
+// token's output is the same bits whatever else the launch holds (T and the other tokens' experts). All inputs
 // (x, idx, weights) and the expert table live in device memory, so the launch is CUDA-graph
 // capturable and never synchronizes with the host. Pointers in the expert table may point at pinned
 // host memory (mapped), which the kernel then reads over PCIe.
@@ -20,8 +23,9 @@
 //   h = bf16(silu(min(g, L))·clamp(u, ±L)·weight[t][j]) (silu with an exp evaluated in f64 and rounded
 //   once, as cuda/ops/moe.h's swiglu), each slot's down output rounded to bf16 unweighted, and
 //   y[t] = 0 + Σ over the token's slots in ascending expert id (ties by slot) — the per-expert
-//   scatter-add order. The sums inside each projection still meet by fp32 atomics (any order), so
-//   results match the per-expert path up to fp32 summation order (then a rare 1-ulp bf16 flip).
+//   scatter-add order. The sums inside each projection are split at other k boundaries than
+//   exl3_gemm_cuda's, so results match the per-expert path up to fp32 summation order (then a rare
+//   1-ulp bf16 flip).
 // Limits: d and f multiples of 128; all experts share one integer K (2..6) and codebook; T·topk ≤
 // the workspace's max_pairs. Accuracy: as exl3_gemm_cuda per projection (x and h rounded to fp16 once
 // after their rotations), fp32 elsewhere.
@@ -54,7 +58,7 @@ struct Exl3CudaMoeLayer {
 };
 
 struct Exl3CudaMoeWorkspace {
-  void* buf = nullptr;  // rotated inputs and self-cleaning fp32 accumulators
+  void* buf = nullptr;  // rotated inputs and the fp32 segment slots
   int max_pairs = 0;
   int64_t d = 0, f = 0;
   // Diagnostics (bench_exl3's phase table): when set, every warp's lane 0 writes %globaltimer (ns) at the

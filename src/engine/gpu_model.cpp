@@ -53,13 +53,6 @@ size_t GpuModel::step_arena_capacity() const { return state_->arena.capacity(); 
 void GpuModel::set_cuda_graphs(bool on) { state_->cuda_graphs = on; }
 StepGraphStats GpuModel::graph_stats() const { return state_->graphs.stats(); }
 
-bool GpuModel::has_exl3_experts() const {
-  for (const DeviceLayer& l : state_->w->layers)
-    for (const DeviceExpert& e : l.experts)
-      if (e.is_exl3()) return true;
-  return false;
-}
-
 int GpuModel::invariant_decode_rows() const {
   const LinearPath path = options_.linear_path == LinearPath::kAuto ? options_.decode_linear_path : options_.linear_path;
   int rows = path == LinearPath::kGemv ? options_.budget.max_seqs : kDeviceDispatchRows;

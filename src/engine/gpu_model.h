@@ -145,10 +145,6 @@ class GpuModel {
   // the others: 16 unless decode steps force the GEMV, then dense-table experts allow MoePaths::dense_device_rows
   // and EXL3 experts 16 (past it their dispatch goes through the host), capped at the budget's max_seqs.
   int invariant_decode_rows() const;
-  // Whether any routed expert is EXL3: their kernels meet partial sums by fp32 atomics (cuda/exl3_moe.h,
-  // cuda/exl3_grouped.h), in an order that can vary between runs, and take other kernels at other row counts,
-  // so no step size makes their rows independent of the batch.
-  bool has_exl3_experts() const;
 
   // Sets GpuModelOptions::decode_linear_path after loading.
   void set_decode_linear_path(LinearPath path) { options_.decode_linear_path = path; }

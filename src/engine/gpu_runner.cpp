@@ -50,12 +50,8 @@ Result<DeviceMemory> device_memory() {
 GpuRunner::GpuRunner(std::unique_ptr<GpuModel> model, bool batch_invariant, int cache_slots)
     : model_(std::move(model)),
       cache_slots_(cache_slots),
-      batch_invariant_(batch_invariant && !model_->has_exl3_experts()),
-      max_decode_rows_(batch_invariant_ ? model_->invariant_decode_rows() : model_->budget().max_seqs - cache_slots) {
-  if (batch_invariant && !batch_invariant_)
-    SPW_LOG_WARN("batch invariance is not available with EXL3 routed experts (their kernels' sums meet in a varying "
-                 "order): decodes and prefill pieces run batched, as with --batch-invariant false");
-}
+      batch_invariant_(batch_invariant),
+      max_decode_rows_(batch_invariant_ ? model_->invariant_decode_rows() : model_->budget().max_seqs - cache_slots) {}
 
 RunnerUsage GpuRunner::usage() const {
   RunnerUsage u;
@@ -214,12 +210,15 @@ Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir,
   options.budget = settings.budget;
   options.budget.max_seqs += settings.prefix_cache_slots;
   options.moe_paths = moe_paths_from(settings.gpu);
+  // EXL3 decodes on one kernel at every row count: each is batch-invariant alone (cuda/exl3_moe.h,
+  // cuda/exl3_grouped.h), switching between them by row count is not.
+  if (settings.batch_invariant && options.moe_paths.exl3_decode == Exl3DecodeKernel::kByRows)
+    options.moe_paths.exl3_decode = Exl3DecodeKernel::kFused;
   options.share_kv_pages = settings.gpu.kv_share_pages;
   options.on_progress = settings.on_progress;
   auto model = load_gpu_model(model_dir, settings.numerics, options);
   if (!model.ok()) return model.error();
-  if (settings.batch_invariant && !(*model)->has_exl3_experts())
-    (*model)->set_decode_linear_path(LinearPath::kGemv);
+  if (settings.batch_invariant) (*model)->set_decode_linear_path(LinearPath::kGemv);
   return std::make_unique<GpuRunner>(std::move(model.value()), settings.batch_invariant, settings.prefix_cache_slots);
 }
 }  // namespace spw::engine

@@ -11,11 +11,10 @@
 // token and its logprobs); every other result is logits on the host, where the scheduler samples.
 // With batch_invariant (the default) decode steps force the GEMV for every linear (in slices of 16 rows
 // past 16) and a decode call takes at most GpuModel::invariant_decode_rows() sequences (64 for dense-table
-// experts, dispatched on the device): there every kernel computes each row from that row alone, so a
-// sequence's result is what GpuModel::forward computes for it alone whatever else runs
-// (tests/gpu/test_engine_batch.cpp; through the server: tools/serve/check_gpu_runner.py). Models with EXL3
-// routed experts cannot have it (GpuModel::has_exl3_experts: their kernels meet sums by fp32 atomics and
-// change with the row count), so for them the runner warns once and runs as without it. Without it one
+// experts, 16 for EXL3 experts, dispatched on the device; EXL3 decodes keep one kernel at every row count,
+// the fused one unless MoePaths::exl3_decode names another): there every kernel computes each row from
+// that row alone, so a sequence's result is what GpuModel::forward computes for it alone whatever else runs
+// (tests/gpu/test_engine_batch.cpp; through the server: tools/serve/check_gpu_runner.py). Without it one
 // call takes the whole batch, which past 16 rows takes GEMMs (one weight read for all rows) whose per-row
 // sums may depend on the batch size.
 // The prefix cache keeps device copies of sequences (GpuModel::copy_sequence) in prefix_cache_slots

@@ -6,10 +6,12 @@
 // nobody maps must stay zero). Every codebook, K = 2..4 and 6, with and without bias. The decode form
 // (exl3_grouped_pairs_gemm_cuda: one item per (token, slot) pair, skipped slots) against the same.
 // Tolerance: both paths add the same fp32 products, but in other groupings (the k slices differ: the
-// per-expert launches split k for one matrix's parallelism, the grouped ones barely) and their partial
-// sums meet by atomics in any order: |Δ| ≤ 1e-5·max(|y|, RMS of y). With bf16 rounding such a
+// per-expert launches split k for one matrix's parallelism, the grouped ones barely): |Δ| ≤
+// 1e-5·max(|y|, RMS of y). With bf16 rounding such a
 // difference can flip a rounding: one bf16 ulp more, and ≥ 95 % of the values bit-identical (98.4 %
 // measured on the H200; near-zero outputs, sums of cancelling terms, flip most).
+// Determinism at shapes with several k slices (d = 4096: 4 slices of the pairs' class, 8 of the 64-row
+// class): a second call gives the same bits, and a pair computed among 16 tokens the same bits as alone.
 // Built into spw_gpu_tests (not run by ctest); scripts/gpu_test.sh runs it on the GPU machine.
 #if defined(SPW_HAVE_CUDA)
 #include "cuda/exl3_gemm.h"
@@ -21,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -305,6 +308,75 @@ TEST(Exl3Grouped, RejectsUnsupportedLayers) {
   EXPECT_FALSE(exl3_rotate_grouped_cuda(layer, 3, nullptr, nullptr, 1, nullptr, 1, nullptr, nullptr).ok());  // no projection 3
   layer.f = 200;  // not a multiple of 128
   EXPECT_FALSE(exl3_grouped_gemm_cuda(layer, 0, plan, nullptr, nullptr, nullptr, nullptr, 0, nullptr, false, nullptr).ok());
+}
+
+
+// Bits of y [rows][n] from the device.
+std::vector<float> fetch(const float* dy, int64_t count) {
+  std::vector<float> h(count);
+  EXPECT_EQ(cudaMemcpy(h.data(), dy, count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << what << ": element " << i << " " << got[i] << " vs " << want[i];
+}
+
+TEST(Exl3Grouped, DeterministicAndPairsIndependentOfTheBatch) {
+  SPW_REQUIRE_GPU();
+  const int64_t d = 4096, f = 256;
+  const int E = 6, topk = 6, T = 16, P = T * topk;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0, 1);
+  RandomLayer rl(E, d, f, 3, Exl3Codebook::kMul1, false, rng);
+  std::vector<int32_t> idx(P);
+  for (int p = 0; p < P; ++p) idx[p] = p % 7 == 5 ? -1 : int32_t(rng() % E);
+  std::vector<float> x(T * d);
+  for (auto& v : x) v = nd(rng);
+  float* dx = upload(x);
+  int32_t* didx = upload(idx);
+  void* xr = nullptr;
+  float* dy = nullptr;
+  uint32_t* counters = nullptr;
+  ASSERT_EQ(cudaMalloc(&xr, sizeof(uint16_t) * P * d), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dy, sizeof(float) * P * d), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&counters, sizeof(uint32_t) * P * (d / 128)), cudaSuccess);
+  // Pairs, w1 (k = d: four slices): twice, then each token alone.
+  auto pairs = [&](const float* xt, const int32_t* it, int n_pairs) {
+    EXPECT_TRUE(exl3_rotate_grouped_cuda(rl.layer, 0, xt, nullptr, topk, it, n_pairs, xr, nullptr).ok());
+    auto st = exl3_grouped_pairs_gemm_cuda(rl.layer, 0, it, n_pairs, xr, dy, counters, true, nullptr);
+    EXPECT_TRUE(st.ok()) << st.error().message;
+    return fetch(dy, int64_t(n_pairs) * f);
+  };
+  const std::vector<float> batch = pairs(dx, didx, P);
+  expect_same_bits(pairs(dx, didx, P), batch, "pairs, second call");
+  for (int t = 0; t < T; ++t) {
+    const std::vector<float> alone = pairs(dx + int64_t(t) * d, didx + t * topk, topk);
+    expect_same_bits(alone, std::vector<float>(batch.begin() + int64_t(t) * topk * f, batch.begin() + int64_t(t + 1) * topk * f),
+                     "a token alone against its rows in the batch");
+  }
+  // Items of the 64-row class (one expert, 64 rows; k = d: eight slices): twice.
+  std::vector<int32_t> first(E + 1, 64);
+  first[0] = 0;
+  const Exl3GroupPlan plan = exl3_group_plan(first);
+  ASSERT_EQ(plan.n[2], 1);
+  Exl3GroupItem* items = upload(plan.items);
+  std::vector<int32_t> row_expert(64, 0);
+  int32_t* d_row_expert = upload(row_expert);
+  std::vector<float> xs(64 * d);
+  for (auto& v : xs) v = nd(rng);
+  float* dxs = upload(xs);
+  auto grouped = [&] {
+    EXPECT_TRUE(exl3_rotate_grouped_cuda(rl.layer, 0, dxs, nullptr, 1, d_row_expert, 64, xr, nullptr).ok());
+    auto st = exl3_grouped_gemm_cuda(rl.layer, 0, plan, items, xr, dy, nullptr, 64, counters, false, nullptr);
+    EXPECT_TRUE(st.ok()) << st.error().message;
+    return fetch(dy, 64 * f);
+  };
+  expect_same_bits(grouped(), grouped(), "64-row item, second call");
+  for (void* p : {(void*)dx, (void*)didx, xr, (void*)dy, (void*)counters, (void*)items, (void*)d_row_expert, (void*)dxs})
+    cudaFree(p);
 }
 
 }  // namespace

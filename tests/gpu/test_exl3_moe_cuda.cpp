@@ -1,7 +1,9 @@
 // spw_cuda fused EXL3 MoE decode (cuda/exl3_moe.h) against a reference composed from exl3_matmul_ref
 // (fp64 decode) and ref::swiglu: small and real V4.1 shapes (d=5120, f=2304), 1..4 tokens, top-6,
-// repeated experts, skipped (−1) slots, clamp on/off, every codebook, a second call (self-cleaning
-// workspace) and a CUDA-graph replay. Output guard regions keep their sentinel; no NaN.
+// repeated experts, skipped (−1) slots, clamp on/off, every codebook, a second call and a CUDA-graph
+// replay (both bit-identical to the first: the kernel is deterministic), and every token run alone
+// (bit-identical to its row of the batch: a token's sums never depend on the others). Output guard regions
+// keep their sentinel; no NaN.
 // Tolerance: RMS error ≤ 3e-3·RMS(y), max ≤ 3e-2·RMS(y) — x and h are each rounded to fp16 once after
 // their rotations (≈2^-12 relative per element, two stages), everything else is fp32.
 #if defined(SPW_HAVE_CUDA)
@@ -11,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -130,10 +133,32 @@ void run_case(int64_t d, int64_t f, int E, int K, Exl3Codebook cb, int T, int to
     EXPECT_LT(std::sqrt(e2 / (T * d)), (ref_round ? 6e-3 : 3e-3) * rms);
     EXPECT_LT(emax, (ref_round ? 6e-2 : 3e-2) * rms);
   };
-  for (int rep = 0; rep < 2; ++rep) {  // the second call checks the workspace cleaned itself
+  std::vector<float> first;
+  auto expect_first_bits = [&](const char* what) {
+    SCOPED_TRACE(what);
+    for (int64_t i = 0; i < T * d; ++i)
+      ASSERT_EQ(std::memcmp(&yh[guard + i], &first[i], sizeof(float)), 0)
+          << "element " << i << ": " << yh[guard + i] << " vs " << first[i];
+  };
+  for (int rep = 0; rep < 2; ++rep) {
     auto st = exl3_moe_decode_cuda(layer, dx, didx, dw, T, topk, dy + guard, ws);
     ASSERT_TRUE(st.ok()) << st.error().message;
     fetch_and_check(rep == 0 ? "first call" : "second call");
+    if (rep == 0) first.assign(yh.begin() + guard, yh.begin() + guard + T * d);
+    else expect_first_bits("second call");
+  }
+  // Each token alone: the same bits as its row of the batch.
+  for (int t = 0; T > 1 && t < T; ++t) {
+    SCOPED_TRACE(testing::Message() << "token " << t << " alone");
+    float* dy1 = upload(std::vector<float>(d, 0.f));
+    auto st = exl3_moe_decode_cuda(layer, dx + t * d, didx + t * topk, dw + t * topk, 1, topk, dy1, ws);
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    std::vector<float> alone(d);
+    ASSERT_EQ(cudaMemcpy(alone.data(), dy1, d * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(dy1);
+    for (int64_t i = 0; i < d; ++i)
+      ASSERT_EQ(std::memcmp(&alone[i], &first[t * d + i], sizeof(float)), 0)
+          << "column " << i << ": " << alone[i] << " alone vs " << first[t * d + i] << " in the batch";
   }
   // Captured into a CUDA graph and replayed twice.
   cudaStream_t s;
@@ -149,6 +174,7 @@ void run_case(int64_t d, int64_t f, int E, int K, Exl3Codebook cb, int T, int to
   for (int r = 0; r < 2; ++r) ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   fetch_and_check("graph replay");
+  expect_first_bits("graph replay");
   cudaGraphExecDestroy(exec), cudaGraphDestroy(graph), cudaStreamDestroy(s);
 
   exl3_cuda_moe_workspace_free(ws);
@@ -176,6 +202,13 @@ TEST(Exl3MoeCuda, RealV41Shapes) {
   SPW_REQUIRE_GPU();
   run_case(5120, 2304, 8, 3, Exl3Codebook::kMul1, 1, 6, 10.f, false, 11);
   run_case(5120, 2304, 8, 3, Exl3Codebook::kMul1, 2, 6, 10.f, false, 12);
+}
+
+// 16 tokens (a batch-invariant decode call's most) in the engine's rounding mode: every token alone gives
+// its row's bits.
+TEST(Exl3MoeCuda, SixteenTokensEachAsAlone) {
+  SPW_REQUIRE_GPU();
+  run_case(1024, 512, 24, 3, Exl3Codebook::kMul1, 16, 6, 10.f, false, 13, true);
 }
 
 TEST(Exl3MoeCuda, RejectsUnsupported) {

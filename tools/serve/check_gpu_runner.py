@@ -20,6 +20,8 @@ Starts two servers on the same model, `--device cpu` and `--device cuda`, and ch
     ids, and the server counts the cached prompt tokens;
  3. batch independence: --concurrency greedy requests sent at once to the GPU server give the ids each
     gives when sent alone to the same server.
+With --gpu-only the CPU server and check 1 are left out (for models the CPU reference cannot hold: it
+dequantizes every routed expert to f32, ~100 GB per full-width layer with EXL3 experts).
 Prints a markdown report; exits 1 when a check fails. Prompts are seeded (--seed), so runs repeat.
 """
 from __future__ import annotations
@@ -75,6 +77,62 @@ def margin(top: dict) -> float:
     return v[0] - v[1] if len(v) > 1 else float("inf")
 
 
+def agreement(args, gpu: Server, prompts: list, described: str, cpu_out: list, forced: list, forced_cpu: list,
+              cold: list, again: list) -> int:
+    """Check 1 (and the teacher-forced gaps); fills cold and again (each prompt's first and second GPU run).
+    Returns the failures it counts."""
+    print(f"## {args.device} runner vs CPU runner: {args.model}\n")
+    print(f"{described}, {args.tokens} greedy tokens, tolerance {args.tolerance} nats\n")
+    print("| prompt | identical tokens | first difference | CPU margin there (nats) | GPU margin there (nats) "
+          "| verdict |")
+    print("|---:|---:|---:|---:|---:|---|")
+    n_identical = n_far = 0
+    for i, p in enumerate(prompts[:args.prompts]):
+        ids_c, top_c = cpu_out[i]
+        ids_g, top_g = gpu.complete(p, args.tokens)
+        cold.append(ids_g)
+        again.append(gpu.complete(p, args.tokens)[0])
+        k = next((j for j in range(min(len(ids_c), len(ids_g))) if ids_c[j] != ids_g[j]), None)
+        if k is None and len(ids_c) == len(ids_g):
+            n_identical += 1
+            print(f"| {i} | {len(ids_c)} | — | — | — | identical |")
+            continue
+        m = margin(top_c[k]) if k is not None else float("inf")
+        mg = margin(top_g[k]) if k is not None else float("inf")
+        ok = m <= args.tolerance
+        n_far += not ok
+        print(f"| {i} | {k} | {k} | {m:.4f} | {mg:.4f} | {'near tie' if ok else 'beyond tolerance'} |")
+    print(f"\nidentical: {n_identical}/{args.prompts}; differences beyond the tolerance: {n_far}"
+          f"{' (reported, not counted: --agreement report)' if args.agreement == 'report' else ''}\n")
+    failures = n_far if args.agreement == "verdict" else 0
+
+    # The same sequences teacher-forced on both: how far the GPU's top-two gaps sit from the CPU's.
+    gap_moves, lp_moves = [], []
+    for ids, top_c in zip(forced, forced_cpu):
+        for c, g in zip(top_c, gpu.score(ids)):
+            if not c or not g:
+                continue
+            if len(c) < 2:
+                continue
+            a, b = sorted(c, key=c.get, reverse=True)[:2]  # the CPU's top two
+            if a in g and b in g:
+                gap_moves.append(abs((c[a] - c[b]) - (g[a] - g[b])))
+            shared = set(c) & set(g)
+            lp_moves += [abs(c[t] - g[t]) for t in shared]
+
+    def pct(v: list[float], q: float) -> float:
+        v = sorted(v)
+        return v[int(q * (len(v) - 1))] if v else float("nan")
+
+    print(f"teacher forced (each prompt + the CPU's continuation, {sum(len(f) - 1 for f in forced)} positions): "
+          f"|top-two gap GPU − CPU| p50 {pct(gap_moves, 0.5):.4f}, p99 {pct(gap_moves, 0.99):.4f}, max "
+          f"{max(gap_moves, default=float('nan')):.4f} nats over {len(gap_moves)} positions with the same top two; "
+          f"|logprob GPU − CPU| of those tokens p50 {pct(lp_moves, 0.5):.4f}, p99 {pct(lp_moves, 0.99):.4f}, max "
+          f"{max(lp_moves, default=float('nan')):.4f}\n")
+
+    return failures
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True)
@@ -95,6 +153,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="the runner checked against the CPU (cpu: a smoke test of this "
                     "script on a machine without a GPU)")
     ap.add_argument("--serve-arg", action="append", default=[], help="passed to both servers (repeatable)")
+    ap.add_argument("--gpu-only", action="store_true", help="no CPU server: checks 2 and 3 only (see above)")
     args = ap.parse_args()
     vocab = json.load(open(f"{args.model}/config.json")).get("text_config", {}).get("vocab_size") or \
         json.load(open(f"{args.model}/config.json"))["vocab_size"]
@@ -114,68 +173,26 @@ def main() -> int:
         described = f"{args.prompts} text prompts of {args.prompts_file}"
     failures = 0
     t0 = time.perf_counter()
-    cpu = Server(args.bin, args.model, "cpu", args.serve_arg)
-    try:
-        cpu_out = [cpu.complete(p, args.tokens) for p in prompts[:args.prompts]]
-        # Each prompt with the CPU's continuation, as ids, scored teacher-forced on both runners below.
-        forced = [(cpu.tokenize(p) if isinstance(p, str) else p) + cpu_out[i][0]
-                  for i, p in enumerate(prompts[:args.prompts])]
-        forced_cpu = [cpu.score(ids) for ids in forced]
-    finally:
-        cpu.stop()
+    if not args.gpu_only:
+        cpu = Server(args.bin, args.model, "cpu", args.serve_arg)
+        try:
+            cpu_out = [cpu.complete(p, args.tokens) for p in prompts[:args.prompts]]
+            # Each prompt with the CPU's continuation, as ids, scored teacher-forced on both runners below.
+            forced = [(cpu.tokenize(p) if isinstance(p, str) else p) + cpu_out[i][0]
+                      for i, p in enumerate(prompts[:args.prompts])]
+            forced_cpu = [cpu.score(ids) for ids in forced]
+        finally:
+            cpu.stop()
     gpu = Server(args.bin, args.model, args.device, args.serve_arg)
     try:
-        print(f"## {args.device} runner vs CPU runner: {args.model}\n")
-        print(f"{described}, {args.tokens} greedy tokens, tolerance {args.tolerance} nats\n")
-        print("| prompt | identical tokens | first difference | CPU margin there (nats) | GPU margin there (nats) "
-              "| verdict |")
-        print("|---:|---:|---:|---:|---:|---|")
-        n_identical = n_far = 0
         cold, again = [], []
-        for i, p in enumerate(prompts[:args.prompts]):
-            ids_c, top_c = cpu_out[i]
-            ids_g, top_g = gpu.complete(p, args.tokens)
-            cold.append(ids_g)
-            again.append(gpu.complete(p, args.tokens)[0])
-            k = next((j for j in range(min(len(ids_c), len(ids_g))) if ids_c[j] != ids_g[j]), None)
-            if k is None and len(ids_c) == len(ids_g):
-                n_identical += 1
-                print(f"| {i} | {len(ids_c)} | — | — | — | identical |")
-                continue
-            m = margin(top_c[k]) if k is not None else float("inf")
-            mg = margin(top_g[k]) if k is not None else float("inf")
-            ok = m <= args.tolerance
-            n_far += not ok
-            print(f"| {i} | {k} | {k} | {m:.4f} | {mg:.4f} | {'near tie' if ok else 'beyond tolerance'} |")
-        print(f"\nidentical: {n_identical}/{args.prompts}; differences beyond the tolerance: {n_far}"
-              f"{' (reported, not counted: --agreement report)' if args.agreement == 'report' else ''}\n")
-        if args.agreement == "verdict":
-            failures += n_far
-
-        # The same sequences teacher-forced on both: how far the GPU's top-two gaps sit from the CPU's.
-        gap_moves, lp_moves = [], []
-        for ids, top_c in zip(forced, forced_cpu):
-            for c, g in zip(top_c, gpu.score(ids)):
-                if not c or not g:
-                    continue
-                if len(c) < 2:
-                    continue
-                a, b = sorted(c, key=c.get, reverse=True)[:2]  # the CPU's top two
-                if a in g and b in g:
-                    gap_moves.append(abs((c[a] - c[b]) - (g[a] - g[b])))
-                shared = set(c) & set(g)
-                lp_moves += [abs(c[t] - g[t]) for t in shared]
-
-        def pct(v: list[float], q: float) -> float:
-            v = sorted(v)
-            return v[int(q * (len(v) - 1))] if v else float("nan")
-
-        print(f"teacher forced (each prompt + the CPU's continuation, {sum(len(f) - 1 for f in forced)} positions): "
-              f"|top-two gap GPU − CPU| p50 {pct(gap_moves, 0.5):.4f}, p99 {pct(gap_moves, 0.99):.4f}, max "
-              f"{max(gap_moves, default=float('nan')):.4f} nats over {len(gap_moves)} positions with the same top two; "
-              f"|logprob GPU − CPU| of those tokens p50 {pct(lp_moves, 0.5):.4f}, p99 {pct(lp_moves, 0.99):.4f}, max "
-              f"{max(lp_moves, default=float('nan')):.4f}\n")
-
+        if args.gpu_only:
+            print(f"## {args.device} runner: {args.model} (no CPU comparison: --gpu-only)\n")
+            for p in prompts[:args.prompts]:
+                cold.append(gpu.complete(p, args.tokens)[0])
+                again.append(gpu.complete(p, args.tokens)[0])
+        else:
+            failures += agreement(args, gpu, prompts, described, cpu_out, forced, forced_cpu, cold, again)
         print(f"## Batch independence on the {args.device} runner: {args.concurrency} concurrent greedy requests\n")
         alone = [gpu.complete(p, args.tokens)[0] for p in prompts[:args.concurrency]]
         metrics = gpu.http.get("/metrics").text
