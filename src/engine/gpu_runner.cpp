@@ -115,21 +115,16 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
   std::vector<std::vector<float>> out(inputs.size());
   const size_t vocab = size_t(c.vocab_size);
   // Decodes in two groups: token picks (drawn on the device, no logits copied back) and the rest.
-  // A pick's mask and shifts travel with it; a pick with more shifts than one call's workspace takes
-  // (kPickShiftsPerStep), or with a repetition penalty (not drawn on the device yet), returns its logits
-  // instead, for the host to draw.
+  // A pick's mask and edits travel with it; a pick with more single-logit edits than one call's workspace
+  // takes (kPickShiftsPerStep) returns its logits instead, for the host to draw.
   std::vector<size_t> decodes[2];
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i].tokens.size() != 1 || inputs[i].all_logits) continue;
     const TokenPick* p = inputs[i].pick;
-    const bool pick = p && p->repetition_penalty == 1.f &&
-                      int64_t(p->penalties.size() + p->biases.size()) <= kPickShiftsPerStep;
+    const bool pick = p && pick_shifts(*p) <= kPickShiftsPerStep;
     decodes[pick ? 0 : 1].push_back(i);
   }
-  const auto shifts_of = [&](size_t i) {
-    const TokenPick* p = inputs[i].pick;
-    return int64_t(p->penalties.size() + p->biases.size());
-  };
+  const auto shifts_of = [&](size_t i) { return pick_shifts(*inputs[i].pick); };
   for (int group : {0, 1}) {
     const std::vector<size_t>& rows = decodes[group];
     for (size_t first = 0; first < rows.size();) {

@@ -21,16 +21,23 @@
 
 namespace spw::engine {
 
-// Shifts (penalties and biases) of all rows of one decode call.
+// Edits of single logits (repetition penalties, penalties and biases) of all rows of one decode call.
 inline constexpr int64_t kPickShiftsPerStep = int64_t(1) << 16;
+
+// The single-logit edits a TokenPick makes: its repeated ids (with a repetition penalty), penalties and biases.
+int64_t pick_shifts(const TokenPick& pick);
 
 struct TokenDraw {
   cuda::SampleParams params;  // temperature ≤ 0: greedy
   double u = 0;               // the uniform of the draw
-  std::span<const cuda::LogitShift> penalties, biases;  // ids unique within each
+  std::span<const cuda::LogitShift> repeats;            // repetition penalties: delta = the penalty
+  std::span<const cuda::LogitShift> penalties, biases;  // ids unique within each of the three
   std::span<const uint64_t> allowed;  // empty: every token; else (vocab + 63) / 64 words
   int top_logprobs = -1;              // −1 .. cuda::kMaxTopLogprobs
-  bool edits() const { return !penalties.empty() || !biases.empty() || !allowed.empty() || top_logprobs >= 0; }
+  bool edits() const {
+    return !repeats.empty() || !penalties.empty() || !biases.empty() || !allowed.empty() || top_logprobs >= 0;
+  }
+  int64_t shifts() const { return int64_t(repeats.size() + penalties.size() + biases.size()); }
 };
 
 // The draws of TokenPicks (model/model_runner.h), with the device-format shifts their spans point into.
@@ -47,7 +54,7 @@ class PickDraws {
 // The workspace for calls of up to max_rows draws over a vocabulary of vocab.
 size_t pick_workspace_nbytes(int64_t max_rows, int64_t vocab);
 
-// Whether draws (one call's) fit that workspace: their shifts in total at most kPickShiftsPerStep.
+// Whether draws (one call's) fit that workspace: their edits of single logits in total at most kPickShiftsPerStep.
 bool fits_pick_workspace(std::span<const TokenDraw> draws);
 
 // One call's edits. Before the draw: masks, the logprobs' log Z and top lists, then the shifts
@@ -68,7 +75,7 @@ class PickEdits {
   int64_t rows_ = 0, vocab_ = 0;
   bool logprobs_ = false;
   int32_t* top_n_ = nullptr;
-  int32_t* first_ = nullptr;
+  int32_t* first_ = nullptr;  // row r's edits: shifts_[first_[r] .. first_[r + 1])
   cuda::LogitShift* shifts_ = nullptr;
   float* saved_ = nullptr;
   cuda::RowLogprobs* out_ = nullptr;

@@ -1,6 +1,7 @@
 // The device pick pipeline (engine/token_picks.h over cuda/ops/pick_logits.h, then argmax or
 // cuda::sample) against the server's sampler (runtime::Sampler::sample(logits, pick), the host's draw
-// of the same TokenPick): masks, penalties then biases (ids in both), logprobs with top lists, greedy
+// of the same TokenPick): masks, repetition penalties (above and below 1), penalties then biases (ids in
+// all three), logprobs with top lists, greedy
 // and sampled rows mixed in one call, masks that leave one token, rows without edits.
 // Shapes: V4.1's vocabulary 129280 with 1..64 rows, and vocabularies 7 and 1023.
 // Tolerance: token ids and top-list ids exactly; logprobs within 1e-6 relative (both are
@@ -48,6 +49,13 @@ TokenPick make_pick(std::mt19937& rng, int64_t vocab, int64_t r) {
     std::sort(p.biases.begin(), p.biases.end(), [](auto a, auto b) { return a.id < b.id; });
     p.biases.erase(std::unique(p.biases.begin(), p.biases.end(), [](auto a, auto b) { return a.id == b.id; }),
                    p.biases.end());
+  }
+  if (kind == 0 || kind == 3) {  // repeated ids: random ones and the first penalised and biased ones
+    p.repetition_penalty = kind == 0 ? 1.3f : 0.7f;
+    for (const LogitShift& s : random_shifts(rng, vocab, 500, 1.f)) p.repeated.push_back(s.id);
+    for (size_t j = 0; j < std::min<size_t>(5, p.penalties.size()); ++j) p.repeated.push_back(p.penalties[j].id);
+    std::sort(p.repeated.begin(), p.repeated.end());
+    p.repeated.erase(std::unique(p.repeated.begin(), p.repeated.end()), p.repeated.end());
   }
   if (kind == 2 || kind == 3 || kind == 5) {
     p.allowed.assign(size_t(vocab + 63) / 64, 0);
@@ -107,7 +115,7 @@ void pick_case(int64_t rows, int64_t vocab, uint32_t seed) {
     const TokenPick& p = picks[size_t(r)];
     const runtime::GeneratedToken& w = want[size_t(r)];
     SCOPED_TRACE(testing::Message() << "row " << r << " T=" << p.temperature << " top_logprobs=" << p.top_logprobs
-                                    << " masked=" << !p.allowed.empty() << " shifts=" << p.penalties.size() + p.biases.size());
+                                    << " masked=" << !p.allowed.empty() << " shifts=" << engine::pick_shifts(p));
     EXPECT_EQ(got[size_t(r)], w.id);
     if (p.top_logprobs < 0) continue;
     EXPECT_TRUE(close(lp[size_t(r)].chosen, w.logprob)) << lp[size_t(r)].chosen << " vs " << w.logprob;

@@ -339,7 +339,7 @@ TEST(GpuRunner, V41PicksAreDrawnFromTheLogits) {
   }
 }
 
-// Picks with the sampler's whole pipeline (a mask, penalties, biases, logprobs), several in one decode
+// Picks with the sampler's whole pipeline (a mask, repetition penalties, penalties, biases, logprobs), several in one decode
 // call, drawn on the device: each is what the server's sampler draws from the logits the runner returns
 // for the same state without a pick (runtime::Sampler::sample(logits, pick)); ids exact, logprobs within
 // 1e-6 relative (tests/gpu/test_cuda_ops_pick.cpp says why).
@@ -357,7 +357,7 @@ TEST(GpuRunner, V41EditedPicksMatchTheHostSampler) {
   ASSERT_EQ(next.order.size(), size_t(V));
   const std::vector<float>& l = next.logits;
   const std::vector<int32_t>& order = next.order;
-  std::vector<TokenPick> picks(4);
+  std::vector<TokenPick> picks(5);
   // 0: greedy, the top two penalised below the third, logprobs with 5 alternatives.
   picks[0].penalties = {{order[0], -50.f}, {order[1], -40.f}};
   picks[0].top_logprobs = 5;
@@ -374,6 +374,12 @@ TEST(GpuRunner, V41EditedPicksMatchTheHostSampler) {
   picks[2].biases = {{order[0], 0.25f}, {order[3], 2.f}};
   picks[2].top_logprobs = 20;
   // 3: plain greedy beside them.
+  // 4: greedy, a repetition penalty of 2 on the top two (and ten others), a penalty on the first of them.
+  picks[4].repetition_penalty = 2.f;
+  picks[4].repeated = {order[0], order[1]};
+  for (int k = 100; k < 110; ++k) picks[4].repeated.push_back(order[size_t(k)]);
+  picks[4].penalties = {{order[0], -0.5f}};
+  picks[4].top_logprobs = 3;
   std::vector<std::unique_ptr<RunnerSequence>> copies;
   std::vector<RunnerInput> inputs;
   for (TokenPick& pick : picks) {

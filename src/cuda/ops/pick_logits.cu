@@ -62,18 +62,20 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 // One block per row; each pass's ids are unique, so the threads of a pass touch distinct logits.
+// Pass 0 scales (the host sampler's l / p or l · p, IEEE-rounded alike), passes 1 and 2 add.
 __global__ void shift_kernel(float* logits, int64_t vocab, const LogitShift* shifts, const int32_t* first,
-                             const int32_t* split, float* saved) {
+                             const int32_t* repeat_end, const int32_t* split, float* saved) {
   pdl_enter();
   const int64_t row = blockIdx.x;
   float* l = logits + row * vocab;
-  const int32_t bounds[3] = {first[row], split[row], first[row + 1]};
-  for (int pass = 0; pass < 2; ++pass) {
+  const int32_t bounds[4] = {first[row], repeat_end[row], split[row], first[row + 1]};
+  for (int pass = 0; pass < 3; ++pass) {
     for (int j = bounds[pass] + int(threadIdx.x); j < bounds[pass + 1]; j += int(blockDim.x)) {
       const LogitShift s = shifts[j];
       if (s.id < 0 || s.id >= vocab) continue;
-      saved[j] = l[s.id];
-      l[s.id] += s.delta;
+      const float v = l[s.id];
+      saved[j] = v;
+      l[s.id] = pass > 0 ? __fadd_rn(v, s.delta) : v > 0.f ? __fdiv_rn(v, s.delta) : __fmul_rn(v, s.delta);
     }
     __syncthreads();
   }
@@ -125,11 +127,11 @@ Status top_logprobs(const float* logits, int64_t n_rows, int64_t vocab, const in
 }
 
 Status shift_logits(float* logits, int64_t n_rows, int64_t vocab, const LogitShift* shifts, const int32_t* first,
-                    const int32_t* split, float* saved, cudaStream_t stream) {
+                    const int32_t* repeat_end, const int32_t* split, float* saved, cudaStream_t stream) {
   SPW_TRY(check("shift_logits", n_rows, vocab));
   if (n_rows == 0) return {};
   return launched(launch(shift_kernel, dim3(unsigned(n_rows)), dim3(256), 0, stream, logits, vocab, shifts, first,
-                         split, saved),
+                         repeat_end, split, saved),
                   "shift_kernel");
 }
 

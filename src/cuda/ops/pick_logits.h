@@ -3,8 +3,9 @@
 // the logits (TokenPick in model/model_runner.h states the pipeline):
 //   mask_logits      tokens outside a row's allowed bits → −infinity;
 //   top_logprobs     per row, log Z of the masked logits and the n most likely tokens' logprobs;
-//   shift_logits     penalties, then biases, added to the row's logits (each pass's ids unique), the
-//                    value before each shift kept so chosen_logprobs can see the unshifted logit;
+//   shift_logits     repetition penalties (a positive logit divided by the penalty, any other multiplied),
+//                    then penalties, then biases, added to the row's logits (each pass's ids unique), the
+//                    value before each edit kept so chosen_logprobs can see the unedited logit;
 //   (argmax or sample draws from the shifted logits)
 //   chosen_logprobs  the drawn token's logprob under the masked logits.
 // Numbers: log Z = max + log Σ exp(l − max) in f64 as on the host (only the summation order differs);
@@ -47,13 +48,14 @@ Status mask_logits(float* logits, int64_t n_rows, int64_t vocab, const uint64_t*
 Status top_logprobs(const float* logits, int64_t n_rows, int64_t vocab, const int32_t* top_n, RowLogprobs* out,
                     cudaStream_t stream);
 
-// Row r's shifts are shifts[first[r] .. split[r]) (penalties) then [split[r] .. first[r + 1]) (biases);
-// ids outside [0, vocab) are skipped. saved[j]: the logit shift j found.
+// Row r's edits are shifts[first[r] .. repeat_end[r]) (repetition penalties: delta is the penalty), then
+// [repeat_end[r] .. split[r]) (penalties, added) and [split[r] .. first[r + 1]) (biases, added); ids outside
+// [0, vocab) are skipped. saved[j]: the logit edit j found.
 Status shift_logits(float* logits, int64_t n_rows, int64_t vocab, const LogitShift* shifts, const int32_t* first,
-                    const int32_t* split, float* saved, cudaStream_t stream);
+                    const int32_t* repeat_end, const int32_t* split, float* saved, cudaStream_t stream);
 
-// out[r].chosen for rows with top_n[r] ≥ 0: the logprob of chosen[r] from its unshifted logit (the first
-// shift of that id's saved value, else logits) and out[r].log_z.
+// out[r].chosen for rows with top_n[r] ≥ 0: the logprob of chosen[r] from its unedited logit (the first
+// edit of that id's saved value, else logits) and out[r].log_z.
 Status chosen_logprobs(const float* logits, int64_t n_rows, int64_t vocab, const int32_t* chosen,
                        const int32_t* top_n, const LogitShift* shifts, const int32_t* first, const float* saved,
                        RowLogprobs* out, cudaStream_t stream);
