@@ -8,8 +8,8 @@
 #     the client-library tests are left out (litellm and langchain do not travel: see below); a run past
 #     SUITE_TIMEOUT is interrupted (SIGINT), so pytest still prints its summary of failures;
 #  2. tools/serve/check_gpu_runner.py on the tiny fixture: GPU vs CPU greedy continuations, and concurrent vs
-#     alone; with CHECK_SYNTH=1 also on the suite's synthetic model (--gpu-only: the prefix cache and concurrent
-#     vs alone, for SUITE_SYNTH_EXPERTS=exl3 the EXL3 kernels' batch invariance through the server);
+#     alone; with CHECK_SYNTH=1 also on step 3's synthetic model (--gpu-only: the prefix cache and concurrent vs
+#     alone, the EXL3 kernels' batch invariance through the server);
 #  3. load through HTTP on a synthetic full-width V4.1 model (tools/synth, LAYERS layers, EXL3 K = 3 experts):
 #     bench/load.py at 1, 8, 32 and 64 streaming clients, then `spillway bench` at the same batch sizes and
 #     prompt length in the same call (the server's aggregate tokens/s against the engine's own); on the same
@@ -64,13 +64,13 @@ fi
 SUITE_MODELS=${SUITE_MODELS:-tiny}
 [ -n "${SKIP_SUITE:-}" ] && SUITE_MODELS=""
 SYNTH_PID="" SUITE_SYNTH_PID=""
-if [ -z "${SKIP_LOAD:-}" ]; then
+if [ -z "${SKIP_LOAD:-}" ] || [ -n "${CHECK_SYNTH:-}" ]; then
   python3 tools/synth/make_synthetic_model.py $SYNTH --arch v41 --experts exl3 --bits 3 \
     --layers "$LAYERS" --tokenizer none > /tmp/synth.log 2>&1 &
   SYNTH_PID=$!
 fi
 SUITE_SYNTH=/tmp/synth_v41_suite
-if [[ " $SUITE_MODELS " == *" synth "* || -n "${CHECK_SYNTH:-}" ]]; then
+if [[ " $SUITE_MODELS " == *" synth "* ]]; then
   python3 tools/synth/make_synthetic_model.py $SUITE_SYNTH --arch v41 --experts ${SUITE_SYNTH_EXPERTS:-mxfp4} --bits 3 \
     --layers ${SUITE_SYNTH_LAYERS:-2} --tokenizer none > /tmp/synth_suite.log 2>&1 &
   SUITE_SYNTH_PID=$!
@@ -109,10 +109,10 @@ if [ -z "${SKIP_CHECK:-}" ]; then
   echo "check_gpu_runner (tiny V4.1): rc $? — $(tail -1 "$OUT/check_tiny_v41.md")" | tee -a "$OUT/serve_main.log"
 fi
 if [ -n "${CHECK_SYNTH:-}" ]; then
-  [[ " $SUITE_MODELS " != *" synth "* ]] && { wait $SUITE_SYNTH_PID; cat /tmp/synth_suite.log >> "$OUT/serve_main.log"; }
-  timeout 240 python3 tools/serve/check_gpu_runner.py --bin /tmp/spillway --model $SUITE_SYNTH --gpu-only --prompts 8 \
+  wait $SYNTH_PID
+  timeout 240 python3 tools/serve/check_gpu_runner.py --bin /tmp/spillway --model $SYNTH --gpu-only --prompts 8 \
     > "$OUT/check_synth.md" 2>&1
-  echo "check_gpu_runner (synthetic, ${SUITE_SYNTH_EXPERTS:-mxfp4} experts): rc $? — $(tail -1 "$OUT/check_synth.md")" |
+  echo "check_gpu_runner (synthetic, EXL3 experts, $LAYERS layers): rc $? — $(tail -1 "$OUT/check_synth.md")" |
     tee -a "$OUT/serve_main.log"
 fi
 # DEMO=1: the trained demo model, GPU against CPU with the agreement judged (--agreement verdict).
