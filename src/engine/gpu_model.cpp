@@ -201,10 +201,12 @@ bool GpuModel::can_hold(std::span<const Growth> growth) const {
       const int r = c.layers[l].compress_ratio;
       if (r == 0) continue;
       const int64_t want = pages_for(g.n_total / r);
+      // A copy's shared pages, as copy_sequence counts them.
+      const int64_t shared = !g.seq && g.copy_of && options_.share_kv_pages ? g.copy_of->n_past / r / cuda::kKvPageRows : 0;
       if (layer_has_compressed(c, l))
-        comp += std::max<int64_t>(0, want - (g.seq ? int64_t(g.seq->comp_pages[l].size()) : 0));
+        comp += std::max<int64_t>(0, want - (g.seq ? int64_t(g.seq->comp_pages[l].size()) : shared));
       if (layer_has_index_keys(c, l))
-        keys += std::max<int64_t>(0, want - (g.seq ? int64_t(g.seq->key_pages[l].size()) : 0));
+        keys += std::max<int64_t>(0, want - (g.seq ? int64_t(g.seq->key_pages[l].size()) : shared));
     }
   }
   const int64_t free_slots = std::count(st.slot_used.begin(), st.slot_used.end(), false);

@@ -131,10 +131,12 @@ class GpuModel {
   };
   KvPageCounts kv_pages() const;
   // A sequence grown to n_total positions (seq == nullptr: a new one, which also takes a slot and its
-  // window rings).
+  // window rings; with copy_of, one copy_sequence makes from it, which with share_kv_pages takes none of the
+  // full pages it shares).
   struct Growth {
     const GpuSequence* seq = nullptr;
     int64_t n_total = 0;
+    const GpuSequence* copy_of = nullptr;
   };
   // Whether the slots and the three pools can take all of these growths at once: the pages each pool
   // would hand out, exactly as forward() and new_sequence() reserve them.

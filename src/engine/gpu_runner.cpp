@@ -74,8 +74,9 @@ bool GpuRunner::kv_can_hold(std::span<const KvGrowth> growth) const {
   std::vector<GpuModel::Growth> g(growth.size());
   for (size_t i = 0; i < growth.size(); ++i) {
     const auto* s = dynamic_cast<const GpuRunnerSequence*>(growth[i].seq);
-    if (growth[i].seq && !s) return false;
-    g[i] = {s ? &s->seq : nullptr, growth[i].n_total};
+    const auto* from = dynamic_cast<const GpuRunnerSequence*>(growth[i].copy_of);
+    if ((growth[i].seq && !s) || (growth[i].copy_of && !from)) return false;
+    g[i] = {s ? &s->seq : nullptr, growth[i].n_total, from ? &from->seq : nullptr};
   }
   return model_->can_hold(g);
 }

@@ -40,10 +40,13 @@ struct RunnerUsage {
   int64_t device_bytes_used = -1, device_bytes_total = -1;    // the device's memory (all processes)
 };
 
-// A sequence's KV grown to n_total positions (seq == nullptr: a new sequence), for kv_can_hold.
+// A sequence's KV grown to n_total positions (seq == nullptr: a new sequence), for kv_can_hold. A new
+// sequence that starts as a copy (RunnerSequence::clone) of copy_of may count the memory that copy
+// would share with copy_of as already held.
 struct KvGrowth {
   const RunnerSequence* seq = nullptr;
   int64_t n_total = 0;
+  const RunnerSequence* copy_of = nullptr;
 };
 
 // A token's logprob under the model's distribution.

@@ -29,28 +29,45 @@ uint64_t PrefixCache::chain(uint64_t parent, std::span<const int32_t> block) con
   return h;
 }
 
-std::pair<int64_t, std::unique_ptr<RunnerSequence>> PrefixCache::lookup(std::span<const int32_t> tokens,
-                                                                         int64_t max_len) {
-  if (entries_.empty()) return {0, nullptr};
-  const int64_t n_blocks = std::min<int64_t>(max_len, int64_t(tokens.size())) / block_tokens_;
-  std::vector<uint64_t> hashes;
+std::vector<std::pair<uint64_t, size_t>> PrefixCache::candidates(std::span<const int32_t> tokens,
+                                                                   int64_t max_len) const {
+  const int64_t n_blocks = entries_.empty() ? 0 : std::min<int64_t>(max_len, int64_t(tokens.size())) / block_tokens_;
+  std::vector<std::pair<uint64_t, size_t>> out;
   uint64_t h = 0;
   for (int64_t b = 0; b < n_blocks; ++b) {
     h = chain(h, tokens.subspan(size_t(b * block_tokens_), size_t(block_tokens_)));
-    hashes.push_back(h);
+    out.push_back({h, size_t(b + 1) * size_t(block_tokens_)});
   }
-  for (int64_t b = n_blocks - 1; b >= 0; --b) {
-    auto it = entries_.find(hashes[size_t(b)]);
-    if (it == entries_.end()) continue;
-    const size_t len = size_t(b + 1) * size_t(block_tokens_);
-    Entry& e = it->second;
-    if (e.tokens.size() != len || !std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin())) continue;
-    auto copy = e.state->clone();
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+const PrefixCache::Entry* PrefixCache::entry_for(std::pair<uint64_t, size_t> candidate,
+                                                 std::span<const int32_t> tokens) const {
+  auto it = entries_.find(candidate.first);
+  if (it == entries_.end()) return nullptr;
+  const Entry& e = it->second;
+  if (e.tokens.size() != candidate.second || !std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin())) return nullptr;
+  return &e;
+}
+
+std::pair<int64_t, std::unique_ptr<RunnerSequence>> PrefixCache::lookup(std::span<const int32_t> tokens,
+                                                                         int64_t max_len) {
+  for (const auto& candidate : candidates(tokens, max_len)) {
+    const Entry* e = entry_for(candidate, tokens);
+    if (!e) continue;
+    auto copy = e->state->clone();
     if (!copy) continue;
-    lru_.splice(lru_.begin(), lru_, e.lru);
-    return {int64_t(len), std::move(copy)};
+    lru_.splice(lru_.begin(), lru_, e->lru);
+    return {int64_t(e->tokens.size()), std::move(copy)};
   }
   return {0, nullptr};
+}
+
+const RunnerSequence* PrefixCache::peek(std::span<const int32_t> tokens, int64_t max_len) const {
+  for (const auto& candidate : candidates(tokens, max_len))
+    if (const Entry* e = entry_for(candidate, tokens)) return e->state.get();
+  return nullptr;
 }
 
 void PrefixCache::insert(std::span<const int32_t> prefix, const RunnerSequence& state) {

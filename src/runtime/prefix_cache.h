@@ -30,6 +30,8 @@ class PrefixCache {
   // Longest cached prefix of `tokens` with length ≤ max_len: its length and a copy of its state
   // (0 and nullptr on a miss).
   std::pair<int64_t, std::unique_ptr<RunnerSequence>> lookup(std::span<const int32_t> tokens, int64_t max_len);
+  // The state lookup would copy now (nullptr on a miss), without copying it or touching its recency.
+  const RunnerSequence* peek(std::span<const int32_t> tokens, int64_t max_len) const;
 
   // Stores a copy of `state` as the state after `prefix` (prefix.size() a positive multiple of
   // block_tokens and state.n_past() == prefix.size()). Replaces nothing already present.
@@ -50,6 +52,10 @@ class PrefixCache {
     std::list<uint64_t>::iterator lru;
   };
   uint64_t chain(uint64_t parent, std::span<const int32_t> block) const;
+  // The entries that may hold a prefix of tokens within max_len, longest first: (hash chain, length).
+  std::vector<std::pair<uint64_t, size_t>> candidates(std::span<const int32_t> tokens, int64_t max_len) const;
+  // The entry of that candidate, if it holds exactly those tokens (a hash collision's does not).
+  const Entry* entry_for(std::pair<uint64_t, size_t> candidate, std::span<const int32_t> tokens) const;
   void evict_to(size_t max_nbytes, size_t max_entries);
 
   int block_tokens_;

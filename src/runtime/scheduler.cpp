@@ -29,6 +29,9 @@ struct Scheduler::Sequence {
   bool decoding() const { return n_prefilled == int64_t(request.prompt.size()); }
   // Positions the state will hold once the prompt and every generated token are in it.
   int64_t n_total() const { return int64_t(request.prompt.size() + output.size()); }
+  // Whether it starts from a prefix-cache copy when there is one: a cached prefix has no logits to score,
+  // so a request for prompt logprobs prefills all of it (once: after a preemption they have been sent).
+  bool uses_prefix_cache() const { return !request.prompt_logprobs || n_preemptions > 0; }
 };
 
 namespace {
@@ -144,20 +147,28 @@ void Scheduler::release_locked(Sequence& seq) {
 // FIFO: the head of the queue is admitted first; nothing overtakes it. A sequence is admitted when a
 // seat is free and the runner's KV can hold its prompt (and the tokens it generated before a
 // preemption) beside every running sequence's next step; prefix-cache copies other than those
-// of its own prompt's prefixes are dropped, oldest first, to make that room. Runner calls happen on
-// the scheduler thread only.
+// of its own prompt's prefixes are dropped, oldest first, to make that room. A sequence that will start
+// from a cached copy counts what the runner shares with that copy as held (KvGrowth::copy_of). Runner
+// calls happen on the scheduler thread only.
 std::vector<std::unique_ptr<Scheduler::Sequence>> Scheduler::admit_locked() {
   std::vector<std::unique_ptr<Sequence>> admitted;
   std::vector<KvGrowth> growth;
+  const auto source = [&](const Sequence& s) {
+    return s.uses_prefix_cache() ? prefix_cache_.peek(s.request.prompt, max_cached_prefix(int64_t(s.request.prompt.size())))
+                                 : nullptr;
+  };
   // Each running sequence's next step: one decode token, or its next prefill piece.
   for (const auto& r : running_)
     growth.push_back({r->state.get(), r->decoding() ? r->state->n_past() + 1
                                                     : next_prefill_end(r->n_prefilled, int64_t(r->request.prompt.size()),
                                                                        settings_.prefill_chunk, settings_.prefix_block)});
+  const size_t first_new = growth.size();
   while (!waiting_.empty() && n_active_ < settings_.max_num_seqs) {
-    growth.push_back({nullptr, waiting_.front()->n_total()});
-    // The copies this request would start from stay (a burst sharing a prefix must not evict it).
-    while (!runner_.kv_can_hold(growth) && prefix_cache_.evict_oldest(waiting_.front()->request.prompt)) {}
+    growth.push_back({nullptr, waiting_.front()->n_total(), source(*waiting_.front())});
+    // The copies this request would start from stay (a burst sharing a prefix must not evict it); a copy
+    // an earlier admission counted on may go, so theirs are looked up again.
+    while (!runner_.kv_can_hold(growth) && prefix_cache_.evict_oldest(waiting_.front()->request.prompt))
+      for (size_t i = first_new; i + 1 < growth.size(); ++i) growth[i].copy_of = source(*admitted[i - first_new]);
     if (!runner_.kv_can_hold(growth)) break;
     ++n_active_;
     waiting_.front()->seated = true;
@@ -181,9 +192,7 @@ void Scheduler::finish(Sequence& seq, FinishReason reason, std::string error) {
 bool Scheduler::start_sequence(Sequence& seq) {
   const auto& prompt = seq.request.prompt;
   int64_t cached = 0;
-  // A cached prefix has no logits to score, so a request for prompt logprobs prefills all of it (once:
-  // after a preemption they have been sent).
-  if (!seq.request.prompt_logprobs || seq.n_preemptions > 0)
+  if (seq.uses_prefix_cache())
     std::tie(cached, seq.state) = prefix_cache_.lookup(prompt, max_cached_prefix(int64_t(prompt.size())));
   if (!seq.state) {
     auto fresh = runner_.new_sequence();
@@ -391,7 +400,7 @@ void Scheduler::run_step() {
       if (!s.decoding()) {
         s.n_prefilled += int64_t(tokens[k].size());
         n_prefill += int64_t(tokens[k].size());
-        const std::array<KvGrowth, 1> copy{KvGrowth{nullptr, s.n_prefilled}};
+        const std::array<KvGrowth, 1> copy{KvGrowth{nullptr, s.n_prefilled, s.state.get()}};
         if (s.n_prefilled % block == 0 && runner_.kv_can_hold(copy))
           prefix_cache_.insert(std::span<const int32_t>(s.request.prompt).first(size_t(s.n_prefilled)), *s.state);
         if (!s.decoding() || !s.output.empty()) continue;  // more prompt, or generated tokens to replay

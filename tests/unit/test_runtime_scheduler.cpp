@@ -4,7 +4,9 @@
 // failing, a full queue refuses, and cancellation frees a sequence.
 #include <gtest/gtest.h>
 
+#include <mutex>
 #include <random>
+#include <utility>
 #include <thread>
 
 #include "model/cpu_runner.h"
@@ -279,6 +281,72 @@ TEST_F(RuntimeScheduler, PrefixCacheWithinTheRunnersSlots) {
               (unsigned long long)m.prefix_cache_entries);
   EXPECT_GT(m.prompt_tokens_cached, 0u);
   EXPECT_LE(m.prefix_cache_entries, 2u);
+}
+
+// The CPU runner, recording the new sequences' growths the scheduler asks kv_can_hold about: (n_total, the
+// positions of the copy it names as the source, −1 for none).
+class GrowthRecordingRunner final : public ModelRunner {
+ public:
+  explicit GrowthRecordingRunner(CpuRunner& inner) : inner_(inner) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  std::string_view device() const override { return "cpu"; }
+  int64_t max_context() const override { return 0; }
+  int max_sequences() const override { return 0; }
+  bool kv_can_hold(std::span<const KvGrowth> growth) const override {
+    std::lock_guard lock(mutex);
+    for (const KvGrowth& g : growth)
+      if (!g.seq) asked.push_back({g.n_total, g.copy_of ? g.copy_of->n_past() : -1});
+    return inner_.kv_can_hold(growth);
+  }
+  Result<std::unique_ptr<RunnerSequence>> new_sequence() override { return inner_.new_sequence(); }
+  Result<std::vector<std::vector<float>>> forward(std::span<const RunnerInput> inputs) override {
+    return inner_.forward(inputs);
+  }
+  std::vector<std::pair<int64_t, int64_t>> take() {
+    std::lock_guard lock(mutex);
+    return std::exchange(asked, {});
+  }
+
+ private:
+  CpuRunner& inner_;
+  mutable std::mutex mutex;
+  mutable std::vector<std::pair<int64_t, int64_t>> asked;
+};
+
+// Admission names the cached copy a request will start from (KvGrowth::copy_of), so a runner that shares
+// memory with copies can count it as held: a prompt whose first 32 tokens are cached is admitted as a copy of
+// that 32-position state; a request for prompt logprobs (which prefills all of its prompt) names none; and
+// the prefix cache's own copies are asked about as copies of the sequence they copy.
+TEST_F(RuntimeScheduler, AdmissionNamesTheCachedCopyARequestStartsFrom) {
+  GrowthRecordingRunner recording(*runner_);
+  SchedulerSettings s;
+  s.prefix_block = 16;
+  s.prefill_chunk = 16;
+  Scheduler sched(recording, s);
+  std::vector<int32_t> prompt = {0};
+  for (int i = 0; i < 40; ++i) prompt.push_back(3 + 7 * i);
+  collect(*sched.submit(greedy(prompt, 2)).stream);
+  const auto first = recording.take();
+  ASSERT_FALSE(first.empty());
+  EXPECT_EQ(first.front(), std::make_pair(int64_t(prompt.size()), int64_t(-1))) << "nothing cached yet";
+  bool copies_asked = false;  // the cache's copies after 16 and 32 prompt tokens
+  for (const auto& [n_total, source] : first) copies_asked = copies_asked || (n_total == 32 && source == 32);
+  EXPECT_TRUE(copies_asked);
+
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(999);
+  collect(*sched.submit(greedy(longer, 2)).stream);
+  const auto second = recording.take();
+  ASSERT_FALSE(second.empty());
+  EXPECT_EQ(second.front(), std::make_pair(int64_t(longer.size()), int64_t(32)))
+      << "admitted as a copy of the 32-token prefix's state";
+
+  GenerationRequest scored = greedy(longer, 2);
+  scored.prompt_logprobs = true;
+  collect(*sched.submit(std::move(scored)).stream);
+  const auto third = recording.take();
+  ASSERT_FALSE(third.empty());
+  EXPECT_EQ(third.front(), std::make_pair(int64_t(longer.size()), int64_t(-1))) << "prompt logprobs: no copy";
 }
 
 }  // namespace
