@@ -188,9 +188,8 @@ GpuModel::KvPageCounts GpuModel::kv_pages() const {
   return c;
 }
 
-bool GpuModel::can_hold(std::span<const Growth> growth) const {
+GpuModel::KvNeed GpuModel::kv_need(std::span<const Growth> growth) const {
   const ModelConfig& c = config_;
-  const GpuState& st = *state_;
   int64_t slots = 0, ring = 0, comp = 0, keys = 0;
   for (const Growth& g : growth) {
     if (!g.seq) {
@@ -209,9 +208,15 @@ bool GpuModel::can_hold(std::span<const Growth> growth) const {
         keys += std::max<int64_t>(0, want - (g.seq ? int64_t(g.seq->key_pages[l].size()) : shared));
     }
   }
+  return {slots, ring, comp, keys};
+}
+
+bool GpuModel::can_hold(std::span<const Growth> growth) const {
+  const GpuState& st = *state_;
+  const KvNeed need = kv_need(growth);
   const int64_t free_slots = std::count(st.slot_used.begin(), st.slot_used.end(), false);
-  return slots <= free_slots && ring <= st.ring.alloc.n_free() && comp <= st.comp.alloc.n_free() &&
-         keys <= st.keys.alloc.n_free();
+  return need.slots <= free_slots && need.ring <= st.ring.alloc.n_free() && need.comp <= st.comp.alloc.n_free() &&
+         need.keys <= st.keys.alloc.n_free();
 }
 
 void GpuModel::free_sequence(GpuSequence& seq) {

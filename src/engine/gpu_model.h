@@ -138,8 +138,13 @@ class GpuModel {
     int64_t n_total = 0;
     const GpuSequence* copy_of = nullptr;
   };
-  // Whether the slots and the three pools can take all of these growths at once: the pages each pool
-  // would hand out, exactly as forward() and new_sequence() reserve them.
+  // The slots and the pages of each pool that all of these growths at once would take, exactly as forward(),
+  // new_sequence() and copy_sequence() reserve them.
+  struct KvNeed {
+    int64_t slots = 0, ring = 0, comp = 0, keys = 0;
+  };
+  KvNeed kv_need(std::span<const Growth> growth) const;
+  // Whether the free slots and pages cover kv_need(growth).
   bool can_hold(std::span<const Growth> growth) const;
 
   // The most sequences one decode() step may take with every row computed from that row's inputs alone (the

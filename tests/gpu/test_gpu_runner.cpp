@@ -127,6 +127,31 @@ TEST(GpuRunner, V41SharedPagesOutliveTheirSource) {
   EXPECT_EQ(m->kv_pages().used, idle) << "every page returned once no sequence holds it";
 }
 
+// Admission's count of a copy (GpuModel::Growth::copy_of) is what copy_sequence takes: with shared pages only
+// the window rings and the last partly filled pages, without them every page; and a fresh sequence of the same
+// length takes more than a shared copy.
+void copy_need_is_what_the_copy_takes(bool share) {
+  SCOPED_TRACE(share ? "shared pages" : "copied pages");
+  SPW_REQUIRE_GPU();
+  auto m = load_gpu("v41", 4, share);
+  ASSERT_TRUE(m);
+  auto a = m->new_sequence();
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(m->forward(*a, gpu_test::lcg_tokens(300, 31, int(m->config().vocab_size))).ok());
+  const std::array<engine::GpuModel::Growth, 1> as_copy{engine::GpuModel::Growth{nullptr, a->n_past, &*a}};
+  const std::array<engine::GpuModel::Growth, 1> as_new{engine::GpuModel::Growth{nullptr, a->n_past, nullptr}};
+  const engine::GpuModel::KvNeed need = m->kv_need(as_copy), fresh = m->kv_need(as_new);
+  const int64_t before = m->kv_pages().used;
+  auto b = m->copy_sequence(*a);
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  EXPECT_EQ(m->kv_pages().used - before, need.ring + need.comp + need.keys);
+  EXPECT_EQ(need.slots, 1);
+  if (share) EXPECT_LT(need.comp + need.keys, fresh.comp + fresh.keys) << "300 positions fill pages to share";
+  else EXPECT_EQ(need.comp + need.keys, fresh.comp + fresh.keys);
+}
+TEST(GpuRunner, V41CopyNeedIsWhatTheCopyTakesShared) { copy_need_is_what_the_copy_takes(true); }
+TEST(GpuRunner, V41CopyNeedIsWhatTheCopyTakesCopied) { copy_need_is_what_the_copy_takes(false); }
+
 TEST(GpuRunner, CopyNeedsAFreeSlot) {
   SPW_REQUIRE_GPU();
   auto m = load_gpu("v41", 1);
