@@ -154,9 +154,7 @@ Result<GpuSequence> GpuModel::copy_sequence(const GpuSequence& src) {
   for (int l = 0; l < config_.n_layers; ++l) {
     SPW_TRY(grow(st, st.ring, l, dst.slot, dst.ring_pages[l], int64_t(src.ring_pages[l].size())));
     SPW_TRY(copy_pages(st, st.ring, src.ring_pages[l], dst.ring_pages[l]));
-    // Pages every row of which holds an entry already written (entries are written once, in order).
-    const int r = config_.layers[l].compress_ratio;
-    const size_t full = options_.share_kv_pages && r > 0 ? size_t(src.n_past / r / cuda::kKvPageRows) : 0;
+    const size_t full = size_t(shared_pages(src.n_past, l));
     SPW_TRY(share_pages(st, st.comp, l, dst.slot, src.comp_pages[l], full, dst.comp_pages[l]));
     SPW_TRY(share_pages(st, st.keys, l, dst.slot, src.key_pages[l], full, dst.key_pages[l]));
     SPW_TRY(copy_compressor_slot(st, st.comp_state[l], src.slot, dst.slot));
@@ -188,6 +186,12 @@ GpuModel::KvPageCounts GpuModel::kv_pages() const {
   return c;
 }
 
+int64_t GpuModel::shared_pages(int64_t n_past, int layer) const {
+  // Pages every row of which holds an entry already written (entries are written once, in order).
+  const int r = config_.layers[layer].compress_ratio;
+  return options_.share_kv_pages && r > 0 ? n_past / r / cuda::kKvPageRows : 0;
+}
+
 GpuModel::KvNeed GpuModel::kv_need(std::span<const Growth> growth) const {
   const ModelConfig& c = config_;
   int64_t slots = 0, ring = 0, comp = 0, keys = 0;
@@ -200,8 +204,7 @@ GpuModel::KvNeed GpuModel::kv_need(std::span<const Growth> growth) const {
       const int r = c.layers[l].compress_ratio;
       if (r == 0) continue;
       const int64_t want = pages_for(g.n_total / r);
-      // A copy's shared pages, as copy_sequence counts them.
-      const int64_t shared = !g.seq && g.copy_of && options_.share_kv_pages ? g.copy_of->n_past / r / cuda::kKvPageRows : 0;
+      const int64_t shared = !g.seq && g.copy_of ? shared_pages(g.copy_of->n_past, l) : 0;
       if (layer_has_compressed(c, l))
         comp += std::max<int64_t>(0, want - (g.seq ? int64_t(g.seq->comp_pages[l].size()) : shared));
       if (layer_has_index_keys(c, l))

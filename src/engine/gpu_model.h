@@ -219,6 +219,9 @@ class GpuModel {
                 std::vector<cuda::RowLogprobs>* row_logprobs = nullptr);
 
  private:
+  // Pages of compressed entries (and as many of index keys) of `layer` that a copy of a sequence of n_past
+  // positions shares with it instead of copying: 0 without share_kv_pages.
+  int64_t shared_pages(int64_t n_past, int layer) const;
   friend Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string&, const Numerics&,
                                                           const GpuModelOptions&);
   GpuModel() = default;

@@ -125,14 +125,13 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
     const bool pick = p && pick_shifts(*p) <= kPickShiftsPerStep;
     decodes[pick ? 0 : 1].push_back(i);
   }
-  const auto shifts_of = [&](size_t i) { return pick_shifts(*inputs[i].pick); };
   for (int group : {0, 1}) {
     const std::vector<size_t>& rows = decodes[group];
     for (size_t first = 0; first < rows.size();) {
       // A call: up to max_decode_rows_ rows, and for picks up to kPickShiftsPerStep shifts in all.
       size_t n = 0;
       for (int64_t shifts = 0; first + n < rows.size() && n < size_t(max_decode_rows_); ++n) {
-        if (group == 0 && (shifts += shifts_of(rows[first + n])) > kPickShiftsPerStep) break;
+        if (group == 0 && (shifts += pick_shifts(*inputs[rows[first + n]].pick)) > kPickShiftsPerStep) break;
       }
       std::vector<GpuSequence*> batch;
       std::vector<int32_t> tokens, next(n);
