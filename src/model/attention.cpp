@@ -51,7 +51,7 @@ void v4_compress(ForwardContext& s, int layer, const float* x) {
     const int64_t pos = s.p + i;
     float* sc = score.data() + size_t(i) * width;
     for (int ch = 0; ch < width; ++ch) sc[ch] += lw.comp_ape[size_t(pos % r) * width + ch];
-    if (!compressor_push(ls.comp, r, width, overlap, pos, kv.data() + size_t(i) * width, sc, entry)) continue;
+    if (!compressor_push_logged(s, layer, ls.comp, r, width, overlap, pos, kv.data() + size_t(i) * width, sc, entry)) continue;
     const int64_t g = pos / r;
     to_activation(s, entry.data(), D);                                       // bf16(entry)
     ref::rms_norm(entry.data(), lw.comp_norm.data(), entry.data(), 1, D, c.norm_eps);
@@ -81,8 +81,8 @@ int v41_compress(ForwardContext& s, int layer, const float* x) {
   for (int i = 0; i < s.n; ++i) {
     const int64_t pos = s.p + i;
     if (r > 1) {
-      if (!compressor_push(ls.comp, r, D, false, pos, kv.data() + size_t(i) * D, score.data() + size_t(i) * D,
-                           latent))
+      if (!compressor_push_logged(s, layer, ls.comp, r, D, false, pos, kv.data() + size_t(i) * D,
+                                  score.data() + size_t(i) * D, latent))
         continue;
       to_activation(s, latent.data(), D);  // bf16(entry)
     } else {
@@ -195,6 +195,7 @@ void attention(ForwardContext& s, int layer, const float* x, float* out) {
   }
   dump(s, "attn.o", layer, o.data(), o.size());
   // The ring keeps the last W positions.
+  rollback_window(s, layer);
   for (int i = std::max(0, n - W); i < n; ++i)
     std::memcpy(ls.window.data() + size_t((s.p + i) % W) * D, kv.data() + size_t(i) * D, sizeof(float) * D);
 

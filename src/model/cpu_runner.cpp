@@ -15,15 +15,23 @@ int64_t blocks_for(int64_t n_positions) { return (n_positions + kCpuKvBlockToken
 
 }  // namespace
 
-CpuSequence::CpuSequence(SequenceState s, std::shared_ptr<CpuKvLedger> ledger)
-    : state(std::move(s)), ledger_(std::move(ledger)) {
+CpuSequence::CpuSequence(SequenceState s, const Model* model, std::shared_ptr<CpuKvLedger> ledger)
+    : state(std::move(s)), model_(model), ledger_(std::move(ledger)) {
+  state.rollback = RollbackLog{};  // a copy cannot take back its source's forward
   account();
+}
+
+Status CpuSequence::truncate(int64_t n_past) {
+  if (!model_) return make_error("truncate: this sequence was made without its model");
+  SPW_TRY(model_->truncate(state, n_past));
+  account();
+  return {};
 }
 
 CpuSequence::~CpuSequence() { ledger_->used_blocks -= blocks_; }
 
 std::unique_ptr<RunnerSequence> CpuSequence::clone() const {
-  return std::make_unique<CpuSequence>(state, ledger_);
+  return std::make_unique<CpuSequence>(state, model_, ledger_);
 }
 
 void CpuSequence::account() {
@@ -65,7 +73,7 @@ bool CpuRunner::kv_can_hold(std::span<const KvGrowth> growth) const {
 }
 
 Result<std::unique_ptr<RunnerSequence>> CpuRunner::new_sequence() {
-  return std::unique_ptr<RunnerSequence>(std::make_unique<CpuSequence>(model_.new_sequence(), ledger_));
+  return std::unique_ptr<RunnerSequence>(std::make_unique<CpuSequence>(model_.new_sequence(), &model_, ledger_));
 }
 
 Result<std::vector<std::vector<float>>> CpuRunner::forward(std::span<const RunnerInput> inputs) {
@@ -76,6 +84,7 @@ Result<std::vector<std::vector<float>>> CpuRunner::forward(std::span<const Runne
   for (size_t i = 0; i < inputs.size(); ++i) {
     auto* seq = dynamic_cast<CpuSequence*>(inputs[i].seq);
     if (!seq) return make_error("input ", i, ": not a sequence of the CPU runner");
+    seq->state.keep_rollback = inputs[i].keep_rollback;
     const int kind = inputs[i].all_logits ? 1 : 0;
     states[kind].push_back(&seq->state);
     tokens[kind].push_back(inputs[i].tokens);

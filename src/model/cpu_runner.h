@@ -28,18 +28,22 @@ struct CpuKvLedger {
 // token boundary).
 class CpuSequence final : public RunnerSequence {
  public:
-  // A state counted in `ledger` (by default one of its own, with no limit).
-  explicit CpuSequence(SequenceState state, std::shared_ptr<CpuKvLedger> ledger = std::make_shared<CpuKvLedger>());
+  // A state counted in `ledger` (by default one of its own, with no limit); `model` is the one its
+  // forwards run on, which truncate needs (without one, truncate fails).
+  explicit CpuSequence(SequenceState state, const Model* model = nullptr,
+                       std::shared_ptr<CpuKvLedger> ledger = std::make_shared<CpuKvLedger>());
   ~CpuSequence() override;
   int64_t n_past() const override { return state.n_past; }
   std::unique_ptr<RunnerSequence> clone() const override;
   size_t nbytes() const override;
-  // Re-counts the blocks after the state grew.
+  Status truncate(int64_t n_past) override;
+  // Re-counts the blocks after the state grew or shrank.
   void account();
 
   SequenceState state;
 
  private:
+  const Model* model_;
   std::shared_ptr<CpuKvLedger> ledger_;
   int64_t blocks_ = 0;
 };
@@ -53,6 +57,7 @@ class CpuRunner final : public ModelRunner {
   std::string_view device() const override { return "cpu"; }
   int64_t max_context() const override { return 0; }
   int max_sequences() const override { return 0; }
+  bool can_truncate() const override { return true; }
   RunnerUsage usage() const override;
   bool kv_can_hold(std::span<const KvGrowth> growth) const override;
   Result<std::unique_ptr<RunnerSequence>> new_sequence() override;

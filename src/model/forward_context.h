@@ -51,6 +51,15 @@ void attention(ForwardContext& s, int layer, const float* x, float* out);
 Status moe_many(std::span<ForwardContext* const> contexts, int layer, std::span<const float* const> x,
                 std::span<float* const> out);
 
+// The rollback log (RollbackLog): rollback_begin starts or drops it for a forward of `tokens` (that
+// Model::validate_input accepted);
+// rollback_window records the ring rows of `layer` the forward is about to replace; compressor_push_logged
+// is compressor_push that also records the pushed rows when the log is on.
+void rollback_begin(SequenceState& seq, std::span<const int32_t> tokens);
+void rollback_window(ForwardContext& s, int layer);
+bool compressor_push_logged(ForwardContext& s, int layer, CompressorState& state, int ratio, int width, bool overlap,
+                            int64_t pos, const float* kv, const float* score, std::vector<float>& entry);
+
 // V4.1 Engram: gates table rows into the residual streams X[n, hc, d] in place.
 void engram(ForwardContext& s, int layer, float* streams);
 

@@ -95,7 +95,7 @@ std::vector<std::vector<int32_t>> v4_indexer_select(ForwardContext& s, int layer
     const int64_t pos = s.p + i;
     float* sc = score.data() + size_t(i) * 2 * Di;
     for (int ch = 0; ch < 2 * Di; ++ch) sc[ch] += lw.idx_comp_ape[size_t(pos % r) * 2 * Di + ch];
-    if (!compressor_push(ls.idx_comp, r, 2 * Di, true, pos, kv.data() + size_t(i) * 2 * Di, sc, entry)) continue;
+    if (!compressor_push_logged(s, layer, ls.idx_comp, r, 2 * Di, true, pos, kv.data() + size_t(i) * 2 * Di, sc, entry)) continue;
     to_activation(s, entry.data(), Di);
     ref::rms_norm(entry.data(), lw.idx_comp_norm.data(), entry.data(), 1, Di, c.norm_eps);
     to_activation(s, entry.data(), Di);

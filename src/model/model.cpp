@@ -79,6 +79,9 @@ Status Model::validate_input(const SequenceState& seq, std::span<const int32_t> 
     if (t < 0 || t >= config_.vocab_size)
       return make_error("token id ", t, " is outside the vocabulary (0..", config_.vocab_size - 1, ")");
   if (seq.layers.size() != size_t(config_.n_layers)) return make_error("forward: sequence state belongs to another model");
+  if (seq.keep_rollback && int64_t(tokens.size()) > config_.window)
+    return make_error("a forward that may be taken back (speculative verification) takes at most ", config_.window,
+                      " tokens, the attention window; got ", tokens.size());
   return {};
 }
 
@@ -112,6 +115,7 @@ int LayerwiseForward::next_layer() const { return state_->next; }
 Result<LayerwiseForward> Model::begin_forward(SequenceState& seq, std::span<const int32_t> tokens,
                                               const ForwardOptions& options) const {
   SPW_TRY(validate_input(seq, tokens));
+  detail::rollback_begin(seq, tokens);
   auto st = std::make_unique<LayerwiseForward::State>(*this, impl_->rope_main, impl_->rope_compress,
                                                    impl_->engram_params, seq, tokens, options);
   const ModelConfig& c = config_;

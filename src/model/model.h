@@ -44,11 +44,33 @@ struct LayerState {
   std::vector<float> index_keys;   // [n_entries, index_head_dim]
 };
 
+// What Model::truncate needs to take back the tail of one forward: the state that forward overwrote
+// (window ring rows, compressor groups) and the rows it pushed, so any prefix of its tokens can be
+// kept without recomputing them. Costs [n, D] per layer for the ring and [n, 2·width] per compressor.
+struct RollbackLog {
+  struct Layer {
+    std::vector<float> window;                    // [n, D] ring rows the forward's tokens replaced, in order
+    CompressorState comp, idx_comp;               // before the forward
+    std::vector<float> comp_rows, idx_comp_rows;  // [n, 2, width]: each token's pushed kv and score rows
+    size_t compressed_size = 0, index_keys_size = 0;  // before the forward
+  };
+  bool valid = false;  // describes the sequence's last forward
+  int64_t n_before = 0;
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> engram_recent;
+  int published_index_k_layer = -1;
+  std::vector<Layer> layers;
+};
+
 struct SequenceState {
   int64_t n_past = 0;
   std::vector<LayerState> layers;
   std::vector<int64_t> engram_recent;  // compressed ids of the last max_ngram−1 tokens, newest last
   int published_index_k_layer = -1;    // V4.1: whose index keys are "shared" (stale_index_k)
+  // Set by the caller before a forward that Model::truncate may take back (at most `window` tokens);
+  // any other forward drops the log.
+  bool keep_rollback = false;
+  RollbackLog rollback;
 };
 
 struct ForwardOptions {
@@ -124,7 +146,16 @@ class Model {
   Status load_layer(int layer, const LoadOptions& options = {});
   void drop_layer(int layer);
 
-  // Errors for token lists the model cannot take (empty, ids outside the vocabulary, foreign state).
+  // Takes back the positions [n_past, seq.n_past) of the sequence's last forward, which must have run with
+  // SequenceState::keep_rollback (n_past ≥ the position that forward started at). The state is then
+  // what forwarding only the kept tokens would have left, their rows as the longer forward computed
+  // them (which equals forwarding them alone, except that V4.1's stale-index-key quirk computes a
+  // one-token forward as a decode step). The log stays, so a later truncate may go back further,
+  // down to that start.
+  Status truncate(SequenceState& seq, int64_t n_past) const;
+
+  // Errors for token lists the model cannot take (empty, ids outside the vocabulary, foreign state, more than
+  // `window` tokens for a forward that keeps a rollback log).
   Status validate_input(const SequenceState& seq, std::span<const int32_t> tokens) const;
 
   // Several independent sequences in one call; results match calling forward on each, bit for bit (the layers run

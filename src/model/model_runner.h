@@ -32,6 +32,13 @@ class RunnerSequence {
   virtual std::unique_ptr<RunnerSequence> clone() const = 0;
   // Bytes the state holds: what keeping a copy of it costs.
   virtual size_t nbytes() const = 0;
+  // Takes back the positions [n_past, n_past()) of the last forward, which ran with
+  // RunnerInput::keep_rollback (n_past ≥ where that forward started): speculative decoding's rejected
+  // drafts. Errors: no such forward, or a runner that cannot (ModelRunner::can_truncate).
+  virtual Status truncate(int64_t n_past) {
+    (void)n_past;
+    return make_error("this runner cannot take back positions of a sequence");
+  }
 };
 
 // What a runner holds, for /metrics; -1 where the runner does not know or has no such thing.
@@ -96,6 +103,9 @@ struct RunnerInput {
   // Optional, for a one-token input without all_logits: the runner may set pick->token and return
   // no logits for this input (an empty vector).
   TokenPick* pick = nullptr;
+  // Keep what RunnerSequence::truncate needs to take back part of these tokens (runners that
+  // can_truncate; at most the model's attention window of tokens).
+  bool keep_rollback = false;
 };
 
 class ModelRunner {
@@ -121,6 +131,10 @@ class ModelRunner {
     (void)growth;
     return true;
   }
+
+  // Whether its sequences can take back positions (RunnerSequence::truncate), which speculative
+  // decoding needs.
+  virtual bool can_truncate() const { return false; }
 
   // A new empty sequence. Errors: the runner's sequence slots or KV memory are exhausted.
   virtual Result<std::unique_ptr<RunnerSequence>> new_sequence() = 0;
