@@ -30,6 +30,8 @@ struct ServeOptions {
   bool batch_invariant = true;
   int prefix_cache_slots = 8;
   int threads = 0;
+  std::string speculative = "off";
+  bool no_stale_index_k = false;
 };
 
 Status validate(const ServeOptions& o) {
@@ -73,6 +75,7 @@ int serve(ServeOptions o) {
     return 2;
   }
   o.s.scheduler.prefix_cache_nbytes = o.prefix_cache_mb << 20;
+  o.s.scheduler.speculative.mode = *runtime::parse_speculative_mode(o.speculative);  // the flag's check allows only these
   if (o.s.served_model_name.empty())
     o.s.served_model_name = std::filesystem::path(o.s.model_dir).lexically_normal().filename().string();
   if (o.s.served_model_name.empty()) o.s.served_model_name = "spillway";
@@ -82,6 +85,7 @@ int serve(ServeOptions o) {
   runner_options.device = o.device;
   runner_options.model_dir = o.s.model_dir;
   runner_options.numerics = o.numerics == "exact" ? Numerics::exact() : Numerics::reference();
+  runner_options.numerics.stale_index_k = !o.no_stale_index_k;
   runner_options.max_num_seqs = o.s.scheduler.max_num_seqs;
   runner_options.max_model_len = o.s.max_model_len;
   runner_options.kv_tokens = o.s.scheduler.kv_tokens;
@@ -103,6 +107,19 @@ int serve(ServeOptions o) {
   if (!(*text)->has_tokenizer())
     SPW_LOG_WARN("{} has no tokenizer.json: serving token-id prompts only", o.s.model_dir);
 
+  if (auto st = runtime::Scheduler::check_speculative(runner, o.s.scheduler.speculative); !st.ok()) {
+    SPW_LOG_ERROR("{}", st.error().message);
+    return 2;
+  }
+  if (o.s.scheduler.speculative.mode != runtime::SpeculativeMode::off) {
+    SPW_LOG_INFO("speculative decoding: {} drafts of up to {} tokens (n-gram matches of {} to {} tokens)",
+                 o.speculative, o.s.scheduler.speculative.draft_tokens, o.s.scheduler.speculative.ngram.min_ngram,
+                 o.s.scheduler.speculative.ngram.max_ngram);
+    if (runner.config().is_v41() && runner_options.numerics.stale_index_k)
+      SPW_LOG_INFO("V4.1: verified drafts compute as a multi-token forward, which reads each index owner's own keys; plain "
+                   "decode steps reproduce the reference's stale-key quirk, so outputs can differ from --speculative off "
+                   "where the quirk matters (docs/speculative.md)");
+  }
   const ModelConfig& cfg = runner.config();
   std::ifstream config_file(o.s.model_dir + "/config.json", std::ios::binary);
   const std::string config_text((std::istreambuf_iterator<char>(config_file)), std::istreambuf_iterator<char>());
@@ -232,6 +249,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->check(CLI::IsMember({"reference", "exact"}))
       ->envname("SPILLWAY_NUMERICS")
       ->capture_default_str();
+  cmd->add_flag("--no-stale-index-k", o->no_stale_index_k,
+               "V4.1: index owners always read their own keys, instead of reproducing the reference decode's quirk "
+               "(docs/numerics.md); makes decode steps agree with multi-token forwards, such as verified drafts")
+      ->envname("SPILLWAY_NO_STALE_INDEX_K");
   cmd->add_option("--device", o->device,
                   "where the model runs: cuda (the GPU engine), cpu (the CPU reference), or auto (cuda when a CUDA "
                   "device is visible and the model is not the bundled demo model)")
@@ -240,8 +261,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--batch-invariant", o->batch_invariant,
                   "GPU: a sequence's greedy output does not depend on what else is batched with it (decode linears on "
-                  "the GEMV, decode calls of at most 64 sequences, each prefill piece alone; not available with EXL3 experts, "
-                  "which then run as with false); "
+                  "the GEMV, decode calls of at most 64 sequences, EXL3 experts on the fused decode kernel, each "
+                  "prefill piece alone); "
                   "false runs each step's decodes in one call (GEMMs past 16) and its prefill pieces together, faster "
                   "at large batches")
       ->envname("SPILLWAY_BATCH_INVARIANT")
@@ -251,6 +272,25 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "pool room for --max-model-len positions (0 or --prefix-cache-mb 0: no prefix cache)")
       ->check(CLI::Range(0, 4096))
       ->envname("SPILLWAY_PREFIX_CACHE_SLOTS")
+      ->capture_default_str();
+  cmd->add_option("--speculative", o->speculative,
+                  "speculative decoding: ngram drafts the tokens that followed the latest earlier occurrence of the "
+                  "context's last tokens (prompt lookup, no weights) and verifies them in one forward; off decodes "
+                  "one token per step (docs/speculative.md)")
+      ->check(CLI::IsMember({"off", "ngram"}))
+      ->envname("SPILLWAY_SPECULATIVE")
+      ->capture_default_str();
+  cmd->add_option("--draft-tokens", sched.speculative.draft_tokens,
+                  "most tokens one sequence drafts per step (each sequence adapts its own length below this)")
+      ->envname("SPILLWAY_DRAFT_TOKENS")
+      ->capture_default_str();
+  cmd->add_option("--ngram-min", sched.speculative.ngram.min_ngram,
+                  "ngram drafter: shortest match of the context's last tokens that may propose a draft")
+      ->envname("SPILLWAY_NGRAM_MIN")
+      ->capture_default_str();
+  cmd->add_option("--ngram-max", sched.speculative.ngram.max_ngram,
+                  "ngram drafter: longer matches (up to this many tokens) are preferred")
+      ->envname("SPILLWAY_NGRAM_MAX")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads of the CPU reference runner (0 = all cores)")
       ->envname("SPILLWAY_THREADS");

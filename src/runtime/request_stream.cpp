@@ -24,6 +24,9 @@ StreamUpdate RequestStream::wait(std::chrono::milliseconds timeout) {
   u.error = error_;
   u.n_prompt_tokens = n_prompt_;
   u.n_cached_tokens = n_cached_;
+  u.speculative = speculative_;
+  u.n_drafted_tokens = n_drafted_;
+  u.n_accepted_tokens = n_accepted_;
   return u;
 }
 
@@ -60,6 +63,17 @@ void RequestStream::finish(FinishReason reason, std::string error) {
 void RequestStream::set_cached_tokens(int n) {
   std::lock_guard lock(mutex_);
   n_cached_ = n;
+}
+
+void RequestStream::set_speculative() {
+  std::lock_guard lock(mutex_);
+  speculative_ = true;
+}
+
+void RequestStream::add_speculation(int drafted, int accepted) {
+  std::lock_guard lock(mutex_);
+  n_drafted_ += drafted;
+  n_accepted_ += accepted;
 }
 
 bool RequestStream::finished() const {

@@ -22,6 +22,9 @@ struct StreamUpdate {
   std::string error;                   // set with FinishReason::error
   int n_prompt_tokens = 0;
   int n_cached_tokens = 0;             // prompt tokens served from the prefix cache
+  bool speculative = false;            // the sequence runs with speculative decoding
+  int n_drafted_tokens = 0;            // tokens drafted and verified
+  int n_accepted_tokens = 0;           // of which accepted
 };
 
 class RequestStream {
@@ -39,6 +42,9 @@ class RequestStream {
   void push_prompt_logprobs(std::vector<GeneratedToken> scored);
   void finish(FinishReason reason, std::string error = {});
   void set_cached_tokens(int n);
+  // Speculative decoding: marks the request as speculating, and counts one verifying step's drafts.
+  void set_speculative();
+  void add_speculation(int drafted, int accepted);
   bool finished() const;
 
  private:
@@ -50,6 +56,8 @@ class RequestStream {
   std::string error_;
   int n_prompt_ = 0;
   int n_cached_ = 0;
+  bool speculative_ = false;
+  int n_drafted_ = 0, n_accepted_ = 0;
   std::atomic<bool> cancelled_{false};
 };
 

@@ -119,7 +119,7 @@ GeneratedToken Sampler::sample(std::span<const float> raw, const TokenPick& pick
   return out;
 }
 
-int32_t Sampler::draw(std::span<const float> logits, const TokenPick& pick) {
+size_t Sampler::distribution(std::span<const float> logits, const TokenPick& pick, double& sum) {
   const size_t vocab = logits.size();
   work_.assign(logits.begin(), logits.end());
   if (pick.repetition_penalty != 1.f)
@@ -136,9 +136,11 @@ int32_t Sampler::draw(std::span<const float> logits, const TokenPick& pick) {
     size_t best = 0;
     for (size_t i = 1; i < vocab; ++i)
       if (work_[i] > work_[best]) best = i;
-    return int32_t(best);
+    order_.assign(1, int32_t(best));
+    probs_.assign(1, 1.0);
+    sum = 1.0;
+    return 1;
   }
-  const double u = pick.u;
   // Candidates in descending logit order (ties: lower id first), cut by top-k.
   order_.resize(vocab);
   std::iota(order_.begin(), order_.end(), 0);
@@ -154,8 +156,9 @@ int32_t Sampler::draw(std::span<const float> logits, const TokenPick& pick) {
   // Probabilities (unnormalised) at temperature.
   const double inv_t = 1.0 / pick.temperature;
   const double top = work_[order_[0]];
-  std::vector<double> p(n_keep);
-  double sum = 0;
+  std::vector<double>& p = probs_;
+  p.resize(n_keep);
+  sum = 0;
   for (size_t i = 0; i < n_keep; ++i) {
     p[i] = std::exp((double(work_[order_[i]]) - top) * inv_t);
     sum += p[i];
@@ -177,12 +180,53 @@ int32_t Sampler::draw(std::span<const float> logits, const TokenPick& pick) {
     n_keep = std::max<size_t>(n, 1);
     sum = kept > 0 ? kept : p[0];
   }
-  double r = u * sum;
+  return n_keep;
+}
+
+int32_t Sampler::draw(std::span<const float> logits, const TokenPick& pick) {
+  double sum = 0;
+  const size_t n_keep = distribution(logits, pick, sum);
+  double r = pick.u * sum;
   for (size_t i = 0; i < n_keep; ++i) {
-    r -= p[i];
+    r -= probs_[i];
     if (r < 0) return order_[i];
   }
   return order_[n_keep - 1];
+}
+
+Sampler::Verdict Sampler::verify(std::span<const float> raw, int32_t draft) {
+  const TokenPick pick = next_pick(int64_t(raw.size()));
+  const double u_accept = pick.temperature > 0.f ? uniform01(rng_) : 0.0;
+  std::span<const float> logits = raw;
+  if (!pick.allowed.empty()) {
+    masked_.assign(raw.begin(), raw.end());
+    apply_mask(masked_, pick.allowed);
+    logits = masked_;
+  }
+  double sum = 0;
+  const size_t n_keep = distribution(logits, pick, sum);
+  double p_draft = 0;
+  for (size_t i = 0; i < n_keep; ++i)
+    if (order_[i] == draft) p_draft = probs_[i];
+  Verdict v;
+  v.accepted = p_draft > 0 && u_accept * sum < p_draft;  // greedy: p_draft is 1 for the argmax, else 0
+  v.token.id = draft;
+  if (!v.accepted) {
+    // The residual distribution: the pick's with the draft removed, inverted at the pick's uniform.
+    double r = pick.u * (sum - p_draft);
+    v.token.id = -1;
+    for (size_t i = 0; i < n_keep && v.token.id < 0; ++i) {
+      if (order_[i] == draft) continue;
+      r -= probs_[i];
+      if (r < 0) v.token.id = order_[i];
+    }
+    for (size_t i = n_keep; i-- > 0 && v.token.id < 0;)  // rounding left r ≥ 0: the last kept candidate
+      if (order_[i] != draft) v.token.id = order_[i];
+    if (v.token.id < 0) v.token.id = order_[0];  // the draft was the only candidate and had no mass
+  }
+  if (pick.top_logprobs >= 0) log_softmax_top(logits, v.token.id, pick.top_logprobs, v.token);
+  record(v.token.id);
+  return v;
 }
 
 }  // namespace spw::runtime

@@ -47,10 +47,26 @@ class Sampler {
   // The pick drawn on the host from logits [vocab], for a runner that returned the logits instead.
   GeneratedToken sample(std::span<const float> logits, const TokenPick& pick);
 
+  // Speculative decoding's acceptance step for one position, given the model's logits [vocab] there and
+  // the token a drafter proposed with all its mass (prompt lookup): the draft is accepted with
+  // probability p(draft) under this position's pick (next_pick: the whole pipeline; at temperature ≤ 0
+  // p is 1 for the argmax and 0 elsewhere), drawn with a uniform of its own. Rejected, the token is drawn
+  // from p with the draft removed (renormalized) with the pick's uniform. Either way the token is
+  // recorded as sample() records it, so the emitted tokens are distributed exactly as sampling them one
+  // by one would be (Leviathan et al. 2023, with a one-hot draft distribution).
+  struct Verdict {
+    GeneratedToken token;
+    bool accepted = false;
+  };
+  Verdict verify(std::span<const float> logits, int32_t draft);
+
  private:
   // Records id: the penalties' counts and the constraint's state.
   void record(int32_t id);
-  // The pipeline after the mask on logits [vocab]: shifts, then the draw with the pick's uniform.
+  // The pipeline after the mask on logits [vocab] up to the draw: the candidates order_[0..n) (the
+  // returned n) with unnormalized probabilities probs_[0..n) that add to `sum`; greedy: the argmax alone.
+  size_t distribution(std::span<const float> logits, const TokenPick& pick, double& sum);
+  // distribution(), then the draw with the pick's uniform.
   int32_t draw(std::span<const float> logits, const TokenPick& pick);
 
   SamplingParams params_;
@@ -61,6 +77,7 @@ class Sampler {
   std::unordered_set<int32_t> seen_;          // prompt and generated tokens (repetition penalty only)
   std::vector<float> work_;
   std::vector<int32_t> order_;
+  std::vector<double> probs_;
   std::vector<float> masked_;
 };
 

@@ -3,13 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <tuple>
+#include <utility>
 
 #include "base/log.h"
 #include "runtime/step_plan.h"
 
 namespace spw::runtime {
-
-using clock = std::chrono::steady_clock;
 
 struct Scheduler::Sequence {
   GenerationRequest request;
@@ -23,10 +22,17 @@ struct Scheduler::Sequence {
   int n_preemptions = 0;
   bool seated = false;           // counted in n_active_ (admitted, not finished or preempted)
   clock::time_point submitted, last_token_at;
+  // Speculation (SchedulerSettings::speculative): the prompt then the generated tokens, which the
+  // drafter looks up; this step's input when it verifies drafts (the last generated token, then them).
+  std::vector<int32_t> context;
+  std::unique_ptr<NgramDrafter> drafter;
+  DraftLength draft_length{0};
+  std::vector<int32_t> step_tokens;
 
   Sequence(GenerationRequest r, std::shared_ptr<RequestStream> s)
       : request(std::move(r)), stream(std::move(s)), sampler(request.sampling, request.constraint, request.prompt) {}
   bool decoding() const { return n_prefilled == int64_t(request.prompt.size()); }
+  bool verifying() const { return decoding() && !step_tokens.empty(); }
   // Positions the state will hold once the prompt and every generated token are in it.
   int64_t n_total() const { return int64_t(request.prompt.size() + output.size()); }
   // Whether it starts from a prefix-cache copy when there is one: a cached prefix has no logits to score,
@@ -46,10 +52,26 @@ SchedulerSettings capped(SchedulerSettings s, const ModelRunner& runner) {
 
 }  // namespace
 
+Status Scheduler::check_speculative(const ModelRunner& runner, const SpeculativeSettings& settings) {
+  if (settings.mode == SpeculativeMode::off) return {};
+  if (!runner.can_truncate())
+    return make_error("--speculative ", to_string(settings.mode), " needs a runner that can take back rejected drafts; the ",
+                      runner.device(), " runner cannot yet: use --speculative off or --device cpu");
+  if (settings.draft_tokens < 1 || settings.draft_tokens >= runner.config().window)
+    return make_error("--draft-tokens ", settings.draft_tokens, " must be in [1, ", runner.config().window - 1,
+                      "] (the model's attention window bounds a verified step)");
+  if (settings.ngram.min_ngram < 1 || settings.ngram.max_ngram < settings.ngram.min_ngram)
+    return make_error("n-gram match lengths must satisfy 1 ≤ min (", settings.ngram.min_ngram, ") ≤ max (",
+                      settings.ngram.max_ngram, ")");
+  return {};
+}
+
 Scheduler::Scheduler(ModelRunner& runner, SchedulerSettings settings)
     : runner_(runner), settings_(capped(settings, runner)),
       prefix_cache_(settings.prefix_block, settings.prefix_cache_nbytes, runner.max_cached_states()) {
   metrics_.set_device(std::string(runner_.device()));
+  if (settings_.speculative.mode != SpeculativeMode::off) metrics_.set_drafter(to_string(settings_.speculative.mode));
+  SPW_CHECK(check_speculative(runner_, settings_.speculative).ok());
   SPW_CHECK(settings_.prefix_block > 0 && settings_.prefill_chunk % settings_.prefix_block == 0);
   SPW_CHECK(settings_.step_token_budget >= settings_.prefill_chunk && settings_.max_batch > 0);
   thread_ = std::thread([this] { loop(); });
@@ -205,6 +227,12 @@ bool Scheduler::start_sequence(Sequence& seq) {
   }
   seq.n_prefilled = cached;
   seq.n_fed = 0;
+  if (settings_.speculative.mode != SpeculativeMode::off && !seq.drafter) {
+    seq.drafter = std::make_unique<NgramDrafter>(settings_.speculative.ngram);
+    seq.draft_length = DraftLength(settings_.speculative.draft_tokens);
+    seq.context = prompt;
+    seq.stream->set_speculative();
+  }
   if (seq.n_preemptions == 0) {
     seq.stream->set_cached_tokens(int(cached));
     metrics_.on_admit(int64_t(prompt.size()), cached);
@@ -281,6 +309,7 @@ void Scheduler::preempt(size_t i) {
   seq->state.reset();
   seq->n_prefilled = 0;
   seq->n_fed = 0;
+  seq->step_tokens.clear();
   ++seq->n_preemptions;
   metrics_.on_preempt();
   std::lock_guard lock(mutex_);
@@ -297,14 +326,14 @@ Result<std::vector<std::vector<float>>> Scheduler::forward(const std::vector<siz
   std::vector<RunnerInput> inputs(members.size());
   for (size_t k = 0; k < members.size(); ++k) {
     const Sequence& s = *running_[members[k]];
-    inputs[k] = {s.state.get(), tokens[k], !s.decoding() && s.request.prompt_logprobs && s.n_preemptions == 0,
-                 offered[k] ? &picks[k] : nullptr};
+    const bool scored = !s.decoding() && s.request.prompt_logprobs && s.n_preemptions == 0;
+    inputs[k] = {s.state.get(), tokens[k], scored || s.verifying(), offered[k] ? &picks[k] : nullptr, s.verifying()};
   }
   auto out = runner_.forward(inputs);
   if (!out.ok()) return out;
   const size_t vocab = size_t(runner_.config().vocab_size);
   for (size_t k = 0; k < members.size(); ++k) {
-    if (!inputs[k].all_logits) continue;
+    if (!inputs[k].all_logits || inputs[k].keep_rollback) continue;  // a verify step keeps all its rows
     Sequence& s = *running_[members[k]];
     const auto& prompt = s.request.prompt;
     std::vector<float>& rows = (*out)[k];
@@ -330,15 +359,20 @@ StepPlan Scheduler::plan_within_kv(std::vector<PlanEntry>& entries) {
     for (size_t i = 0; i < running_.size(); ++i) {
       const Sequence& s = *running_[i];
       entries[i].decoding = s.decoding();
-      entries[i].n_tokens = s.decoding() ? 1
-                                         : next_prefill_end(s.n_prefilled, int64_t(s.request.prompt.size()), chunk, block) -
-                                               s.n_prefilled;
+      entries[i].n_tokens = s.verifying() ? int64_t(s.step_tokens.size())
+                            : s.decoding() ? 1
+                                           : next_prefill_end(s.n_prefilled, int64_t(s.request.prompt.size()), chunk, block) -
+                                                 s.n_prefilled;
     }
     StepPlan plan = plan_step(entries, size_t(settings_.max_batch), settings_.step_token_budget, rotate_);
     std::vector<KvGrowth> growth;
     for (size_t i : plan.members)
       growth.push_back({running_[i]->state.get(), running_[i]->state->n_past() + entries[i].n_tokens});
     if (runner_.kv_can_hold(growth)) return plan;
+    // Drafts are the first thing to give up: nothing is evicted or preempted to verify them.
+    bool drafted = false;
+    for (auto& r : running_) drafted |= !std::exchange(r->step_tokens, {}).empty();
+    if (drafted) continue;
     if (prefix_cache_.evict_oldest()) continue;
     if (running_.size() == 1) {
       // Alone, with no copies cached: submit() admitted nothing larger than --kv-tokens, so this is a
@@ -354,8 +388,81 @@ StepPlan Scheduler::plan_within_kv(std::vector<PlanEntry>& entries) {
   }
 }
 
+void Scheduler::draft(Sequence& s) {
+  s.step_tokens.clear();
+  if (!s.decoding() || s.n_fed + 1 != s.output.size()) return;  // prefilling, or replaying after a preemption
+  // The step emits at most drafts + 1 tokens, and verifies at most a window of them.
+  const int64_t room = std::min<int64_t>(s.request.max_tokens - int64_t(s.output.size()) - 1,
+                                         runner_.config().window - 1);
+  const int n = int(std::min<int64_t>(s.draft_length.next(), room));
+  if (n <= 0) return;
+  std::vector<int32_t> drafted = s.drafter->propose(s.context, n);
+  if (drafted.empty()) return;
+  s.step_tokens.reserve(drafted.size() + 1);
+  s.step_tokens.push_back(s.output.back());
+  s.step_tokens.insert(s.step_tokens.end(), drafted.begin(), drafted.end());
+}
+
+bool Scheduler::emit(Sequence& s, GeneratedToken tok, clock::time_point now) {
+  const int32_t id = tok.id;
+  if (s.output.empty())
+    metrics_.on_first_token(std::chrono::duration<double>(now - s.submitted).count());
+  else
+    metrics_.on_inter_token(std::chrono::duration<double>(now - s.last_token_at).count());
+  s.last_token_at = now;
+  s.output.push_back(id);
+  if (s.drafter) s.context.push_back(id);
+  s.stream->push(std::move(tok));
+  const auto& stops = s.request.stop_token_ids;
+  if ((id == runner_.config().eos_id && !s.request.ignore_eos) || std::find(stops.begin(), stops.end(), id) != stops.end()) {
+    finish(s, FinishReason::stop);
+    return true;
+  }
+  if (int64_t(s.output.size()) >= s.request.max_tokens) {
+    finish(s, FinishReason::length);
+    return true;
+  }
+  return false;
+}
+
+// Row i of the logits predicts the token after step_tokens[i]: draft i + 1 is verified against row i,
+// and the row after the last accepted draft gives the step's own token (the residual draw of a rejection,
+// or a plain sample when every draft was accepted).
+bool Scheduler::verify_drafts(Sequence& s, const std::vector<float>& logits, clock::time_point now) {
+  const size_t vocab = size_t(runner_.config().vocab_size), n_drafts = s.step_tokens.size() - 1;
+  std::vector<int32_t> step = std::exchange(s.step_tokens, {});
+  std::vector<GeneratedToken> tokens;
+  size_t accepted = 0;
+  for (size_t i = 0; i <= n_drafts; ++i) {
+    const auto row = std::span<const float>(logits).subspan(i * vocab, vocab);
+    if (i == n_drafts) {
+      tokens.push_back(s.sampler.sample(row));
+      break;
+    }
+    Sampler::Verdict v = s.sampler.verify(row, step[i + 1]);
+    tokens.push_back(std::move(v.token));
+    if (!v.accepted) break;
+    ++accepted;
+  }
+  // Counted before the tokens reach the stream, so the response that finishes with them reports them.
+  s.draft_length.on_verified(int(n_drafts), int(accepted));
+  metrics_.on_speculation(int64_t(n_drafts), int64_t(accepted));
+  s.stream->add_speculation(int(n_drafts), int(accepted));
+  for (GeneratedToken& tok : tokens)
+    if (emit(s, std::move(tok), now)) return true;
+  if (auto st = s.state->truncate(s.state->n_past() - int64_t(n_drafts - accepted)); !st.ok()) {
+    SPW_LOG_ERROR("taking back rejected drafts failed: {}", st.error().message);
+    finish(s, FinishReason::error, st.error().message);
+    return true;
+  }
+  s.n_fed = s.output.size() - 1;  // the state holds every generated token but the last, the next input
+  return false;
+}
+
 void Scheduler::run_step() {
   const int64_t block = settings_.prefix_block;
+  if (settings_.speculative.mode != SpeculativeMode::off)
+    for (auto& s : running_) draft(*s);
   std::vector<PlanEntry> entries;
   const StepPlan plan = plan_within_kv(entries);
   ++rotate_;
@@ -369,7 +476,9 @@ void Scheduler::run_step() {
   std::vector<char> offered(plan.members.size(), 0);
   for (size_t k = 0; k < plan.members.size(); ++k) {
     Sequence& s = *running_[plan.members[k]];
-    if (s.decoding()) {
+    if (s.verifying()) {
+      tokens.emplace_back(s.step_tokens);
+    } else if (s.decoding()) {
       tokens.emplace_back(&s.output[s.n_fed], 1);
       if (s.n_fed + 1 < s.output.size()) {
         offered[k] = 1;
@@ -394,9 +503,14 @@ void Scheduler::run_step() {
       done[i] = true;
     }
   } else {
-    const int64_t eos = runner_.config().eos_id;
     for (size_t k = 0; k < plan.members.size(); ++k) {
       Sequence& s = *running_[plan.members[k]];
+      if (s.verifying()) {
+        const size_t before = s.output.size();
+        done[plan.members[k]] = verify_drafts(s, (*logits)[k], t1);
+        n_generated += int64_t(s.output.size() - before);
+        continue;
+      }
       if (!s.decoding()) {
         s.n_prefilled += int64_t(tokens[k].size());
         n_prefill += int64_t(tokens[k].size());
@@ -411,23 +525,8 @@ void Scheduler::run_step() {
       GeneratedToken tok = !offered[k]            ? s.sampler.sample((*logits)[k])
                            : picks[k].token >= 0 ? s.sampler.accept(picks[k])
                                                  : s.sampler.sample((*logits)[k], picks[k]);
-      const int32_t id = tok.id;
-      if (s.output.empty())
-        metrics_.on_first_token(std::chrono::duration<double>(t1 - s.submitted).count());
-      else
-        metrics_.on_inter_token(std::chrono::duration<double>(t1 - s.last_token_at).count());
-      s.last_token_at = t1;
-      s.output.push_back(id);
       ++n_generated;
-      s.stream->push(std::move(tok));
-      const auto& stops = s.request.stop_token_ids;
-      if ((id == eos && !s.request.ignore_eos) || std::find(stops.begin(), stops.end(), id) != stops.end()) {
-        finish(s, FinishReason::stop);
-        done[plan.members[k]] = true;
-      } else if (int64_t(s.output.size()) >= s.request.max_tokens) {
-        finish(s, FinishReason::length);
-        done[plan.members[k]] = true;
-      }
+      done[plan.members[k]] = emit(s, std::move(tok), t1);
     }
   }
   size_t kept = 0;

@@ -25,6 +25,7 @@
 #include "runtime/request_stream.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler_metrics.h"
+#include "runtime/speculative.h"
 #include "runtime/step_plan.h"
 
 namespace spw::runtime {
@@ -38,6 +39,7 @@ struct SchedulerSettings {
   int step_token_budget = 512;  // tokens per step (decodes + prefill pieces), ≥ prefill_chunk
   int prefix_block = 16;        // prefix-cache block, tokens
   size_t prefix_cache_nbytes = size_t(1) << 30;  // 0 disables the prefix cache
+  SpeculativeSettings speculative;               // needs a runner that can_truncate
 };
 
 enum class SubmitCode { ok, invalid, too_large, queue_full, draining };
@@ -51,9 +53,14 @@ struct Submission {
 
 class Scheduler {
  public:
+  using clock = std::chrono::steady_clock;
+
   // The runner must outlive the scheduler. max_num_seqs and max_batch are capped at the runner's
-  // max_sequences().
+  // max_sequences(). Speculation on a runner that cannot truncate is an error (check with
+  // check_speculative first).
   Scheduler(ModelRunner& runner, SchedulerSettings settings);
+  // Whether the runner can run the speculative settings; the error says what to change.
+  static Status check_speculative(const ModelRunner& runner, const SpeculativeSettings& settings);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -83,6 +90,13 @@ class Scheduler {
   bool start_sequence(Sequence& seq);
   StepPlan plan_within_kv(std::vector<PlanEntry>& entries);
   void preempt(size_t i);
+  // Drafts the tokens a decoding sequence verifies this step (Sequence::step_tokens), if any.
+  void draft(Sequence& seq);
+  // Hands a generated token to the sequence and its stream; true when that finished the sequence.
+  bool emit(Sequence& seq, GeneratedToken token, clock::time_point now);
+  // Accepts a prefix of the step's drafts from its logits [1 + drafts, vocab], emits them and the
+  // token after them, and takes the rejected drafts back from the state; true when the sequence finished.
+  bool verify_drafts(Sequence& seq, const std::vector<float>& logits, clock::time_point now);
   void run_step();
   Result<std::vector<std::vector<float>>> forward(const std::vector<size_t>& members,
                                                   std::span<const std::span<const int32_t>> tokens,

@@ -82,6 +82,18 @@ void SchedulerMetrics::on_reject() {
   ++s_.requests_rejected;
 }
 
+void SchedulerMetrics::set_drafter(std::string drafter) {
+  std::lock_guard lock(mutex_);
+  s_.drafter = std::move(drafter);
+}
+
+void SchedulerMetrics::on_speculation(int64_t drafted, int64_t accepted) {
+  std::lock_guard lock(mutex_);
+  ++s_.spec_steps;
+  s_.spec_drafted += uint64_t(drafted);
+  s_.spec_accepted += uint64_t(accepted);
+}
+
 void SchedulerMetrics::on_preempt() {
   std::lock_guard lock(mutex_);
   ++s_.preemptions;

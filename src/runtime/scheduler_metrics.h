@@ -40,6 +40,10 @@ struct SchedulerSnapshot {
   uint64_t prefix_cache_entries = 0;
   uint64_t prefix_cache_nbytes = 0;
   std::string device;                  // the model runner's (ModelRunner::device)
+  std::string drafter;                 // speculative decoding's drafter ("ngram"), empty when off
+  uint64_t spec_steps = 0;             // steps that verified drafts of a sequence
+  uint64_t spec_drafted = 0;           // tokens drafted (and verified)
+  uint64_t spec_accepted = 0;          // of which accepted
   RunnerUsage runner;                  // the model runner's KV pages and device memory (-1: unknown)
   double generation_tokens_per_s = 0;  // over the last 10 s
   Histogram ttft{{}};
@@ -56,6 +60,8 @@ class SchedulerMetrics {
   void set_gauges(int64_t queue_depth, int64_t running, int64_t kv_used, int64_t kv_capacity,
                   size_t cache_entries, size_t cache_nbytes, const RunnerUsage& runner);
   void set_device(std::string device);
+  void set_drafter(std::string drafter);
+  void on_speculation(int64_t drafted, int64_t accepted);
   void on_admit(int64_t prompt_tokens, int64_t cached_tokens);
   void on_step(double seconds, int64_t prefill_tokens, int64_t generated_tokens, clock::time_point now);
   void on_first_token(double seconds);

@@ -31,7 +31,7 @@ StepPlan plan_step(std::span<const PlanEntry> entries, size_t max_batch, int64_t
     }
   for (size_t k = 0; k < n_dec && plan.members.size() < max_batch && plan.n_tokens < decode_budget; ++k) {
     plan.members.push_back(decoders[(k + rotate) % n_dec]);
-    plan.n_tokens += 1;
+    plan.n_tokens += entries[plan.members.back()].n_tokens;
   }
   // Keep the decode members in admission order (stable output order; rotation only chooses who).
   std::sort(plan.members.begin(), plan.members.end());

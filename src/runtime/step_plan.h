@@ -23,8 +23,8 @@ int64_t next_prefill_end(int64_t done, int64_t n_prompt, int64_t chunk, int64_t 
 int64_t max_cached_prefix(int64_t n_prompt);
 
 struct PlanEntry {
-  bool decoding = false;   // true: wants one decode token; false: wants a prefill piece
-  int64_t n_tokens = 1;    // tokens of its next piece (1 when decoding)
+  bool decoding = false;   // true: wants one decode token (or to verify drafts); false: wants a prefill piece
+  int64_t n_tokens = 1;    // tokens of its next piece (decoding: 1, or 1 + drafts)
 };
 
 struct StepPlan {

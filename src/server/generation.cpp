@@ -52,6 +52,9 @@ GenerationRun::Update GenerationRun::next(std::chrono::milliseconds timeout) {
   runtime::StreamUpdate u = stream_->wait(timeout);
   n_prompt_ = u.n_prompt_tokens;
   n_cached_ = u.n_cached_tokens;
+  speculative_ = u.speculative;
+  n_drafted_ = u.n_drafted_tokens;
+  n_accepted_ = u.n_accepted_tokens;
   for (auto& t : u.prompt_logprobs) prompt_logprobs_.push_back(std::move(t));
   for (auto& tok : u.tokens) {
     ++n_completion_;

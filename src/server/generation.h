@@ -57,6 +57,10 @@ class GenerationRun {
   int n_prompt_tokens() const { return n_prompt_; }
   int n_cached_tokens() const { return n_cached_; }
   int n_completion_tokens() const { return n_completion_; }
+  // Speculative decoding (the request ran with it): drafted tokens verified, and of those accepted.
+  bool speculative() const { return speculative_; }
+  int n_drafted_tokens() const { return n_drafted_; }
+  int n_accepted_tokens() const { return n_accepted_; }
   // The text stop sequence that finished this run; "" when it ended any other way.
   const std::string& stop_sequence() const { return stops_.matched(); }
   // Prompt tokens 1.. scored so far (GenerationParams::prompt_logprobs); complete once finished.
@@ -69,6 +73,8 @@ class GenerationRun {
   std::vector<int32_t> stop_ids_;
   bool finished_ = false;
   int n_prompt_ = 0, n_cached_ = 0, n_completion_ = 0;
+  bool speculative_ = false;
+  int n_drafted_ = 0, n_accepted_ = 0;
   std::vector<runtime::GeneratedToken> prompt_logprobs_;
 };
 

@@ -71,6 +71,20 @@ std::string render_metrics(const runtime::SchedulerSnapshot& s) {
          double(s.preemptions));
   metric(out, "spillway_requests_rejected_total", "counter", "Requests refused because the queue was full.",
          double(s.requests_rejected));
+  if (!s.drafter.empty()) {
+    const std::string label = "{drafter=\"" + s.drafter + "\"}";
+    const auto labelled = [&](const char* name, const char* type, const char* help, double value) {
+      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+      out += std::string(name) + label + " " + std::to_string(value) + "\n";
+    };
+    labelled("spillway_spec_verify_steps_total", "counter", "Sequence steps that verified drafted tokens.",
+             double(s.spec_steps));
+    labelled("spillway_spec_draft_tokens_total", "counter", "Tokens drafted and verified.", double(s.spec_drafted));
+    labelled("spillway_spec_accepted_tokens_total", "counter", "Drafted tokens accepted.", double(s.spec_accepted));
+    labelled("spillway_spec_mean_acceptance_length", "gauge",
+             "Tokens emitted per verifying step (accepted drafts + the step's own token).",
+             s.spec_steps ? double(s.spec_accepted + s.spec_steps) / double(s.spec_steps) : 0.0);
+  }
   histogram(out, "spillway_time_to_first_token_seconds", "Submission to first generated token.", s.ttft);
   histogram(out, "spillway_inter_token_latency_seconds", "Time between consecutive tokens of a request.", s.inter_token);
   histogram(out, "spillway_step_duration_seconds", "Duration of one scheduler step (forward of the batch).",

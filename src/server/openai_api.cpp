@@ -55,6 +55,15 @@ Json usage_json(const RunList& runs, size_t runs_per_prompt) {
   u["completion_tokens"] = completion;
   u["total_tokens"] = prompt + completion;
   u["prompt_tokens_details"] = Json{{"cached_tokens", cached}};
+  // Extension: speculative decoding's drafts over all choices, present when the server speculates.
+  if (std::any_of(runs.begin(), runs.end(), [](const auto& run) { return run->speculative(); })) {
+    int64_t drafted = 0, accepted = 0;
+    for (const auto& run : runs) {
+      drafted += run->n_drafted_tokens();
+      accepted += run->n_accepted_tokens();
+    }
+    u["spillway_speculative"] = Json{{"drafted_tokens", drafted}, {"accepted_tokens", accepted}};
+  }
   return u;
 }
 
