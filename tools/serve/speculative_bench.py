@@ -9,7 +9,7 @@ Runs one request at a time (batch 1), greedy, `--tokens` tokens each, on three w
   replay  an agent re-emitting a file: each code prompt plus the model's own continuation of it, then a
           header announcing the same file again and its first line (the model should write the file out
           once more; what prompt lookup predicts);
-  random  random token ids (nothing to look up: the cost of drafting that fails).
+  random  random token ids (nothing in the prompt to look up; what the model then writes may still repeat).
 For each, servers with `--speculative off` and `--speculative ngram` (both `--no-stale-index-k`, so greedy
 outputs must be identical), and the pair again with the reference's stale-index quirk (outputs may
 differ there; docs/speculative.md says why). Prints a markdown report: identical outputs, tokens/s,
