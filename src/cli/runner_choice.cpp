@@ -48,17 +48,19 @@ Result<LoadedRunner> load_cuda(const RunnerOptions& o) {
   budget.max_step_tokens = o.prefill_chunk;
   budget.max_step_rows = o.step_rows;
   budget.pool_tokens = o.kv_tokens;
+  budget.max_rollback_tokens = o.max_rollback_tokens;
   const engine::MemoryPlan plan = engine::plan_memory(*config, budget, o.numerics.fake_quant);
   auto mem = engine::device_memory();
   if (!mem.ok()) return mem.error();
   SPW_LOG_INFO("GPU memory plan ({} sequence slots, {} of them for the prefix cache, of up to {} positions, {} "
                "positions in all; prefill pieces of {} tokens): weights {:.2f} GiB, "
-               "KV pools {:.2f} GiB, sequence state {:.2f} GiB, workspace {:.2f} GiB; total {:.2f} GiB of {:.2f} GiB "
+               "KV pools {:.2f} GiB, sequence state {:.2f} GiB, rollback logs {:.2f} GiB, workspace {:.2f} GiB; total {:.2f} GiB of {:.2f} GiB "
                "free ({:.2f} GiB on the device); Engram tables {:.2f} GiB and staging {:.2f} GiB in host memory",
                budget.max_seqs, o.prefix_cache_slots, budget.max_context,
                budget.pool_tokens > 0 ? budget.pool_tokens : budget.max_seqs * budget.max_context, budget.max_step_tokens,
                plan.weights.total() / kGiB,
-               plan.kv.pool_nbytes() / kGiB, plan.state_nbytes / kGiB, plan.workspace_nbytes / kGiB,
+               plan.kv.pool_nbytes() / kGiB, plan.state_nbytes / kGiB, plan.rollback_nbytes / kGiB,
+               plan.workspace_nbytes / kGiB,
                plan.device_total() / kGiB, mem->free / kGiB, mem->total / kGiB, plan.engram_tables_host_nbytes / kGiB,
                plan.staging_host_nbytes / kGiB);
   if (plan.device_total() > mem->free) {

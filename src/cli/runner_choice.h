@@ -28,6 +28,7 @@ struct RunnerOptions {
   int step_rows = 0;  // GPU: rows of one multi-sequence prefill step (serve's --step-token-budget); 0: prefill_chunk
   bool batch_invariant = true;  // GPU: rows computed independently of the batch (engine/gpu_runner.h)
   int prefix_cache_slots = 8;   // GPU: sequence slots for the prefix cache's device copies
+  int max_rollback_tokens = 0;  // GPU: tokens of a step the runner can take back (speculative decoding); 0: none
 };
 
 struct LoadedRunner {

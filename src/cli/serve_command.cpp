@@ -93,6 +93,8 @@ int serve(ServeOptions o) {
   runner_options.step_rows = o.s.scheduler.step_token_budget;
   runner_options.batch_invariant = o.batch_invariant;
   runner_options.prefix_cache_slots = o.prefix_cache_mb > 0 ? o.prefix_cache_slots : 0;
+  if (o.s.scheduler.speculative.mode != runtime::SpeculativeMode::off)  // a verified step: the last token and the drafts
+    runner_options.max_rollback_tokens = o.s.scheduler.speculative.draft_tokens + 1;
   auto loaded = load_runner(runner_options);
   if (!loaded.ok()) {
     SPW_LOG_ERROR("{}", loaded.error().message);

@@ -97,9 +97,10 @@ Status run_stack(GpuStep& s, const DeviceStack& st, const float* x,
 }
 
 // Streams this step's projected rows through `cb` and returns the pooled entries [rp.count, d_out].
-Status compress_push(GpuStep& s, const CompressorBuffers& cb, const float* kv, const float* score, const float* ape,
-                     const RatioPlan& rp, Buf& entries) {
+Status compress_push(GpuStep& s, int layer, const CompressorBuffers& cb, const float* kv, const float* score,
+                     const float* ape, const RatioPlan& rp, Buf& entries) {
   SPW_TRY(s.alloc(entries, size_t(std::max(rp.count, 1)) * cb.shape.d_out()));
+  SPW_TRY(rollback_save_compressor(s, layer, cb, kv, score));
   cuda::CompressorChunks chunks{s.chunk_slot.get(), s.chunk_pos0.get(), s.chunk_n.get(), s.chunk_row0.get(),
                                 rp.out_row0.get()};
   return cuda::compressor_push_cuda(cb.shape, cb.view(), kv, score, ape, chunks, s.n_chunks(),
@@ -117,7 +118,7 @@ Status v4_compress(GpuStep& s, int layer, const float* x, const Projected& pre) 
   Buf entry;
   SPW_TRY(project(s, lw.comp_wkv, x, pre.comp_kv, kv));                             // [n, width] f32
   SPW_TRY(project(s, lw.comp_wgate, x, pre.comp_score, score));                     // [n, width] f32
-  SPW_TRY(compress_push(s, cb, kv, score, lw.comp_ape, e, entry));                  // [count, D]
+  SPW_TRY(compress_push(s, layer, cb, kv, score, lw.comp_ape, e, entry));                  // [count, D]
   if (e.count == 0) return {};
   SPW_TRY(to_activation(s, entry.get(), int64_t(e.count) * D));
   SPW_TRY(norm_rope(s, entry.get(), lw.comp_norm, e.count, D, s.st.rope_compress.get(), e.rope_pos.get(), 1));
@@ -140,7 +141,7 @@ Status v41_compress(GpuStep& s, int layer, const float* x, const Projected& pre,
   if (r > 1) {
     float* score;
     SPW_TRY(project(s, lw.comp_wgate, x, pre.comp_score, score));                      // [n, D] f32
-    SPW_TRY(compress_push(s, s.st.comp_state[layer], kv, score, nullptr, e, pooled));  // [count, D]
+    SPW_TRY(compress_push(s, layer, s.st.comp_state[layer], kv, score, nullptr, e, pooled));  // [count, D]
     SPW_TRY(to_activation(s, pooled.get(), int64_t(e.count) * D));
     latent = pooled.get();
   }
@@ -215,7 +216,7 @@ Status v4_indexer_select(GpuStep& s, int layer, const float* x, const float* cq,
   Buf entry;
   SPW_TRY(project(s, lw.idx_comp_wkv, x, pre.idx_kv, kv));                           // [n, 2·Di] f32
   SPW_TRY(project(s, lw.idx_comp_wgate, x, pre.idx_score, score));                  // [n, 2·Di] f32
-  SPW_TRY(compress_push(s, cb, kv, score, lw.idx_comp_ape, e, entry));              // [count, Di]
+  SPW_TRY(compress_push(s, layer, cb, kv, score, lw.idx_comp_ape, e, entry));              // [count, Di]
   if (e.count > 0) {
     const int64_t m = int64_t(e.count) * Di;
     SPW_TRY(to_activation(s, entry.get(), m));
@@ -327,6 +328,7 @@ Status hca_select(GpuStep& s, int r, DeviceSpan<int32_t>& sel, int& stride) {
 // The ring keeps the last W positions of each sequence (written after attention read the old rows).
 Status ring_write(GpuStep& s, int layer, const float* kv) {
   const int W = s.c.window, D = s.c.d_head;
+  SPW_TRY(rollback_save_ring(s, layer));
   if (s.ring_rows.get())  // every chunk fits the window: one launch, each row's own ring row
     return cuda::kv_write_rows_cuda(s.st.ring.view(layer), kv, s.slots.get(), s.ring_rows.get(), s.n, s.stream);
   for (const StepChunk& ch : s.chunks) {  // a chunk longer than the window: its last W rows

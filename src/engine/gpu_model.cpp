@@ -29,6 +29,8 @@ GpuSequence& GpuSequence::operator=(GpuSequence&& o) noexcept {
     ring_pages = std::move(o.ring_pages);
     comp_pages = std::move(o.comp_pages);
     key_pages = std::move(o.key_pages);
+    keep_rollback = o.keep_rollback;
+    rollback = std::move(o.rollback);
   }
   return *this;
 }
@@ -348,6 +350,9 @@ Status GpuModel::begin_step(GpuStep& s) {
                         options_.budget.max_context);
     for (const StepChunk& other : s.chunks)
       if (&other != &ch && other.seq == ch.seq) return make_error("a sequence appears twice in one step");
+    if (seq.keep_rollback && int64_t(ch.tokens.size()) > options_.budget.max_rollback_tokens)
+      return make_error("a forward that may be taken back takes at most ", options_.budget.max_rollback_tokens,
+                        " tokens (KvBudget::max_rollback_tokens); got ", ch.tokens.size());
   }
   for (StepChunk& ch : s.chunks) {
     ch.p = ch.seq->n_past;
@@ -359,6 +364,7 @@ Status GpuModel::begin_step(GpuStep& s) {
   const int max_rows = step_max_rows(options_.budget);
   if (s.n > max_rows) return make_error(s.n, " tokens in one step, the budget allows ", max_rows);
   for (StepChunk& ch : s.chunks) SPW_TRY(reserve_pages(*ch.seq, ch.p + ch.n));
+  for (StepChunk& ch : s.chunks) rollback_begin(*ch.seq, ch.tokens);
 
   const int n = s.n, n_ch = s.n_chunks();
   std::vector<int32_t> slots(n), row0s(n), ch_slot(n_ch), ch_n(n_ch), ch_row0(n_ch);
@@ -735,14 +741,13 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
   st.comp_state.resize(c.n_layers);
   st.idx_comp_state.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
-    const LayerPlan& p = c.layers[l];
-    if (p.attn == AttnKind::Csa || p.attn == AttnKind::Hca) {
-      const bool csa = p.attn == AttnKind::Csa;
-      SPW_TRY(alloc_compressor(st.comp_state[l], {p.compress_ratio, csa ? 2 * c.d_head : c.d_head, csa}, S));
-      if (csa) SPW_TRY(alloc_compressor(st.idx_comp_state[l], {p.compress_ratio, 2 * c.index_head_dim, true}, S));
-    } else if (p.kv_source && p.compress_ratio > 1) {
-      SPW_TRY(alloc_compressor(st.comp_state[l], {p.compress_ratio, c.d_head, false}, S));
-    }
+    const LayerCompressors lc = layer_compressors(c, l);
+    if (lc.comp.ratio > 0) SPW_TRY(alloc_compressor(st.comp_state[l], lc.comp, S));
+    if (lc.idx_comp.ratio > 0) SPW_TRY(alloc_compressor(st.idx_comp_state[l], lc.idx_comp, S));
+  }
+  if (options.budget.max_rollback_tokens > 0) {
+    st.rollback = rollback_layout(c, options.budget.max_rollback_tokens, cuda::kv_row_nbytes(formats.ring));
+    SPW_TRY(st.rollback_area.alloc(size_t(S) * st.rollback.slot_floats));
   }
 
   SPW_TRY(upload(ref::rope_frequencies({c.rope_theta, c.d_rope, false}), st.rope_main));

@@ -110,6 +110,16 @@ struct GpuSequence {
   int published_index_k_layer = -1;    // V4.1 (Numerics::stale_index_k)
   // Page ids per layer in the window-ring, compressed-entry and index-key pools.
   std::vector<std::vector<int32_t>> ring_pages, comp_pages, key_pages;
+  // Set before a forward that GpuModel::truncate may take back; any other forward drops the log. The
+  // log's device part lives in the slot's rollback area, its host part here.
+  bool keep_rollback = false;
+  struct Rollback {
+    bool valid = false;
+    int64_t n_before = 0;
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> engram_recent;
+    int published_index_k_layer = -1;
+  } rollback;
 };
 
 class GpuModel {
@@ -171,6 +181,14 @@ class GpuModel {
   // counted in the pools), not copied. Errors: a foreign or freed src, no free slot, the pools exhausted
   // (nothing is taken then).
   Result<GpuSequence> copy_sequence(const GpuSequence& src);
+  // Takes back the positions [n_past, seq.n_past) of the sequence's last forward, which ran with
+  // GpuSequence::keep_rollback (n_past ≥ where it started): as model/model.h's Model::truncate, from the
+  // ring rows and compressor rows that forward logged (queued on the model's stream). Errors: no such
+  // forward, a position outside it, a model loaded without KvBudget::max_rollback_tokens.
+  Status truncate(GpuSequence& seq, int64_t n_past);
+  // The most tokens a forward kept for rollback may take (KvBudget::max_rollback_tokens).
+  int max_rollback_tokens() const { return options_.budget.max_rollback_tokens; }
+
   // Device bytes a sequence holds: its KV pages and its slot's compressor states.
   size_t sequence_nbytes(const GpuSequence& seq) const;
 

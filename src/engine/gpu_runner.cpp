@@ -25,6 +25,7 @@ class GpuRunnerSequence final : public RunnerSequence {
     return std::make_unique<GpuRunnerSequence>(std::move(copy.value()));
   }
   size_t nbytes() const override { return seq.owner->sequence_nbytes(seq); }
+  Status truncate(int64_t n_past) override { return seq.owner->truncate(seq, n_past); }
 
   GpuSequence seq;
 };
@@ -70,6 +71,8 @@ const ModelConfig& GpuRunner::config() const { return model_->config(); }
 int64_t GpuRunner::max_context() const { return model_->budget().max_context; }
 int GpuRunner::max_sequences() const { return model_->budget().max_seqs - cache_slots_; }
 
+int GpuRunner::max_rollback_tokens() const { return model_->max_rollback_tokens(); }
+
 bool GpuRunner::kv_can_hold(std::span<const KvGrowth> growth) const {
   std::vector<GpuModel::Growth> g(growth.size());
   for (size_t i = 0; i < growth.size(); ++i) {
@@ -111,6 +114,12 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
   }
   std::vector<KvGrowth> growth(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) growth[i] = {inputs[i].seq, seqs[i]->n_past + int64_t(inputs[i].tokens.size())};
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].keep_rollback && int64_t(inputs[i].tokens.size()) > max_rollback_tokens())
+      return make_error("input ", i, ": ", inputs[i].tokens.size(), " tokens to keep for rollback, the runner takes back ",
+                        max_rollback_tokens());
+    seqs[i]->keep_rollback = inputs[i].keep_rollback;
+  }
   if (!kv_can_hold(growth))
     return make_error("KV pools exhausted: the step needs more pages than the live sequences leave free");
   std::vector<std::vector<float>> out(inputs.size());

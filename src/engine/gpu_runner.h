@@ -22,6 +22,8 @@
 // sequence (with GpuSettings::kv_share_pages, sharing the full pages of compressed entries and index
 // keys instead). The pools hold budget.pool_tokens positions (GpuModel::can_hold answers kv_can_hold
 // page by page, counting a copy's pages as new: exact without sharing, an upper bound with it).
+// Inputs kept for rollback (speculative decoding's verified drafts) can be taken back to any of their
+// positions (GpuModel::truncate) when the budget sets max_rollback_tokens.
 // Not thread-safe: one scheduler thread calls it.
 #pragma once
 
@@ -68,6 +70,7 @@ class GpuRunner final : public ModelRunner {
   int64_t max_context() const override;
   int max_sequences() const override;
   int max_cached_states() const override { return cache_slots_; }
+  int max_rollback_tokens() const override;
   RunnerUsage usage() const override;
   bool kv_can_hold(std::span<const KvGrowth> growth) const override;
   Result<std::unique_ptr<RunnerSequence>> new_sequence() override;

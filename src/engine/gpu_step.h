@@ -62,6 +62,8 @@ struct GpuState {
   DeviceBuffer<char> sample_ws;  // token sampling of kSampleRows decode rows (memory_plan.h)
   DeviceBuffer<char> pick_ws;    // the draws' edits of a decode call (token_picks.h)
   std::vector<bool> slot_used;
+  RollbackLayout rollback;               // max_tokens 0: no rollback logs (KvBudget::max_rollback_tokens)
+  DeviceBuffer<float> rollback_area;     // [slots][rollback.slot_floats]
   cudaStream_t stream = nullptr;  // non-blocking; every kernel and copy of the model runs on it
   DeviceArena arena;              // step temporaries (memory_plan.h: step_arena_nbytes)
   PinnedStaging staging;          // host side of the step's copies
@@ -185,6 +187,15 @@ Status to_activation(GpuStep& s, float* x, int64_t n);
 bool moe_on_device(const GpuStep& s);
 
 // Plans and uploads s.ratios and s.ring_rows from the chunks (gpu_attention.cpp; step scope).
+// The rollback log (GpuModel::truncate, src/engine/gpu_rollback.cpp): rollback_begin starts a sequence's
+// log for a chunk of `tokens` when it keeps one, else drops it; before the step writes them,
+// rollback_save_ring logs the ring rows of `layer` that kept chunks replace, and rollback_save_compressor
+// the rows of a compressor's state that they touch and the rows they push (kv, score [step rows, width]).
+void rollback_begin(GpuSequence& seq, std::span<const int32_t> tokens);
+Status rollback_save_ring(GpuStep& s, int layer);
+Status rollback_save_compressor(GpuStep& s, int layer, const CompressorBuffers& cb, const float* kv,
+                                const float* score);
+
 Status plan_attention(GpuStep& s);
 // out[n, d] = attention sublayer of `layer` on the normed input x[n, d] (gpu_attention.cpp).
 Status attention(GpuStep& s, int layer, const float* x, float* out);

@@ -106,6 +106,44 @@ size_t sample_rows_workspace_nbytes(const ModelConfig& c, const KvBudget& budget
   return n.ok() ? *n : 0;
 }
 
+LayerCompressors layer_compressors(const ModelConfig& c, int layer) {
+  const LayerPlan& p = c.layers[size_t(layer)];
+  LayerCompressors out;
+  if (p.attn == AttnKind::Csa || p.attn == AttnKind::Hca) {
+    const bool csa = p.attn == AttnKind::Csa;
+    out.comp = {p.compress_ratio, csa ? 2 * c.d_head : c.d_head, csa};
+    if (csa) out.idx_comp = {p.compress_ratio, 2 * c.index_head_dim, true};
+  } else if (p.kv_source && p.compress_ratio > 1) {
+    out.comp = {p.compress_ratio, c.d_head, false};
+  }
+  return out;
+}
+
+RollbackLayout rollback_layout(const ModelConfig& c, int max_tokens, size_t ring_row_nbytes) {
+  RollbackLayout out;
+  out.max_tokens = max_tokens;
+  out.layers.resize(size_t(c.n_layers));
+  size_t at = 0;
+  const auto place = [&](const cuda::CompressorShape& sh, RollbackLayout::Compressor& where) {
+    if (sh.ratio == 0) return;
+    const size_t w = size_t(sh.width), touched = size_t(std::min(max_tokens, sh.ratio));
+    where.before = at;
+    at += 2 * touched * w + (sh.overlap ? 2 * size_t(sh.ratio) * w : 0);
+    where.pushed = at;
+    at += 2 * size_t(max_tokens) * w;
+  };
+  for (int l = 0; l < c.n_layers; ++l) {
+    RollbackLayout::Layer& ll = out.layers[size_t(l)];
+    ll.ring = at;
+    at += (size_t(max_tokens) * ring_row_nbytes + sizeof(float) - 1) / sizeof(float);
+    const LayerCompressors lc = layer_compressors(c, l);
+    place(lc.comp, ll.comp);
+    place(lc.idx_comp, ll.idx_comp);
+  }
+  out.slot_floats = at;
+  return out;
+}
+
 MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quantized_kv) {
   MemoryPlan plan;
   WeightBytes& w = plan.weights;
@@ -182,6 +220,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quanti
     }
   }
   plan.state_nbytes = size_t(S) * comp_states + 3 * size_t(S) * c.n_layers * plan.max_pages_per_seq * sizeof(int32_t);
+  if (budget.max_rollback_tokens > 0)
+    plan.rollback_nbytes = size_t(S) * rollback_layout(c, budget.max_rollback_tokens, ring_row).slot_floats * sizeof(float);
 
   // Workspace: the dense-linear workspace (activations + 128 dequantized weight rows, at least the
   // 64 MiB the dense library defaults to), the step arena and the EXL3 GEMM workspace (always allocated).

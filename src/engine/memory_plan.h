@@ -16,7 +16,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
+#include "cuda/attn/compressor.h"
 #include "cuda/attn/kv_pages.h"
 #include "model/config.h"
 
@@ -31,6 +33,9 @@ struct KvBudget {
   // are per sequence); 0: every sequence at max_context. Smaller pools rely on the scheduler's
   // admission and preemption (ModelRunner::kv_can_hold).
   int64_t pool_tokens = 0;
+  // Tokens of one forward that GpuModel::truncate may take back (speculative decoding's verified drafts);
+  // 0: no forward keeps a rollback log, and no memory is set aside for one.
+  int max_rollback_tokens = 0;
 };
 
 struct WeightBytes {
@@ -64,6 +69,7 @@ struct MemoryPlan {
   WeightBytes weights;
   KvPlan kv;
   size_t state_nbytes = 0;        // compressor states and page tables of max_seqs sequences
+  size_t rollback_nbytes = 0;     // rollback logs of max_seqs sequences (KvBudget::max_rollback_tokens)
   size_t sample_nbytes = 0;       // token sampling of up to kSampleRows decode rows (cuda/ops/sampling.h)
   size_t pick_nbytes = 0;         // the draws' edits of a decode call of max_seqs rows (engine/token_picks.h)
   size_t workspace_nbytes = 0;    // linear workspace + step arena + EXL3 GEMM workspace + sampling + picks (not the fused
@@ -72,13 +78,40 @@ struct MemoryPlan {
   size_t staging_host_nbytes = 0;  // pinned host staging of the step's copies (host memory)
   size_t engram_tables_host_nbytes = 0;
   int max_pages_per_seq = 0;  // page-table width: ceil(max_context / kKvPageRows)
-  size_t device_total() const { return weights.total() + kv.pool_nbytes() + state_nbytes + workspace_nbytes; }
+  size_t device_total() const {
+    return weights.total() + kv.pool_nbytes() + state_nbytes + rollback_nbytes + workspace_nbytes;
+  }
 };
 
 // Layers that own compressed entries (V4: every compressed layer; V4.1: the KV sources) and index
 // keys (V4: CSA layers; V4.1: the KV sources).
 bool layer_has_compressed(const ModelConfig& c, int layer);
 bool layer_has_index_keys(const ModelConfig& c, int layer);
+
+// A layer's compressors: its main one and the V4 indexer's (ratio 0: the layer has no such compressor).
+struct LayerCompressors {
+  cuda::CompressorShape comp, idx_comp;
+};
+LayerCompressors layer_compressors(const ModelConfig& c, int layer);
+
+// Where a sequence slot's rollback log keeps, per layer, what GpuModel::truncate puts back (float
+// offsets within the slot's area of slot_floats): the window-ring rows a forward of at most max_tokens
+// tokens replaced (ring_row_nbytes each), and per compressor the rows of the state slots it touched
+// before it touched them (kv then score, min(max_tokens, ratio) rows each; with overlap then the previous
+// group's kv and score) and the rows it pushed (kv then score, max_tokens rows each).
+struct RollbackLayout {
+  struct Compressor {
+    size_t before = 0, pushed = 0;
+  };
+  struct Layer {
+    size_t ring = 0;
+    Compressor comp, idx_comp;
+  };
+  int max_tokens = 0;
+  std::vector<Layer> layers;
+  size_t slot_floats = 0;
+};
+RollbackLayout rollback_layout(const ModelConfig& c, int max_tokens, size_t ring_row_nbytes);
 
 // Decode rows the device samples in one call (GpuModel::decode samples larger steps in pieces).
 inline constexpr int kSampleRows = 16;

@@ -57,7 +57,7 @@ class CpuRunner final : public ModelRunner {
   std::string_view device() const override { return "cpu"; }
   int64_t max_context() const override { return 0; }
   int max_sequences() const override { return 0; }
-  bool can_truncate() const override { return true; }
+  int max_rollback_tokens() const override { return model_.config().window; }
   RunnerUsage usage() const override;
   bool kv_can_hold(std::span<const KvGrowth> growth) const override;
   Result<std::unique_ptr<RunnerSequence>> new_sequence() override;

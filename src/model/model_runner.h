@@ -34,7 +34,7 @@ class RunnerSequence {
   virtual size_t nbytes() const = 0;
   // Takes back the positions [n_past, n_past()) of the last forward, which ran with
   // RunnerInput::keep_rollback (n_past ≥ where that forward started): speculative decoding's rejected
-  // drafts. Errors: no such forward, or a runner that cannot (ModelRunner::can_truncate).
+  // drafts. Errors: no such forward, or a runner that cannot (ModelRunner::max_rollback_tokens).
   virtual Status truncate(int64_t n_past) {
     (void)n_past;
     return make_error("this runner cannot take back positions of a sequence");
@@ -103,8 +103,8 @@ struct RunnerInput {
   // Optional, for a one-token input without all_logits: the runner may set pick->token and return
   // no logits for this input (an empty vector).
   TokenPick* pick = nullptr;
-  // Keep what RunnerSequence::truncate needs to take back part of these tokens (runners that
-  // can_truncate; at most the model's attention window of tokens).
+  // Keep what RunnerSequence::truncate needs to take back part of these tokens (at most
+  // ModelRunner::max_rollback_tokens of them).
   bool keep_rollback = false;
 };
 
@@ -132,9 +132,9 @@ class ModelRunner {
     return true;
   }
 
-  // Whether its sequences can take back positions (RunnerSequence::truncate), which speculative
-  // decoding needs.
-  virtual bool can_truncate() const { return false; }
+  // The most tokens of one forward its sequences can take back (RunnerSequence::truncate), which
+  // speculative decoding needs; 0: none.
+  virtual int max_rollback_tokens() const { return 0; }
 
   // A new empty sequence. Errors: the runner's sequence slots or KV memory are exhausted.
   virtual Result<std::unique_ptr<RunnerSequence>> new_sequence() = 0;

@@ -54,12 +54,14 @@ SchedulerSettings capped(SchedulerSettings s, const ModelRunner& runner) {
 
 Status Scheduler::check_speculative(const ModelRunner& runner, const SpeculativeSettings& settings) {
   if (settings.mode == SpeculativeMode::off) return {};
-  if (!runner.can_truncate())
+  if (settings.draft_tokens < 1) return make_error("--draft-tokens ", settings.draft_tokens, " must be at least 1");
+  const int most = runner.max_rollback_tokens() - 1;  // a verified step is the last token and the drafts
+  if (most < 1)
     return make_error("--speculative ", to_string(settings.mode), " needs a runner that can take back rejected drafts; the ",
-                      runner.device(), " runner cannot yet: use --speculative off or --device cpu");
-  if (settings.draft_tokens < 1 || settings.draft_tokens >= runner.config().window)
-    return make_error("--draft-tokens ", settings.draft_tokens, " must be in [1, ", runner.config().window - 1,
-                      "] (the model's attention window bounds a verified step)");
+                      runner.device(), " runner was set up without room for them");
+  if (settings.draft_tokens > most)
+    return make_error("--draft-tokens ", settings.draft_tokens, " must be in [1, ", most, "] (the ", runner.device(),
+                      " runner takes back at most ", most + 1, " tokens of a step)");
   if (settings.ngram.min_ngram < 1 || settings.ngram.max_ngram < settings.ngram.min_ngram)
     return make_error("n-gram match lengths must satisfy 1 ≤ min (", settings.ngram.min_ngram, ") ≤ max (",
                       settings.ngram.max_ngram, ")");
@@ -393,7 +395,7 @@ void Scheduler::draft(Sequence& s) {
   if (!s.decoding() || s.n_fed + 1 != s.output.size()) return;  // prefilling, or replaying after a preemption
   // The step emits at most drafts + 1 tokens, and verifies at most a window of them.
   const int64_t room = std::min<int64_t>(s.request.max_tokens - int64_t(s.output.size()) - 1,
-                                         runner_.config().window - 1);
+                                         runner_.max_rollback_tokens() - 1);
   const int n = int(std::min<int64_t>(s.draft_length.next(), room));
   if (n <= 0) return;
   std::vector<int32_t> drafted = s.drafter->propose(s.context, n);

@@ -39,7 +39,7 @@ struct SchedulerSettings {
   int step_token_budget = 512;  // tokens per step (decodes + prefill pieces), ≥ prefill_chunk
   int prefix_block = 16;        // prefix-cache block, tokens
   size_t prefix_cache_nbytes = size_t(1) << 30;  // 0 disables the prefix cache
-  SpeculativeSettings speculative;               // needs a runner that can_truncate
+  SpeculativeSettings speculative;               // needs a runner with max_rollback_tokens
 };
 
 enum class SubmitCode { ok, invalid, too_large, queue_full, draining };

@@ -2,9 +2,10 @@
 copies its context (what prompt lookup drafts): greedy output equals the same server without speculation
 (both with --no-stale-index-k, under which verified drafts compute what decode steps compute), streamed or
 not; responses and /metrics report the drafts; seeded sampling repeats; bad settings are refused at start-up.
-These servers run the CPU runner whatever SPILLWAY_DEVICE says: the GPU runner cannot take back drafts yet."""
+The servers run on SPILLWAY_DEVICE's runner (the CPU runner when unset, as in CI; scripts/gpu_serve.sh sets cuda)."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -13,6 +14,7 @@ import pytest
 from spw_server_harness import ROOT, Server
 
 DEMO = ROOT / "models" / "demo"
+DEVICE = os.environ.get("SPILLWAY_DEVICE", "cpu")
 # A file an agent asks the model to write out again: the second copy is what drafts predict.
 SOURCE = ("def parse_header(line):\n    key, _, value = line.partition(':')\n    return key.strip().lower(), value.strip()\n\n\n"
           "def parse_headers(lines):\n    headers = {}\n    for line in lines:\n        key, value = parse_header(line)\n"
@@ -22,8 +24,8 @@ PROMPT = SOURCE + "\n\n# The same file, written out again:\n" + SOURCE.split("\n
 
 @pytest.fixture(scope="module")
 def servers(spillway_bin):
-    off = Server(spillway_bin, DEMO, "--device", "cpu", "--no-stale-index-k", "--speculative", "off", api_key=None)
-    on = Server(spillway_bin, DEMO, "--device", "cpu", "--no-stale-index-k", "--speculative", "ngram", api_key=None)
+    off = Server(spillway_bin, DEMO, "--device", DEVICE, "--no-stale-index-k", "--speculative", "off", api_key=None)
+    on = Server(spillway_bin, DEMO, "--device", DEVICE, "--no-stale-index-k", "--speculative", "ngram", api_key=None)
     yield off, on
     for s in (off, on):
         assert s.stop() == 0, "".join(s.log[-30:])
@@ -75,13 +77,13 @@ def test_metrics_count_drafts_and_seeded_sampling_repeats(servers):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--draft-tokens", "0"], "--draft-tokens 0 must be in [1, 127]"),
+    (["--draft-tokens", "0"], "--draft-tokens 0 must be at least 1"),
     (["--ngram-min", "3", "--ngram-max", "2"], "n-gram match lengths"),
     (["--speculative", "dspark"], "--speculative"),
 ])
 def test_bad_settings_are_refused_at_start_up(spillway_bin, args, says):
     extra = [] if "--speculative" in args else ["--speculative", "ngram"]
-    p = subprocess.run([spillway_bin, "serve", "--model", str(DEMO), "--device", "cpu", "--port", "0", *extra, *args],
+    p = subprocess.run([spillway_bin, "serve", "--model", str(DEMO), "--device", DEVICE, "--port", "0", *extra, *args],
                        capture_output=True, text=True, timeout=120)
     out = p.stdout + p.stderr
     assert p.returncode != 0, out
