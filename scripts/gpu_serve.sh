@@ -20,7 +20,7 @@
 #          GPU image, for its Python 3.12: the list is WHEELS below)
 #          move models/demo/model.safetensors out of the tree (the upload is 64 MiB at most; DEMO below)
 #   there: bash scripts/gpu_serve.sh          # carry: .exl3pack .whl ; results in $OUT
-# Switches: SKIP_SUITE=1, SUITE_MODELS, SKIP_CHECK=1, SKIP_LOAD=1, LOAD_RUNS (which runs of step 3, default
+# Switches: SKIP_SUITE=1, SUITE_MODELS, SKIP_CHECK=1, SKIP_LOAD=1, SPEC=1 (below; SPEC_PROMPTS), LOAD_RUNS (which runs of step 3, default
 # "load prefix overload bench"), DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
 # LOAD_TOKENS (default 256 generated per request), LOAD_BATCH_INVARIANT (the load servers' --batch-invariant values,
 # one load run each; default "true"),
@@ -120,6 +120,15 @@ if [ -n "${DEMO:-}" ]; then
   timeout 300 python3 tools/serve/check_gpu_runner.py --bin /tmp/spillway --model "$DEMO_DIR" --prompts 20 --tokens 32 \
     --prompts-file tools/demo_model/heldout_prompts.json > "$OUT/check_demo.md" 2>&1
   echo "check_gpu_runner (demo model): rc $? — $(tail -1 "$OUT/check_demo.md")" | tee -a "$OUT/serve_main.log"
+fi
+# SPEC=1: speculative decoding (prompt lookup) through the GPU runner on the demo model against the same
+# server without it (tools/serve/speculative_bench.py; the demo weights as for DEMO above, the wheels for the
+# client): identical greedy outputs with --no-stale-index-k, tokens/s and acceptance per workload.
+if [ -n "${SPEC:-}" ]; then
+  timeout 420 python3 tools/serve/speculative_bench.py --bin /tmp/spillway --model "$DEMO_DIR" --device cuda \
+    --prompts ${SPEC_PROMPTS:-20} > "$OUT/speculative_cuda.md" 2>&1
+  echo "speculative_bench (demo model, GPU runner): rc $? — $(tail -1 "$OUT/speculative_cuda.md")" |
+    tee -a "$OUT/serve_main.log"
 fi
 wait  # the GPU tests and the synthetic model
 if [ -z "${SKIP_LOAD:-}" ]; then
