@@ -76,44 +76,53 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--draft-tokens", type=int, default=5)
+    ap.add_argument("--ngram-min", type=int, default=2)
+    ap.add_argument("--workloads", default="code,replay,random",
+                    help="comma-separated subset; models without a tokenizer take only random")
+    ap.add_argument("--quirk", default="off,on", help="stale-index quirk settings to run: off, on or both")
     args = ap.parse_args()
+    wanted = args.workloads.split(",")
 
     code = [p["prompt"] for p in json.loads((ROOT / "tools/demo_model/heldout_prompts.json").read_text())["prompts"]]
     code = code[:args.prompts]
     rng = random.Random(5)
-    randoms = [[rng.randrange(3, 16000) for _ in range(40)] for _ in range(args.prompts)]
+    vocab = json.loads((Path(args.model) / "config.json").read_text())
+    vocab = vocab.get("text_config", vocab)["vocab_size"]
+    randoms = [[rng.randrange(3, vocab) for _ in range(40)] for _ in range(args.prompts)]
 
     # The replay prompts need the model's own continuations of the code prompts.
-    server = Server(args.bin, Path(args.model), "--device", args.device, "--no-stale-index-k", api_key=None)
-    http = httpx.Client(base_url=server.base, timeout=3600)
     replay = []
-    try:
-        for p in code:
-            r = http.post("/v1/completions", json={"prompt": p, "max_tokens": args.tokens, "temperature": 0,
-                                                    "ignore_eos": True})
-            r.raise_for_status()
-            text = p + r.json()["choices"][0]["text"]
-            first_line = text.split("\n", 1)[0]
-            replay.append(f"{text}\n\n# The same file, written out again:\n{first_line}\n")
-    finally:
-        server.stop()
-    workloads = {"code": code, "replay": replay, "random": randoms}
+    if "replay" in wanted:
+        server = Server(args.bin, Path(args.model), "--device", args.device, "--no-stale-index-k", api_key=None)
+        http = httpx.Client(base_url=server.base, timeout=3600)
+        try:
+            for p in code:
+                r = http.post("/v1/completions", json={"prompt": p, "max_tokens": args.tokens, "temperature": 0,
+                                                        "ignore_eos": True})
+                r.raise_for_status()
+                text = p + r.json()["choices"][0]["text"]
+                first_line = text.split("\n", 1)[0]
+                replay.append(f"{text}\n\n# The same file, written out again:\n{first_line}\n")
+        finally:
+            server.stop()
+    workloads = {k: v for k, v in {"code": code, "replay": replay, "random": randoms}.items() if k in wanted}
 
     configs = {}
-    for quirk in (False, True):
+    quirks = [q == "on" for q in args.quirk.split(",")]
+    for quirk in quirks:
         base = [] if quirk else ["--no-stale-index-k"]
         configs[(quirk, "off")] = run(args, base + ["--speculative", "off"], workloads)
-        configs[(quirk, "ngram")] = run(args, base + ["--speculative", "ngram", "--draft-tokens", str(args.draft_tokens)],
-                                        workloads)
+        configs[(quirk, "ngram")] = run(args, base + ["--speculative", "ngram", "--draft-tokens", str(args.draft_tokens),
+                                                      "--ngram-min", str(args.ngram_min)], workloads)
 
     failures = 0
     print(f"## Speculative decoding (prompt lookup) on {args.model}, {args.device} runner\n")
-    print(f"{len(code)} prompts per workload, {args.tokens} greedy tokens each, one request at a time; "
-          f"`--draft-tokens {args.draft_tokens}`\n")
+    print(f"{args.prompts} prompts per workload, {args.tokens} greedy tokens each, one request at a time; "
+          f"`--draft-tokens {args.draft_tokens} --ngram-min {args.ngram_min}`\n")
     print("| stale-index quirk | workload | identical to off | off tok/s | ngram tok/s | speedup | drafted "
           "| accepted | verifying steps | mean acceptance length |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for quirk in (False, True):
+    for quirk in quirks:
         off, on = configs[(quirk, "off")], configs[(quirk, "ngram")]
         for name in workloads:
             a, b = off[name], on[name]
