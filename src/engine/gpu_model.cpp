@@ -10,6 +10,7 @@
 #include "cuda/ops/norm.h"
 #include "cuda/ops/sampling.h"
 #include "engine/gpu_step.h"
+#include "model/kv_history.h"
 #include "ops/ref/rope.h"
 
 namespace spw::engine {
@@ -522,12 +523,7 @@ void GpuModel::end_step(GpuStep& s) {
   for (StepChunk& ch : s.chunks) {
     GpuSequence& seq = *ch.seq;
     seq.n_past += ch.n;
-    if (c.is_v41() && !c.engram_layers.empty()) {
-      for (int32_t t : ch.tokens) seq.engram_recent.push_back(host_weights_->engram_token_map[t]);
-      const size_t keep = size_t(c.engram_max_ngram - 1);
-      if (seq.engram_recent.size() > keep)
-        seq.engram_recent.erase(seq.engram_recent.begin(), seq.engram_recent.end() - keep);
-    }
+    engram_recent_append(c, host_weights_->engram_token_map, ch.tokens, seq.engram_recent);
   }
 }
 

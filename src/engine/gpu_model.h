@@ -113,13 +113,7 @@ struct GpuSequence {
   // Set before a forward that GpuModel::truncate may take back; any other forward drops the log. The
   // log's device part lives in the slot's rollback area, its host part here.
   bool keep_rollback = false;
-  struct Rollback {
-    bool valid = false;
-    int64_t n_before = 0;
-    std::vector<int32_t> tokens;
-    std::vector<int64_t> engram_recent;
-    int published_index_k_layer = -1;
-  } rollback;
+  HostRollback rollback;
 };
 
 class GpuModel {

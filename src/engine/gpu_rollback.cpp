@@ -77,16 +77,10 @@ Status copy_touched_state(GpuState& st, const CompressorBuffers& cb, int slot, i
 }  // namespace
 
 void rollback_begin(GpuSequence& seq, std::span<const int32_t> tokens) {
-  GpuSequence::Rollback& log = seq.rollback;
-  if (!seq.keep_rollback) {
-    log.valid = false;
-    return;
-  }
-  log.valid = true;
-  log.n_before = seq.n_past;
-  log.tokens.assign(tokens.begin(), tokens.end());
-  log.engram_recent = seq.engram_recent;
-  log.published_index_k_layer = seq.published_index_k_layer;
+  if (seq.keep_rollback)
+    seq.rollback.begin(seq.n_past, tokens, seq.engram_recent, seq.published_index_k_layer);
+  else
+    seq.rollback.valid = false;
 }
 
 Status rollback_save_ring(GpuStep& s, int layer) {
@@ -119,24 +113,18 @@ Status rollback_save_compressor(GpuStep& s, int layer, const CompressorBuffers& 
 
 Status GpuModel::truncate(GpuSequence& seq, int64_t n_past) {
   if (seq.owner != this || seq.slot < 0) return make_error("truncate: a foreign or freed sequence");
-  const GpuSequence::Rollback& log = seq.rollback;
-  if (!log.valid)
-    return make_error("truncate: the sequence's last forward kept no rollback log (set keep_rollback before it)");
-  if (n_past < log.n_before || n_past > seq.n_past)
-    return make_error("truncate: position ", n_past, " is outside the last forward's span [", log.n_before, ", ",
-                      seq.n_past, "]");
+  const HostRollback& log = seq.rollback;
+  SPW_TRY(log.check(n_past, seq.n_past));
   const ModelConfig& c = config_;
   GpuState& st = *state_;
   const int64_t p = log.n_before, m = n_past;
   const int n = int(log.tokens.size()), kept = int(m - p);
   float* area = slot_area(st, seq.slot);
   ArenaScope scope(st.arena);  // uploads go out one by one: the replays read them as they are queued
-  int published = log.published_index_k_layer;
   for (int l = 0; l < c.n_layers; ++l) {
     const RollbackLayout::Layer& where = st.rollback.layers[size_t(l)];
     SPW_TRY(copy_ring_rows(st, seq, l, c.window, p, kept, n, reinterpret_cast<uint8_t*>(area + where.ring),
                            /*to_ring=*/true));
-    const int r = c.layers[size_t(l)].compress_ratio;
     for (const bool idx : {false, true}) {
       const CompressorBuffers& cb = idx ? st.idx_comp_state[size_t(l)] : st.comp_state[size_t(l)];
       if (cb.shape.ratio == 0) continue;
@@ -165,19 +153,9 @@ Status GpuModel::truncate(GpuSequence& seq, int64_t n_past) {
       SPW_TRY(cuda::compressor_push_cuda(cb.shape, cb.view(), pushed, pushed + size_t(st.rollback.max_tokens) * w, ape,
                                          chunks, 1, max_entries, entries.get(), st.stream));
     }
-    // V4.1: a KV source publishes its index keys when it produced a latent (or always, without the quirk).
-    const LayerPlan& plan = c.layers[size_t(l)];
-    if (c.is_v41() && plan.kv_source && plan.index_source && r > 0 && (m / r > p / r || !numerics_.stale_index_k))
-      published = l;
   }
-  seq.published_index_k_layer = published;
-  seq.engram_recent = log.engram_recent;
-  if (c.is_v41() && !c.engram_layers.empty()) {
-    for (int i = 0; i < kept; ++i) seq.engram_recent.push_back(host_weights_->engram_token_map[size_t(log.tokens[size_t(i)])]);
-    const size_t keep = size_t(c.engram_max_ngram - 1);
-    if (seq.engram_recent.size() > keep)
-      seq.engram_recent.erase(seq.engram_recent.begin(), seq.engram_recent.end() - std::ptrdiff_t(keep));
-  }
+  log.restore(c, host_weights_->engram_token_map, numerics_.stale_index_k, m, seq.engram_recent,
+              seq.published_index_k_layer);
   seq.n_past = m;
   return {};
 }

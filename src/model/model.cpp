@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "model/forward_context.h"
+#include "model/kv_history.h"
 #include "ops/ref/hyper_connection.h"
 #include "ops/ref/linalg.h"
 #include "ops/ref/rope.h"
@@ -241,12 +242,7 @@ Result<std::vector<float>> Model::finish_forward(LayerwiseForward& fwd) const {
   // Commit the sequence's position and the Engram n-gram history.
   SequenceState& seq = s.seq;
   seq.n_past += n;
-  if (c.is_v41() && !c.engram_layers.empty()) {
-    for (int32_t t : st.tokens) seq.engram_recent.push_back(w.engram_token_map[t]);
-    const size_t keep = size_t(c.engram_max_ngram - 1);
-    if (seq.engram_recent.size() > keep)
-      seq.engram_recent.erase(seq.engram_recent.begin(), seq.engram_recent.end() - keep);
-  }
+  engram_recent_append(c, w.engram_token_map, st.tokens, seq.engram_recent);
   return logits;
 }
 

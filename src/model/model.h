@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/kv_history.h"
 #include "model/weights.h"
 #include "ops/ref/engram_hash.h"
 
@@ -54,11 +55,7 @@ struct RollbackLog {
     std::vector<float> comp_rows, idx_comp_rows;  // [n, 2, width]: each token's pushed kv and score rows
     size_t compressed_size = 0, index_keys_size = 0;  // before the forward
   };
-  bool valid = false;  // describes the sequence's last forward
-  int64_t n_before = 0;
-  std::vector<int32_t> tokens;
-  std::vector<int64_t> engram_recent;
-  int published_index_k_layer = -1;
+  HostRollback host;  // valid: describes the sequence's last forward
   std::vector<Layer> layers;
 };
 

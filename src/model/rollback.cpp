@@ -23,14 +23,10 @@ namespace detail {
 void rollback_begin(SequenceState& seq, std::span<const int32_t> tokens) {
   RollbackLog& log = seq.rollback;
   if (!seq.keep_rollback) {
-    if (log.valid) log = RollbackLog{};
+    if (log.host.valid) log = RollbackLog{};
     return;
   }
-  log.valid = true;
-  log.n_before = seq.n_past;
-  log.tokens.assign(tokens.begin(), tokens.end());
-  log.engram_recent = seq.engram_recent;
-  log.published_index_k_layer = seq.published_index_k_layer;
+  log.host.begin(seq.n_past, tokens, seq.engram_recent, seq.published_index_k_layer);
   log.layers.resize(seq.layers.size());
   for (size_t l = 0; l < seq.layers.size(); ++l) {
     const LayerState& ls = seq.layers[l];
@@ -93,16 +89,11 @@ void keep_entries(std::vector<float>& store, size_t size_before, size_t entry_wi
 
 Status Model::truncate(SequenceState& seq, int64_t n_past) const {
   const RollbackLog& log = seq.rollback;
-  if (!log.valid)
-    return make_error("truncate: the sequence's last forward kept no rollback log (set keep_rollback before it)");
-  if (n_past < log.n_before || n_past > seq.n_past)
-    return make_error("truncate: position ", n_past, " is outside the last forward's span [", log.n_before, ", ",
-                      seq.n_past, "]");
+  SPW_TRY(log.host.check(n_past, seq.n_past));
   const ModelConfig& c = config_;
-  const int64_t p = log.n_before, m = n_past;
-  const size_t n = log.tokens.size();
+  const int64_t p = log.host.n_before, m = n_past;
+  const size_t n = log.host.tokens.size();
   const int W = c.window, D = c.d_head;
-  int published = log.published_index_k_layer;
   for (int l = 0; l < c.n_layers; ++l) {
     LayerState& ls = seq.layers[size_t(l)];
     const RollbackLog::Layer& ll = log.layers[size_t(l)];
@@ -116,17 +107,9 @@ Status Model::truncate(SequenceState& seq, int64_t n_past) const {
     detail::replay_compressor(ls.idx_comp, ll.idx_comp, ll.idx_comp_rows, n, r, /*overlap=*/true, p, m);
     detail::keep_entries(ls.compressed, ll.compressed_size, size_t(D), r, p, m);
     detail::keep_entries(ls.index_keys, ll.index_keys_size, size_t(c.index_head_dim), r, p, m);
-    // V4.1: a KV source publishes its index keys when it produced a latent (or always, without the quirk).
-    if (c.is_v41() && plan.kv_source && plan.index_source && (m / r > p / r || !numerics_.stale_index_k)) published = l;
   }
-  seq.published_index_k_layer = published;
-  seq.engram_recent = log.engram_recent;
-  if (c.is_v41() && !c.engram_layers.empty()) {
-    for (size_t i = 0; i < size_t(m - p); ++i) seq.engram_recent.push_back(weights_->engram_token_map[size_t(log.tokens[i])]);
-    const size_t keep = size_t(c.engram_max_ngram - 1);
-    if (seq.engram_recent.size() > keep)
-      seq.engram_recent.erase(seq.engram_recent.begin(), seq.engram_recent.end() - std::ptrdiff_t(keep));
-  }
+  log.host.restore(c, weights_->engram_token_map, numerics_.stale_index_k, m, seq.engram_recent,
+                   seq.published_index_k_layer);
   seq.n_past = m;
   return {};
 }

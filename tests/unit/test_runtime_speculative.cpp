@@ -351,7 +351,9 @@ void check_greedy_identity(const std::string& arch, Numerics numerics, int min_n
   EXPECT_EQ(uint64_t(drafted), alone_metrics.spec_drafted) << "the responses' counts add up to the server's";
   EXPECT_EQ(uint64_t(accepted), alone_metrics.spec_accepted);
   EXPECT_GT(drafted, accepted) << "no draft was ever rejected: the rollback path went untested";
-  if (min_ngram > 1) EXPECT_GT(accepted, drafted / 2) << "the demo model copies its context: most drafts should hold";
+  if (min_ngram > 1) {
+    EXPECT_GT(accepted, drafted / 2) << "the demo model copies its context: most drafts should hold";
+  }
   EXPECT_EQ(together_metrics.spec_accepted, alone_metrics.spec_accepted) << "drafts depend on the sequence alone";
 }
 
