@@ -470,6 +470,11 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   if (cuda::sparse_attn_uses_split(n, H)) {
     SPW_TRY(s.alloc(attn_scratch, cuda::sparse_attn_split_scratch_floats(n, H, D, int64_t(W) + sel_stride)));
     a.scratch = attn_scratch.get(), a.scratch_floats = attn_scratch.size();
+  } else if (s.path == LinearPath::kGemv) {
+    // Steps whose rows must not depend on the row count (the GEMV forced: batch-invariant decode, chunking
+    // tests): one block per query, bit-identical to the split path that smaller calls take, where kAuto would
+    // take the tensor cores, whose sums run in another order.
+    a.path = cuda::SparseAttnPath::kOneBlock;
   }
   SPW_TRY(cuda::sparse_attn_cuda(a, s.stream));
   SPW_TRY(rope_round(s, o.get(), int64_t(n) * H, D, rope, s.pos.get(), H, /*inverse=*/true, /*round_in=*/true));

@@ -69,11 +69,13 @@ enum class MoeDispatch { kAuto, kHost, kDevice };
 struct GpuModelOptions {
   KvBudget budget;
   // kAuto: the dense library's choice per call (weight-streaming GEMV up to 16 tokens, else GEMM).
-  // kGemv forces the GEMV for every linear (past 16 tokens in slices of 16, each reading the weight again): the same summation
-  // order for every chunking, which the chunked-prefill test uses to expect identical results.
+  // kGemv forces the GEMV for every linear (past 16 tokens in slices of 16, each reading the weight again), and the sparse
+  // attention's scalar paths at every row count: the same summation order for every chunking, which the chunked-prefill
+  // test uses to expect identical results.
   LinearPath linear_path = LinearPath::kAuto;
   // The linears of decode steps when linear_path is kAuto: kGemv keeps every row's sums independent of the
-  // batch at any size (GpuRunner's batch invariance), kAuto takes GEMMs past 16 rows.
+  // batch at any size (GpuRunner's batch invariance; the attention then keeps its scalar paths too), kAuto takes
+  // GEMMs past 16 rows (and tensor-core attention past 512 query-head pairs).
   LinearPath decode_linear_path = LinearPath::kAuto;
   // Routed experts: kAuto runs steps of ≤ 16 rows with the dispatch on the device (grouped GEMVs over
   // the (token, slot) pairs, engine/moe_dispatch.h) and longer ones per expert with the token lists on
