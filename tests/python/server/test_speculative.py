@@ -118,3 +118,17 @@ def test_logprobs_tool_calls_and_json_mode_equal_plain_decoding(servers):
                                                response_format={"type": "json_object"})
         texts.append(r.choices[0].message.content)
     assert texts[1] == texts[0]
+
+
+def test_several_choices_and_echoed_prompt_logprobs_equal_plain_decoding(servers):
+    off, on = servers
+    kw = dict(model="demo", prompt=PROMPT, max_tokens=24, temperature=0, n=3)
+    a = off.client().completions.create(**kw)
+    b = on.client().completions.create(**kw)
+    assert [c.text for c in b.choices] == [c.text for c in a.choices]
+    assert b.usage.model_extra["spillway_speculative"]["drafted_tokens"] > 0
+    kw = dict(model="demo", prompt=PROMPT, max_tokens=8, temperature=0, echo=True, logprobs=1)
+    a = off.client().completions.create(**kw)
+    b = on.client().completions.create(**kw)
+    assert b.choices[0].text == a.choices[0].text
+    assert b.choices[0].logprobs.token_logprobs[1:] == pytest.approx(a.choices[0].logprobs.token_logprobs[1:], abs=1e-5)
