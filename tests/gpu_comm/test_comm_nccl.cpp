@@ -2,6 +2,9 @@
 // as the engine drives them): each collective against its definition. Inputs are small integers, so every
 // sum is exact whatever order NCCL adds in. On a one-GPU machine the group has one rank (the calls, the
 // streams and the result copies are still exercised); the multi-GPU kinds run the real exchanges.
+// Its own binary (spw_gpu_comm_tests), the only one that needs libnccl where it runs: stage it with
+// STAGE_BINS="tests/spw_gpu_comm_tests" (scripts/gpu_test.sh) and put the machine's libnccl.so.2 on
+// LD_LIBRARY_PATH (the CUDA toolkit's lib/, or the nvidia/nccl/lib of the Python environment's torch).
 #if defined(SPW_HAVE_CUDA)
 #include <gtest/gtest.h>
 
@@ -9,7 +12,7 @@
 #include <thread>
 
 #include "comm/nccl_communicator.h"
-#include "gpu_test_util.h"
+#include "../gpu/gpu_test_util.h"
 
 namespace spw::comm {
 namespace {
