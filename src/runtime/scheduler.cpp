@@ -367,6 +367,10 @@ StepPlan Scheduler::plan_within_kv(std::vector<PlanEntry>& entries) {
                                                  s.n_prefilled;
     }
     StepPlan plan = plan_step(entries, size_t(settings_.max_batch), settings_.step_token_budget, rotate_);
+    for (size_t i : plan.without_drafts) {
+      running_[i]->step_tokens.clear();
+      entries[i].n_tokens = 1;
+    }
     std::vector<KvGrowth> growth;
     for (size_t i : plan.members)
       growth.push_back({running_[i]->state.get(), running_[i]->state->n_past() + entries[i].n_tokens});

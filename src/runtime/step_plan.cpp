@@ -31,10 +31,16 @@ StepPlan plan_step(std::span<const PlanEntry> entries, size_t max_batch, int64_t
     }
   for (size_t k = 0; k < n_dec && plan.members.size() < max_batch && plan.n_tokens < decode_budget; ++k) {
     plan.members.push_back(decoders[(k + rotate) % n_dec]);
-    plan.n_tokens += entries[plan.members.back()].n_tokens;
+    plan.n_tokens += 1;
   }
   // Keep the decode members in admission order (stable output order; rotation only chooses who).
   std::sort(plan.members.begin(), plan.members.end());
+  for (size_t i : plan.members) {
+    const int64_t drafts = entries[i].n_tokens - 1;
+    if (drafts <= 0) continue;
+    if (plan.n_tokens + drafts <= decode_budget) plan.n_tokens += drafts;
+    else plan.without_drafts.push_back(i);
+  }
   for (size_t i = 0; i < entries.size() && plan.members.size() < max_batch; ++i) {
     if (entries[i].decoding) continue;
     const int64_t n = entries[i].n_tokens;

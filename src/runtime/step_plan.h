@@ -30,11 +30,13 @@ struct PlanEntry {
 struct StepPlan {
   std::vector<size_t> members;  // indices into the input, decodes first, then prefills
   int64_t n_tokens = 0;
+  std::vector<size_t> without_drafts;  // decode members whose drafts did not fit: they take one token
 };
 
 // Entries are in admission order. Decodes are taken first (rotating the start by `rotate` when
 // more than max_batch want to decode, so none starves) but leave room in the budget for the
-// oldest waiting prompt's next piece; then prefill pieces in admission order while they fit. A step that would otherwise be empty takes the first
+// oldest waiting prompt's next piece; a decode's drafts (n_tokens − 1) are optional and go in admission
+// order while they fit that room, the others decode one token (without_drafts); then prefill pieces in admission order while they fit. A step that would otherwise be empty takes the first
 // prefill piece whatever its size, so progress is guaranteed.
 StepPlan plan_step(std::span<const PlanEntry> entries, size_t max_batch, int64_t token_budget, size_t rotate);
 

@@ -55,6 +55,22 @@ TEST(RuntimeStepPlan, DecodesFirstThenPrefillsInOrderUnderBudget) {
   EXPECT_EQ(plan_step(big, 8, 64, 0).members, (std::vector<size_t>{0}));
 }
 
+// A decode that verifies drafts counts its whole input (the last token and the drafts) against the budget,
+// and still leaves the waiting prompt's piece its room.
+TEST(RuntimeStepPlan, VerifyingDecodesCountTheirDrafts) {
+  std::vector<PlanEntry> e = {{true, 6}, {true, 1}, {true, 4}, {false, 30}};
+  StepPlan p = plan_step(e, 8, 64, 0);
+  EXPECT_EQ(p.members, (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(p.n_tokens, 6 + 1 + 4 + 30);
+  EXPECT_TRUE(p.without_drafts.empty());
+  // Decodes may take 38 − 30 = 8 tokens: three decodes (3) and the first one's 5 drafts; the third decodes
+  // one token without its 3 drafts, and the prompt's piece still goes.
+  p = plan_step(e, 8, 38, 0);
+  EXPECT_EQ(p.members, (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(p.without_drafts, (std::vector<size_t>{2}));
+  EXPECT_EQ(p.n_tokens, 6 + 1 + 1 + 30);
+}
+
 TEST(RuntimeStepPlan, DecodeRotationServesEveryone) {
   std::vector<PlanEntry> e(10, PlanEntry{true, 1});
   std::vector<int> served(10, 0);
