@@ -511,6 +511,7 @@ void Scheduler::run_step() {
   } else {
     for (size_t k = 0; k < plan.members.size(); ++k) {
       Sequence& s = *running_[plan.members[k]];
+      if (s.decoding()) s.draft_length.on_step();
       if (s.verifying()) {
         const size_t before = s.output.size();
         done[plan.members[k]] = verify_drafts(s, (*logits)[k], t1);

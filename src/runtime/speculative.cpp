@@ -12,12 +12,8 @@ Result<SpeculativeMode> parse_speculative_mode(std::string_view name) {
 
 const char* to_string(SpeculativeMode mode) { return mode == SpeculativeMode::ngram ? "ngram" : "off"; }
 
-int DraftLength::next() {
-  if (cooldown_ > 0) {
-    --cooldown_;
-    return 0;
-  }
-  return len_;
+void DraftLength::on_step() {
+  if (cooldown_ > 0) --cooldown_;
 }
 
 void DraftLength::on_verified(int drafted, int accepted) {

@@ -29,8 +29,10 @@ struct SpeculativeSettings {
 class DraftLength {
  public:
   explicit DraftLength(int max_tokens) : max_(max_tokens), len_(max_tokens < 2 ? max_tokens : 2) {}
-  // Tokens to draft this step (0 while cooling down); call once per step the sequence decodes.
-  int next();
+  // Tokens to draft for the next step (0 while cooling down).
+  int next() const { return cooldown_ > 0 ? 0 : len_; }
+  // After each step the sequence took a decode token in: the cooldown counts these steps.
+  void on_step();
   void on_verified(int drafted, int accepted);
 
   static constexpr int kMaxCooldown = 64;

@@ -72,12 +72,15 @@ TEST(DraftLength, GrowsOnSuccessShrinksOnFailureAndCoolsDown) {
   EXPECT_EQ(len.next(), 4) << "one more than was accepted";
   len.on_verified(4, 0);
   EXPECT_EQ(len.next(), 0) << "a failed draft skips the next step";
+  EXPECT_EQ(len.next(), 0) << "only a step the sequence decodes in counts";
+  len.on_step();
   EXPECT_EQ(len.next(), 1);
   // Drafts that always fail: drafting steps become rare.
   DraftLength bad(5);
   int drafting = 0;
   for (int step = 0; step < 2000; ++step) {
     const int n = bad.next();
+    bad.on_step();
     if (n > 0) {
       ++drafting;
       bad.on_verified(n, 0);
