@@ -23,7 +23,7 @@ Settings settings_from_env() {
   GpuSettings& g = s.gpu;
   g.pdl = on_unless_zero("SPILLWAY_PDL", g.pdl);
   g.gemv_mma = env("SPILLWAY_GEMV_MMA").starts_with("1");
-  g.kv_share_pages = env("SPILLWAY_KV_SHARE_PAGES").starts_with("1");
+  g.kv_share_pages = on_unless_zero("SPILLWAY_KV_SHARE_PAGES", g.kv_share_pages);
   g.f32_split_gemm = !env("SPILLWAY_F32_SPLIT_GEMM").starts_with("0");
   g.attn_mma = on_unless_zero("SPILLWAY_ATTN_MMA", g.attn_mma);
   g.attn_vec4 = on_unless_zero("SPILLWAY_ATTN_VEC4", g.attn_vec4);

@@ -24,7 +24,7 @@ struct GpuSettings {
   bool exl3_grouped = true;    // SPILLWAY_EXL3_GROUPED: EXL3 experts of host-dispatched steps in grouped launches
   Exl3DecodeKernel exl3_decode = Exl3DecodeKernel::kByRows;  // SPILLWAY_EXL3_DECODE: fused | grouped
   int dense_device_rows = 0;  // SPILLWAY_DENSE_DEVICE_ROWS: > 0 overrides the engine's device-dispatch limit
-  bool kv_share_pages = false;  // SPILLWAY_KV_SHARE_PAGES: prefix-cache copies share full KV pages (GpuModelOptions)
+  bool kv_share_pages = true;  // SPILLWAY_KV_SHARE_PAGES: prefix-cache copies share full KV pages (GpuModelOptions)
 };
 
 struct Settings {

@@ -445,25 +445,35 @@ Status exl3_moe_decode_cuda(const Exl3CudaMoeLayer& layer, const float* x, const
     return make_error("exl3_moe_decode_cuda: unsupported layer (K=", layer.bits.k_x2 / 2.0, " d=", layer.d,
                       " f=", layer.f, "); supported: integer K 2..6, d and f multiples of 128");
   if (T < 1 || topk < 1) return make_error("exl3_moe_decode_cuda: T=", T, " topk=", topk);
-  if (T * topk > ws.max_pairs || ws.d != layer.d || ws.f != layer.f)
+  const int piece = ws.max_pairs / topk;  // tokens per launch
+  if (piece < 1 || ws.d != layer.d || ws.f != layer.f)
     return make_error("exl3_moe_decode_cuda: workspace is for ", ws.max_pairs, " pairs of d=", ws.d, " f=", ws.f,
-                      ", call needs ", T * topk, " pairs of d=", layer.d, " f=", layer.f);
+                      ", a token needs ", topk, " pairs of d=", layer.d, " f=", layer.f);
   MoeLaunch ml;
   SPW_TRY(moe_launch_config(layer, ml));
-  MoeArgs a;
-  a.experts = layer.experts, a.x = x, a.idx = idx, a.weights = weights, a.y = y;
-  char* b = static_cast<char*>(ws.buf);
-  a.xr_gu = reinterpret_cast<__half*>(b);
-  a.xr_d = a.xr_gu + static_cast<size_t>(ws.max_pairs) * 2 * layer.d;
-  a.part_gu = reinterpret_cast<float*>(a.xr_d + static_cast<size_t>(ws.max_pairs) * layer.f);
-  a.part_d = a.part_gu + static_cast<size_t>(ws.max_pairs) * 2 * segments(layer.d) * layer.f;
-  a.T = T, a.topk = topk, a.d = static_cast<int>(layer.d), a.f = static_cast<int>(layer.f);
-  a.limit = layer.swiglu_limit;
-  a.ref_round = layer.reference_rounding;
-  a.phase_ns = ws.phase_ns;
-  if (cudaError_t e = cuda::launch_cooperative(ml.fn, dim3(ml.blocks), dim3(kThreads), ml.smem, static_cast<cudaStream_t>(stream), a);
-      e != cudaSuccess)
-    return cuda_error("launch exl3_moe_kernel", e);
+  // Launches of `piece` tokens each: a token's output does not depend on the others in its launch, so the
+  // pieces give the bits one launch of all T would.
+  for (int t0 = 0; t0 < T; t0 += piece) {
+    MoeArgs a;
+    a.experts = layer.experts;
+    a.x = x + static_cast<size_t>(t0) * layer.d;
+    a.idx = idx + static_cast<size_t>(t0) * topk;
+    a.weights = weights + static_cast<size_t>(t0) * topk;
+    a.y = y + static_cast<size_t>(t0) * layer.d;
+    char* b = static_cast<char*>(ws.buf);
+    a.xr_gu = reinterpret_cast<__half*>(b);
+    a.xr_d = a.xr_gu + static_cast<size_t>(ws.max_pairs) * 2 * layer.d;
+    a.part_gu = reinterpret_cast<float*>(a.xr_d + static_cast<size_t>(ws.max_pairs) * layer.f);
+    a.part_d = a.part_gu + static_cast<size_t>(ws.max_pairs) * 2 * segments(layer.d) * layer.f;
+    a.T = std::min(piece, T - t0), a.topk = topk, a.d = static_cast<int>(layer.d), a.f = static_cast<int>(layer.f);
+    a.limit = layer.swiglu_limit;
+    a.ref_round = layer.reference_rounding;
+    a.phase_ns = ws.phase_ns;
+    if (cudaError_t e = cuda::launch_cooperative(ml.fn, dim3(ml.blocks), dim3(kThreads), ml.smem,
+                                                 static_cast<cudaStream_t>(stream), a);
+        e != cudaSuccess)
+      return cuda_error("launch exl3_moe_kernel", e);
+  }
   return {};
 }
 

@@ -26,8 +26,9 @@
 //   scatter-add order. The sums inside each projection are split at other k boundaries than
 //   exl3_gemm_cuda's, so results match the per-expert path up to fp32 summation order (then a rare
 //   1-ulp bf16 flip).
-// Limits: d and f multiples of 128; all experts share one integer K (2..6) and codebook; T·topk ≤
-// the workspace's max_pairs. Accuracy: as exl3_gemm_cuda per projection (x and h rounded to fp16 once
+// T is unbounded: calls of more than max_pairs / topk tokens (the workspace's) launch in pieces of that
+// many, which give the same bits. Limits: d and f multiples of 128; all experts share one integer K (2..6)
+// and codebook; topk ≤ the workspace's max_pairs. Accuracy: as exl3_gemm_cuda per projection (x and h rounded to fp16 once
 // after their rotations), fp32 elsewhere.
 // Tests: tests/gpu/test_exl3_moe_cuda.cpp; reference_rounding: tests/gpu/test_engine_batch.cpp. Benchmark: bench/exl3/bench_exl3.cu (moe section).
 #pragma once

@@ -62,7 +62,7 @@ int GpuModel::invariant_decode_rows() const {
   for (const ExpertTable& t : state_->expert_tables)
     if (t.ready() && options_.moe_dispatch == MoeDispatch::kAuto) rows = std::min(rows, options_.moe_paths.dense_device_rows);
   for (const Exl3MoeTable& t : state_->exl3_moe)
-    if (t.ready() && options_.moe_dispatch == MoeDispatch::kAuto) rows = std::min(rows, kDeviceDispatchRows);
+    if (t.ready() && options_.moe_dispatch == MoeDispatch::kAuto) rows = std::min(rows, options_.moe_paths.exl3_device_rows);
   return std::min(rows, options_.budget.max_seqs);
 }
 

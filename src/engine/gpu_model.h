@@ -156,7 +156,8 @@ class GpuModel {
   // The most sequences one decode() step may take with every row computed from that row's inputs alone (the
   // linears on the GEMV, routed experts dispatched on the device), so that a sequence's logits do not depend on
   // the others: 16 unless decode steps force the GEMV, then dense-table experts allow MoePaths::dense_device_rows
-  // and EXL3 experts 16 (past it their dispatch goes through the host), capped at the budget's max_seqs.
+  // and EXL3 experts MoePaths::exl3_device_rows (past it their dispatch goes through the host), capped at the
+  // budget's max_seqs.
   int invariant_decode_rows() const;
 
   // Sets GpuModelOptions::decode_linear_path after loading.

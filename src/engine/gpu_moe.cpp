@@ -236,9 +236,12 @@ Status routed_device(GpuStep& s, int layer, const float* x, const DeviceSpan<int
 
 bool use_device_dispatch(const GpuStep& s, int layer) {
   const bool dense = s.st.expert_tables[layer].ready();
-  const bool exl3 = s.st.exl3_moe[layer].ready() && int64_t(s.n) * s.c.top_k <= s.st.exl3_moe_ws.max_pairs;
+  // The grouped pairs path holds every pair in one workspace; the fused kernel launches in pieces.
+  const bool exl3 = s.st.exl3_moe[layer].ready() &&
+                    (int64_t(s.n) * s.c.top_k <= s.st.exl3_moe_ws.max_pairs || !exl3_decode_grouped(s.moe_paths, s.n));
   if (s.moe_dispatch == MoeDispatch::kHost || !(dense || exl3)) return false;
-  return s.moe_dispatch == MoeDispatch::kDevice || s.n <= (dense ? s.moe_paths.dense_device_rows : kDeviceDispatchRows);
+  return s.moe_dispatch == MoeDispatch::kDevice ||
+         s.n <= (dense ? s.moe_paths.dense_device_rows : s.moe_paths.exl3_device_rows);
 }
 
 }  // namespace

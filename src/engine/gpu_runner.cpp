@@ -216,8 +216,11 @@ Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir,
   options.moe_paths = moe_paths_from(settings.gpu);
   // EXL3 decodes on one kernel at every row count: each is batch-invariant alone (cuda/exl3_moe.h,
   // cuda/exl3_grouped.h), switching between them by row count is not.
+  // The fused kernel then takes a decode of every sequence in one step (MoePaths::exl3_device_rows).
   if (settings.batch_invariant && options.moe_paths.exl3_decode == Exl3DecodeKernel::kByRows)
     options.moe_paths.exl3_decode = Exl3DecodeKernel::kFused;
+  if (settings.batch_invariant && options.moe_paths.exl3_decode == Exl3DecodeKernel::kFused)
+    options.moe_paths.exl3_device_rows = std::max(options.moe_paths.exl3_device_rows, options.budget.max_seqs);
   options.share_kv_pages = settings.gpu.kv_share_pages;
   options.on_progress = settings.on_progress;
   auto model = load_gpu_model(model_dir, settings.numerics, options);

@@ -63,6 +63,10 @@ struct MoePaths {
   bool exl3_grouped = true;  // EXL3 experts of host-dispatched steps in grouped launches, not per expert
   Exl3DecodeKernel exl3_decode = Exl3DecodeKernel::kByRows;  // EXL3 decode: fused below 8 rows, else grouped
   int dense_device_rows = kDeviceDispatchRowsDense;        // device dispatch limit of dense-table experts
+  // Device dispatch limit of EXL3 experts. Past kDeviceDispatchRows only the fused kernel takes them (in
+  // launches of kDeviceDispatchRows tokens, cuda/exl3_moe.h): the batch-invariant runner raises it to its
+  // sequence count, so a decode of every running sequence is one step instead of one per 16.
+  int exl3_device_rows = kDeviceDispatchRows;
 };
 // The paths the process's settings ask for (SPILLWAY_EXL3_GROUPED, SPILLWAY_EXL3_DECODE,
 // SPILLWAY_DENSE_DEVICE_ROWS).

@@ -70,7 +70,8 @@ const RunnerSequence* PrefixCache::peek(std::span<const int32_t> tokens, int64_t
   return nullptr;
 }
 
-void PrefixCache::insert(std::span<const int32_t> prefix, const RunnerSequence& state) {
+void PrefixCache::insert(std::span<const int32_t> prefix, const RunnerSequence& state,
+                         std::span<const std::span<const int32_t>> keep) {
   if (prefix.empty() || prefix.size() % size_t(block_tokens_) != 0 || max_nbytes_ == 0 || max_entries_ == 0) return;
   uint64_t h = 0;
   for (size_t i = 0; i < prefix.size(); i += size_t(block_tokens_)) h = chain(h, prefix.subspan(i, size_t(block_tokens_)));
@@ -80,14 +81,14 @@ void PrefixCache::insert(std::span<const int32_t> prefix, const RunnerSequence& 
     return;
   }
   // Room first: a runner's copies may need the slots older entries hold.
-  if (max_entries_ > 0) evict_to(max_nbytes_, size_t(max_entries_) - 1);
+  if (max_entries_ > 0 && !evict_to(max_nbytes_, size_t(max_entries_) - 1, keep)) return;
   Entry e;
   e.tokens.assign(prefix.begin(), prefix.end());
   e.state = state.clone();
   if (!e.state) return;
   e.nbytes = e.state->nbytes() + vec_nbytes(e.tokens);
   if (e.nbytes > max_nbytes_) return;
-  evict_to(max_nbytes_ - e.nbytes, max_entries_ < 0 ? entries_.size() : size_t(max_entries_) - 1);
+  if (!evict_to(max_nbytes_ - e.nbytes, max_entries_ < 0 ? entries_.size() : size_t(max_entries_) - 1, keep)) return;
   lru_.push_front(h);
   e.lru = lru_.begin();
   nbytes_ += e.nbytes;
@@ -107,13 +108,23 @@ bool PrefixCache::evict_oldest(std::span<const int32_t> keep) {
   return false;
 }
 
-void PrefixCache::evict_to(size_t max_nbytes, size_t max_entries) {
-  while ((nbytes_ > max_nbytes || entries_.size() > max_entries) && !lru_.empty()) {
-    auto it = entries_.find(lru_.back());
-    nbytes_ -= it->second.nbytes;
-    entries_.erase(it);
-    lru_.pop_back();
+bool PrefixCache::evict_to(size_t max_nbytes, size_t max_entries, std::span<const std::span<const int32_t>> keep) {
+  const auto kept = [&](const std::vector<int32_t>& t) {
+    return std::any_of(keep.begin(), keep.end(), [&](std::span<const int32_t> k) {
+      return t.size() <= k.size() && std::equal(t.begin(), t.end(), k.begin());
+    });
+  };
+  for (auto it = lru_.rbegin(); (nbytes_ > max_nbytes || entries_.size() > max_entries) && it != lru_.rend();) {
+    auto entry = entries_.find(*it);
+    if (kept(entry->second.tokens)) {
+      ++it;
+      continue;
+    }
+    nbytes_ -= entry->second.nbytes;
+    entries_.erase(entry);
+    it = std::make_reverse_iterator(lru_.erase(std::next(it).base()));
   }
+  return nbytes_ <= max_nbytes && entries_.size() <= max_entries;
 }
 
 }  // namespace spw::runtime

@@ -34,8 +34,12 @@ class PrefixCache {
   const RunnerSequence* peek(std::span<const int32_t> tokens, int64_t max_len) const;
 
   // Stores a copy of `state` as the state after `prefix` (prefix.size() a positive multiple of
-  // block_tokens and state.n_past() == prefix.size()). Replaces nothing already present.
-  void insert(std::span<const int32_t> prefix, const RunnerSequence& state);
+  // block_tokens and state.n_past() == prefix.size()). Replaces nothing already present. Room is made by
+  // dropping the least recently used copies, except those that begin one of `keep` (the prompts of queued
+  // requests: a burst sharing a prefix must not lose it to its own members' copies); when only those are
+  // left to drop, nothing is stored.
+  void insert(std::span<const int32_t> prefix, const RunnerSequence& state,
+              std::span<const std::span<const int32_t>> keep = {});
 
   // Drops the least recently used copy (KV memory for running sequences), except one whose tokens
   // begin `keep` (the copy a request about to start would use); false when there is none to drop.
@@ -56,7 +60,9 @@ class PrefixCache {
   std::vector<std::pair<uint64_t, size_t>> candidates(std::span<const int32_t> tokens, int64_t max_len) const;
   // The entry of that candidate, if it holds exactly those tokens (a hash collision's does not).
   const Entry* entry_for(std::pair<uint64_t, size_t> candidate, std::span<const int32_t> tokens) const;
-  void evict_to(size_t max_nbytes, size_t max_entries);
+  // Drops least recently used entries, none that begins one of `keep`, until within both limits; false when
+  // that is not possible (what could go is gone).
+  bool evict_to(size_t max_nbytes, size_t max_entries, std::span<const std::span<const int32_t>> keep);
 
   int block_tokens_;
   size_t max_nbytes_;

@@ -465,6 +465,15 @@ bool Scheduler::verify_drafts(Sequence& s, const std::vector<float>& logits, clo
   return false;
 }
 
+std::vector<std::span<const int32_t>> Scheduler::queued_prompts() const {
+  // Only this thread takes sequences out of the queue, so the prompts outlive the lock.
+  std::lock_guard lock(mutex_);
+  std::vector<std::span<const int32_t>> out;
+  for (const auto& w : waiting_)
+    if (w->uses_prefix_cache()) out.emplace_back(w->request.prompt);
+  return out;
+}
+
 void Scheduler::run_step() {
   const int64_t block = settings_.prefix_block;
   if (settings_.speculative.mode != SpeculativeMode::off)
@@ -523,7 +532,8 @@ void Scheduler::run_step() {
         n_prefill += int64_t(tokens[k].size());
         const std::array<KvGrowth, 1> copy{KvGrowth{nullptr, s.n_prefilled, s.state.get()}};
         if (s.n_prefilled % block == 0 && runner_.kv_can_hold(copy))
-          prefix_cache_.insert(std::span<const int32_t>(s.request.prompt).first(size_t(s.n_prefilled)), *s.state);
+          prefix_cache_.insert(std::span<const int32_t>(s.request.prompt).first(size_t(s.n_prefilled)), *s.state,
+                               queued_prompts());
         if (!s.decoding() || !s.output.empty()) continue;  // more prompt, or generated tokens to replay
       } else if (++s.n_fed < s.output.size()) {
         continue;  // replaying after a preemption

@@ -98,6 +98,8 @@ class Scheduler {
   // token after them, and takes the rejected drafts back from the state; true when the sequence finished.
   bool verify_drafts(Sequence& seq, const std::vector<float>& logits, clock::time_point now);
   void run_step();
+  // The prompts of the queued requests that will look in the prefix cache (the copies to keep for them).
+  std::vector<std::span<const int32_t>> queued_prompts() const;
   Result<std::vector<std::vector<float>>> forward(const std::vector<size_t>& members,
                                                   std::span<const std::span<const int32_t>> tokens,
                                                   std::span<TokenPick> picks, std::span<const char> offered);

@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -48,15 +49,17 @@ Exl3Tensor make_linear(std::vector<uint16_t>& trellis, int64_t k, int64_t n, int
   return t;
 }
 
+// ws_tokens: the workspace holds that many tokens (default T); fewer makes the call launch in pieces.
 // ref_round: the engine's reference_rounding mode (bf16 roundings of g, u, h and each slot's output, slots added
 // in expert order), held to the fp32 reference with room for those roundings: each bf16 rounding adds a relative
 // rms error of at most 2^-8/√12 ≈ 1.1e-3, four of them on every path (measured: 3.3e-3·rms at 10 slots). A lost
 // or doubled slot would be off by ~rms/√topk ≫ that.
 void run_case(int64_t d, int64_t f, int E, int K, Exl3Codebook cb, int T, int topk, float limit, bool bias,
-              uint32_t seed, bool ref_round = false) {
+              uint32_t seed, bool ref_round = false, int ws_tokens = 0) {
+  if (ws_tokens <= 0) ws_tokens = T;
   SCOPED_TRACE(testing::Message() << "d=" << d << " f=" << f << " E=" << E << " K=" << K
                                   << " cb=" << exl3_codebook_name(cb) << " T=" << T << " topk=" << topk
-                                  << " ref_round=" << ref_round);
+                                  << " ref_round=" << ref_round << " workspace tokens=" << ws_tokens);
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0, 1);
   std::vector<HostExpert> hx(E);
@@ -111,7 +114,7 @@ void run_case(int64_t d, int64_t f, int E, int K, Exl3Codebook cb, int T, int to
   std::vector<float> yh(T * d + 2 * guard, 3.0e38f);
   float* dy = upload(yh);
   Exl3CudaMoeWorkspace ws;
-  ASSERT_TRUE(exl3_cuda_moe_workspace_alloc(ws, T * topk, d, f).ok());
+  ASSERT_TRUE(exl3_cuda_moe_workspace_alloc(ws, std::min(T, ws_tokens) * topk, d, f).ok());
 
   auto fetch_and_check = [&](const char* what) {
     SCOPED_TRACE(what);
@@ -209,6 +212,13 @@ TEST(Exl3MoeCuda, RealV41Shapes) {
 TEST(Exl3MoeCuda, SixteenTokensEachAsAlone) {
   SPW_REQUIRE_GPU();
   run_case(1024, 512, 24, 3, Exl3Codebook::kMul1, 16, 6, 10.f, false, 13, true);
+}
+
+// 40 tokens (a batch-invariant decode of 40 sequences) through a workspace of 16 tokens: launches of 16, 16
+// and 8, and every token alone still gives its row's bits.
+TEST(Exl3MoeCuda, FortyTokensInPiecesEachAsAlone) {
+  SPW_REQUIRE_GPU();
+  run_case(1024, 512, 24, 3, Exl3Codebook::kMul1, 40, 6, 10.f, false, 14, true, 16);
 }
 
 TEST(Exl3MoeCuda, RejectsUnsupported) {

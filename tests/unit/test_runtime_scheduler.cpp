@@ -283,6 +283,35 @@ TEST_F(RuntimeScheduler, PrefixCacheWithinTheRunnersSlots) {
   EXPECT_LE(m.prefix_cache_entries, 2u);
 }
 
+// A burst sharing a cached prefix, larger than the running seats, with slots for two cached copies: the first
+// members' own prompt copies (their prompts are whole blocks) do not push out the shared prefix's copy while
+// members still wait for it, so every member starts from it.
+TEST_F(RuntimeScheduler, ABurstKeepsTheSharedPrefixItWaitsFor) {
+  SlotLimitedRunner limited(*runner_, 4, 2);
+  SchedulerSettings s;
+  s.prefill_chunk = 16;
+  Scheduler sched(limited, s);
+  std::vector<int32_t> shared = {0};
+  for (int i = 1; i < 32; ++i) shared.push_back(3 + 11 * i);
+  const auto with_own = [&](int k) {
+    std::vector<int32_t> p = shared;
+    for (int i = 0; i < 16; ++i) p.push_back(500 + 16 * k + i);
+    return p;
+  };
+  collect(*sched.submit(greedy(with_own(0), 2)).stream);  // primes the copies after 32 and 48 tokens
+  const uint64_t cached_before = sched.metrics().prompt_tokens_cached;
+  constexpr int kBurst = 12;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int k = 1; k <= kBurst; ++k) streams.push_back(sched.submit(greedy(with_own(k), 2)).stream);
+  for (auto& st : streams) {
+    FinishReason r = FinishReason::none;
+    EXPECT_EQ(collect(*st, &r).size(), 2u);
+    EXPECT_EQ(r, FinishReason::length);
+  }
+  EXPECT_EQ(sched.metrics().prompt_tokens_cached - cached_before, uint64_t(kBurst) * shared.size())
+      << "burst members that found the shared prefix's copy gone";
+}
+
 // The CPU runner, recording the new sequences' growths the scheduler asks kv_can_hold about: (n_total, the
 // positions of the copy it names as the source, −1 for none).
 class GrowthRecordingRunner final : public ModelRunner {

@@ -231,6 +231,44 @@ TEST(RuntimePrefixCache, EvictOldestKeepsTheCopiesOfARequestsPrefix) {
   EXPECT_EQ(cache.n_entries(), 1u);
 }
 
+// insert makes room without dropping the copies a queued prompt begins with: with two slots holding the shared
+// prefix's copy and an older one, inserts drop the older one, then are refused while only the kept copy could go;
+// without the queued prompt the same insert drops it.
+TEST(RuntimePrefixCache, InsertKeepsTheCopiesOfQueuedPrompts) {
+  CpuSequence s(SequenceState{});
+  PrefixCache cache(16, size_t(1) << 30, 2);
+  std::vector<int32_t> shared(48), other(16, 7);
+  std::iota(shared.begin(), shared.end(), 100);
+  s.state.n_past = 32;
+  cache.insert(std::span<const int32_t>(shared).first(32), s);
+  s.state.n_past = 16;
+  cache.insert(other, s);
+  ASSERT_EQ(cache.lookup(shared, 48).first, 32);  // the shared copy is now the most recent, `other` the oldest
+  const std::vector<std::span<const int32_t>> queued = {std::span<const int32_t>(shared)};
+  std::vector<int32_t> own1(shared), own2(shared);
+  own1.insert(own1.end(), 16, 1), own2.insert(own2.end(), 16, 2);
+  s.state.n_past = 64;
+  cache.insert(own1, s, queued);  // drops `other`
+  EXPECT_EQ(cache.n_entries(), 2u);
+  EXPECT_EQ(cache.lookup(other, 16).first, 0);
+  // own1's copy is now newer than the shared one, which is the oldest, but the queued prompt keeps it.
+  cache.insert(own2, s, queued);  // may drop own1's copy only
+  EXPECT_EQ(cache.n_entries(), 2u);
+  EXPECT_EQ(cache.lookup(shared, 48).first, 32) << "the queued prompt's copy was dropped";
+  EXPECT_EQ(cache.lookup(own2, 64).first, 64);
+  // Both remaining copies kept: the insert stores nothing.
+  std::vector<int32_t> own3(shared);
+  own3.insert(own3.end(), 16, 3);
+  const std::vector<std::span<const int32_t>> both = {std::span<const int32_t>(shared), std::span<const int32_t>(own2)};
+  cache.insert(own3, s, both);
+  EXPECT_EQ(cache.lookup(own3, 64).first, 32) << "stored although every copy it could drop is kept";
+  EXPECT_EQ(cache.lookup(own2, 64).first, 64);
+  // Nothing queued: the least recently used copy goes.
+  cache.insert(own3, s);
+  EXPECT_EQ(cache.lookup(own3, 64).first, 64);
+  EXPECT_EQ(cache.n_entries(), 2u);
+}
+
 // A runner that cannot copy its states (clone() == nullptr) caches nothing.
 TEST(RuntimePrefixCache, StatesThatCannotBeCopiedAreNotCached) {
   struct Uncopyable final : RunnerSequence {

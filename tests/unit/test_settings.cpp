@@ -35,7 +35,7 @@ TEST(Settings, DefaultsWhenUnset) {
   EXPECT_EQ(s.gpu.pdl, d.gpu.pdl);
   EXPECT_TRUE(s.gpu.pdl);
   EXPECT_FALSE(s.gpu.gemv_mma);
-  EXPECT_FALSE(s.gpu.kv_share_pages);
+  EXPECT_TRUE(s.gpu.kv_share_pages);
   EXPECT_TRUE(s.gpu.f32_split_gemm);
   EXPECT_TRUE(s.gpu.attn_mma && s.gpu.attn_vec4 && s.gpu.attn_fused && s.gpu.exl3_grouped);
   EXPECT_EQ(s.gpu.exl3_decode, Exl3DecodeKernel::kByRows);
@@ -46,23 +46,25 @@ TEST(Settings, DefaultsWhenUnset) {
 TEST(Settings, SwitchesTurnOffOnlyOnTheirExactValue) {
   {
     EnvScope env{{"SPILLWAY_PDL", "0"}, {"SPILLWAY_ATTN_MMA", "0"}, {"SPILLWAY_ATTN_VEC4", "0"},
-                 {"SPILLWAY_ATTN_FUSED", "0"}, {"SPILLWAY_EXL3_GROUPED", "0"}, {"SPILLWAY_F32_SPLIT_GEMM", "0"}};
+                 {"SPILLWAY_ATTN_FUSED", "0"}, {"SPILLWAY_EXL3_GROUPED", "0"}, {"SPILLWAY_F32_SPLIT_GEMM", "0"},
+                 {"SPILLWAY_KV_SHARE_PAGES", "0"}};
     const GpuSettings g = settings_from_env().gpu;
-    EXPECT_FALSE(g.pdl || g.attn_mma || g.attn_vec4 || g.attn_fused || g.exl3_grouped || g.f32_split_gemm);
+    EXPECT_FALSE(g.pdl || g.attn_mma || g.attn_vec4 || g.attn_fused || g.exl3_grouped || g.f32_split_gemm ||
+                 g.kv_share_pages);
   }
   {
-    EnvScope env{{"SPILLWAY_PDL", "00"}, {"SPILLWAY_ATTN_FUSED", "off"}, {"SPILLWAY_EXL3_GROUPED", ""}};
+    EnvScope env{{"SPILLWAY_PDL", "00"}, {"SPILLWAY_ATTN_FUSED", "off"}, {"SPILLWAY_EXL3_GROUPED", ""},
+                 {"SPILLWAY_KV_SHARE_PAGES", "1"}};
     const GpuSettings g = settings_from_env().gpu;
-    EXPECT_TRUE(g.pdl && g.attn_fused && g.exl3_grouped);
+    EXPECT_TRUE(g.pdl && g.attn_fused && g.exl3_grouped && g.kv_share_pages);
   }
 }
 
 TEST(Settings, OptInsAndValues) {
   EnvScope env{{"SPILLWAY_GEMV_MMA", "1"}, {"SPILLWAY_EXL3_DECODE", "grouped"},
-               {"SPILLWAY_DENSE_DEVICE_ROWS", "16"}, {"SPILLWAY_CPU_SPIN_US", "0"}, {"SPILLWAY_KV_SHARE_PAGES", "1"}};
+               {"SPILLWAY_DENSE_DEVICE_ROWS", "16"}, {"SPILLWAY_CPU_SPIN_US", "0"}};
   const Settings s = settings_from_env();
   EXPECT_TRUE(s.gpu.gemv_mma);
-  EXPECT_TRUE(s.gpu.kv_share_pages);
   EXPECT_EQ(s.gpu.exl3_decode, Exl3DecodeKernel::kGrouped);
   EXPECT_EQ(s.gpu.dense_device_rows, 16);
   EXPECT_EQ(s.cpu_spin_us, 0);
