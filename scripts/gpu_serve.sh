@@ -159,6 +159,7 @@ if [ -z "${SKIP_LOAD:-}" ]; then
   timeout 150 python3 bench/shared_prefix.py --base-url http://127.0.0.1:18301/v1 --prefix-tokens 8192 --requests 32 \
     --vocab 129280 > "$OUT/shared_prefix_synth.md" 2>&1
   echo "shared prefix: rc $? — $(grep 'cold / warm' "$OUT/shared_prefix_synth.md")" | tee -a "$OUT/serve_main.log"
+  curl -s http://127.0.0.1:18301/metrics > $LOGS/metrics_prefix.txt
   kill -TERM $SERVER; wait $SERVER
   fi
   if [[ $LOAD_RUNS == *" overload "* ]]; then
