@@ -20,7 +20,7 @@
 #          GPU image, for its Python 3.12: the list is WHEELS below)
 #          move models/demo/model.safetensors out of the tree (the upload is 64 MiB at most; DEMO below)
 #   there: bash scripts/gpu_serve.sh          # carry: .exl3pack .whl ; results in $OUT
-# Switches: SKIP_SUITE=1, SUITE_MODELS, SKIP_CHECK=1, SKIP_LOAD=1, SPEC=1 (below; SPEC_PROMPTS), LOAD_RUNS (which runs of step 3, default
+# Switches: SKIP_SUITE=1, SUITE_MODELS, SKIP_CHECK=1, SKIP_LOAD=1, SPEC=1 and SPEC_SYNTH=1 (below; SPEC_PROMPTS), LOAD_RUNS (which runs of step 3, default
 # "load prefix overload bench"), DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
 # LOAD_TOKENS (default 256 generated per request), LOAD_BATCH_INVARIANT (the load servers' --batch-invariant values,
 # one load run each; default "true"),
@@ -64,7 +64,7 @@ fi
 SUITE_MODELS=${SUITE_MODELS:-tiny}
 [ -n "${SKIP_SUITE:-}" ] && SUITE_MODELS=""
 SYNTH_PID="" SUITE_SYNTH_PID=""
-if [ -z "${SKIP_LOAD:-}" ] || [ -n "${CHECK_SYNTH:-}" ]; then
+if [ -z "${SKIP_LOAD:-}" ] || [ -n "${CHECK_SYNTH:-}" ] || [ -n "${SPEC_SYNTH:-}" ]; then
   python3 tools/synth/make_synthetic_model.py $SYNTH --arch v41 --experts exl3 --bits 3 \
     --layers "$LAYERS" --tokenizer none > /tmp/synth.log 2>&1 &
   SYNTH_PID=$!
@@ -131,6 +131,17 @@ if [ -n "${SPEC:-}" ]; then
     tee -a "$OUT/serve_main.log"
 fi
 wait  # the GPU tests and the synthetic model
+# SPEC_SYNTH=1: speculation's cost where drafts mostly fail (the synthetic model's random weights), prompt lookup
+# on vs off at 1 and 16 requests at a time; outputs must stay identical (--no-stale-index-k).
+if [ -n "${SPEC_SYNTH:-}" ]; then
+  for C in 1 16; do
+    timeout 300 python3 tools/serve/speculative_bench.py --bin /tmp/spillway --model $SYNTH --device cuda \
+      --workloads random --quirk off --prompts 16 --tokens 64 --concurrency $C \
+      --server-args "--max-num-seqs 16 --max-model-len 512" > "$OUT/speculative_synth_c$C.md" 2>&1
+    echo "speculative_bench (synthetic, $C at a time): rc $? — $(grep '^| off | random' "$OUT/speculative_synth_c$C.md")" |
+      tee -a "$OUT/serve_main.log"
+  done
+fi
 if [ -z "${SKIP_LOAD:-}" ]; then
   cat /tmp/synth.log >> "$OUT/serve_main.log"
   P=${LOAD_PROMPT:-64} N=${LOAD_TOKENS:-256}

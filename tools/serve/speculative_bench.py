@@ -4,7 +4,7 @@ suite's Python packages, tests/python/requirements.txt).
 
     python tools/serve/speculative_bench.py --bin build/bin/spillway [--model models/demo --device cpu]
 
-Runs one request at a time (batch 1), greedy, `--tokens` tokens each, on three workloads:
+Runs `--concurrency` requests at a time (default 1: batch 1), greedy, `--tokens` tokens each, on three workloads:
   code    the demo model's 20 held-out Python prompts (tools/demo_model/heldout_prompts.json);
   replay  an agent re-emitting a file: each code prompt plus the model's own continuation of it, then a
           header announcing the same file again and its first line (the model should write the file out
@@ -13,13 +13,16 @@ Runs one request at a time (batch 1), greedy, `--tokens` tokens each, on three w
 For each, servers with `--speculative off` and `--speculative ngram` (both `--no-stale-index-k`, so greedy
 outputs must be identical), and the pair again with the reference's stale-index quirk (outputs may
 differ there; docs/speculative.md says why). Prints a markdown report: identical outputs, tokens/s,
-speedup, drafted/accepted tokens and the mean acceptance length (tokens per verifying step). Exits 1 when
+speedup, drafted/accepted tokens and the mean acceptance length (tokens per verifying step); with
+--concurrency above 1, tokens/s is the aggregate (all tokens over the workload's wall time). Exits 1 when
 an output with `--no-stale-index-k` differs.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import shlex
 import random
 import sys
 import time
@@ -49,18 +52,26 @@ def complete(http: httpx.Client, prompt, tokens: int) -> tuple[list[int], float]
 
 def run(args, extra: list[str], workloads: dict[str, list]) -> dict[str, dict]:
     """Each workload's outputs, seconds and speculation counters on one server."""
-    server = Server(args.bin, Path(args.model), "--device", args.device, *extra, api_key=None)
-    http = httpx.Client(base_url=server.base, timeout=3600)
+    server = Server(args.bin, Path(args.model), "--device", args.device, *shlex.split(args.server_args), *extra,
+                    api_key=None)
+    http = httpx.Client(base_url=server.base, timeout=3600,
+                        limits=httpx.Limits(max_connections=max(10, args.concurrency)))
     out = {}
     try:
         complete(http, [1, 2, 3], 2)  # warm-up
         for name, prompts in workloads.items():
             before = spec_counts(server)
-            ids, secs = [], 0.0
-            for p in prompts:
-                got, s = complete(http, p, args.tokens)
-                ids.append(got)
-                secs += s
+            if args.concurrency <= 1:
+                ids, secs = [], 0.0
+                for p in prompts:
+                    got, s = complete(http, p, args.tokens)
+                    ids.append(got)
+                    secs += s
+            else:
+                t0 = time.perf_counter()
+                with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+                    ids = [got for got, _ in pool.map(lambda p: complete(http, p, args.tokens), prompts)]
+                secs = time.perf_counter() - t0
             after = spec_counts(server)
             out[name] = {"ids": ids, "seconds": secs, **{k: after[k] - before[k] for k in SPEC_METRICS}}
     finally:
@@ -80,6 +91,8 @@ def main() -> int:
     ap.add_argument("--workloads", default="code,replay,random",
                     help="comma-separated subset; models without a tokenizer take only random")
     ap.add_argument("--quirk", default="off,on", help="stale-index quirk settings to run: off, on or both")
+    ap.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
+    ap.add_argument("--server-args", default="", help="more `spillway serve` arguments for every server, one string")
     args = ap.parse_args()
     wanted = args.workloads.split(",")
 
@@ -117,7 +130,8 @@ def main() -> int:
 
     failures = 0
     print(f"## Speculative decoding (prompt lookup) on {args.model}, {args.device} runner\n")
-    print(f"{args.prompts} prompts per workload, {args.tokens} greedy tokens each, one request at a time; "
+    at_once = "one request at a time" if args.concurrency <= 1 else f"{args.concurrency} requests at a time"
+    print(f"{args.prompts} prompts per workload, {args.tokens} greedy tokens each, {at_once}; "
           f"`--draft-tokens {args.draft_tokens} --ngram-min {args.ngram_min}`\n")
     print("| stale-index quirk | workload | identical to off | off tok/s | ngram tok/s | speedup | drafted "
           "| accepted | verifying steps | mean acceptance length |")
