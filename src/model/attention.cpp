@@ -111,7 +111,7 @@ int v41_compress(ForwardContext& s, int layer, const float* x) {
 
 }  // namespace
 
-void attention(ForwardContext& s, int layer, const float* x, float* out) {
+Status attention(ForwardContext& s, int layer, const float* x, float* out) {
   const ModelConfig& c = s.c;
   const LayerWeights& lw = s.w.layers[layer];
   const LayerPlan& plan = c.layers[layer];
@@ -199,7 +199,9 @@ void attention(ForwardContext& s, int layer, const float* x, float* out) {
   for (int i = std::max(0, n - W); i < n; ++i)
     std::memcpy(ls.window.data() + size_t((s.p + i) % W) * D, kv.data() + size_t(i) * D, sizeof(float) * D);
 
-  // Grouped low-rank output: z_g = W_a[g]·o_g (BF16, no activation quant), out = wo_b·z.
+  // Grouped low-rank output: z_g = W_a[g]·o_g (BF16, no activation quant), out = wo_b·z. On a rank of a
+  // tensor-parallel group (RankRole::heads_split) the config's heads and groups are the rank's: whole groups, or
+  // one group's slice of heads with wo_a's matching input columns; either way out is this rank's part of the sum.
   const int G = c.o_groups, R = c.o_lora_rank, per_group = H * D / G;
   std::vector<float> z(size_t(n) * G * R), og(size_t(n) * per_group), zg(size_t(n) * R);
   for (int g = 0; g < G; ++g) {
@@ -211,8 +213,15 @@ void attention(ForwardContext& s, int layer, const float* x, float* out) {
       std::memcpy(z.data() + size_t(i) * G * R + size_t(g) * R, zg.data() + size_t(i) * R, sizeof(float) * R);
   }
   to_activation(s, z.data(), z.size());
-  linear(s, lw.wo_b, z.data(), n, out);  // [n, d]
-  (void)d;
+  if (!s.role->heads_split) {
+    linear(s, lw.wo_b, z.data(), n, out);  // [n, d]
+    return {};
+  }
+  // The rounding of wo_b's output applies to the sum of the ranks' parts, as on one device.
+  linear(s, lw.wo_b, z.data(), n, out, /*round_out=*/false);  // [n, d] this rank's part
+  SPW_TRY(all_reduce_ranks(*s.role, out, size_t(n) * d));
+  if (lw.wo_b.kind != LinearKind::F32) to_activation(s, out, size_t(n) * d);
+  return {};
 }
 
 }  // namespace spw::detail

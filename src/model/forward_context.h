@@ -25,6 +25,7 @@ struct ForwardContext {
   std::vector<std::vector<int32_t>> topk;
   std::vector<std::vector<char>> candidates;
   const ForwardOptions* options = nullptr;
+  const RankRole* role = nullptr;  // the model's place in a parallel group (never null)
 };
 
 // Reports a named intermediate to ForwardOptions::on_intermediate, if set.
@@ -40,8 +41,9 @@ void linear(const ForwardContext& s, const Linear& l, const float* x, int n_toke
 // Rounds to bf16 when the numerics keep bf16 activations.
 void to_activation(const ForwardContext& s, float* x, size_t n);
 
-// out[n, d] = attention sublayer of layer `layer` on normed input x[n, d].
-void attention(ForwardContext& s, int layer, const float* x, float* out);
+// out[n, d] = attention sublayer of layer `layer` on normed input x[n, d]. Errors: the parallel group's
+// all-reduce (RankRole::heads_split).
+Status attention(ForwardContext& s, int layer, const float* x, float* out);
 
 // out[i][n_i, d] = MoE sublayer (router → experts → combine, plus the shared expert) of each context's input
 // x[i] [n_i, d], every expert run once on the tokens of all contexts routed to it. Each context's output equals
@@ -59,6 +61,12 @@ void rollback_begin(SequenceState& seq, std::span<const int32_t> tokens);
 void rollback_window(ForwardContext& s, int layer);
 bool compressor_push_logged(ForwardContext& s, int layer, CompressorState& state, int ratio, int width, bool overlap,
                             int64_t pos, const float* kv, const float* score, std::vector<float>& entry);
+
+// Tensor and expert parallelism (RankRole, model/parallel_model.h). all_reduce_ranks sums this rank's partial
+// x[count] with the other ranks' in place (the same bits on every rank). gather_vocab_blocks turns every rank's
+// logits for its vocabulary block, local [n_rows, vocab / size], into the full [n_rows, vocab].
+Status all_reduce_ranks(const RankRole& role, float* x, size_t count);
+Result<std::vector<float>> gather_vocab_blocks(const RankRole& role, const std::vector<float>& local, int n_rows);
 
 // V4.1 Engram: gates table rows into the residual streams X[n, hc, d] in place.
 void engram(ForwardContext& s, int layer, float* streams);

@@ -18,8 +18,12 @@ struct Model::Impl {
   std::vector<ref::EngramHashParams> engram_params;
 };
 
-Model::Model(ModelConfig config, std::unique_ptr<ModelWeights> weights, Numerics numerics)
-    : config_(std::move(config)), weights_(std::move(weights)), numerics_(numerics), impl_(std::make_unique<Impl>()) {
+Model::Model(ModelConfig config, std::unique_ptr<ModelWeights> weights, Numerics numerics, RankRole role)
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      numerics_(numerics),
+      role_(role),
+      impl_(std::make_unique<Impl>()) {
   const ModelConfig& c = config_;
   impl_->rope_main = ref::rope_frequencies({c.rope_theta, c.d_rope, false});
   impl_->rope_compress = ref::rope_frequencies(
@@ -95,7 +99,7 @@ struct LayerwiseForward::State {
       : tokens(toks.begin(), toks.end()),
         options(opts),
         s{m.config(), m.weights(), m.numerics(), seq, tokens, seq.n_past, int(tokens.size()), rope_main,
-          rope_compress, engram_params, {}, {}, &options} {}
+          rope_compress, engram_params, {}, {}, &options, &m.rank_role()} {}
 
   std::vector<int32_t> tokens;
   ForwardOptions options;
@@ -174,7 +178,7 @@ Status Model::run_layer_batch(std::span<LayerwiseForward* const> forwards) const
     for (int i = 0; i < n; ++i) pre[i] = c.is_v41() ? &st.carried[i].pre : &attn_co[i].pre;
     collapse_and_norm(s, streams.data(), pre, lw.attn_norm, st.x.data());  // [n, d]
     detail::dump(s, "attn.in", l, st.x.data(), st.x.size());
-    detail::attention(s, l, st.x.data(), st.y.data());                    // [n, d]
+    SPW_TRY(detail::attention(s, l, st.x.data(), st.y.data()));           // [n, d]
     detail::dump(s, "attn.out", l, st.y.data(), st.y.size());
     expand(s, streams.data(), st.y.data(), attn_co);                        // [n, hc, d]
 
@@ -236,8 +240,15 @@ Result<std::vector<float>> Model::finish_forward(LayerwiseForward& fwd) const {
   detail::to_activation(s, h.data(), h.size());
   ref::rms_norm(h.data(), w.norm.data(), h.data(), n_out, d, c.norm_eps);
   detail::to_activation(s, h.data(), h.size());
-  std::vector<float> logits(size_t(n_out) * c.vocab_size);
-  ref::matmul_nt(h.data(), w.head.w.data(), logits.data(), n_out, d, c.vocab_size);
+  // [n_out, n_rows]: the whole vocabulary, or this rank's block of it (RankRole::vocab_split).
+  const int n_rows = w.head.n_out;
+  std::vector<float> logits(size_t(n_out) * n_rows);
+  ref::matmul_nt(h.data(), w.head.w.data(), logits.data(), n_out, d, n_rows);
+  if (role_.vocab_split) {
+    auto all = detail::gather_vocab_blocks(role_, logits, n_out);  // [n_out, vocab]
+    if (!all.ok()) return all.error();
+    logits = std::move(all.value());
+  }
 
   // Commit the sequence's position and the Engram n-gram history.
   SequenceState& seq = s.seq;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <vector>
@@ -14,6 +15,10 @@
 #include "ops/ref/engram_hash.h"
 
 namespace spw {
+
+namespace comm {
+class Communicator;
+}
 
 // The reference's low-precision steps (bf16 activations, activation quant before FP8/FP4
 // products, fp8/fp4 KV and indexer keys) are part of the model's numerics. `reference()`
@@ -108,13 +113,33 @@ class LayerwiseForward {
   std::unique_ptr<State> state_;
 };
 
+// A Model that is one rank of a tensor- and expert-parallel group (model/parallel_model.h builds them from a
+// full model and says how the weights are split). Its weights are the rank's shard; its forward adds the ranks'
+// partial sublayer outputs through `comm` and gathers the head's vocabulary blocks, so every rank's forward
+// returns the full logits. The default (no communicator) is a single device.
+struct RankRole {
+  comm::Communicator* comm = nullptr;  // the group, used by this rank's thread only
+  // The attention weights hold a slice of the heads (and their part of the output projection): the sublayer
+  // output is this rank's part of a sum.
+  bool heads_split = false;
+  // The shared expert holds a slice of its width: its output is a part, added to the routed part before the
+  // sum; otherwise it is whole on every rank and added once, after the sum.
+  bool shared_split = false;
+  // The head holds this rank's contiguous block of vocabulary rows.
+  bool vocab_split = false;
+  // The routed experts this rank runs (with a communicator its routed output is always a part: these experts,
+  // or a slice of every expert's width).
+  int expert_begin = 0, expert_end = std::numeric_limits<int>::max();
+};
+
 class Model {
  public:
-  Model(ModelConfig config, std::unique_ptr<ModelWeights> weights, Numerics numerics);
+  Model(ModelConfig config, std::unique_ptr<ModelWeights> weights, Numerics numerics, RankRole role = {});
   ~Model();
 
   const ModelConfig& config() const { return config_; }
   const Numerics& numerics() const { return numerics_; }
+  const RankRole& rank_role() const { return role_; }
   // The weights the forward uses (callers that also need them, e.g. the calibration's router, share this copy).
   const ModelWeights& weights() const { return *weights_; }
   void set_numerics(const Numerics& n) { numerics_ = n; }
@@ -168,6 +193,7 @@ class Model {
   ModelConfig config_;
   std::unique_ptr<ModelWeights> weights_;
   Numerics numerics_;
+  RankRole role_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -99,13 +99,16 @@ Status moe_many(std::span<ForwardContext* const> contexts, int layer, std::span<
 
   // Experts in index order, so every token sums its experts' outputs in the order one context alone would (f32
   // accumulation). A layer loaded without routed-expert values (LoadOptions::routed_expert_values) has each used
-  // expert dequantized from the checkpoint, a pool's worth at a time in parallel, and freed after use.
+  // expert dequantized from the checkpoint, a pool's worth at a time in parallel, and freed after use. A rank of
+  // an expert-parallel group runs only its own experts (RankRole).
+  const RankRole& role = *s0.role;
+  const int e_first = std::max(0, role.expert_begin), e_last = std::min(E, role.expert_end);
   const size_t batch = global_pool().size();
   std::vector<Expert> loaded(batch);
   std::vector<Status> load_status(batch);
   std::vector<float> xs, ys, weights;
-  for (int e0 = 0; e0 < E; e0 += int(batch)) {
-    const int e1 = std::min(E, e0 + int(batch));
+  for (int e0 = e_first; e0 < e_last; e0 += int(batch)) {
+    const int e1 = std::min(e_last, e0 + int(batch));
     global_pool().parallel_for(size_t(e1 - e0), [&](size_t b, size_t end) {
       for (size_t j = b; j < end; ++j) {
         const int e = e0 + int(j);
@@ -136,16 +139,25 @@ Status moe_many(std::span<ForwardContext* const> contexts, int layer, std::span<
     }
   }
 
-  // Shared expert: clamped in V4.1 only.
+  // Shared expert: clamped in V4.1 only. In a parallel group (RankRole::comm) acc is this rank's part of the
+  // routed sum, and the ranks' parts are added before the bf16 rounding; a shared expert whole on every rank is
+  // added once, after that sum.
+  const bool shared_after_sum = role.comm && !role.shared_split;
   for (size_t i = 0; i < n_contexts; ++i) {
     ForwardContext& s = *contexts[i];
     const int n = s.n;
+    const size_t count = acc[i].size();
     std::vector<float> xall(x[i], x[i] + size_t(n) * d), ones(n, 1.0f), shared;
     run_expert(s, lw.shared, xall, ones, c.is_v41() ? c.swiglu_limit : 0.f, shared);
-    dump(s, "moe.routed", layer, acc[i].data(), acc[i].size());
+    dump(s, "moe.routed", layer, acc[i].data(), count);
     dump(s, "moe.shared", layer, shared.data(), shared.size());
-    for (size_t j = 0; j < acc[i].size(); ++j) out[i][j] = acc[i][j] + shared[j];
-    to_activation(s, out[i], acc[i].size());
+    for (size_t j = 0; j < count; ++j) out[i][j] = shared_after_sum ? acc[i][j] : acc[i][j] + shared[j];
+    if (role.comm) {
+      SPW_TRY(all_reduce_ranks(role, out[i], count));
+      if (shared_after_sum)
+        for (size_t j = 0; j < count; ++j) out[i][j] += shared[j];
+    }
+    to_activation(s, out[i], count);
   }
   return {};
 }
