@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cuda/attn/sparse_attn.h"
 #include "cuda/ops/embedding.h"
 #include "cuda/ops/hyper_connection.h"
 #include "cuda/ops/norm.h"
@@ -547,12 +548,19 @@ Result<std::vector<float>> GpuModel::forward(GpuSequence& seq, std::span<const i
   return out;
 }
 
-Result<std::vector<std::vector<float>>> GpuModel::forward_chunks(std::span<const ChunkInput> chunks) {
+bool GpuModel::chunk_computes_as_decode(int n_tokens) const {
+  return n_tokens >= 1 && linear_uses_gemv(options_.linear_path, n_tokens) &&
+         cuda::sparse_attn_uses_split(n_tokens, config_.n_heads) && n_tokens <= invariant_decode_rows();
+}
+
+Result<std::vector<std::vector<float>>> GpuModel::forward_chunks(std::span<const ChunkInput> chunks, bool as_decode) {
   GpuState& st = *state_;
   if (chunks.empty()) return make_error("forward_chunks: no chunks");
   ArenaScope scope(st.arena);
-  GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {}, options_.linear_path, st.stream,
-            options_.moe_dispatch, options_.moe_paths};
+  const LinearPath decode_path =
+      options_.linear_path == LinearPath::kAuto ? options_.decode_linear_path : options_.linear_path;
+  GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {}, as_decode ? decode_path : options_.linear_path,
+            st.stream, options_.moe_dispatch, options_.moe_paths};
   for (size_t b = 0; b < chunks.size(); ++b) {
     if (!chunks[b].seq) return make_error("forward_chunks: chunk ", b, " has no sequence");
     if (int64_t(chunks[b].tokens.size()) > options_.budget.max_step_tokens)

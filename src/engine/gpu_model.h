@@ -210,9 +210,15 @@ class GpuModel {
   // [n, vocab] with all_logits. What it saves over one forward() per chunk: the weights are read once
   // for all chunks and the launches are shared. A row's numbers are forward()'s up to f32 summation
   // order: the linears' path (GEMV up to 16 rows, else GEMM) and the MoE dispatch follow the step's
-  // row count, so a row's result can depend on the other chunks (GpuRunner uses it only without
-  // batch invariance). Errors: forward()'s, checked for every chunk before any sequence advances.
-  Result<std::vector<std::vector<float>>> forward_chunks(std::span<const ChunkInput> chunks);
+  // row count, so a row's result can depend on the other chunks. With as_decode the step takes decode()'s
+  // linear path (GpuModelOptions::decode_linear_path): with the GEMV forced, chunks that each satisfy
+  // chunk_computes_as_decode, of at most invariant_decode_rows() rows in all, give every row the bits
+  // forward() of its chunk alone gives. Errors: forward()'s, checked for every chunk before any sequence advances.
+  Result<std::vector<std::vector<float>>> forward_chunks(std::span<const ChunkInput> chunks, bool as_decode = false);
+  // Whether forward() of a chunk of n_tokens alone computes each row as a GEMV-forced step of any row count
+  // does: its linears on the GEMV, its attention on the split path (n_tokens·heads within its limit, where a
+  // GEMV-forced step's one-block path gives the same bits) and its MoE on the device dispatch.
+  bool chunk_computes_as_decode(int n_tokens) const;
 
   // A token drawn on the device (engine/token_picks.h): cuda::sample's parameters, the uniform u ∈ [0, 1)
   // for the row, and the sampler's edits around the draw (mask, penalties and biases, logprobs).

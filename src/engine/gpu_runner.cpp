@@ -177,13 +177,35 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
   std::vector<size_t> pieces;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!done[i]) pieces.push_back(i);
-  if (batch_invariant_) {  // each piece alone: its numbers never depend on the other pieces
+  if (batch_invariant_) {
+    // Small pieces (verified drafts) together in steps computed as decode steps are, up to max_decode_rows_ rows:
+    // each row's numbers are then those of its piece alone (GpuModel::chunk_computes_as_decode). Every other
+    // piece alone: its numbers never depend on the other pieces.
+    std::vector<size_t> small;
     for (size_t i : pieces) {
+      if (model_->chunk_computes_as_decode(int(inputs[i].tokens.size()))) {
+        small.push_back(i);
+        continue;
+      }
       ForwardOptions options;
       options.all_logits = inputs[i].all_logits;
       auto r = model_->forward(*seqs[i], inputs[i].tokens, options);
       if (!r.ok()) return make_error("input ", i, ": ", r.error().message);
       out[i] = std::move(r.value());
+    }
+    for (size_t first = 0; first < small.size();) {
+      std::vector<GpuModel::ChunkInput> chunks;
+      int64_t rows = 0;
+      size_t last = first;
+      for (; last < small.size() && rows + int64_t(inputs[small[last]].tokens.size()) <= max_decode_rows_; ++last) {
+        const RunnerInput& in = inputs[small[last]];
+        chunks.push_back({seqs[small[last]], in.tokens, in.all_logits});
+        rows += int64_t(in.tokens.size());
+      }
+      auto r = model_->forward_chunks(chunks, /*as_decode=*/true);
+      if (!r.ok()) return make_error("inputs ", small[first], "..", small[last - 1], ": ", r.error().message);
+      for (size_t k = first; k < last; ++k) out[small[k]] = std::move(r.value()[k - first]);
+      first = last;
     }
     return out;
   }

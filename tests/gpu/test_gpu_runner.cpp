@@ -516,6 +516,58 @@ TEST(GpuRunner, V41PrefillPiecesTogetherWithoutBatchInvariance) {
   }
 }
 
+// With batch invariance, small pieces (verified drafts: ≤ 16 rows, rows × heads within the split attention's
+// limit) run together as one decode-like step (GpuModel::forward_chunks with as_decode) and each row keeps the
+// bits of its piece alone (GpuModel::forward), beside a piece too large for that (run alone) in the same call.
+void small_pieces_together_as_alone(const std::string& arch) {
+  SPW_REQUIRE_GPU();
+  engine::GpuRunnerSettings gs;
+  gs.budget.max_seqs = 8;
+  gs.budget.max_context = 1024;
+  gs.prefix_cache_slots = 0;
+  gs.batch_invariant = true;
+  auto runner = engine::load_gpu_runner(golden::fixture_dir(arch) + "/model", gs);
+  ASSERT_TRUE(runner.ok()) << runner.error().message;
+  auto alone = load_gpu(arch, 8);
+  ASSERT_TRUE(alone);
+  const int V = int(alone->config().vocab_size);
+  const int prompt_lens[] = {5, 37, 130, 64, 9, 300}, piece_lens[] = {2, 6, 3, 40, 5, 4};
+  std::vector<std::unique_ptr<RunnerSequence>> rs;
+  std::vector<engine::GpuSequence> as;
+  for (int i = 0; i < 6; ++i) {
+    auto r = (*runner)->new_sequence();
+    auto a = alone->new_sequence();
+    ASSERT_TRUE(r.ok() && a.ok());
+    rs.push_back(std::move(r.value()));
+    as.push_back(std::move(a.value()));
+    const auto prompt = gpu_test::lcg_tokens(prompt_lens[i], 40 + i, V);
+    const RunnerInput in{rs.back().get(), prompt, false};
+    ASSERT_TRUE((*runner)->forward(std::span<const RunnerInput>(&in, 1)).ok());
+    ASSERT_TRUE(alone->forward(as.back(), prompt).ok());
+  }
+  std::vector<std::vector<int32_t>> pieces;
+  std::vector<RunnerInput> inputs;
+  for (int i = 0; i < 6; ++i) pieces.push_back(gpu_test::lcg_tokens(piece_lens[i], 90 + i, V));
+  for (int i = 0; i < 6; ++i) inputs.push_back({rs[size_t(i)].get(), pieces[size_t(i)], true});
+  int together = 0;
+  for (int n : piece_lens) together += (*runner)->model().chunk_computes_as_decode(n);
+  EXPECT_EQ(together, 5) << "every piece but the one of 40 rows runs in the shared step";
+  auto got = (*runner)->forward(inputs);
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  ForwardOptions all;
+  all.all_logits = true;
+  for (int i = 0; i < 6; ++i) {
+    auto want = alone->forward(as[size_t(i)], pieces[size_t(i)], all);
+    ASSERT_TRUE(want.ok()) << want.error().message;
+    ASSERT_EQ((*got)[size_t(i)].size(), want->size()) << arch << " piece " << i;
+    EXPECT_EQ(std::memcmp((*got)[size_t(i)].data(), want->data(), want->size() * sizeof(float)), 0)
+        << arch << " piece " << i << " (" << piece_lens[i] << " rows after " << prompt_lens[i] << ") differs from alone";
+  }
+}
+
+TEST(GpuRunner, V41SmallPiecesTogetherAsAlone) { small_pieces_together_as_alone("v41"); }
+TEST(GpuRunner, V4SmallPiecesTogetherAsAlone) { small_pieces_together_as_alone("v4"); }
+
 }  // namespace
 }  // namespace spw
 #endif
