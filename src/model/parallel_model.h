@@ -27,9 +27,11 @@
 //
 // Numerics against the single-device Model. Every replicated value and every row slice is computed by the same
 // f32 operations (the reference matmul sums each output's dot product sequentially over its inputs). What
-// differs: a dot product over split inputs (wo_a and wo_b on split groups, w2 on width slices) and the MoE's sum
-// of experts are added per rank, then across ranks in rank order, so the f32 rounding order differs. With
-// Numerics::exact() that is the only difference. With Numerics::reference() the roundings inside a rank's part
+// differs: a dot product over split inputs (wo_b's over the groups, wo_a's over a split group's heads, w2's over
+// width slices) and the MoE's sum of experts are added per rank, then across ranks in rank order, so the f32
+// rounding order differs. With Numerics::exact() that is the only difference. EP alone regroups only the sum of a
+// token's routed experts: with top_k = 2 that sum is one addition whichever rank holds which expert, and the
+// result is the single device's, bit for bit, in both numerics. With Numerics::reference() the roundings inside a rank's part
 // also differ: tp > o_groups rounds each rank's part of a group's wo_a output to bf16 and fake-quantizes it (FP8,
 // per block) before wo_b; a width slice's hidden is quantized before w2 with its own block scale when it is
 // narrower than act_block (the block's amax is on no single rank: model/linear.cpp), and its w2 output is rounded
@@ -55,7 +57,8 @@ namespace spw {
 
 class ParallelModel {
  public:
-  // Splits `full` by `plan`. Errors: check_parallel_plan's, and shard_weights' (layers or experts not loaded).
+  // Splits `full` by `plan`; the ranks take full's numerics. Errors: check_parallel_plan's, and shard_weights'
+  // (layers or experts not loaded).
   static Result<std::unique_ptr<ParallelModel>> create(const Model& full, const ParallelPlan& plan);
   ~ParallelModel();
 

@@ -436,14 +436,22 @@ TEST(ModelParallel, PlansTheConfigCannotSplitAreRefused) {
   EXPECT_NE(pm.error().message.find("num_attention_heads"), std::string::npos) << pm.error().message;
 }
 
-TEST(ModelParallel, ModelWithoutExpertValuesIsRefused) {
+TEST(ModelParallel, ModelWithoutWeightValuesIsRefused) {
   LoadOptions options;
   options.routed_expert_values = false;
-  auto full = fixture("v41", Numerics::exact(), options);
-  ASSERT_TRUE(full);
-  auto pm = ParallelModel::create(*full, {1, 2});
+  auto lazy_experts = fixture("v41", Numerics::exact(), options);
+  ASSERT_TRUE(lazy_experts);
+  auto pm = ParallelModel::create(*lazy_experts, {1, 2});
   ASSERT_FALSE(pm.ok());
   EXPECT_NE(pm.error().message.find("routed_expert_values = false"), std::string::npos) << pm.error().message;
+
+  LoadOptions no_layers;
+  no_layers.layer_weights = false;
+  auto streamed = fixture("v4", Numerics::exact(), no_layers);
+  ASSERT_TRUE(streamed);
+  pm = ParallelModel::create(*streamed, {2, 1});
+  ASSERT_FALSE(pm.ok());
+  EXPECT_NE(pm.error().message.find("layer 0's weights are not loaded"), std::string::npos) << pm.error().message;
 }
 
 // Bad input is refused before any rank starts (no rank left waiting in a collective) and changes no rank's state;
