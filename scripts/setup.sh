@@ -14,6 +14,7 @@ packages=(
   libcpp-httplib-dev          # HTTP server (SSE streaming, keep-alive)
   python3 python3-venv        # tools/ scripts; pytest suites run in .venv-test (scripts/test.sh)
   curl                        # scripts/demo.sh talks to the server
+  haproxy                     # load balancer in front of serve replicas (deploy/haproxy, scripts/replicas.sh, its test)
 )
 if [[ "${SPILLWAY_SETUP_FUZZ:-0}" == 1 ]]; then
   packages+=(clang libclang-rt-14-dev)  # libFuzzer runtime for scripts/fuzz.sh
