@@ -120,6 +120,14 @@ RgbImage resize_bicubic_pil(const RgbImage& src, int width, int height) {
     resample_columns(src, 0, vert, out);
     return out;
   }
+  const bool vertical_first = height < src.height && (src.height - height) > 2 * (src.width - width);
+  if (vertical_first) {
+    RgbImage mid(src.width, height);
+    resample_columns(src, 0, vert, mid);
+    RgbImage out(width, height);
+    resample_rows(mid, 0, horiz, out);
+    return out;
+  }
   // Only the source rows some output row reads are resampled horizontally.
   const int row0 = vert.first.front();
   const int row_end = vert.first.back() + vert.count.back();
