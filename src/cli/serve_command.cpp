@@ -18,6 +18,7 @@
 #include "server/openai_api.h"
 #include "server/settings.h"
 #include "server/text.h"
+#include "vision/vision_config.h"
 
 namespace spw::cli {
 namespace {
@@ -123,10 +124,16 @@ int serve(ServeOptions o) {
                    "where the quirk matters (docs/speculative.md)");
   }
   const ModelConfig& cfg = runner.config();
+  auto vision = vision::read_vision_config(o.s.model_dir);
+  if (!vision.ok()) {
+    SPW_LOG_ERROR("{}", vision.error().message);
+    return 1;
+  }
   std::ifstream config_file(o.s.model_dir + "/config.json", std::ios::binary);
   const std::string config_text((std::istreambuf_iterator<char>(config_file)), std::istreambuf_iterator<char>());
   server::ModelInfo info{o.s.served_model_name, cfg.is_v41() ? ChatFamily::v41 : ChatFamily::v4, int32_t(cfg.eos_id),
-                         server::make_system_fingerprint(config_text, o.numerics + "@" + std::string(runner.device()))};
+                         server::make_system_fingerprint(config_text, o.numerics + "@" + std::string(runner.device())),
+                         vision.value()};
   runtime::Scheduler scheduler(runner, o.s.scheduler);
   server::OpenAiApi api(scheduler, **text, o.s, info);
   server::HttpServer http(api, scheduler, o.s);

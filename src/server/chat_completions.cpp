@@ -56,6 +56,7 @@ ApiResult<OpenAiApi::ChatPrompt> OpenAiApi::chat_prompt(const Json& body, const 
   auto chat = parse_chat_request(body, model_.family);
   if (!chat.ok()) return bad_request(chat.error().message, "messages");
   ChatRequest& c = chat.value();
+  if (auto e = check_chat_images(c)) return *e;
   const bool named = req.tool_choice.starts_with("function:");
   if (req.tool_choice == "none") {
     c.tools.clear();

@@ -18,6 +18,8 @@
 #include "server/request_body.h"
 #include "server/settings.h"
 #include "server/text.h"
+#include "vision/image_decode.h"
+#include "vision/vision_config.h"
 
 namespace spw::server {
 
@@ -43,6 +45,8 @@ struct ModelInfo {
   ChatFamily family = ChatFamily::v41;
   int32_t eos_id = 1;
   std::string system_fingerprint;  // see make_system_fingerprint
+  // The vision tower's settings; nullopt for a model without one, which refuses image inputs.
+  std::optional<vision::VisionConfig> vision;
 };
 
 // "spw-<version>-<12 hex digits>": the digits hash the model's config.json text and the numerics
@@ -85,6 +89,8 @@ class OpenAiApi {
   };
   Json model_json() const;
   ApiResult<ChatPrompt> chat_prompt(const Json& body, const ChatCompletionRequest& req) const;
+  // Image parts of a chat request (chat_images.cpp): a 400 naming the part when one cannot be used.
+  std::optional<ApiError> check_chat_images(const ChatRequest& chat) const;
   // A 404 model_not_found for a request whose `model` is neither empty nor the served model id.
   std::optional<ApiError> unknown_model(const std::string& requested) const;
 
