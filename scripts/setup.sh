@@ -12,6 +12,10 @@ packages=(
   libpcre2-dev                # the tokenizer's pre-tokenizer regexes (Unicode properties, lookahead)
   libicu-dev                  # tokenizer: Unicode normalization and properties (Engram map, NFC/NFKC)
   libcpp-httplib-dev          # HTTP server (SSE streaming, keep-alive)
+  libpng-dev                  # image inputs: PNG decoding (src/vision)
+  libturbojpeg0-dev           # image inputs: JPEG decoding through TurboJPEG (libjpeg-turbo)
+  libwebp-dev                 # image inputs: WebP decoding, stills and animations (libwebp, libwebpdemux)
+  libgif-dev                  # image inputs: GIF decoding, first frame (giflib)
   python3 python3-venv        # tools/ scripts; pytest suites run in .venv-test (scripts/test.sh)
   curl                        # scripts/demo.sh talks to the server
   haproxy                     # load balancer in front of serve replicas (deploy/haproxy, scripts/replicas.sh, its test)

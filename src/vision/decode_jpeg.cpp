@@ -29,6 +29,7 @@ Result<RgbImage> decode_jpeg(std::span<const uint8_t> bytes, const ImageLimits& 
   if (tjDecompressHeader3(tj.h, data, (unsigned long)bytes.size(), &width, &height, &subsamp, &colorspace) != 0) {
     return make_error("corrupt or truncated JPEG data (", tjGetErrorStr2(tj.h), "); send a complete, valid image");
   }
+  if (width <= 0 || height <= 0) return make_error("corrupt or truncated JPEG data (no frame header); send a complete, valid image");
   SPW_TRY(check_declared_size("JPEG", width, height, limits));
   if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
     return make_error("CMYK JPEG images are not supported; convert the image to RGB (or send PNG)");

@@ -62,7 +62,8 @@ bool read_png_pixels(png_structp png, png_infop info, PngState& s) {
   if (color_type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
   if (color_type == PNG_COLOR_TYPE_GRAY && bit_depth < 8) png_set_expand_gray_1_2_4_to_8(png);
   if (bit_depth == 16 && !s.gray16) png_set_strip_16(png);
-  if (color_type & PNG_COLOR_MASK_ALPHA) png_set_strip_alpha(png);
+  // Expanding a palette or low-bit grey also turns a tRNS chunk into alpha: drop it as well.
+  if ((color_type & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS)) png_set_strip_alpha(png);
   if ((color_type == PNG_COLOR_TYPE_GRAY || color_type == PNG_COLOR_TYPE_GRAY_ALPHA) && !s.gray16) {
     png_set_gray_to_rgb(png);
   }
