@@ -132,9 +132,9 @@ if [ -n "${SPEC:-}" ]; then
 fi
 wait  # the GPU tests and the synthetic model
 # SPEC_SYNTH=1: speculation's cost where drafts mostly fail (the synthetic model's random weights), prompt lookup
-# on vs off at 1 and 16 requests at a time; outputs must stay identical (--no-stale-index-k).
+# on vs off at 1 and 16 requests at a time (SPEC_SYNTH_C: which); outputs must stay identical (--no-stale-index-k).
 if [ -n "${SPEC_SYNTH:-}" ]; then
-  for C in 1 16; do
+  for C in ${SPEC_SYNTH_C:-1 16}; do
     timeout 300 python3 tools/serve/speculative_bench.py --bin /tmp/spillway --model $SYNTH --device cuda \
       --workloads random --quirk off --prompts 16 --tokens 64 --concurrency $C \
       --server-args "--max-num-seqs 16 --max-model-len 512" > "$OUT/speculative_synth_c$C.md" 2>&1
