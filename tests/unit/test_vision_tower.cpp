@@ -26,6 +26,7 @@
 #include "formats/safetensors.h"
 #include "vision/vision_tower.h"
 #include "vision/vision_weights.h"
+#include "vision_synth.h"
 
 namespace spw::vision {
 namespace {
@@ -181,6 +182,18 @@ TEST_F(VisionTower, ForwardRejectsMismatchedInputs) {
   auto enc = vision_encode_ref(*weights_, image);
   ASSERT_FALSE(enc.ok());
   EXPECT_NE(enc.error().message.find("LLM grid"), std::string::npos) << enc.error().message;
+}
+
+// From decoded pixels through the processor: one embedding per IMAGE position of the span.
+TEST_F(VisionTower, ProcessedImageGivesOneEmbeddingPerImagePosition) {
+  auto image = process_image(test::synth_image(100, 45, 7), weights_->config);
+  ASSERT_TRUE(image.ok()) << image.error().message;
+  const ImageGrid& g = image->grid;
+  auto out = vision_encode_ref(*weights_, *image);
+  ASSERT_TRUE(out.ok()) << out.error().message;
+  ASSERT_EQ(out->size(), size_t(g.n_llm_h) * g.n_llm_w * weights_->d_llm);
+  EXPECT_EQ(g.n_tokens, int64_t(g.n_llm_h) * (g.n_llm_w + 1) + 2);
+  EXPECT_TRUE(std::all_of(out->begin(), out->end(), [](float v) { return std::isfinite(v); }));
 }
 
 // Loads the tiny tower with a mutated config and expects an Error mentioning every `needles`.
