@@ -28,26 +28,16 @@
 #include <vector>
 
 #include "model/parallel_model.h"
+#include "model_fixture.h"
 
 namespace spw {
 namespace {
 
-std::string fixture_dir(const std::string& arch) {
-  return std::string(SPW_SOURCE_DIR) + "/tests/golden/fixtures/" + arch + "/model";
-}
+using test::fixture_dir;
+using test::random_tokens;
 
 std::unique_ptr<Model> fixture(const std::string& arch, Numerics numerics, const LoadOptions& options = {}) {
-  auto m = load_model(fixture_dir(arch), numerics, options);
-  EXPECT_TRUE(m.ok()) << m.error().message;
-  return m.ok() ? std::move(m.value()) : nullptr;
-}
-
-std::vector<int32_t> random_tokens(size_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int32_t> dist(0, int32_t(vocab - 1));
-  std::vector<int32_t> ids(n);
-  for (auto& t : ids) t = dist(gen);
-  return ids;
+  return test::load_fixture(arch, numerics, options);
 }
 
 size_t argmax(const float* v, size_t n) { return size_t(std::max_element(v, v + n) - v); }

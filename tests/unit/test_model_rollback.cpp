@@ -11,23 +11,14 @@
 #include <vector>
 
 #include "model/model.h"
+#include "model_fixture.h"
 
 namespace spw {
 namespace {
 
-std::unique_ptr<Model> fixture(const std::string& arch) {
-  auto m = load_model(std::string(SPW_SOURCE_DIR) + "/tests/golden/fixtures/" + arch + "/model", Numerics::exact());
-  EXPECT_TRUE(m.ok()) << m.error().message;
-  return m.ok() ? std::move(m.value()) : nullptr;
-}
+using test::random_tokens;
 
-std::vector<int32_t> random_tokens(size_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int32_t> dist(0, int32_t(vocab - 1));
-  std::vector<int32_t> ids(n);
-  for (auto& t : ids) t = dist(gen);
-  return ids;
-}
+std::unique_ptr<Model> fixture(const std::string& arch) { return test::load_fixture(arch, Numerics::exact()); }
 
 void expect_same_compressor(const CompressorState& a, const CompressorState& b, const std::string& where) {
   EXPECT_EQ(a.kv, b.kv) << where << " kv";
