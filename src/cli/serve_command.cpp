@@ -213,6 +213,20 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--max-body-bytes", s.max_body_bytes, "largest request body")
       ->envname("SPILLWAY_MAX_BODY_BYTES")
       ->capture_default_str();
+  cmd->add_option("--max-images", s.image_limits.max_images, "images in one request (image_url content parts)")
+      ->check(CLI::Range(0, 1024))
+      ->envname("SPILLWAY_MAX_IMAGES")
+      ->capture_default_str();
+  cmd->add_option("--max-image-bytes", s.image_limits.max_encoded_bytes,
+                  "encoded bytes of one image after base64 decoding (the body limit, --max-body-bytes, applies first)")
+      ->check(CLI::Range(size_t(1), size_t(1) << 32))
+      ->envname("SPILLWAY_MAX_IMAGE_BYTES")
+      ->capture_default_str();
+  cmd->add_option("--max-image-pixels", s.image_limits.max_pixels,
+                  "width x height an image may declare; checked before any pixel is decoded")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 34))
+      ->envname("SPILLWAY_MAX_IMAGE_PIXELS")
+      ->capture_default_str();
   cmd->add_option("--http-threads", s.http_threads, "requests served at once (a streaming request holds one thread)")
       ->envname("SPILLWAY_HTTP_THREADS")
       ->capture_default_str();

@@ -10,7 +10,7 @@
 namespace spw::server {
 
 std::optional<ApiError> OpenAiApi::check_chat_images(const ChatRequest& chat) const {
-  const vision::ImageLimits limits;
+  const vision::ImageLimits& limits = settings_.image_limits;
   int n_images = 0;
   for (size_t i = 0; i < chat.messages.size(); ++i) {
     const auto& parts = chat.messages[i].parts;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "runtime/scheduler.h"
+#include "vision/image_decode.h"
 
 namespace spw::server {
 
@@ -30,6 +31,7 @@ struct ServerSettings {
   double min_body_rate = 1024;
   double write_timeout_s = 30;    // longest wait for a client to take the next piece of a response
   double shutdown_grace_s = 30;   // on SIGINT/SIGTERM: time in-flight requests get before cancellation
+  vision::ImageLimits image_limits;  // images of one request: count, encoded bytes, declared pixels
   runtime::SchedulerSettings scheduler;
 };
 

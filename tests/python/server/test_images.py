@@ -87,3 +87,38 @@ def test_server_keeps_serving_after_image_errors(demo):
     out = demo.client().chat.completions.create(model="demo", max_tokens=4,
                                                 messages=[{"role": "user", "content": "Hello"}])
     assert out.choices[0].message.content is not None
+
+
+def one_pixel_png() -> bytes:
+    """A valid 1x1 RGB PNG, written by hand (signature, IHDR, IDAT, IEND with their CRCs)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00\x80\x80\x80"))
+            + chunk(b"IEND", b""))
+
+
+def test_image_limits_are_settings(spillway_bin):
+    """--max-images and --max-image-pixels (docs/settings.md) replace the defaults: a 16x12 PNG (192 pixels) is
+    refused under --max-image-pixels 100, and a second image (1x1, within it) under --max-images 1."""
+    s = Server(spillway_bin, DEMO, "--device", os.environ.get("SPILLWAY_DEVICE", "cpu"), "--max-images", "1",
+               "--max-image-pixels", "100", api_key=None)
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(s, data_url("image/png", PNG))
+        assert "over the limit of 100 pixels" in e.value.body["message"], e.value.body
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(s, data_url("image/png", one_pixel_png()))
+        assert "does not take images" in e.value.body["message"], e.value.body
+        two = [{"type": "image_url", "image_url": {"url": data_url("image/png", one_pixel_png())}}] * 2
+        with pytest.raises(openai.BadRequestError) as e:
+            s.client().chat.completions.create(model="demo", max_tokens=4,
+                                               messages=[{"role": "user", "content": two}])
+        assert "too many images: at most 1 per request" in e.value.body["message"], e.value.body
+        assert e.value.body["param"] == "messages[0].content[1].image_url", e.value.body
+    finally:
+        assert s.stop() == 0, "".join(s.log[-30:])
