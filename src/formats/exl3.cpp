@@ -230,12 +230,6 @@ bool exl3_is_stored(const Exl3Lookup& lookup, const std::string& p) {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 Error tensor_error(const TensorInfo& ti, const std::string& what) {
   return make_error(ti.file, ": tensor ", ti.name, ": ", what);
 }

@@ -77,6 +77,26 @@ int64_t TensorInfo::numel() const {
   return n;
 }
 
+std::vector<float> tensor_floats(const TensorInfo& t) {
+  std::vector<float> out(size_t(t.numel()));
+  if (t.dtype == DType::F32) {
+    std::memcpy(out.data(), t.data, out.size() * sizeof(float));
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) {
+      uint16_t b;
+      std::memcpy(&b, t.data + 2 * i, 2);
+      out[i] = bf16_to_f32(b);
+    }
+  }
+  return out;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
 Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path, OpenOptions options) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return os_error(path, "cannot open");

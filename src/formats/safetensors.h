@@ -29,6 +29,11 @@ struct TensorInfo {
   int64_t numel() const;
 };
 
+// The values of a BF16 or F32 tensor with data, widened to f32 (the caller has checked dtype and data).
+std::vector<float> tensor_floats(const TensorInfo& t);
+// A shape as error messages print it: "[2, 3]".
+std::string shape_text(const std::vector<int64_t>& shape);
+
 // The parsed JSON header of one file: tensors with offsets relative to the data section.
 struct SafetensorsHeader {
   struct Entry {

@@ -11,12 +11,6 @@
 namespace spw {
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 // Looks tensors up by released name (with or without the "model." prefix) and checks them.
 class TensorSource {
  public:
@@ -67,21 +61,7 @@ class TensorSource {
   std::vector<float> floats(const std::string& name, const std::vector<int64_t>& shape) {
     const TensorInfo* t = require(name, {DType::BF16, DType::F32}, shape);
     if (!t) return {};
-    return to_floats(*t);
-  }
-
-  static std::vector<float> to_floats(const TensorInfo& t) {
-    std::vector<float> out(t.numel());
-    if (t.dtype == DType::F32) {
-      std::memcpy(out.data(), t.data, out.size() * 4);
-    } else {
-      for (size_t i = 0; i < out.size(); ++i) {
-        uint16_t b;
-        std::memcpy(&b, t.data + 2 * i, 2);
-        out[i] = bf16_to_f32(b);
-      }
-    }
-    return out;
+    return tensor_floats(*t);
   }
 
   // A weight stored as BF16/F32 and used with product precision `use` (Bf16 or F32).
@@ -128,7 +108,7 @@ class TensorSource {
 
   std::vector<float> f32(const std::string& name, const std::vector<int64_t>& shape) {
     const TensorInfo* t = require(name, {DType::F32}, shape);
-    return t ? to_floats(*t) : std::vector<float>{};
+    return t ? tensor_floats(*t) : std::vector<float>{};
   }
 
  private:

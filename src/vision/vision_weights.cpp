@@ -10,12 +10,6 @@
 namespace spw::vision {
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 class VisionTensors {
  public:
   explicit VisionTensors(const Checkpoint& ckpt) : ckpt_(ckpt) {}
@@ -51,17 +45,7 @@ class VisionTensors {
       error_ = make_error(t->file, ": vision tensor '", t->name, "' has no data (header-only checkpoint?)");
       return {};
     }
-    std::vector<float> out(t->numel());
-    if (t->dtype == DType::F32) {
-      std::memcpy(out.data(), t->data, out.size() * sizeof(float));
-    } else {
-      for (size_t i = 0; i < out.size(); ++i) {
-        uint16_t b;
-        std::memcpy(&b, t->data + 2 * i, 2);
-        out[i] = bf16_to_f32(b);
-      }
-    }
-    return out;
+    return tensor_floats(*t);
   }
 
  private:

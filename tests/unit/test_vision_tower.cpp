@@ -51,20 +51,6 @@ VisionConfig tiny_config() {
   return c.ok() && c->has_value() ? **c : VisionConfig{};
 }
 
-std::vector<float> floats(const TensorInfo& t) {
-  std::vector<float> out(size_t(t.numel()));
-  if (t.dtype == DType::F32) {
-    std::memcpy(out.data(), t.data, out.size() * 4);
-  } else {
-    for (size_t i = 0; i < out.size(); ++i) {
-      uint16_t b;
-      std::memcpy(&b, t.data + 2 * i, 2);
-      out[i] = bf16_to_f32(b);
-    }
-  }
-  return out;
-}
-
 struct Golden {
   int n_h = 0, n_w = 0;
   std::vector<uint16_t> patch_bits;
@@ -93,9 +79,9 @@ class VisionTower : public ::testing::Test {
       g.n_w = hw[1];
       g.patch_bits.resize(size_t(patches->numel()));
       std::memcpy(g.patch_bits.data(), patches->data, patches->nbytes);
-      g.patches = floats(*patches);
-      g.vit = floats(*(*file)->find("vit_" + s));
-      g.aligner = floats(*(*file)->find("aligner_" + s));
+      g.patches = tensor_floats(*patches);
+      g.vit = tensor_floats(*(*file)->find("vit_" + s));
+      g.aligner = tensor_floats(*(*file)->find("aligner_" + s));
     }
   }
   static void TearDownTestSuite() {
