@@ -314,7 +314,7 @@ void GpuModel::end_step(GpuStep& s) {
   for (StepChunk& ch : s.chunks) {
     GpuSequence& seq = *ch.seq;
     seq.n_past += ch.n;
-    engram_recent_append(c, host_weights_->engram_token_map, ch.tokens, seq.engram_recent);
+    engram_recent_append(c, host_weights_->engram_token_map, ch.tokens, {}, seq.engram_recent);
   }
 }
 

@@ -103,6 +103,8 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
     seqs[i] = &s->seq;
     const auto& t = inputs[i].tokens;
     if (t.empty()) return make_error("input ", i, ": no tokens");
+    if (!inputs[i].images.empty())
+      return make_error("input ", i, ": image positions run on the CPU reference only (serve with --device cpu)");
     if (int64_t(t.size()) > budget.max_step_tokens)
       return make_error("input ", i, ": ", t.size(), " tokens in one step, the budget allows ", budget.max_step_tokens);
     if (s->seq.n_past + int64_t(t.size()) > budget.max_context)

@@ -81,6 +81,7 @@ Result<std::vector<std::vector<float>>> CpuRunner::forward(std::span<const Runne
   std::vector<SequenceState*> states[2];
   std::vector<std::span<const int32_t>> tokens[2];
   std::vector<size_t> index[2];
+  std::vector<ImagePositions> images[2];
   for (size_t i = 0; i < inputs.size(); ++i) {
     auto* seq = dynamic_cast<CpuSequence*>(inputs[i].seq);
     if (!seq) return make_error("input ", i, ": not a sequence of the CPU runner");
@@ -88,12 +89,13 @@ Result<std::vector<std::vector<float>>> CpuRunner::forward(std::span<const Runne
     const int kind = inputs[i].all_logits ? 1 : 0;
     states[kind].push_back(&seq->state);
     tokens[kind].push_back(inputs[i].tokens);
+    images[kind].push_back(inputs[i].images);
     index[kind].push_back(i);
   }
   // Validate both groups before either advances, so an error leaves every sequence as it was.
   for (int kind : {0, 1})
     for (size_t j = 0; j < states[kind].size(); ++j)
-      if (auto st = model_.validate_input(*states[kind][j], tokens[kind][j]); !st.ok())
+      if (auto st = model_.validate_input(*states[kind][j], tokens[kind][j], images[kind][j]); !st.ok())
         return make_error("input ", index[kind][j], ": ", st.error().message);
   std::vector<KvGrowth> growth(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i)
@@ -105,7 +107,7 @@ Result<std::vector<std::vector<float>>> CpuRunner::forward(std::span<const Runne
     if (states[kind].empty()) continue;
     ForwardOptions options;
     options.all_logits = kind == 1;
-    auto r = model_.forward_batch(states[kind], tokens[kind], options);
+    auto r = model_.forward_batch(states[kind], tokens[kind], options, images[kind]);
     if (!r.ok()) {
       for (const RunnerInput& in : inputs) static_cast<CpuSequence*>(in.seq)->account();
       return r.error();

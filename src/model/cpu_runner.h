@@ -58,6 +58,7 @@ class CpuRunner final : public ModelRunner {
   int64_t max_context() const override { return 0; }
   int max_sequences() const override { return 0; }
   int max_rollback_tokens() const override { return model_.config().window; }
+  bool takes_images() const override { return model_.config().is_v41(); }
   RunnerUsage usage() const override;
   bool kv_can_hold(std::span<const KvGrowth> growth) const override;
   Result<std::unique_ptr<RunnerSequence>> new_sequence() override;

@@ -23,11 +23,11 @@ void engram(ForwardContext& s, int layer, float* streams) {
   std::vector<int64_t> row_ids(n_rows), history(M);
   const std::vector<int64_t>& recent = s.seq.engram_recent;  // before this step's tokens
   for (int i = 0; i < n; ++i) {
-    for (int k = 0; k < M; ++k) {  // history[k] = compressed id at position (p+i−k), −2 before the start
+    for (int k = 0; k < M; ++k) {  // history[k] = compressed id at position (p+i−k)
       const int64_t j = int64_t(i) - k;  // index into this step's tokens
-      if (j >= 0) history[k] = s.w.engram_token_map[s.tokens[j]];
+      if (j >= 0) history[k] = is_image_position(s, int(j)) ? ref::kEngramDead : s.w.engram_token_map[s.tokens[j]];
       else if (int64_t(recent.size()) + j >= 0) history[k] = recent[recent.size() + j];
-      else history[k] = -2;
+      else history[k] = ref::kEngramBeforeStart;
     }
     ref::engram_rows(hp, history.data(), row_ids.data());
     for (int r = 0; r < n_rows; ++r)
@@ -40,6 +40,7 @@ void engram(ForwardContext& s, int layer, float* streams) {
   linear(s, ew.wkv, gathered.data(), n, kv.data());
   const float inv_sqrt_d = 1.0f / std::sqrt(float(d));
   for (int i = 0; i < n; ++i) {
+    if (is_image_position(s, i)) continue;  // gate 0: the streams pass unchanged (they are activations already)
     const float* key = kv.data() + size_t(i) * (hc + 1) * d;
     const float* value = key + size_t(hc) * d;
     for (int j = 0; j < hc; ++j) {

@@ -26,7 +26,11 @@ struct ForwardContext {
   std::vector<std::vector<char>> candidates;
   const ForwardOptions* options = nullptr;
   const RankRole* role = nullptr;  // the model's place in a parallel group (never null)
+  std::span<const uint8_t> is_image;  // per token, nonzero at image positions (ImagePositions); empty: all text
 };
+
+// Whether token i of the forward is an image position.
+inline bool is_image_position(const ForwardContext& s, int i) { return !s.is_image.empty() && s.is_image[size_t(i)]; }
 
 // Reports a named intermediate to ForwardOptions::on_intermediate, if set.
 inline void dump(const ForwardContext& s, const char* name, int layer, const float* data, size_t count) {

@@ -1,11 +1,14 @@
 #include "model/kv_history.h"
 
+#include "ops/ref/engram_hash.h"
+
 namespace spw {
 
 void engram_recent_append(const ModelConfig& c, std::span<const int32_t> token_map, std::span<const int32_t> tokens,
-                          std::vector<int64_t>& recent) {
+                          std::span<const uint8_t> is_image, std::vector<int64_t>& recent) {
   if (!c.is_v41() || c.engram_layers.empty()) return;
-  for (int32_t t : tokens) recent.push_back(token_map[size_t(t)]);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    recent.push_back(!is_image.empty() && is_image[i] ? ref::kEngramDead : token_map[size_t(tokens[i])]);
   const size_t keep = size_t(c.engram_max_ngram - 1);
   if (recent.size() > keep) recent.erase(recent.begin(), recent.end() - std::ptrdiff_t(keep));
 }
@@ -40,7 +43,7 @@ void HostRollback::restore(const ModelConfig& c, std::span<const int32_t> token_
                            std::vector<int64_t>& recent, int& published) const {
   published = published_index_layer_after(c, stale_index_k, published_index_k_layer, n_before, n_past);
   recent = engram_recent;
-  engram_recent_append(c, token_map, std::span<const int32_t>(tokens).first(size_t(n_past - n_before)), recent);
+  engram_recent_append(c, token_map, std::span<const int32_t>(tokens).first(size_t(n_past - n_before)), {}, recent);
 }
 
 }  // namespace spw

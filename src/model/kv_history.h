@@ -12,10 +12,11 @@
 
 namespace spw {
 
-// V4.1 Engram: `recent` (the compressed ids of the last max_ngram − 1 tokens, newest last) after `tokens`;
-// unchanged for models without Engram layers. token_map: token id → compressed id.
+// V4.1 Engram: `recent` (the compressed ids of the last max_ngram − 1 tokens, newest last; DEAD for image
+// positions) after `tokens`; unchanged for models without Engram layers. token_map: token id → compressed id.
+// is_image: empty (all text) or one per token, nonzero at image positions.
 void engram_recent_append(const ModelConfig& c, std::span<const int32_t> token_map, std::span<const int32_t> tokens,
-                          std::vector<int64_t>& recent);
+                          std::span<const uint8_t> is_image, std::vector<int64_t>& recent);
 
 // V4.1: the layer whose index keys are published after a forward of positions [p, m) that started with
 // `published` (the latest KV source that produced a latent, or every KV source without the stale-key quirk).

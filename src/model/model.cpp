@@ -78,7 +78,8 @@ void expand(ForwardContext& s, float* streams, const float* y, const std::vector
 
 }  // namespace
 
-Status Model::validate_input(const SequenceState& seq, std::span<const int32_t> tokens) const {
+Status Model::validate_input(const SequenceState& seq, std::span<const int32_t> tokens,
+                             const ImagePositions& images) const {
   if (tokens.empty()) return make_error("forward: no tokens");
   for (int32_t t : tokens)
     if (t < 0 || t >= config_.vocab_size)
@@ -87,6 +88,16 @@ Status Model::validate_input(const SequenceState& seq, std::span<const int32_t> 
   if (seq.keep_rollback && int64_t(tokens.size()) > config_.window)
     return make_error("a forward that may be taken back (speculative verification) takes at most ", config_.window,
                       " tokens, the attention window; got ", tokens.size());
+  if (!images.empty()) {
+    if (!config_.is_v41()) return make_error("image positions: only a V4.1 model takes images");
+    if (images.is_image.size() != tokens.size())
+      return make_error("image positions: a mask of ", images.is_image.size(), " for ", tokens.size(), " tokens");
+    const size_t n_image = images.count();
+    if (images.rows.size() != n_image * size_t(config_.d_model))
+      return make_error("image positions: ", images.rows.size(), " row values for ", n_image, " image positions of width ",
+                        config_.d_model);
+    if (seq.keep_rollback) return make_error("a forward that may be taken back holds text only, not image positions");
+  }
   return {};
 }
 
@@ -95,13 +106,15 @@ Status Model::validate_input(const SequenceState& seq, std::span<const int32_t> 
 struct LayerwiseForward::State {
   State(const Model& m, const std::vector<float>& rope_main, const std::vector<float>& rope_compress,
         const std::vector<ref::EngramHashParams>& engram_params, SequenceState& seq, std::span<const int32_t> toks,
-        const ForwardOptions& opts)
+        const ForwardOptions& opts, std::span<const uint8_t> image_mask)
       : tokens(toks.begin(), toks.end()),
+        is_image(image_mask.begin(), image_mask.end()),
         options(opts),
         s{m.config(), m.weights(), m.numerics(), seq, tokens, seq.n_past, int(tokens.size()), rope_main,
-          rope_compress, engram_params, {}, {}, &options, &m.rank_role()} {}
+          rope_compress, engram_params, {}, {}, &options, &m.rank_role(), is_image} {}
 
   std::vector<int32_t> tokens;
+  std::vector<uint8_t> is_image;  // empty: every token is text
   ForwardOptions options;
   ForwardContext s;
   std::vector<float> streams;                // [n, hc, d]
@@ -118,11 +131,11 @@ LayerwiseForward::~LayerwiseForward() = default;
 int LayerwiseForward::next_layer() const { return state_->next; }
 
 Result<LayerwiseForward> Model::begin_forward(SequenceState& seq, std::span<const int32_t> tokens,
-                                              const ForwardOptions& options) const {
-  SPW_TRY(validate_input(seq, tokens));
+                                              const ForwardOptions& options, const ImagePositions& images) const {
+  SPW_TRY(validate_input(seq, tokens, images));
   detail::rollback_begin(seq, tokens);
   auto st = std::make_unique<LayerwiseForward::State>(*this, impl_->rope_main, impl_->rope_compress,
-                                                   impl_->engram_params, seq, tokens, options);
+                                                   impl_->engram_params, seq, tokens, options, images.is_image);
   const ModelConfig& c = config_;
   const int n = st->s.n, d = c.d_model, hc = c.hc_mult;
   const size_t hc_d = size_t(hc) * d;
@@ -133,6 +146,17 @@ Result<LayerwiseForward> Model::begin_forward(SequenceState& seq, std::span<cons
     for (int j = 0; j < hc; ++j)
       std::memcpy(st->streams.data() + i * hc_d + size_t(j) * d, weights_->embed.data() + size_t(tokens[i]) * d,
                   sizeof(float) * d);
+  // Image positions take their rows instead, rounded as the reference's copy into its BF16 stream.
+  if (!images.empty()) {
+    std::vector<float> row(d);
+    size_t k = 0;
+    for (int i = 0; i < n; ++i) {
+      if (!images.is_image[size_t(i)]) continue;
+      std::memcpy(row.data(), images.rows.data() + k++ * d, sizeof(float) * d);
+      detail::to_activation(st->s, row.data(), row.size());
+      for (int j = 0; j < hc; ++j) std::memcpy(st->streams.data() + i * hc_d + size_t(j) * d, row.data(), sizeof(float) * d);
+    }
+  }
 
   // V4.1 single-pass mHC: the collapse weights come from the previous sublayer; one-hot at the start.
   std::vector<float> one_hot(hc, 0.f);
@@ -253,13 +277,13 @@ Result<std::vector<float>> Model::finish_forward(LayerwiseForward& fwd) const {
   // Commit the sequence's position and the Engram n-gram history.
   SequenceState& seq = s.seq;
   seq.n_past += n;
-  engram_recent_append(c, w.engram_token_map, st.tokens, seq.engram_recent);
+  engram_recent_append(c, w.engram_token_map, st.tokens, st.is_image, seq.engram_recent);
   return logits;
 }
 
 Result<std::vector<float>> Model::forward(SequenceState& seq, std::span<const int32_t> tokens,
-                                          const ForwardOptions& options) const {
-  auto fwd = begin_forward(seq, tokens, options);
+                                          const ForwardOptions& options, const ImagePositions& images) const {
+  auto fwd = begin_forward(seq, tokens, options, images);
   if (!fwd.ok()) return fwd.error();
   for (int l = 0; l < config_.n_layers; ++l) SPW_TRY(run_layer(*fwd));
   return finish_forward(*fwd);
@@ -275,19 +299,24 @@ void Model::drop_layer(int layer) {
 
 Result<std::vector<std::vector<float>>> Model::forward_batch(std::span<SequenceState* const> seqs,
                                                              std::span<const std::span<const int32_t>> tokens,
-                                                             const ForwardOptions& options) const {
+                                                             const ForwardOptions& options,
+                                                             std::span<const ImagePositions> images) const {
   if (seqs.size() != tokens.size())
     return make_error("forward_batch: ", seqs.size(), " sequences but ", tokens.size(), " token lists");
+  if (!images.empty() && images.size() != seqs.size())
+    return make_error("forward_batch: ", seqs.size(), " sequences but ", images.size(), " image position lists");
+  auto images_of = [&](size_t i) { return images.empty() ? ImagePositions{} : images[i]; };
   // Validate everything first so that an error leaves every sequence as it was.
   for (size_t i = 0; i < seqs.size(); ++i) {
-    if (auto st = validate_input(*seqs[i], tokens[i]); !st.ok()) return make_error("sequence ", i, ": ", st.error().message);
+    if (auto st = validate_input(*seqs[i], tokens[i], images_of(i)); !st.ok())
+      return make_error("sequence ", i, ": ", st.error().message);
   }
   // Layer by layer over all the sequences, so each layer's MoE runs once for every sequence's tokens (each routed
   // expert reads its weights once per step instead of once per sequence); per sequence this is exactly forward().
   std::vector<LayerwiseForward> forwards;
   forwards.reserve(seqs.size());
   for (size_t i = 0; i < seqs.size(); ++i) {
-    auto fwd = begin_forward(*seqs[i], tokens[i], options);
+    auto fwd = begin_forward(*seqs[i], tokens[i], options, images_of(i));
     if (!fwd.ok()) return make_error("sequence ", i, ": ", fwd.error().message);
     forwards.push_back(std::move(fwd.value()));
   }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/image_positions.h"
 #include "model/kv_history.h"
 #include "model/weights.h"
 #include "ops/ref/engram_hash.h"
@@ -147,15 +148,16 @@ class Model {
   SequenceState new_sequence() const;
 
   // Appends `tokens` to `seq` (a prefill chunk of any length, or one decode token) and returns
-  // logits [n, vocab] (n = tokens.size() with all_logits, else 1). Errors: out-of-range token ids.
+  // logits [n, vocab] (n = tokens.size() with all_logits, else 1). `images` marks the tokens that are image
+  // positions (model/image_positions.h; V4.1 only). Errors: those of validate_input.
   Result<std::vector<float>> forward(SequenceState& seq, std::span<const int32_t> tokens,
-                                     const ForwardOptions& options = {}) const;
+                                     const ForwardOptions& options = {}, const ImagePositions& images = {}) const;
 
   // forward() in three parts (LayerwiseForward). begin_forward validates like forward and embeds; run_layer runs
   // the forward's next layer (error: its weights are not loaded); finish_forward, after the last layer, applies the
   // head, commits the sequence's position and returns what forward would.
   Result<LayerwiseForward> begin_forward(SequenceState& seq, std::span<const int32_t> tokens,
-                                         const ForwardOptions& options = {}) const;
+                                         const ForwardOptions& options = {}, const ImagePositions& images = {}) const;
   Status run_layer(LayerwiseForward& fwd) const;
   // run_layer for several forwards at the same layer, their MoE together: each routed expert runs once on the
   // tokens of all of them (and, without values loaded, is dequantized once). Each forward's result is what
@@ -177,16 +179,20 @@ class Model {
   Status truncate(SequenceState& seq, int64_t n_past) const;
 
   // Errors for token lists the model cannot take (empty, ids outside the vocabulary, foreign state, more than
-  // `window` tokens for a forward that keeps a rollback log).
-  Status validate_input(const SequenceState& seq, std::span<const int32_t> tokens) const;
+  // `window` tokens for a forward that keeps a rollback log) and for image positions it cannot take (a model
+  // other than V4.1, a mask or rows of the wrong size, images in a forward that keeps a rollback log).
+  Status validate_input(const SequenceState& seq, std::span<const int32_t> tokens,
+                        const ImagePositions& images = {}) const;
 
   // Several independent sequences in one call; results match calling forward on each, bit for bit (the layers run
   // for all sequences in turn and each layer's MoE runs once for all of them: run_layer_batch; the options'
   // callbacks therefore come layer by layer across the sequences). Inputs are validated before any sequence
   // advances, so an invalid input leaves every sequence unchanged.
+  // `images`: empty, or one per sequence.
   Result<std::vector<std::vector<float>>> forward_batch(std::span<SequenceState* const> seqs,
                                                         std::span<const std::span<const int32_t>> tokens,
-                                                        const ForwardOptions& options = {}) const;
+                                                        const ForwardOptions& options = {},
+                                                        std::span<const ImagePositions> images = {}) const;
 
  private:
   struct Impl;

@@ -18,6 +18,7 @@
 
 #include "base/status.h"
 #include "model/config.h"
+#include "model/image_positions.h"
 
 namespace spw {
 
@@ -106,6 +107,9 @@ struct RunnerInput {
   // Keep what RunnerSequence::truncate needs to take back part of these tokens (at most
   // ModelRunner::max_rollback_tokens of them).
   bool keep_rollback = false;
+  // Which of the tokens are image positions, and their embeddings (empty: text only). Only runners whose
+  // takes_images() is true accept them.
+  ImagePositions images;
 };
 
 class ModelRunner {
@@ -135,6 +139,8 @@ class ModelRunner {
   // The most tokens of one forward its sequences can take back (RunnerSequence::truncate), which
   // speculative decoding needs; 0: none.
   virtual int max_rollback_tokens() const { return 0; }
+  // Whether forward accepts inputs with image positions (RunnerInput::images).
+  virtual bool takes_images() const { return false; }
 
   // A new empty sequence. Errors: the runner's sequence slots or KV memory are exhausted.
   virtual Result<std::unique_ptr<RunnerSequence>> new_sequence() = 0;

@@ -32,9 +32,9 @@ Routing route(const ForwardContext& s, const LayerWeights& lw, bool hash_routed,
     if (hash_routed) {
       std::memcpy(idx, lw.tid2eid.data() + size_t(s.tokens[i]) * K, sizeof(int32_t) * K);
     } else {
-      // The bias only selects; weights come from the unbiased scores. Text tokens use `bias`
-      // (image tokens would use V4.1's bias_vl).
-      for (int e = 0; e < E; ++e) biased[e] = si[e] + lw.gate_bias[e];
+      // The bias only selects; weights come from the unbiased scores. Image positions use V4.1's bias_vl.
+      const std::vector<float>& bias = is_image_position(s, i) ? lw.gate_bias_vl : lw.gate_bias;
+      for (int e = 0; e < E; ++e) biased[e] = si[e] + bias[e];
       auto top = ref::topk_indices(biased.data(), E, K);
       std::copy(top.begin(), top.end(), idx);
     }

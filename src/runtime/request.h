@@ -12,6 +12,7 @@
 
 #include "model/model_runner.h"
 #include "runtime/logits_constraint.h"
+#include "runtime/prompt_images.h"
 
 namespace spw::runtime {
 
@@ -45,6 +46,8 @@ struct GenerationRequest {
   // Optional: restricts every sampled token (tool_choice "required" / a named function). Owned by
   // this one request; the scheduler thread calls it.
   std::shared_ptr<LogitsConstraint> constraint;
+  // Optional: the prompt's image positions (a V4.1 prompt with images; the runner must take images).
+  std::shared_ptr<const PromptImages> images;
 };
 
 using spw::TokenLogprob;

@@ -38,6 +38,10 @@ struct Scheduler::Sequence {
   // Whether it starts from a prefix-cache copy when there is one: a cached prefix has no logits to score,
   // so a request for prompt logprobs prefills all of it (once: after a preemption they have been sent).
   bool uses_prefix_cache() const { return !request.prompt_logprobs || n_preemptions > 0; }
+  // The prompt as the prefix cache keys it: image positions stand for their image's content.
+  std::span<const int32_t> cache_key() const {
+    return request.images ? std::span<const int32_t>(request.images->cache_key) : std::span<const int32_t>(request.prompt);
+  }
 };
 
 namespace {
@@ -96,6 +100,19 @@ Submission Scheduler::submit(GenerationRequest request) {
               make_error("logit_bias names token ", id, ", outside the vocabulary [0, ", vocab, ")").message,
               nullptr, "logit_bias"};
   if (request.max_tokens < 1) return {SubmitCode::invalid, "max_tokens must be at least 1", nullptr};
+  if (const PromptImages* images = request.images.get()) {
+    if (!runner_.takes_images())
+      return {SubmitCode::invalid,
+              make_error("the ", runner_.device(), " runner does not take image inputs; send text only, or serve a ",
+                         "V4.1 model with a vision tower with --device cpu")
+                  .message,
+              nullptr, "messages"};
+    const size_t n = request.prompt.size();
+    const size_t n_image = size_t(std::count_if(images->is_image.begin(), images->is_image.end(), [](uint8_t b) { return b; }));
+    if (images->is_image.size() != n || images->cache_key.size() != n || images->d_model != runner_.config().d_model ||
+        images->rows.size() != n_image * size_t(images->d_model))
+      return {SubmitCode::invalid, "the prompt's image positions do not match its tokens", nullptr, "messages"};
+  }
   const int64_t reserve = int64_t(request.prompt.size()) + request.max_tokens;
   if (const int64_t ctx = runner_.max_context(); ctx > 0 && reserve > ctx)
     return {SubmitCode::too_large,
@@ -178,7 +195,7 @@ std::vector<std::unique_ptr<Scheduler::Sequence>> Scheduler::admit_locked() {
   std::vector<std::unique_ptr<Sequence>> admitted;
   std::vector<KvGrowth> growth;
   const auto source = [&](const Sequence& s) {
-    return s.uses_prefix_cache() ? prefix_cache_.peek(s.request.prompt, max_cached_prefix(int64_t(s.request.prompt.size())))
+    return s.uses_prefix_cache() ? prefix_cache_.peek(s.cache_key(), max_cached_prefix(int64_t(s.request.prompt.size())))
                                  : nullptr;
   };
   // Each running sequence's next step: one decode token, or its next prefill piece.
@@ -191,7 +208,7 @@ std::vector<std::unique_ptr<Scheduler::Sequence>> Scheduler::admit_locked() {
     growth.push_back({nullptr, waiting_.front()->n_total(), source(*waiting_.front())});
     // The copies this request would start from stay (a burst sharing a prefix must not evict it); a copy
     // an earlier admission counted on may go, so theirs are looked up again.
-    while (!runner_.kv_can_hold(growth) && prefix_cache_.evict_oldest(waiting_.front()->request.prompt))
+    while (!runner_.kv_can_hold(growth) && prefix_cache_.evict_oldest(waiting_.front()->cache_key()))
       for (size_t i = first_new; i + 1 < growth.size(); ++i) growth[i].copy_of = source(*admitted[i - first_new]);
     if (!runner_.kv_can_hold(growth)) break;
     ++n_active_;
@@ -217,7 +234,7 @@ bool Scheduler::start_sequence(Sequence& seq) {
   const auto& prompt = seq.request.prompt;
   int64_t cached = 0;
   if (seq.uses_prefix_cache())
-    std::tie(cached, seq.state) = prefix_cache_.lookup(prompt, max_cached_prefix(int64_t(prompt.size())));
+    std::tie(cached, seq.state) = prefix_cache_.lookup(seq.cache_key(), max_cached_prefix(int64_t(prompt.size())));
   if (!seq.state) {
     auto fresh = runner_.new_sequence();
     if (!fresh.ok()) {
@@ -329,7 +346,9 @@ Result<std::vector<std::vector<float>>> Scheduler::forward(const std::vector<siz
   for (size_t k = 0; k < members.size(); ++k) {
     const Sequence& s = *running_[members[k]];
     const bool scored = !s.decoding() && s.request.prompt_logprobs && s.n_preemptions == 0;
-    inputs[k] = {s.state.get(), tokens[k], scored || s.verifying(), offered[k] ? &picks[k] : nullptr, s.verifying()};
+    inputs[k] = {s.state.get(), tokens[k], scored || s.verifying(), offered[k] ? &picks[k] : nullptr, s.verifying(), {}};
+    if (s.request.images && !s.decoding())  // a prefill piece: prompt[n_prefilled, + its tokens)
+      inputs[k].images = s.request.images->slice(size_t(s.n_prefilled), size_t(s.n_prefilled) + tokens[k].size());
   }
   auto out = runner_.forward(inputs);
   if (!out.ok()) return out;
@@ -470,7 +489,7 @@ std::vector<std::span<const int32_t>> Scheduler::queued_prompts() const {
   std::lock_guard lock(mutex_);
   std::vector<std::span<const int32_t>> out;
   for (const auto& w : waiting_)
-    if (w->uses_prefix_cache()) out.emplace_back(w->request.prompt);
+    if (w->uses_prefix_cache()) out.emplace_back(w->cache_key());
   return out;
 }
 
@@ -532,7 +551,7 @@ void Scheduler::run_step() {
         n_prefill += int64_t(tokens[k].size());
         const std::array<KvGrowth, 1> copy{KvGrowth{nullptr, s.n_prefilled, s.state.get()}};
         if (s.n_prefilled % block == 0 && runner_.kv_can_hold(copy))
-          prefix_cache_.insert(std::span<const int32_t>(s.request.prompt).first(size_t(s.n_prefilled)), *s.state,
+          prefix_cache_.insert(s.cache_key().first(size_t(s.n_prefilled)), *s.state,
                                queued_prompts());
         if (!s.decoding() || !s.output.empty()) continue;  // more prompt, or generated tokens to replay
       } else if (++s.n_fed < s.output.size()) {

@@ -36,5 +36,8 @@ Result<std::vector<float>> aligner_forward_ref(const VisionWeights& w, const std
 // Both, on a processed image (its BF16 patches widened to f32). Returns [n_llm_h·n_llm_w][d_llm]: the
 // embeddings of the span's IMAGE positions in order (START / NEW_LINE / END take w.image_*).
 Result<std::vector<float>> vision_encode_ref(const VisionWeights& w, const ProcessedImage& image);
+// The embeddings of the image's whole span, in image_tokens.h's layout: image_start, each row of
+// vision_encode_ref's output followed by image_newline, then image_end. Returns [grid.n_tokens][d_llm].
+Result<std::vector<float>> image_span_embeddings_ref(const VisionWeights& w, const ProcessedImage& image);
 
 }  // namespace spw::vision

@@ -4,6 +4,7 @@
 // within the tolerance stated at each check. Per-layer residual streams localise failures.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -244,6 +245,118 @@ TEST(GoldenV41, ChunkedPrefillMatchesGolden) {
   // group, and the reference's stale index_k quirk (on here, as in the golden) then legitimately
   // changes the result. tests/unit/test_model_state.cpp covers every split with the quirk off.
   run_case(*model, case_files("v41")[3], "", kExactTolerance, false, {2, 7, 64, 128, 130, 200});
+}
+
+// Prompts with image spans (tools/golden/gen_v41_images.py): image rows in place of the embeddings, bias_vl
+// routing and Engram's DEAD positions against the oracle's exact mode, with the tolerance of any exact case.
+// The case's metadata records how far the oracle's logits move without each piece (tens of logits), so a
+// piece the engine dropped would fail by four orders of magnitude; the engine itself ignoring the image rows
+// is checked here too.
+class GoldenV41Images : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model = load("v41", Numerics::exact());
+    ASSERT_TRUE(model);
+    auto f = SafetensorsFile::open(golden::fixture_dir("v41") + "/cases/images.safetensors");
+    ASSERT_TRUE(f.ok()) << f.error().message;
+    file = std::move(f.value());
+    prompt = golden::read_ids(*file, "prompt_ids");
+    const TensorInfo* mask = file->find("is_image");
+    ASSERT_TRUE(mask && mask->dtype == DType::U8 && size_t(mask->numel()) == prompt.size());
+    is_image.assign(mask->data, mask->data + mask->numel());
+    rows = golden::read_floats(*file, "image_rows");
+    decode_ids = golden::read_ids(*file, "decode_ids");
+    want_prefill = golden::read_floats(*file, "prefill_logits");
+    want_decode = golden::read_floats(*file, "decode_logits");
+    ASSERT_FALSE(rows.empty() || decode_ids.empty() || want_prefill.empty() || want_decode.empty());
+  }
+
+  // Image positions of prompt[begin, end).
+  ImagePositions slice(size_t begin, size_t end) const {
+    const size_t d = size_t(model->config().d_model);
+    const size_t first_row = size_t(std::count(is_image.begin(), is_image.begin() + begin, 1));
+    const size_t n_rows = size_t(std::count(is_image.begin() + begin, is_image.begin() + end, 1));
+    return {std::span<const uint8_t>(is_image).subspan(begin, end - begin),
+            std::span<const float>(rows).subspan(first_row * d, n_rows * d)};
+  }
+
+  // Prefill in pieces ending at `ends` (the last = the prompt's length), then the teacher-forced decode.
+  void check(const std::vector<size_t>& ends, const std::string& what) {
+    const size_t vocab = model->config().vocab_size;
+    SequenceState seq = model->new_sequence();
+    ForwardOptions opts;
+    opts.all_logits = true;
+    std::vector<float> got;
+    size_t begin = 0;
+    for (size_t end : ends) {
+      auto piece = model->forward(seq, std::span<const int32_t>(prompt).subspan(begin, end - begin), opts,
+                                  slice(begin, end));
+      ASSERT_TRUE(piece.ok()) << piece.error().message;
+      got.insert(got.end(), piece->begin(), piece->end());
+      begin = end;
+    }
+    Report prefill, decode;
+    compare_logits(got, want_prefill, vocab, prefill, what + " prefill");
+    got.clear();
+    for (int32_t id : decode_ids) {
+      auto step = model->forward(seq, std::span<const int32_t>(&id, 1), opts);
+      ASSERT_TRUE(step.ok()) << step.error().message;
+      got.insert(got.end(), step->begin(), step->end());
+    }
+    compare_logits(got, want_decode, vocab, decode, what + " decode");
+    std::printf("  images %-24s prefill max|dlogit| %.2e, decode %.2e\n", what.c_str(), prefill.max_logit_diff,
+                decode.max_logit_diff);
+    EXPECT_LE(prefill.max_logit_diff, kExactTolerance.logit) << what;
+    EXPECT_LE(decode.max_logit_diff, kExactTolerance.logit) << what;
+  }
+
+  std::unique_ptr<Model> model;
+  std::unique_ptr<SafetensorsFile> file;
+  std::vector<int32_t> prompt, decode_ids;
+  std::vector<uint8_t> is_image;
+  std::vector<float> rows, want_prefill, want_decode;
+};
+
+TEST_F(GoldenV41Images, OneForward) { check({prompt.size()}, "one forward"); }
+
+// Pieces that cut the first image span (positions 10..19) and end right after the second one.
+TEST_F(GoldenV41Images, PiecesAcrossAnImageSpan) { check({14, 36, prompt.size()}, "in pieces"); }
+
+TEST_F(GoldenV41Images, EachPieceOfTheImageHandlingMatters) {
+  for (const char* piece : {"bias_vl", "engram_mask", "image_rows"}) {
+    const auto it = file->metadata().find(std::string("ablation_max_dlogit_") + piece);
+    ASSERT_NE(it, file->metadata().end()) << piece;
+    EXPECT_GT(std::stof(it->second), 100 * kExactTolerance.logit) << "the oracle without " << piece;
+  }
+  // The engine without the image positions (their token ids' embeddings, text routing) is far off too.
+  SequenceState seq = model->new_sequence();
+  ForwardOptions opts;
+  opts.all_logits = true;
+  auto text_only = model->forward(seq, prompt, opts);
+  ASSERT_TRUE(text_only.ok());
+  float diff = 0;
+  for (size_t i = 0; i < want_prefill.size(); ++i) diff = std::max(diff, std::fabs((*text_only)[i] - want_prefill[i]));
+  EXPECT_GT(diff, 100 * kExactTolerance.logit);
+}
+
+TEST_F(GoldenV41Images, BadImagePositionsAreRefused) {
+  SequenceState seq = model->new_sequence();
+  const std::span<const int32_t> toks(prompt);
+  ImagePositions short_mask = slice(0, prompt.size());
+  short_mask.is_image = short_mask.is_image.first(3);
+  auto r = model->forward(seq, toks, {}, short_mask);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("a mask of 3 for 42 tokens"), std::string::npos) << r.error().message;
+  ImagePositions few_rows = slice(0, prompt.size());
+  few_rows.rows = few_rows.rows.first(few_rows.rows.size() - 1);
+  r = model->forward(seq, toks, {}, few_rows);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("row values for 14 image positions"), std::string::npos) << r.error().message;
+  seq.keep_rollback = true;
+  r = model->forward(seq, toks.first(20), {}, slice(0, 20));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("text only"), std::string::npos) << r.error().message;
+  EXPECT_EQ(seq.n_past, 0);  // nothing ran
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 
 #include "formats/dtypes.h"
 #include "formats/safetensors.h"
+#include "vision/image_tokens.h"
 #include "vision/vision_tower.h"
 #include "vision/vision_weights.h"
 #include "vision_synth.h"
@@ -180,6 +181,29 @@ TEST_F(VisionTower, ProcessedImageGivesOneEmbeddingPerImagePosition) {
   ASSERT_EQ(out->size(), size_t(g.n_llm_h) * g.n_llm_w * weights_->d_llm);
   EXPECT_EQ(g.n_tokens, int64_t(g.n_llm_h) * (g.n_llm_w + 1) + 2);
   EXPECT_TRUE(std::all_of(out->begin(), out->end(), [](float v) { return std::isfinite(v); }));
+}
+
+// The whole span: image_start, each LLM row's cells then image_newline, image_end (image_tokens.h's layout).
+TEST_F(VisionTower, SpanEmbeddingsFollowTheTokenLayout) {
+  auto image = process_image(test::synth_image(100, 45, 7), weights_->config);
+  ASSERT_TRUE(image.ok()) << image.error().message;
+  const ImageGrid& g = image->grid;
+  auto cells = vision_encode_ref(*weights_, *image);
+  auto span = image_span_embeddings_ref(*weights_, *image);
+  ASSERT_TRUE(cells.ok() && span.ok());
+  const size_t d = size_t(weights_->d_llm);
+  ASSERT_EQ(span->size(), size_t(g.n_tokens) * d);
+  const std::vector<TokenType> types = image_token_types(g.n_llm_h, g.n_llm_w);
+  size_t cell = 0;
+  for (size_t pos = 0; pos < types.size(); ++pos) {
+    const float* got = span->data() + pos * d;
+    const float* want = types[pos] == TokenType::image_start      ? weights_->image_start.data()
+                        : types[pos] == TokenType::image_new_line ? weights_->image_newline.data()
+                        : types[pos] == TokenType::image_end      ? weights_->image_end.data()
+                                                                  : cells->data() + cell++ * d;
+    ASSERT_TRUE(std::equal(got, got + d, want)) << "position " << pos;
+  }
+  EXPECT_EQ(cell, size_t(g.n_llm_h) * g.n_llm_w);
 }
 
 // Loads the tiny tower with a mutated config and expects an Error mentioning every `needles`.

@@ -32,6 +32,7 @@ import release_format as rf  # noqa: E402
 
 F32 = torch.float32
 NEG_INF = float("-inf")
+DEAD = -1  # Engram history value of an image position
 
 
 # ============================================================================ Engram constants (spec 5.4)
@@ -313,17 +314,20 @@ class OracleV41:
         return self.R(post.unsqueeze(-1) * y.unsqueeze(1) + mixed)
 
     # ------------------------------------------------------------------ Engram
-    def ngram_hashes(self, ids):
-        """[T, n_engram_layers, (ng-1)*heads] row ids for the new tokens (history kept in self.hist)."""
-        cmp = self.W.token_map[torch.as_tensor(ids, dtype=torch.int64)].tolist()
-        self.hist.extend(cmp)
+    def ngram_hashes(self, ids, image_mask=None):
+        """[T, n_engram_layers, (ng-1)*heads] row ids for the new tokens (history kept in self.hist). Image
+        positions enter the history as DEAD (-1): no n-gram reaches across one (reference NgramHashState)."""
+        cmp = self.W.token_map[torch.as_tensor(ids, dtype=torch.int64)]
+        if image_mask is not None:
+            cmp = torch.where(image_mask, torch.full_like(cmp, DEAD), cmp)
+        self.hist.extend(cmp.tolist())
         hist = torch.tensor(self.hist, dtype=torch.int64)
         p0, T = self.pos, len(ids)
         positions = torch.arange(p0, p0 + T)
         toks, blocked = [], torch.zeros(T, dtype=torch.bool)
         for shift in range(self.tc["engram_max_ngram_size"]):
             src = hist[(positions - shift).clamp_min(0)]
-            blocked = blocked | (positions < shift)
+            blocked = blocked | (positions < shift) | (src == DEAD)
             toks.append(torch.where(blocked, torch.full_like(src, self.eng_pad), src))
         toks = torch.stack(toks, -1)  # [T, ng]
         prod = toks.unsqueeze(1) * self.eng_mult  # [T, nl, ng]
@@ -333,7 +337,7 @@ class OracleV41:
             out.append(roll.unsqueeze(-1) % self.eng_primes[:, i - 1])
         return torch.cat(out, -1) + self.eng_offsets
 
-    def engram(self, L, X, rows):
+    def engram(self, L, X, rows, image_mask=None):
         p = f"layers.{L}.engram."
         e = self.W[p + "embed.weight"][rows].flatten(1)  # dequantized fp8 rows (exact in bf16)
         kv = self.lin(p + "wkv", e)
@@ -343,6 +347,8 @@ class OracleV41:
         rstd = torch.rsqrt(X.square().mean(-1) + self.eps) * torch.rsqrt(key.square().mean(-1) + self.eps)
         dot = (X * wgt * key).sum(-1) * rstd * d ** -0.5
         gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(1e-6).sqrt(), dot))
+        if image_mask is not None:  # image positions get no Engram contribution
+            gate = gate.masked_fill(image_mask.unsqueeze(-1), 0.0)
         return self.R(X + gate.unsqueeze(-1) * value.unsqueeze(1))
 
     # ------------------------------------------------------------------ attention pieces
@@ -508,11 +514,14 @@ class OracleV41:
             h = w * h
         return self.lin(pfx + "w2", self.R(h))
 
-    def moe(self, L, x):
+    def moe(self, L, x, image_mask=None):
         pfx = f"layers.{L}.ffn."
         sc = F.softplus(x @ self.W[pfx + "gate.weight"].T).sqrt()
         k = self.tc["num_experts_per_tok"]
-        biased = sc + self.W[pfx + "gate.bias"]
+        bias = self.W[pfx + "gate.bias"]
+        if image_mask is not None:  # image positions select with bias_vl
+            bias = torch.where(image_mask.unsqueeze(-1), self.W[pfx + "gate.bias_vl"], bias)
+        biased = sc + bias
         v, idx = stable_topk_desc(biased, k)
         if k < biased.shape[-1]:
             nxt = torch.sort(biased, dim=-1, descending=True, stable=True).values[:, k]
@@ -531,24 +540,30 @@ class OracleV41:
 
     # ------------------------------------------------------------------ top level
     @torch.no_grad()
-    def forward(self, ids, return_hidden: bool = False):
+    def forward(self, ids, return_hidden: bool = False, image_mask=None, image_rows=None):
+        """image_mask [T] bool marks image positions, whose embeddings are image_rows [n_image, d] (reference
+        Transformer.forward with token_types >= 0 and merge_image_embeddings)."""
         ids = torch.as_tensor(ids, dtype=torch.int64).view(-1)
         T, p = ids.numel(), self.pos
-        hashes = self.ngram_hashes(ids.tolist()) if self.eng_ids else None
-        h = self.W["embed.weight"][ids]
+        if image_mask is not None:
+            image_mask = torch.as_tensor(image_mask, dtype=torch.bool).view(-1)
+        hashes = self.ngram_hashes(ids.tolist(), image_mask) if self.eng_ids else None
+        h = self.W["embed.weight"][ids].clone()
+        if image_mask is not None:
+            h[image_mask] = self.R(torch.as_tensor(image_rows, dtype=F32))
         X = h.unsqueeze(1).repeat(1, self.hc, 1)
         pre = torch.zeros(T, self.hc)
         pre[:, 0] = 1.0
         hidden = []
         for L in range(self.L):
             if L in self.eng_ids:
-                X = self.engram(L, X, hashes[:, self.eng_ids.index(L)])
+                X = self.engram(L, X, hashes[:, self.eng_ids.index(L)], image_mask)
             pa, qa, ca = self.hc_mixes(X, f"layers.{L}.hc_attn")
             x = self.norm(f"layers.{L}.attn_norm", self.collapse(X, pre))
             X = self.expand(self.attention(L, x, p), X, qa, ca)
             pf, qf, cf = self.hc_mixes(X, f"layers.{L}.hc_ffn")
             x = self.norm(f"layers.{L}.ffn_norm", self.collapse(X, pa))
-            X = self.expand(self.moe(L, x), X, qf, cf)
+            X = self.expand(self.moe(L, x, image_mask), X, qf, cf)
             pre = pf
             if return_hidden:
                 hidden.append(X.clone())

@@ -8,6 +8,11 @@
 
 namespace spw::ref {
 
+// History values that are not compressed ids: a position that never hashes (an image position) and one
+// before the sequence's start.
+inline constexpr int64_t kEngramDead = -1;
+inline constexpr int64_t kEngramBeforeStart = -2;
+
 struct EngramHashParams {
   int max_ngram = 4;          // n-grams of size 2..max_ngram
   int n_heads = 8;            // hash heads per n-gram size
