@@ -19,6 +19,7 @@
 #include "server/settings.h"
 #include "server/text.h"
 #include "vision/vision_config.h"
+#include "vision/vision_weights.h"
 
 namespace spw::cli {
 namespace {
@@ -134,6 +135,23 @@ int serve(ServeOptions o) {
   server::ModelInfo info{o.s.served_model_name, cfg.is_v41() ? ChatFamily::v41 : ChatFamily::v4, int32_t(cfg.eos_id),
                          server::make_system_fingerprint(config_text, o.numerics + "@" + std::string(runner.device())),
                          vision.value()};
+  if (info.vision && runner.takes_images()) {
+    auto weights = vision::load_vision_weights(o.s.model_dir, *info.vision, cfg.d_model);
+    if (!weights.ok()) {
+      SPW_LOG_ERROR("{}", weights.error().message);
+      return 1;
+    }
+    if (*weights) {
+      info.vision_weights = std::make_shared<const vision::VisionWeights>(std::move(**weights));
+      SPW_LOG_INFO("vision tower: {} layers of width {}, up to {} positions per image (encoded by the CPU reference)",
+                   info.vision->n_layers, info.vision->d_model, info.vision->max_image_tokens);
+    } else {
+      SPW_LOG_WARN("{}/config.json describes a vision tower but the checkpoint holds none of its tensors: images are refused",
+                   o.s.model_dir);
+    }
+  } else if (info.vision) {
+    SPW_LOG_INFO("vision tower: the {} runner does not take image positions; image inputs are refused", runner.device());
+  }
   runtime::Scheduler scheduler(runner, o.s.scheduler);
   server::OpenAiApi api(scheduler, **text, o.s, info);
   server::HttpServer http(api, scheduler, o.s);

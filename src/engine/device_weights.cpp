@@ -264,6 +264,7 @@ Result<std::unique_ptr<DeviceWeights>> upload_weights(const ModelConfig& c, cons
     dl.idx_k_norm = up.f32(lw.idx_k_norm);
     dl.gate = up.linear(lw.gate);
     dl.gate_bias = up.f32(lw.gate_bias);
+    dl.gate_bias_vl = up.f32(lw.gate_bias_vl);
     dl.tid2eid = up.i32(lw.tid2eid);
     dl.experts.resize(lw.experts.size());
     for (size_t e = 0; e < lw.experts.size(); ++e)

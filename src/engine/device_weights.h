@@ -70,6 +70,7 @@ struct DeviceLayer {
   const float* idx_k_norm = nullptr;
   DeviceLinear gate;
   const float* gate_bias = nullptr;
+  const float* gate_bias_vl = nullptr;  // V4.1: image positions' selection bias
   const int32_t* tid2eid = nullptr;
   std::vector<DeviceExpert> experts;
   DeviceExpert shared;

@@ -145,6 +145,15 @@ Status GpuModel::begin_step(GpuStep& s) {
     if (seq.keep_rollback && int64_t(ch.tokens.size()) > options_.budget.max_rollback_tokens)
       return make_error("a forward that may be taken back takes at most ", options_.budget.max_rollback_tokens,
                         " tokens (KvBudget::max_rollback_tokens); got ", ch.tokens.size());
+    if (!ch.images.empty()) {
+      if (!c.is_v41()) return make_error("image positions: only a V4.1 model takes images");
+      if (ch.images.is_image.size() != ch.tokens.size())
+        return make_error("image positions: a mask of ", ch.images.is_image.size(), " for ", ch.tokens.size(), " tokens");
+      if (ch.images.rows.size() != ch.images.count() * size_t(c.d_model))
+        return make_error("image positions: ", ch.images.rows.size(), " row values for ", ch.images.count(),
+                          " image positions of width ", c.d_model);
+      if (seq.keep_rollback) return make_error("a forward that may be taken back holds text only, not image positions");
+    }
   }
   for (StepChunk& ch : s.chunks) {
     ch.p = ch.seq->n_past;
@@ -173,6 +182,7 @@ Status GpuModel::begin_step(GpuStep& s) {
       slots[r] = ch.seq->slot, row0s[r] = ch.row0, pos0s[r] = ch.p;
     }
   }
+  plan_image_rows(s);
   StagingBatch batch(state_->staging);  // the step's uploads as a few copies (step_arena.h)
   SPW_TRY(s.upload(s.tokens, s.tokens_d));
   SPW_TRY(s.upload(s.row_pos, s.pos));
@@ -213,6 +223,7 @@ Status GpuModel::run_step(GpuStep& s, const ForwardOptions& options, std::span<c
   for (Buf* b : {&comb_a, &comb_f}) SPW_TRY(s.alloc(*b, size_t(n) * hc * hc));
   SPW_TRY(s.segment(0));
   SPW_TRY(cuda::embedding_gather(st.w->embed, c.vocab_size, d, s.tokens_d.get(), n, hc, streams.get(), s.stream));
+  SPW_TRY(embed_image_rows(s, streams.get()));
 
   // V4.1 single-pass mHC: the collapse weights come from the previous sublayer; one-hot at the start.
   std::vector<float> one_hot(size_t(n) * hc, 0.f);
@@ -314,18 +325,18 @@ void GpuModel::end_step(GpuStep& s) {
   for (StepChunk& ch : s.chunks) {
     GpuSequence& seq = *ch.seq;
     seq.n_past += ch.n;
-    engram_recent_append(c, host_weights_->engram_token_map, ch.tokens, {}, seq.engram_recent);
+    engram_recent_append(c, host_weights_->engram_token_map, ch.tokens, ch.images.is_image, seq.engram_recent);
   }
 }
 
 Result<std::vector<float>> GpuModel::forward(GpuSequence& seq, std::span<const int32_t> tokens,
-                                             const ForwardOptions& options) {
+                                             const ForwardOptions& options, const ImagePositions& images) {
   GpuState& st = *state_;
   if (int64_t(tokens.size()) > options_.budget.max_step_tokens)
     return make_error("forward: ", tokens.size(), " tokens in one call, the budget allows ",
                       options_.budget.max_step_tokens);
   ArenaScope scope(st.arena);
-  GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {StepChunk{&seq, tokens}}, options_.linear_path, st.stream,
+  GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {StepChunk{&seq, tokens, 0, 0, 0, images}}, options_.linear_path, st.stream,
             options_.moe_dispatch, options_.moe_paths};
   if (Status e = begin_step(s); !e.ok()) return make_error("forward: ", e.error().message);
   const int first = options.all_logits ? 0 : s.n - 1;
@@ -356,7 +367,7 @@ Result<std::vector<std::vector<float>>> GpuModel::forward_chunks(std::span<const
     if (int64_t(chunks[b].tokens.size()) > options_.budget.max_step_tokens)
       return make_error("forward_chunks: chunk ", b, " has ", chunks[b].tokens.size(),
                         " tokens, the budget allows ", options_.budget.max_step_tokens);
-    s.chunks.push_back(StepChunk{chunks[b].seq, chunks[b].tokens});
+    s.chunks.push_back(StepChunk{chunks[b].seq, chunks[b].tokens, 0, 0, 0, chunks[b].images});
   }
   if (Status e = begin_step(s); !e.ok()) return make_error("forward_chunks: ", e.error().message);
   std::vector<RowRange> out_rows;

@@ -195,14 +195,16 @@ class GpuModel {
   // of model/model.h (each a host round trip).
   // Errors: token ids outside the vocabulary, a chunk longer than the budget's max_step_tokens or a
   // context beyond max_context, a foreign sequence, CUDA failures.
+  // `images` marks image positions among the tokens (model/image_positions.h; V4.1), as in Model::forward.
   Result<std::vector<float>> forward(GpuSequence& seq, std::span<const int32_t> tokens,
-                                     const ForwardOptions& options = {});
+                                     const ForwardOptions& options = {}, const ImagePositions& images = {});
 
   // One sequence's part of a multi-sequence step (forward_chunks).
   struct ChunkInput {
     GpuSequence* seq = nullptr;
     std::span<const int32_t> tokens;  // appended to seq; at least one
     bool all_logits = false;          // logits of every new position, else of the last
+    ImagePositions images{};          // image positions among the tokens (forward())
   };
   // Appends every chunk's tokens to its sequence in one step: the rows of all chunks go through each
   // linear, the MoE and the head together, and each row attends only to its own sequence (per-row

@@ -271,6 +271,7 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
   else
     SPW_TRY(cuda::router_topk(logits.get(), lw.gate_bias, n, E, K, route_eps, c.route_scale, experts.get(),
                               weights.get(), s.stream));
+  SPW_TRY(route_image_rows(s, layer, logits.get(), route_eps, experts.get(), weights.get()));
 
   SPW_TRY(s.dump("moe.experts", layer, experts.get(), experts.size()));
   SPW_TRY(s.dump("moe.weights", layer, weights.get(), weights.size()));
@@ -312,11 +313,12 @@ Status engram(GpuStep& s, int layer, float* streams) {
     const StepChunk& ch = s.chunks[s.row_chunk[i]];
     const std::vector<int64_t>& recent = ch.seq->engram_recent;  // before this step's tokens
     const int i_chunk = i - ch.row0;
-    for (int k = 0; k < M; ++k) {  // history[k] = compressed id at position (p+i−k), −2 before the start
+    for (int k = 0; k < M; ++k) {  // history[k] = compressed id at position (p+i−k)
       const int64_t j = int64_t(i_chunk) - k;
-      if (j >= 0) history[k] = s.host_w.engram_token_map[ch.tokens[j]];
+      if (j >= 0 && !ch.images.empty() && ch.images.is_image[size_t(j)]) history[k] = ref::kEngramDead;
+      else if (j >= 0) history[k] = s.host_w.engram_token_map[ch.tokens[j]];
       else if (int64_t(recent.size()) + j >= 0) history[k] = recent[recent.size() + j];
-      else history[k] = -2;
+      else history[k] = ref::kEngramBeforeStart;
     }
     ref::engram_rows(hp, history.data(), row_ids.data() + size_t(i) * n_rows);
   }
@@ -331,6 +333,7 @@ Status engram(GpuStep& s, int layer, float* streams) {
                              hd, rows.get(), s.stream));
   // [n, (hc+1)·d]: hc keys and one value.
   SPW_TRY(linear(s, s.w.layers[layer].engram_wkv, rows.get(), n, kv.get()));
+  SPW_TRY(mute_engram_values(s, kv.get()));  // image positions: nothing to add
   // The gate per residual copy, streams [n, hc, d] updated in place.
   return engram_gate_cuda(streams, kv.get(), tables.qk.get(), n, hc, d, c.norm_eps, s.num.bf16_activations, s.stream);
 }

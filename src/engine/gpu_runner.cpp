@@ -103,8 +103,6 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
     seqs[i] = &s->seq;
     const auto& t = inputs[i].tokens;
     if (t.empty()) return make_error("input ", i, ": no tokens");
-    if (!inputs[i].images.empty())
-      return make_error("input ", i, ": image positions run on the CPU reference only (serve with --device cpu)");
     if (int64_t(t.size()) > budget.max_step_tokens)
       return make_error("input ", i, ": ", t.size(), " tokens in one step, the budget allows ", budget.max_step_tokens);
     if (s->seq.n_past + int64_t(t.size()) > budget.max_context)
@@ -185,13 +183,13 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
     // piece alone: its numbers never depend on the other pieces.
     std::vector<size_t> small;
     for (size_t i : pieces) {
-      if (model_->chunk_computes_as_decode(int(inputs[i].tokens.size()))) {
+      if (inputs[i].images.empty() && model_->chunk_computes_as_decode(int(inputs[i].tokens.size()))) {
         small.push_back(i);
         continue;
       }
       ForwardOptions options;
       options.all_logits = inputs[i].all_logits;
-      auto r = model_->forward(*seqs[i], inputs[i].tokens, options);
+      auto r = model_->forward(*seqs[i], inputs[i].tokens, options, inputs[i].images);
       if (!r.ok()) return make_error("input ", i, ": ", r.error().message);
       out[i] = std::move(r.value());
     }
@@ -220,7 +218,7 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
     for (; last < pieces.size(); ++last) {
       const RunnerInput& in = inputs[pieces[last]];
       if (!chunks.empty() && rows + int64_t(in.tokens.size()) > max_rows) break;
-      chunks.push_back({seqs[pieces[last]], in.tokens, in.all_logits});
+      chunks.push_back({seqs[pieces[last]], in.tokens, in.all_logits, in.images});
       rows += int64_t(in.tokens.size());
     }
     auto r = model_->forward_chunks(chunks);

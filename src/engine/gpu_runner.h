@@ -71,6 +71,8 @@ class GpuRunner final : public ModelRunner {
   int max_sequences() const override;
   int max_cached_states() const override { return cache_slots_; }
   int max_rollback_tokens() const override;
+  // V4.1 image positions run in the forward; the image encoder itself is the host's (server/chat_images.cpp).
+  bool takes_images() const override { return config().is_v41(); }
   RunnerUsage usage() const override;
   bool kv_can_hold(std::span<const KvGrowth> growth) const override;
   Result<std::unique_ptr<RunnerSequence>> new_sequence() override;

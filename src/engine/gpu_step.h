@@ -78,6 +78,13 @@ struct StepChunk {
   std::span<const int32_t> tokens;
   int64_t p = 0;
   int row0 = 0, n = 0;
+  ImagePositions images{};  // which of the tokens are image positions (empty: text only)
+};
+
+// Rows first .. first + n − 1 of a step, all image positions; their embeddings start at row `source` of
+// the step's image rows.
+struct ImageRun {
+  int first = 0, n = 0, source = 0;
 };
 
 // What a step's attention needs per compress ratio r of the model, planned once per step (so that a
@@ -112,6 +119,15 @@ struct GpuStep {
   std::vector<int32_t> row_chunk{}; // [n] chunk of each row
   std::vector<int64_t> row_pos{};   // [n] position of each row
   int64_t max_end = 0;              // max over chunks of p + n
+  // Image positions of the step (V4.1): maximal runs of rows, and their embeddings [rows of runs, d] in run
+  // order, already rounded to the activation type.
+  std::vector<ImageRun> image_runs{};
+  std::vector<float> image_rows{};
+  bool is_image_row(int row) const {
+    for (const ImageRun& r : image_runs)
+      if (row >= r.first && row < r.first + r.n) return true;
+    return false;
+  }
   // Device arrays, per row: token ids, slot, position, its chunk's first position and first row;
   // per chunk: slot, first position, token count, first row (compressor_push's items).
   DeviceSpan<int32_t> tokens_d{}, slots{}, row0s{}, chunk_slot{}, chunk_n{}, chunk_row0{};
@@ -203,5 +219,14 @@ Status attention(GpuStep& s, int layer, const float* x, float* out);
 Status moe(GpuStep& s, int layer, const float* x, float* out);
 // V4.1 Engram on the residual streams [n, hc, d], in place (gpu_moe.cpp).
 Status engram(GpuStep& s, int layer, float* streams);
+
+// Image positions (gpu_images.cpp). plan_image_rows fills s.image_runs and s.image_rows from the chunks;
+// embed_image_rows writes those rows over the embeddings in streams [n, hc, d]; route_image_rows re-selects
+// the image rows' experts with the layer's bias_vl (experts, weights [n, top_k] from router logits [n, E]);
+// mute_engram_values zeroes the Engram value of image rows in kv [n, (hc + 1)·d], so their gate adds nothing.
+void plan_image_rows(GpuStep& s);
+Status embed_image_rows(GpuStep& s, float* streams);
+Status route_image_rows(GpuStep& s, int layer, const float* logits, float route_eps, int32_t* experts, float* weights);
+Status mute_engram_values(GpuStep& s, float* kv);
 
 }  // namespace spw::engine

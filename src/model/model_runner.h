@@ -109,7 +109,7 @@ struct RunnerInput {
   bool keep_rollback = false;
   // Which of the tokens are image positions, and their embeddings (empty: text only). Only runners whose
   // takes_images() is true accept them.
-  ImagePositions images;
+  ImagePositions images{};
 };
 
 class ModelRunner {

@@ -346,7 +346,7 @@ Result<std::vector<std::vector<float>>> Scheduler::forward(const std::vector<siz
   for (size_t k = 0; k < members.size(); ++k) {
     const Sequence& s = *running_[members[k]];
     const bool scored = !s.decoding() && s.request.prompt_logprobs && s.n_preemptions == 0;
-    inputs[k] = {s.state.get(), tokens[k], scored || s.verifying(), offered[k] ? &picks[k] : nullptr, s.verifying(), {}};
+    inputs[k] = {s.state.get(), tokens[k], scored || s.verifying(), offered[k] ? &picks[k] : nullptr, s.verifying()};
     if (s.request.images && !s.decoding())  // a prefill piece: prompt[n_prefilled, + its tokens)
       inputs[k].images = s.request.images->slice(size_t(s.n_prefilled), size_t(s.n_prefilled) + tokens[k].size());
   }

@@ -62,7 +62,7 @@ HttpReply OpenAiApi::messages(const std::string& body, const ClientGone& gone) {
     };
   }
   const int64_t n_prompt = int64_t(prompt.value.ids.size());
-  auto streams = submit(std::move(prompt.value.ids), req.chat.gen, "messages", constraint);
+  auto streams = submit(std::move(prompt.value.ids), req.chat.gen, "messages", constraint, prompt.value.images);
   if (!streams.ok) return error_reply(streams.error);
 
   std::string id = make_request_id("msg");

@@ -56,7 +56,8 @@ ApiResult<OpenAiApi::ChatPrompt> OpenAiApi::chat_prompt(const Json& body, const 
   auto chat = parse_chat_request(body, model_.family);
   if (!chat.ok()) return bad_request(chat.error().message, "messages");
   ChatRequest& c = chat.value();
-  if (auto e = check_chat_images(c)) return *e;
+  auto images = chat_images(c);
+  if (!images.ok) return images.error;
   const bool named = req.tool_choice.starts_with("function:");
   if (req.tool_choice == "none") {
     c.tools.clear();
@@ -83,6 +84,11 @@ ApiResult<OpenAiApi::ChatPrompt> OpenAiApi::chat_prompt(const Json& body, const 
   auto ids = text_.encode_with_plain_spans(prompt->text, prompt->client_spans);
   if (!ids.ok()) return bad_request(ids.error().message, "messages");
   out.ids = std::move(ids.value());
+  if (!images.value.empty()) {
+    auto encoded = prompt_images(out.ids, images.value);
+    if (!encoded.ok) return encoded.error;
+    out.images = std::move(encoded.value);
+  }
   return out;
 }
 
@@ -115,7 +121,7 @@ HttpReply OpenAiApi::chat_completions(const std::string& body, const ClientGone&
       return std::make_shared<ToolCallConstraint>(grammar, trie, eos);
     };
   }
-  auto streams = submit(std::move(prompt.value.ids), req.gen, "messages", constraint);
+  auto streams = submit(std::move(prompt.value.ids), req.gen, "messages", constraint, prompt.value.images);
   if (!streams.ok) return HttpReply::error(streams.error);
 
   const std::string id = make_request_id("chatcmpl");

@@ -1,41 +1,96 @@
-// Image parts of /v1/chat/completions. Each part's URL is read as the image processor would read it
-// (a data: URL, base64, a PNG / JPEG / WebP / GIF whose bytes match the claimed MIME type, within
-// the size limits), so a bad image gets a 400 that names the part and says what to change. Then a
-// model without a vision tower refuses images; a model with one is refused too, for now: the ViT
-// and aligner do not run in this server yet (src/vision holds the processor and the token layout
-// they will consume).
+// Image parts of /v1/chat/completions (and /v1/messages). Each part's URL is read as the image processor
+// would read it (a data: URL, base64, a PNG / JPEG / WebP / GIF whose bytes match the claimed MIME type,
+// within the size limits), so a bad image gets a 400 that names the part and says what to change. A model
+// without a vision tower refuses images, as does a server that loaded none. Otherwise each
+// image is processed (vision/image_processor.h), its placeholder expanded into its span
+// (vision/image_tokens.h) and the span's embeddings computed by the CPU reference tower and aligner (on
+// either runner), on the request's own thread: other requests keep streaming while an image encodes.
+#include <chrono>
+
+#include "base/log.h"
 #include "server/openai_api.h"
+#include "vision/image_tokens.h"
 #include "vision/image_url.h"
+#include "vision/vision_tower.h"
 
 namespace spw::server {
 
-std::optional<ApiError> OpenAiApi::check_chat_images(const ChatRequest& chat) const {
+ApiResult<std::vector<vision::RgbImage>> OpenAiApi::chat_images(const ChatRequest& chat) const {
   const vision::ImageLimits& limits = settings_.image_limits;
-  int n_images = 0;
+  std::vector<vision::RgbImage> images;
   for (size_t i = 0; i < chat.messages.size(); ++i) {
     const auto& parts = chat.messages[i].parts;
     if (!parts) continue;
     for (size_t j = 0; j < parts->size(); ++j) {
       if ((*parts)[j].kind != ContentPart::Kind::image) continue;
       const std::string where = "messages[" + std::to_string(i) + "].content[" + std::to_string(j) + "].image_url";
-      if (++n_images > limits.max_images) {
+      if (int(images.size()) >= limits.max_images) {
         return bad_request("too many images: at most " + std::to_string(limits.max_images) +
                                " per request; send fewer images",
                            where);
       }
       auto image = vision::load_image_url((*parts)[j].image_url, limits);
       if (!image.ok()) return bad_request(where + ": " + image.error().message, where);
+      images.push_back(std::move(image.value()));
     }
   }
-  if (n_images == 0) return std::nullopt;
+  if (images.empty()) return images;
   if (!model_.vision) {
     return bad_request("this model (" + model_.id + ") does not take images: its config.json has no vision tower "
                        "(vision_config); send text only, or serve a model with a vision tower",
                        "messages");
   }
-  return bad_request("image inputs are not served yet: this server does not run the vision tower of " + model_.id +
-                         "; send text only",
-                     "messages");
+  if (!model_.vision_weights) {
+    return bad_request("this server did not load a vision tower for " + model_.id +
+                           " (its start-up log says why); send text only",
+                       "messages");
+  }
+  return images;
+}
+
+ApiResult<std::shared_ptr<const runtime::PromptImages>> OpenAiApi::prompt_images(
+    std::vector<int32_t>& ids, const std::vector<vision::RgbImage>& images) const {
+  const vision::VisionWeights& w = *model_.vision_weights;
+  std::vector<vision::ProcessedImage> processed;
+  std::vector<vision::ImageGrid> grids;
+  for (size_t i = 0; i < images.size(); ++i) {
+    auto p = vision::process_image(images[i], w.config);
+    if (!p.ok()) return bad_request("image " + std::to_string(i) + ": " + p.error().message, "messages");
+    grids.push_back(p->grid);
+    processed.push_back(std::move(p.value()));
+  }
+  const auto image_token = int32_t(w.config.image_token_id);
+  auto expanded = vision::expand_image_placeholders(ids, image_token, grids);
+  if (!expanded.ok()) {
+    // The chat encoder writes one placeholder per image; a count that differs means the tokenizer does
+    // not encode the placeholder as the config's image token.
+    return ApiError{500,
+                    "this model's tokenizer does not encode the image placeholder as image_token_id " +
+                        std::to_string(image_token) + " (" + expanded.error().message + ")",
+                    "server_error", "messages", ""};
+  }
+  auto out = std::make_shared<runtime::PromptImages>();
+  out->d_model = w.d_llm;
+  for (vision::TokenType t : expanded->types) out->is_image.push_back(t != vision::TokenType::text);
+  std::vector<std::pair<size_t, size_t>> spans;
+  std::vector<uint64_t> hashes;
+  for (size_t i = 0; i < processed.size(); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto rows = vision::image_span_embeddings_ref(w, processed[i]);
+    if (!rows.ok()) return ApiError{500, "image " + std::to_string(i) + ": " + rows.error().message, "server_error", "messages", ""};
+    const vision::ImageGrid& g = processed[i].grid;
+    SPW_LOG_INFO("image {}: {}x{} → {}x{} patches, {} positions, encoded in {:.0f} ms", i, images[i].width,
+                 images[i].height, g.n_vit_h, g.n_vit_w, g.n_tokens,
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    out->rows.insert(out->rows.end(), rows->begin(), rows->end());
+    spans.emplace_back(expanded->images[i].start, size_t(g.n_tokens));
+    const auto& patches = processed[i].patches;
+    hashes.push_back(runtime::hash_bytes(
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(patches.data()), patches.size() * sizeof(uint16_t))));
+  }
+  out->cache_key = runtime::image_cache_key(expanded->ids, spans, hashes);
+  ids = std::move(expanded->ids);
+  return std::shared_ptr<const runtime::PromptImages>(std::move(out));
 }
 
 }  // namespace spw::server

@@ -86,7 +86,8 @@ OpenAiApi::OpenAiApi(runtime::Scheduler& scheduler, const Text& text, const Serv
 ApiResult<std::vector<std::shared_ptr<runtime::RequestStream>>> OpenAiApi::submit(std::vector<int32_t> prompt,
                                                                                   const GenerationParams& gen,
                                                                                   const char* prompt_noun,
-                                                                                  const MakeConstraint& constraint) {
+                                                                                  const MakeConstraint& constraint,
+                                                                                  std::shared_ptr<const runtime::PromptImages> images) {
   const int64_t n_prompt = int64_t(prompt.size());
   const int64_t max_len = settings_.max_model_len;
   if (n_prompt == 0) return bad_request("the prompt is empty", "prompt");
@@ -110,6 +111,7 @@ ApiResult<std::vector<std::shared_ptr<runtime::RequestStream>>> OpenAiApi::submi
   req.stop_token_ids = gen.stop_token_ids;
   req.ignore_eos = gen.ignore_eos;
   req.prompt_logprobs = gen.prompt_logprobs;
+  req.images = std::move(images);
   std::vector<std::shared_ptr<runtime::RequestStream>> streams;
   for (int i = 0; i < gen.n; ++i) {
     runtime::GenerationRequest choice = req;

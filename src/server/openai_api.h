@@ -20,6 +20,7 @@
 #include "server/text.h"
 #include "vision/image_decode.h"
 #include "vision/vision_config.h"
+#include "vision/vision_weights.h"
 
 namespace spw::server {
 
@@ -47,6 +48,8 @@ struct ModelInfo {
   std::string system_fingerprint;  // see make_system_fingerprint
   // The vision tower's settings; nullopt for a model without one, which refuses image inputs.
   std::optional<vision::VisionConfig> vision;
+  // Its weights, loaded when the runner takes images (ModelRunner::takes_images); null: images are refused.
+  std::shared_ptr<const vision::VisionWeights> vision_weights{};
 };
 
 // "spw-<version>-<12 hex digits>": the digits hash the model's config.json text and the numerics
@@ -80,17 +83,23 @@ class OpenAiApi {
   ApiResult<std::vector<std::shared_ptr<runtime::RequestStream>>> submit(std::vector<int32_t> prompt,
                                                                          const GenerationParams& gen,
                                                                          const char* prompt_noun,
-                                                                         const MakeConstraint& constraint = {});
+                                                                         const MakeConstraint& constraint = {},
+                                                                         std::shared_ptr<const runtime::PromptImages> images = {});
   struct ChatPrompt {
     std::vector<int32_t> ids;
     bool thinking = false;
     // Set for tool_choice "required" or a named function: the grammar every choice must follow.
     std::shared_ptr<const ToolCallGrammar> grammar;
+    std::shared_ptr<const runtime::PromptImages> images;  // set when the messages hold images
   };
   Json model_json() const;
   ApiResult<ChatPrompt> chat_prompt(const Json& body, const ChatCompletionRequest& req) const;
-  // Image parts of a chat request (chat_images.cpp): a 400 naming the part when one cannot be used.
-  std::optional<ApiError> check_chat_images(const ChatRequest& chat) const;
+  // Image parts of a chat request (chat_images.cpp), decoded in order; a 400 naming the part when one cannot
+  // be used, or when the model does not take images.
+  ApiResult<std::vector<vision::RgbImage>> chat_images(const ChatRequest& chat) const;
+  // Expands each image placeholder of `ids` into its span and encodes the images (chat_images.cpp).
+  ApiResult<std::shared_ptr<const runtime::PromptImages>> prompt_images(std::vector<int32_t>& ids,
+                                                                         const std::vector<vision::RgbImage>& images) const;
   // A 404 model_not_found for a request whose `model` is neither empty nor the served model id.
   std::optional<ApiError> unknown_model(const std::string& requested) const;
 

@@ -176,6 +176,88 @@ void teacher_forced_exact(const std::string& arch) {
   }
 }
 
+// Image spans (tools/golden/gen_v41_images.py, the CPU's GoldenV41Images): the same goldens and tolerance,
+// in one forward, in pieces that cut a span, and as one chunk of a two-chunk step beside a text sequence (the
+// image rows' runs and embeddings then sit after another chunk's rows).
+struct ImageCase {
+  std::vector<int32_t> prompt, decode_ids;
+  std::vector<uint8_t> is_image;
+  std::vector<float> rows, prefill, decode;
+
+  ImagePositions slice(size_t begin, size_t end, size_t d) const {
+    const size_t first = size_t(std::count(is_image.begin(), is_image.begin() + std::ptrdiff_t(begin), 1));
+    const size_t n = size_t(std::count(is_image.begin() + std::ptrdiff_t(begin), is_image.begin() + std::ptrdiff_t(end), 1));
+    return {std::span<const uint8_t>(is_image).subspan(begin, end - begin),
+            std::span<const float>(rows).subspan(first * d, n * d)};
+  }
+};
+
+ImageCase read_image_case() {
+  ImageCase c;
+  auto file = SafetensorsFile::open(golden::fixture_dir("v41") + "/cases/images.safetensors");
+  if (!file.ok()) {
+    ADD_FAILURE() << file.error().message;
+    return c;
+  }
+  c.prompt = golden::read_ids(**file, "prompt_ids");
+  c.decode_ids = golden::read_ids(**file, "decode_ids");
+  const TensorInfo* mask = (*file)->find("is_image");
+  if (mask) c.is_image.assign(mask->data, mask->data + mask->numel());
+  c.rows = golden::read_floats(**file, "image_rows");
+  c.prefill = golden::read_floats(**file, "prefill_logits");
+  c.decode = golden::read_floats(**file, "decode_logits");
+  if (c.prompt.empty() || c.is_image.size() != c.prompt.size() || c.rows.empty())
+    ADD_FAILURE() << "images.safetensors: missing tensors";
+  return c;
+}
+
+TEST(EngineGoldenExact, V41ImageSpansMatchOracle) {
+  SPW_REQUIRE_GPU();
+  auto m = load_exact("v41");
+  ASSERT_TRUE(m);
+  const ImageCase c = read_image_case();
+  const size_t vocab = size_t(m->config().vocab_size), d = size_t(m->config().d_model);
+  for (const std::vector<size_t>& ends : {std::vector<size_t>{c.prompt.size()}, std::vector<size_t>{14, 36, c.prompt.size()}}) {
+    auto seq = m->new_sequence();
+    ASSERT_TRUE(seq.ok());
+    ForwardOptions opts;
+    opts.all_logits = true;
+    std::vector<float> got;
+    size_t begin = 0;
+    for (size_t end : ends) {
+      auto r = m->forward(*seq, std::span(c.prompt).subspan(begin, end - begin), opts, c.slice(begin, end, d));
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      got.insert(got.end(), r->begin(), r->end());
+      begin = end;
+    }
+    const std::string what = ends.size() == 1 ? "images, one forward" : "images, in pieces";
+    const float dp = compare_rows(got, c.prefill, vocab, what + " prefill");
+    got.clear();
+    for (int32_t id : c.decode_ids) {
+      auto r = m->forward(*seq, std::span<const int32_t>(&id, 1), opts);
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      got.insert(got.end(), r->begin(), r->end());
+    }
+    const float dd = compare_rows(got, c.decode, vocab, what + " decode");
+    std::printf("  [gpu exact] %-24s prefill max|dlogit| %.2e, decode %.2e\n", what.c_str(), dp, dd);
+    EXPECT_LE(dp, kExactLogitTol) << what;
+    EXPECT_LE(dd, kExactLogitTol) << what;
+  }
+  // A text chunk first, the image prompt second, in one step.
+  auto text_file = SafetensorsFile::open(golden::fixture_dir("v41") + "/cases/p17.safetensors");
+  ASSERT_TRUE(text_file.ok());
+  const auto text = golden::read_ids(**text_file, "prompt_ids");
+  auto a = m->new_sequence(), b = m->new_sequence();
+  ASSERT_TRUE(a.ok() && b.ok());
+  const engine::GpuModel::ChunkInput chunks[] = {{&*a, text, false, {}},
+                                                 {&*b, c.prompt, true, c.slice(0, c.prompt.size(), d)}};
+  auto r = m->forward_chunks(chunks);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const float dc = compare_rows((*r)[1], c.prefill, vocab, "images, second chunk of a step");
+  std::printf("  [gpu exact] images, second chunk of a step: prefill max|dlogit| %.2e\n", dc);
+  EXPECT_LE(dc, kExactLogitTol);
+}
+
 TEST(EngineGoldenExact, V4TeacherForcedLayers) { teacher_forced_exact("v4"); }
 TEST(EngineGoldenExact, V41TeacherForcedLayers) { teacher_forced_exact("v41"); }
 

@@ -89,7 +89,7 @@ void copy_continues_like_the_original(const std::string& arch, bool share_kv_pag
     const int64_t taken = m->kv_pages().used - used;
     const int64_t shared = pages_in_common(*a, *b);
     EXPECT_EQ(shared, share_kv_pages ? full_compressed_pages(*m, *a) : 0) << arch << " prompt " << prompt_len;
-    if (share_kv_pages && prompt_len == 300) EXPECT_GT(shared, 0) << arch << ": no page shared";
+    if (share_kv_pages && prompt_len == 300) { EXPECT_GT(shared, 0) << arch << ": no page shared"; }
     EXPECT_EQ(taken, pages_of(*a) - shared) << arch << " prompt " << prompt_len;
     EXPECT_EQ(b->n_past, a->n_past);
     EXPECT_EQ(m->sequence_nbytes(*b), m->sequence_nbytes(*a));
