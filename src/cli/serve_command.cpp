@@ -19,7 +19,11 @@
 #include "server/settings.h"
 #include "server/text.h"
 #include "vision/vision_config.h"
+#include "vision/image_encoder.h"
 #include "vision/vision_weights.h"
+#if defined(SPW_HAVE_VISION_CUDA)
+#include "vision/vision_tower_cuda.h"
+#endif
 
 namespace spw::cli {
 namespace {
@@ -29,12 +33,33 @@ struct ServeOptions {
   size_t prefix_cache_mb = 1024;
   std::string numerics = "reference";
   std::string device = "auto";
+  std::string vision_device = "auto";
   bool batch_invariant = true;
   int prefix_cache_slots = 8;
   int threads = 0;
   std::string speculative = "off";
   bool no_stale_index_k = false;
 };
+
+// The image encoder --vision-device asks for: cuda (the GPU tower), cpu (the reference), or auto (cuda
+// beside the GPU runner, falling back to the CPU when the tower does not fit, with a warning).
+Result<std::shared_ptr<vision::ImageEncoder>> make_image_encoder(vision::VisionWeights w, const std::string& choice,
+                                                                 std::string_view runner_device) {
+  const bool want_cuda = choice == "cuda" || (choice == "auto" && runner_device == "cuda");
+  if (want_cuda) {
+#if defined(SPW_HAVE_VISION_CUDA)
+    auto tower = vision::VisionTowerCuda::create(w);
+    if (tower.ok()) return std::shared_ptr<vision::ImageEncoder>(std::move(tower.value()));
+    if (choice == "cuda")
+      return make_error("--vision-device cuda: the GPU tower could not be loaded (", tower.error().message,
+                        "); use --vision-device cpu");
+    SPW_LOG_WARN("the GPU vision tower could not be loaded ({}); images are encoded on the CPU", tower.error().message);
+#else
+    if (choice == "cuda") return make_error("--vision-device cuda: this build has no CUDA; use --vision-device cpu");
+#endif
+  }
+  return std::shared_ptr<vision::ImageEncoder>(vision::make_cpu_image_encoder(std::move(w)));
+}
 
 Status validate(const ServeOptions& o) {
   const auto& sched = o.s.scheduler;
@@ -142,9 +167,15 @@ int serve(ServeOptions o) {
       return 1;
     }
     if (*weights) {
-      info.vision_weights = std::make_shared<const vision::VisionWeights>(std::move(**weights));
-      SPW_LOG_INFO("vision tower: {} layers of width {}, up to {} positions per image (encoded by the CPU reference)",
-                   info.vision->n_layers, info.vision->d_model, info.vision->max_image_tokens);
+      auto encoder = make_image_encoder(std::move(**weights), o.vision_device, runner.device());
+      if (!encoder.ok()) {
+        SPW_LOG_ERROR("{}", encoder.error().message);
+        return 1;
+      }
+      info.image_encoder = std::move(encoder.value());
+      SPW_LOG_INFO("vision tower: {} layers of width {}, up to {} positions per image, encoded on the {}",
+                   info.vision->n_layers, info.vision->d_model, info.vision->max_image_tokens,
+                   info.image_encoder->device() == "cuda" ? "GPU" : "CPU (reference)");
     } else {
       SPW_LOG_WARN("{}/config.json describes a vision tower but the checkpoint holds none of its tensors: images are refused",
                    o.s.model_dir);
@@ -294,6 +325,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
                "V4.1: index owners always read their own keys, instead of reproducing the reference decode's quirk "
                "(docs/numerics.md); makes decode steps agree with multi-token forwards, such as verified drafts")
       ->envname("SPILLWAY_NO_STALE_INDEX_K");
+  cmd->add_option("--vision-device", o->vision_device,
+                  "where images are encoded (models with a vision tower): cuda (the GPU tower), cpu (the CPU "
+                  "reference), or auto (cuda beside the GPU runner, else cpu)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->envname("SPILLWAY_VISION_DEVICE")
+      ->capture_default_str();
   cmd->add_option("--device", o->device,
                   "where the model runs: cuda (the GPU engine), cpu (the CPU reference), or auto (cuda when a CUDA "
                   "device is visible and the model is not the bundled demo model)")

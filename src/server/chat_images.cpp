@@ -3,15 +3,15 @@
 // within the size limits), so a bad image gets a 400 that names the part and says what to change. A model
 // without a vision tower refuses images, as does a server that loaded none. Otherwise each
 // image is processed (vision/image_processor.h), its placeholder expanded into its span
-// (vision/image_tokens.h) and the span's embeddings computed by the CPU reference tower and aligner (on
-// either runner), on the request's own thread: other requests keep streaming while an image encodes.
+// (vision/image_tokens.h) and the span's embeddings computed by the model's image encoder (the GPU tower
+// beside the GPU runner, else the CPU reference), on the request's own thread: other requests keep
+// streaming while an image encodes.
 #include <chrono>
 
 #include "base/log.h"
 #include "server/openai_api.h"
 #include "vision/image_tokens.h"
 #include "vision/image_url.h"
-#include "vision/vision_tower.h"
 
 namespace spw::server {
 
@@ -40,7 +40,7 @@ ApiResult<std::vector<vision::RgbImage>> OpenAiApi::chat_images(const ChatReques
                        "(vision_config); send text only, or serve a model with a vision tower",
                        "messages");
   }
-  if (!model_.vision_weights) {
+  if (!model_.image_encoder) {
     return bad_request("this server did not load a vision tower for " + model_.id +
                            " (its start-up log says why); send text only",
                        "messages");
@@ -50,16 +50,17 @@ ApiResult<std::vector<vision::RgbImage>> OpenAiApi::chat_images(const ChatReques
 
 ApiResult<std::shared_ptr<const runtime::PromptImages>> OpenAiApi::prompt_images(
     std::vector<int32_t>& ids, const std::vector<vision::RgbImage>& images) const {
-  const vision::VisionWeights& w = *model_.vision_weights;
+  vision::ImageEncoder& encoder = *model_.image_encoder;
+  const vision::VisionConfig& config = encoder.config();
   std::vector<vision::ProcessedImage> processed;
   std::vector<vision::ImageGrid> grids;
   for (size_t i = 0; i < images.size(); ++i) {
-    auto p = vision::process_image(images[i], w.config);
+    auto p = vision::process_image(images[i], config);
     if (!p.ok()) return bad_request("image " + std::to_string(i) + ": " + p.error().message, "messages");
     grids.push_back(p->grid);
     processed.push_back(std::move(p.value()));
   }
-  const auto image_token = int32_t(w.config.image_token_id);
+  const auto image_token = int32_t(config.image_token_id);
   auto expanded = vision::expand_image_placeholders(ids, image_token, grids);
   if (!expanded.ok()) {
     // The chat encoder writes one placeholder per image; a count that differs means the tokenizer does
@@ -70,18 +71,19 @@ ApiResult<std::shared_ptr<const runtime::PromptImages>> OpenAiApi::prompt_images
                     "server_error", "messages", ""};
   }
   auto out = std::make_shared<runtime::PromptImages>();
-  out->d_model = w.d_llm;
+  out->d_model = encoder.d_llm();
   for (vision::TokenType t : expanded->types) out->is_image.push_back(t != vision::TokenType::text);
   std::vector<std::pair<size_t, size_t>> spans;
   std::vector<uint64_t> hashes;
   for (size_t i = 0; i < processed.size(); ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto rows = vision::image_span_embeddings_ref(w, processed[i]);
+    auto rows = encoder.span_embeddings(processed[i]);
     if (!rows.ok()) return ApiError{500, "image " + std::to_string(i) + ": " + rows.error().message, "server_error", "messages", ""};
     const vision::ImageGrid& g = processed[i].grid;
-    SPW_LOG_INFO("image {}: {}x{} → {}x{} patches, {} positions, encoded in {:.0f} ms", i, images[i].width,
+    SPW_LOG_INFO("image {}: {}x{} → {}x{} patches, {} positions, encoded in {:.0f} ms ({})", i, images[i].width,
                  images[i].height, g.n_vit_h, g.n_vit_w, g.n_tokens,
-                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+                 encoder.device());
     out->rows.insert(out->rows.end(), rows->begin(), rows->end());
     spans.emplace_back(expanded->images[i].start, size_t(g.n_tokens));
     const auto& patches = processed[i].patches;

@@ -20,7 +20,7 @@
 #include "server/text.h"
 #include "vision/image_decode.h"
 #include "vision/vision_config.h"
-#include "vision/vision_weights.h"
+#include "vision/image_encoder.h"
 
 namespace spw::server {
 
@@ -48,8 +48,9 @@ struct ModelInfo {
   std::string system_fingerprint;  // see make_system_fingerprint
   // The vision tower's settings; nullopt for a model without one, which refuses image inputs.
   std::optional<vision::VisionConfig> vision;
-  // Its weights, loaded when the runner takes images (ModelRunner::takes_images); null: images are refused.
-  std::shared_ptr<const vision::VisionWeights> vision_weights{};
+  // The tower that encodes images, loaded when the runner takes images (ModelRunner::takes_images); null:
+  // images are refused.
+  std::shared_ptr<vision::ImageEncoder> image_encoder{};
 };
 
 // "spw-<version>-<12 hex digits>": the digits hash the model's config.json text and the numerics

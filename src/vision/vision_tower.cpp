@@ -179,20 +179,24 @@ Result<std::vector<float>> vision_encode_ref(const VisionWeights& w, const Proce
   return aligner_forward_ref(w, *vit, g.n_vit_h, g.n_vit_w);
 }
 
+std::vector<float> lay_out_span(const ImageGrid& g, const std::vector<float>& cells, const std::vector<float>& start,
+                                const std::vector<float>& newline, const std::vector<float>& end) {
+  const size_t row = size_t(g.n_llm_w) * start.size();
+  std::vector<float> out;
+  out.reserve(size_t(g.n_tokens) * start.size());
+  out.insert(out.end(), start.begin(), start.end());
+  for (int y = 0; y < g.n_llm_h; ++y) {
+    out.insert(out.end(), cells.begin() + std::ptrdiff_t(y * row), cells.begin() + std::ptrdiff_t((y + 1) * row));
+    out.insert(out.end(), newline.begin(), newline.end());
+  }
+  out.insert(out.end(), end.begin(), end.end());
+  return out;
+}
+
 Result<std::vector<float>> image_span_embeddings_ref(const VisionWeights& w, const ProcessedImage& image) {
   auto cells = vision_encode_ref(w, image);
   if (!cells) return cells.error();
-  const ImageGrid& g = image.grid;
-  const size_t d = size_t(w.d_llm), row = size_t(g.n_llm_w) * d;
-  std::vector<float> out;
-  out.reserve(size_t(g.n_tokens) * d);
-  out.insert(out.end(), w.image_start.begin(), w.image_start.end());
-  for (int y = 0; y < g.n_llm_h; ++y) {
-    out.insert(out.end(), cells->begin() + std::ptrdiff_t(y * row), cells->begin() + std::ptrdiff_t((y + 1) * row));
-    out.insert(out.end(), w.image_newline.begin(), w.image_newline.end());
-  }
-  out.insert(out.end(), w.image_end.begin(), w.image_end.end());
-  return out;
+  return lay_out_span(image.grid, *cells, w.image_start, w.image_newline, w.image_end);
 }
 
 }  // namespace spw::vision

@@ -39,5 +39,8 @@ Result<std::vector<float>> vision_encode_ref(const VisionWeights& w, const Proce
 // The embeddings of the image's whole span, in image_tokens.h's layout: image_start, each row of
 // vision_encode_ref's output followed by image_newline, then image_end. Returns [grid.n_tokens][d_llm].
 Result<std::vector<float>> image_span_embeddings_ref(const VisionWeights& w, const ProcessedImage& image);
+// That layout from the aligner's output `cells` [n_llm_h·n_llm_w][D] and the three learned vectors [D].
+std::vector<float> lay_out_span(const ImageGrid& grid, const std::vector<float>& cells, const std::vector<float>& start,
+                                const std::vector<float>& newline, const std::vector<float>& end);
 
 }  // namespace spw::vision
