@@ -79,7 +79,7 @@ ApiResult<std::string> string_field(const Json& block, const std::string& at, co
 
 ApiError unsupported_block(const std::string& path, const std::string& type, const char* where) {
   return invalid(path + ".type", "\"" + type + "\" blocks are not supported " + where + " (this server takes text" +
-                                     (std::string(where) == "in user messages" ? ", tool_result" : "") + " blocks)");
+                                     (std::string(where) == "in user messages" ? ", image, tool_result" : "") + " blocks)");
 }
 
 // The texts of a string or an array of {"type": "text", "text"} blocks.
@@ -111,6 +111,24 @@ std::string joined(const std::vector<std::string>& texts) {
   return out;
 }
 
+// An image block's source as the URL of an OpenAI image part: {"type": "base64", "media_type", "data"} →
+// a data: URL; {"type": "url", "url"} keeps its URL (which the image reader refuses: the server fetches
+// nothing).
+ApiResult<std::string> image_url(const Json& b, const std::string& at) {
+  const Json* source = member(b, "source");
+  if (!source || !source->is_object()) return invalid(at + ".source", "an image block needs a source object");
+  auto type = string_field(*source, at + ".source", "type");
+  if (!type.ok) return type.error;
+  if (type.value == "url") return string_field(*source, at + ".source", "url");
+  if (type.value != "base64")
+    return invalid(at + ".source.type", "\"" + type.value + "\" image sources are not supported (send base64 data)");
+  auto media = string_field(*source, at + ".source", "media_type");
+  if (!media.ok) return media.error;
+  auto data = string_field(*source, at + ".source", "data");
+  if (!data.ok) return data.error;
+  return "data:" + media.value + ";base64," + data.value;
+}
+
 // One tool_result block → an OpenAI tool message.
 ApiResult<Json> tool_message(const Json& b, const std::string& at) {
   auto id = string_field(b, at, "tool_use_id");
@@ -134,7 +152,7 @@ std::optional<ApiError> user_turn(const Json& content, const std::string& path, 
     out.push_back(Json{{"role", "user"}, {"content", content}});
     return std::nullopt;
   }
-  std::vector<std::string> text;
+  Json parts = Json::array();  // texts and images, in order
   for (size_t i = 0; i < content.size(); ++i) {
     const Json& b = content[i];
     const std::string at = path + "." + std::to_string(i);
@@ -143,7 +161,11 @@ std::optional<ApiError> user_turn(const Json& content, const std::string& path, 
     if (type.value == "text") {
       auto t = string_field(b, at, "text");
       if (!t.ok) return t.error;
-      text.push_back(std::move(t.value));
+      parts.push_back(Json{{"type", "text"}, {"text", std::move(t.value)}});
+    } else if (type.value == "image") {
+      auto url = image_url(b, at);
+      if (!url.ok) return url.error;
+      parts.push_back(Json{{"type", "image_url"}, {"image_url", Json{{"url", std::move(url.value)}}}});
     } else if (type.value == "tool_result") {
       auto m = tool_message(b, at);
       if (!m.ok) return m.error;
@@ -152,7 +174,7 @@ std::optional<ApiError> user_turn(const Json& content, const std::string& path, 
       return unsupported_block(at, type.value, "in user messages");
     }
   }
-  if (!text.empty()) out.push_back(Json{{"role", "user"}, {"content", text_parts(text)}});
+  if (!parts.empty()) out.push_back(Json{{"role", "user"}, {"content", std::move(parts)}});
   return std::nullopt;
 }
 

@@ -190,3 +190,24 @@ def test_two_images_in_one_request(vision_server):
     out = ask(vision_server, [png(16, 12, 1), png(12, 30, 6)], max_tokens=2)
     one = ask(vision_server, [png(16, 12, 1)], max_tokens=2)
     assert out.usage.prompt_tokens > one.usage.prompt_tokens
+
+
+def test_anthropic_image_blocks(vision_server):
+    """/v1/messages through the official anthropic SDK: a base64 image block is the same image as the OpenAI
+    part (the same first-token logprob is not exposed there, so the answer's text is compared at temperature
+    0), and a url source is refused with the data: URL advice."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=vision_server.base, api_key=vision_server.api_key, max_retries=0, timeout=120)
+    image = png(16, 12, 1)
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(image).decode()}}
+    out = client.messages.create(model="tiny-v41-vision", max_tokens=6, extra_body={"temperature": 0},
+                                 messages=[{"role": "user", "content": [{"type": "text", "text": TEXT}, block]}])
+    openai_out = ask(vision_server, [image])
+    assert out.content[0].text == openai_out.choices[0].message.content
+    assert out.usage.input_tokens == openai_out.usage.prompt_tokens
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="tiny-v41-vision", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]}])
+    assert "data: URL" in str(e.value)
