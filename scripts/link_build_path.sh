@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU tests find their golden fixtures under the source path compiled into them (SPW_SOURCE_DIR, the
-# checkout they were built in: /work/wt on the dev box). On the GPU machine the checkout lives elsewhere,
-# so every engine test failed at once when nobody linked it (a 2026-12-03 H200 call). `gpu_test.sh stage`
+# checkout they were built in). On the GPU machine the checkout lives elsewhere, and without the link
+# every test that reads a fixture fails. `gpu_test.sh stage`
 # records the build's source path in .exl3dev/source_dir; this links that path to this checkout when it
 # does not exist here. Sourced (or run) from the repository root by the device scripts.
 if [ -f .exl3dev/source_dir ]; then

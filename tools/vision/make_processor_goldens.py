@@ -19,7 +19,7 @@ The synthetic images are an integer formula (synth_image) that the C++ test eval
 input image is stored; each golden keeps the canvas's FNV-1a-64 hash, per-channel sums, 64 sampled
 pixels and 32 sampled bf16 patch values.
 
-Needs Pillow and numpy (pip install pillow numpy). Usage: tools/vision/make_processor_goldens.py
+Needs Pillow and numpy (tools/vision/requirements.txt). Usage: tools/vision/make_processor_goldens.py
 """
 
 import io
