@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/thread_pool.h"
 #include "formats/dtypes.h"
 
 namespace spw::vision {
@@ -15,15 +16,19 @@ constexpr float kNormEps = 1e-6f;
 std::vector<float> linear(const std::vector<float>& x, int64_t n_tokens, const std::vector<float>& weight,
                           const std::vector<float>* bias, int64_t n_out, int64_t n_in) {
   std::vector<float> y(size_t(n_tokens * n_out));
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const float* xt = x.data() + t * n_in;
-    for (int64_t o = 0; o < n_out; ++o) {
-      const float* wo = weight.data() + o * n_in;
-      float acc = 0;
-      for (int64_t i = 0; i < n_in; ++i) acc += wo[i] * xt[i];
-      y[size_t(t * n_out + o)] = acc + (bias ? (*bias)[size_t(o)] : 0.0f);
+  // Tokens in parallel: each output value is one loop in index order, so the result never depends on the
+  // thread count.
+  global_pool().parallel_for(size_t(n_tokens), [&](size_t t0, size_t t1) {
+    for (int64_t t = int64_t(t0); t < int64_t(t1); ++t) {
+      const float* xt = x.data() + t * n_in;
+      for (int64_t o = 0; o < n_out; ++o) {
+        const float* wo = weight.data() + o * n_in;
+        float acc = 0;
+        for (int64_t i = 0; i < n_in; ++i) acc += wo[i] * xt[i];
+        y[size_t(t * n_out + o)] = acc + (bias ? (*bias)[size_t(o)] : 0.0f);
+      }
     }
-  }
+  });
   return y;
 }
 
@@ -69,9 +74,12 @@ std::vector<float> attention(std::vector<float>& qkv, int n_h, int n_w, int d, i
     }
   }
   const float scale = 1.0f / std::sqrt(float(d_head));
-  std::vector<float> out(static_cast<size_t>(n) * d, 0.0f), score(static_cast<size_t>(n));
-  for (int h = 0; h < n_heads; ++h) {
-    for (int tq = 0; tq < n; ++tq) {
+  std::vector<float> out(static_cast<size_t>(n) * d, 0.0f);
+  // (head, query) pairs in parallel, each with its own scores: per pair the same loops as one thread.
+  global_pool().parallel_for(size_t(n_heads) * size_t(n), [&](size_t p0, size_t p1) {
+    std::vector<float> score(static_cast<size_t>(n));
+    for (size_t pair = p0; pair < p1; ++pair) {
+      const int h = int(pair / size_t(n)), tq = int(pair % size_t(n));
       const float* q = qkv.data() + size_t(tq) * 3 * d + size_t(h) * d_head;
       float max_s = -INFINITY;
       for (int tk = 0; tk < n; ++tk) {
@@ -90,7 +98,7 @@ std::vector<float> attention(std::vector<float>& qkv, int n_h, int n_w, int d, i
         for (int i = 0; i < d_head; ++i) o[i] += p * v[i];
       }
     }
-  }
+  });
   return out;
 }
 
