@@ -4,11 +4,13 @@
 // failing, a full queue refuses, and cancellation frees a sequence.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <mutex>
 #include <random>
 #include <utility>
 #include <thread>
 
+#include "formats/safetensors.h"
 #include "model/cpu_runner.h"
 #include "runtime/scheduler.h"
 
@@ -105,6 +107,70 @@ TEST_F(RuntimeScheduler, ConcurrentEqualsAloneAndPrefixCacheChangesNothing) {
   std::printf("[ measured ] prompt tokens %llu, cached %llu\n", (unsigned long long)m.prompt_tokens,
               (unsigned long long)m.prompt_tokens_cached);
   EXPECT_GT(m.prompt_tokens_cached, 0u);
+}
+
+// A prompt with two image spans (tests/golden/fixtures/v41/cases/images.safetensors), prefilled in 16-token
+// pieces that cut the first span, gives the greedy tokens of one Model::forward of it; a second request
+// with other rows for its images, under the same token ids, gives its own (the prefix cache keys image
+// positions by content), and repeating the first gives the first's again from the cache.
+TEST_F(RuntimeScheduler, ImagePromptsInPiecesMatchTheModel) {
+  auto file = SafetensorsFile::open(std::string(SPW_SOURCE_DIR) + "/tests/golden/fixtures/v41/cases/images.safetensors");
+  ASSERT_TRUE(file.ok()) << file.error().message;
+  std::vector<int32_t> prompt;
+  for (float v : tensor_floats(*(*file)->find("prompt_ids"))) prompt.push_back(int32_t(v));
+  const TensorInfo* mask = (*file)->find("is_image");
+  ASSERT_TRUE(mask);
+  const std::vector<uint8_t> is_image(mask->data, mask->data + mask->numel());
+  const std::vector<float> rows = tensor_floats(*(*file)->find("image_rows"));
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (size_t i = 0; i < is_image.size(); ++i)
+    if (is_image[i] && (i == 0 || !is_image[i - 1])) spans.push_back({i, 0});
+    else if (!is_image[i] && i > 0 && is_image[i - 1]) spans.back().second = i - spans.back().first;
+  ASSERT_EQ(spans.size(), 2u);
+
+  auto images = [&](const std::vector<float>& r, uint64_t hash) {
+    auto p = std::make_shared<PromptImages>();
+    p->is_image = is_image;
+    p->rows = r;
+    p->d_model = model_->config().d_model;
+    p->cache_key = image_cache_key(prompt, spans, std::vector<uint64_t>{hash, hash + 1});
+    return p;
+  };
+  auto direct = [&](const PromptImages& im, int n) {
+    SequenceState seq = model_->new_sequence();
+    std::vector<int32_t> out;
+    auto logits = model_->forward(seq, prompt, {}, im.slice(0, prompt.size()));
+    EXPECT_TRUE(logits.ok());
+    for (int k = 0; k < n && logits.ok(); ++k) {
+      out.push_back(int32_t(std::max_element(logits->begin(), logits->end()) - logits->begin()));
+      logits = model_->forward(seq, std::span<const int32_t>(&out.back(), 1));
+    }
+    return out;
+  };
+  std::vector<float> other_rows = rows;
+  for (float& v : other_rows) v = -v;
+  const auto a = images(rows, 11), b = images(other_rows, 22);
+  const auto want_a = direct(*a, 5), want_b = direct(*b, 5);
+  ASSERT_NE(want_a, want_b);  // else the second request could not show a wrongly shared cache entry
+
+  SchedulerSettings s;
+  s.prefill_chunk = 16;
+  s.step_token_budget = 24;
+  Scheduler sched(*runner_, s);
+  for (const auto& [im, want] : {std::pair{a, want_a}, std::pair{b, want_b}, std::pair{a, want_a}}) {
+    GenerationRequest r = greedy(prompt, 5);
+    r.images = im;
+    auto sub = sched.submit(std::move(r));
+    ASSERT_EQ(sub.code, SubmitCode::ok) << sub.message;
+    EXPECT_EQ(collect(*sub.stream), want);
+  }
+  EXPECT_GT(sched.metrics().prompt_tokens_cached, 0u);  // the repeat of `a` started from the cache
+
+  GenerationRequest bad = greedy(prompt, 2);
+  auto short_mask = std::make_shared<PromptImages>(*a);
+  short_mask->is_image.pop_back();
+  bad.images = short_mask;
+  EXPECT_EQ(sched.submit(std::move(bad)).code, SubmitCode::invalid);
 }
 
 TEST_F(RuntimeScheduler, FullQueueRefusesTooLargeRejected) {
