@@ -28,7 +28,8 @@ if [ "${1:-}" = stage ]; then
   [ -f $B/tools/profile/libspw_kernel_trace.so ] && cp $B/tools/profile/libspw_kernel_trace.so .exl3dev/lib/ &&
     cp -L /usr/local/cuda/lib64/libcupti.so.13 .exl3dev/lib/
   for l in libspdlog.so.1.10 libfmt.so.9 libstdc++.so.6 libicuuc.so.72 libicudata.so.72 libpcre2-8.so.0 \
-           libcpp-httplib.so.0.11 libssl.so.3 libcrypto.so.3 libz.so.1 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do cp -L /usr/lib/x86_64-linux-gnu/$l .exl3dev/lib/; done
+           libcpp-httplib.so.0.11 libssl.so.3 libcrypto.so.3 libz.so.1 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1 \
+           libpng16.so.16 libturbojpeg.so.0 libwebp.so.7 libwebpdemux.so.2 libgif.so.7; do cp -L /usr/lib/x86_64-linux-gnu/$l .exl3dev/lib/; done
   # STAGE_BINS picks the binaries (e.g. STAGE_BINS=bin/spillway for a bench-only call that must leave upload room);
   # binaries of an earlier stage are removed first, so the pack holds exactly these.
   rm -f .exl3dev/spillway .exl3dev/spw_gpu_tests .exl3dev/spw_unit_tests .exl3dev/bench_*
