@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <utility>
@@ -73,17 +74,63 @@ class MappedHostBuffer {
   ~MappedHostBuffer() {
     if (host_) cudaFreeHost(host_);
   }
+  MappedHostBuffer& operator=(MappedHostBuffer&& o) noexcept {
+    if (this != &o) {
+      if (host_) cudaFreeHost(host_);
+      host_ = std::exchange(o.host_, nullptr);
+      dev_ = std::exchange(o.dev_, nullptr);
+    }
+    return *this;
+  }
+  // nbytes of pinned mapped memory, zeroed.
+  Status alloc(size_t nbytes) {
+    SPW_CUDA_TRY(cudaHostAlloc(&host_, nbytes ? nbytes : 1, cudaHostAllocMapped));
+    std::memset(host_, 0, nbytes ? nbytes : 1);
+    SPW_CUDA_TRY(cudaHostGetDevicePointer(&dev_, host_, 0));
+    return {};
+  }
   Status alloc_copy(const void* src, size_t nbytes) {
     SPW_CUDA_TRY(cudaHostAlloc(&host_, nbytes ? nbytes : 1, cudaHostAllocMapped));
     if (nbytes) std::memcpy(host_, src, nbytes);
     SPW_CUDA_TRY(cudaHostGetDevicePointer(&dev_, host_, 0));
     return {};
   }
-  const void* device_ptr() const { return dev_; }
+  void* host_ptr() const { return host_; }
+  void* device_ptr() const { return dev_; }
 
  private:
   void* host_ = nullptr;
   void* dev_ = nullptr;
+};
+
+// Pinned mapped host memory handed out in pieces from chunks of kChunkBytes (one cudaHostAlloc per chunk, not
+// per tensor: pinning is slow, and a spilled 40-layer model has tens of thousands of expert tensors).
+// copy() returns the device address of a 256-byte aligned copy of src; larger pieces get a chunk of their own.
+class MappedHostArena {
+ public:
+  static constexpr size_t kChunkBytes = size_t(256) << 20;
+  Result<const void*> copy(const void* src, size_t nbytes) {
+    const size_t at = (used_ + 255) / 256 * 256;
+    if (chunks_.empty() || at + nbytes > capacity_) {
+      MappedHostBuffer b;
+      SPW_TRY(b.alloc(std::max(nbytes, kChunkBytes)));
+      capacity_ = std::max(nbytes, kChunkBytes);
+      pinned_ += capacity_;
+      used_ = 0;
+      chunks_.push_back(std::move(b));
+      return copy(src, nbytes);
+    }
+    std::memcpy(static_cast<char*>(chunks_.back().host_ptr()) + at, src, nbytes);
+    used_ = at + nbytes;
+    nbytes_ += nbytes;
+    return static_cast<const void*>(static_cast<const char*>(chunks_.back().device_ptr()) + at);
+  }
+  size_t nbytes() const { return nbytes_; }  // bytes copied in (without alignment and chunk tails)
+  size_t pinned_nbytes() const { return pinned_; }  // host memory pinned for it
+
+ private:
+  std::vector<MappedHostBuffer> chunks_;
+  size_t capacity_ = 0, used_ = 0, nbytes_ = 0, pinned_ = 0;
 };
 
 template <class T>

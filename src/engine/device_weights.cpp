@@ -1,5 +1,6 @@
 #include "engine/device_weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -18,6 +19,11 @@ class Uploader {
 
   const void* bytes(const void* src, size_t n) {
     if (!status_.ok()) return nullptr;
+    if (to_host_) {  // a HostGpu expert's bytes: mapped pinned host memory
+      auto p = out_.host_mapped.copy(src, n);
+      if (!p.ok()) status_ = make_error("upload_weights: pinned host memory for an expert: ", p.error().message);
+      return p.ok() ? *p : nullptr;
+    }
     DeviceBuffer<uint8_t> buf;
     status_ = upload(static_cast<const uint8_t*>(src), n, buf);
     if (!status_.ok()) return nullptr;
@@ -170,6 +176,52 @@ class Uploader {
     return st;
   }
 
+  // A routed expert where its tier puts it.
+  DeviceExpert expert(const Expert& e, ExpertTier tier) {
+    if (tier == ExpertTier::HostCpu) return cpu_expert(e);
+    to_host_ = tier == ExpertTier::HostGpu;
+    const size_t before = out_.nbytes;
+    DeviceExpert d = expert(e);
+    out_.routed_gpu_nbytes += out_.nbytes - before;
+    to_host_ = false;
+    d.tier = tier;
+    return d;
+  }
+
+  // An expert for the CPU worker: its EXL3 tensors copied into host memory of their own; the DeviceExpert keeps
+  // the shapes only (the fused and grouped tables need them, the GPU never reads its bytes).
+  DeviceExpert cpu_expert(const Expert& e) {
+    DeviceExpert d;
+    d.tier = ExpertTier::HostCpu;
+    HostCpuExpert& h = out_.host_cpu[layer_][expert_];
+    const Exl3Lookup lookup = [this](const std::string& n) { return find(n); };
+    const Linear* ls[3] = {&e.w1, &e.w2, &e.w3};
+    Exl3Tensor* hs[3] = {&h.w1, &h.w2, &h.w3};
+    for (int q = 0; q < 3 && status_.ok(); ++q) {
+      if (!exl3_is_stored(lookup, ls[q]->stem)) {
+        status_ = make_error("upload_weights: ", ls[q]->stem, " is placed on the CPU (host_cpu) but is not stored as EXL3; ",
+                             "the CPU runtime computes EXL3 experts only: place it on host_gpu or gpu");
+        break;
+      }
+      auto t = exl3_load(lookup, ls[q]->stem);
+      if (!t.ok()) {
+        status_ = make_error("upload_weights: ", t.error().message);
+        break;
+      }
+      const size_t words = t->trellis_nbytes() / sizeof(uint16_t);
+      h.trellis[q] = std::make_unique<uint16_t[]>(words);
+      std::memcpy(h.trellis[q].get(), t->trellis, t->trellis_nbytes());
+      *hs[q] = std::move(t.value());
+      hs[q]->trellis = h.trellis[q].get();
+      out_.host_cpu_nbytes += hs[q]->trellis_nbytes() + 2 * (hs[q]->suh.size() + hs[q]->svh.size() + hs[q]->bias.size());
+      Exl3CudaTensor& shape = d.exl3[q];
+      shape.k = hs[q]->k, shape.n = hs[q]->n, shape.bits = hs[q]->bits, shape.codebook = hs[q]->codebook;
+    }
+    return d;
+  }
+
+  void at_expert(int layer, int expert) { layer_ = layer, expert_ = expert; }
+
   DeviceExpert expert(const Expert& e) {
     DeviceExpert d;
     const Linear* ls[3] = {&e.w1, &e.w2, &e.w3};
@@ -224,13 +276,24 @@ class Uploader {
   const Numerics& num_;
   DeviceWeights& out_;
   Status status_;
+  bool to_host_ = false;       // bytes() copies into mapped host memory
+  int layer_ = 0, expert_ = 0;  // the routed expert being placed
 };
 
 }  // namespace
 
 Result<std::unique_ptr<DeviceWeights>> upload_weights(const ModelConfig& c, const ModelWeights& w,
-                                                      const Numerics& numerics) {
+                                                      const Numerics& numerics, const ExpertTiers& tiers) {
+  if (!tiers.empty()) {
+    if (int(tiers.size()) != c.n_layers)
+      return make_error("upload_weights: the placement has ", tiers.size(), " layers, the model ", c.n_layers);
+    for (int l = 0; l < c.n_layers; ++l)
+      if (int(tiers[l].size()) != int(w.layers[l].experts.size()))
+        return make_error("upload_weights: the placement has ", tiers[l].size(), " experts in layer ", l,
+                          ", the model ", w.layers[l].experts.size());
+  }
   auto out = std::make_unique<DeviceWeights>();
+  out->host_cpu.resize(c.n_layers);
   Uploader up(c, w, numerics, *out);
   out->embed = up.f32(w.embed);
   out->head = up.linear(w.head);
@@ -267,8 +330,14 @@ Result<std::unique_ptr<DeviceWeights>> upload_weights(const ModelConfig& c, cons
     dl.gate_bias_vl = up.f32(lw.gate_bias_vl);
     dl.tid2eid = up.i32(lw.tid2eid);
     dl.experts.resize(lw.experts.size());
-    for (size_t e = 0; e < lw.experts.size(); ++e)
-      dl.experts[e] = up.expert(lw.experts[e]);
+    const bool on_cpu = !tiers.empty() && std::count(tiers[l].begin(), tiers[l].end(), ExpertTier::HostCpu) > 0;
+    if (on_cpu) out->host_cpu[l].resize(lw.experts.size());
+    for (size_t e = 0; e < lw.experts.size(); ++e) {
+      const ExpertTier tier = tiers.empty() ? ExpertTier::Gpu : tiers[l][e];
+      up.at_expert(l, int(e));
+      dl.experts[e] = up.expert(lw.experts[e], tier);
+      ++out->n_experts_in[int(tier)];
+    }
     dl.shared = up.shared_expert(lw.shared);
     dl.engram_wkv = up.linear(lw.engram.wkv);
     SPW_TRY(up.status());

@@ -18,8 +18,10 @@
 
 #include "base/status.h"
 #include "cuda/dense/dense_linear.h"
+#include "cpu/exl3_moe.h"
 #include "cuda/exl3_gemm.h"
 #include "engine/device_buffer.h"
+#include "model/expert_tier.h"
 #include "model/model.h"
 
 namespace spw::engine {
@@ -44,8 +46,19 @@ struct DeviceExpert {
   DeviceLinear w1, w2, w3;  // gate [F, d], down [d, F], up [F, d]; empty for EXL3 experts
   DeviceStack w13;          // the shared expert's w1 and w3 (FP8); empty for routed experts and other formats
   // EXL3 experts (`spillway quantize` packs): the stored trellis, suh, svh; [0] w1, [1] w2, [2] w3.
+  // An expert on the CPU (tier HostCpu) keeps the shapes here with null pointers: the GPU never runs it.
   Exl3CudaTensor exl3[3];
-  bool is_exl3() const { return exl3[0].trellis != nullptr; }
+  // Gpu: the pointers above are device memory; HostGpu: mapped pinned host memory; HostCpu: see above.
+  ExpertTier tier = ExpertTier::Gpu;
+  bool is_exl3() const { return exl3[0].n > 0; }
+};
+
+// A routed expert placed on the CPU (tier HostCpu): its EXL3 tensors in host memory of their own (the
+// checkpoint's maps are dropped after load), for the CPU worker (cpu/host_moe_worker.h).
+struct HostCpuExpert {
+  Exl3Tensor w1, w3, w2;  // gate, up, down; trellis points into `trellis`
+  std::unique_ptr<uint16_t[]> trellis[3];
+  Exl3ExpertWeights view() const { return {&w1, &w3, &w2}; }
 };
 
 struct DeviceLayer {
@@ -83,13 +96,20 @@ struct DeviceWeights {
   const float* norm = nullptr;
   DeviceHc hc_head;  // V4 only
   std::vector<DeviceLayer> layers;
-  size_t nbytes = 0;  // device bytes of all of the above
+  size_t nbytes = 0;             // device bytes of all of the above
+  size_t routed_gpu_nbytes = 0;  // of which routed experts
   std::vector<DeviceBuffer<uint8_t>> owned;
+  MappedHostArena host_mapped;                     // the HostGpu experts' bytes
+  std::vector<std::vector<HostCpuExpert>> host_cpu;  // [layer][expert]; empty entries (w1.n = 0) elsewhere
+  size_t host_cpu_nbytes = 0;
+  int64_t n_experts_in[kNumExpertTiers] = {};      // routed experts per tier (ExpertTier order)
 };
 
-// Uploads every weight the forward reads. Errors: CUDA allocation or copy failures, or a linear
-// that linear_cuda cannot take (names the tensor).
+// Uploads every weight the forward reads, each routed expert where `tiers` places it (empty: all on the GPU).
+// Errors: CUDA allocation or copy failures, a linear that linear_cuda cannot take (names the tensor), tiers
+// that do not match the model's layers and experts, or an expert placed on the CPU that is not stored as
+// EXL3 (the CPU runtime computes EXL3 experts only).
 Result<std::unique_ptr<DeviceWeights>> upload_weights(const ModelConfig& c, const ModelWeights& w,
-                                                      const Numerics& numerics);
+                                                      const Numerics& numerics, const ExpertTiers& tiers = {});
 
 }  // namespace spw::engine

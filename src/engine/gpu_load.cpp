@@ -63,13 +63,18 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
   m->options_ = options;
   m->host_weights_ = std::move(weights.value());
   const ModelConfig& c = m->config_;
-  m->plan_ = plan_memory(c, options.budget, numerics.fake_quant);
+  m->plan_ = plan_memory(c, options.budget, numerics.fake_quant, options.expert_tiers);
   m->state_ = std::make_unique<GpuState>();
   GpuState& st = *m->state_;
 
-  auto w = upload_weights(c, *m->host_weights_, numerics);
+  auto w = upload_weights(c, *m->host_weights_, numerics, options.expert_tiers);
   if (!w.ok()) return w.error();
   st.w = std::move(w.value());
+  HostExpertOptions host_options;
+  host_options.n_threads = options.host_expert_threads;
+  auto host_experts = HostExperts::create(c, *st.w, int(step_max_rows(options.budget)), host_options);
+  if (!host_experts.ok()) return host_experts.error();
+  st.host_experts = std::move(host_experts.value());
 
   const int S = options.budget.max_seqs;
   const KvPlan& kv = m->plan_.kv;

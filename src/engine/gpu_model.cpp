@@ -26,6 +26,22 @@ GpuModel::~GpuModel() {
 }
 
 size_t GpuModel::weight_nbytes() const { return state_->w->nbytes; }
+
+GpuModel::ExpertPlacement GpuModel::expert_placement() const {
+  const DeviceWeights& w = *state_->w;
+  ExpertPlacement p;
+  for (int t = 0; t < kNumExpertTiers; ++t) p.n_experts[t] = w.n_experts_in[t];
+  p.nbytes[int(ExpertTier::Gpu)] = w.routed_gpu_nbytes;
+  p.nbytes[int(ExpertTier::HostGpu)] = w.host_mapped.nbytes();
+  p.nbytes[int(ExpertTier::HostCpu)] = w.host_cpu_nbytes;
+  p.host_mapped_pinned_nbytes = w.host_mapped.pinned_nbytes();
+  if (const HostExperts* h = state_->host_experts.get()) {
+    p.mailbox_nbytes = h->mailbox_nbytes();
+    p.cpu_requests = h->worker().requests_served();
+    p.cpu_busy_seconds = h->worker().busy_seconds();
+  }
+  return p;
+}
 size_t GpuModel::step_arena_high_water() const { return state_->arena.high_water(); }
 size_t GpuModel::step_arena_capacity() const { return state_->arena.capacity(); }
 void GpuModel::set_cuda_graphs(bool on) { state_->cuda_graphs = on; }
@@ -346,6 +362,7 @@ Result<std::vector<float>> GpuModel::forward(GpuSequence& seq, std::span<const i
   std::vector<float> out;
   SPW_TRY(s.download(logits.get(), logits.size(), out));
   end_step(s);
+  if (st.host_experts) SPW_TRY(st.host_experts->check());
   return out;
 }
 
@@ -382,6 +399,7 @@ Result<std::vector<std::vector<float>>> GpuModel::forward_chunks(std::span<const
   std::vector<float> all;
   SPW_TRY(s.download(logits.get(), logits.size(), all));
   end_step(s);
+  if (st.host_experts) SPW_TRY(st.host_experts->check());
   std::vector<std::vector<float>> out(chunks.size());
   const size_t vocab = size_t(config_.vocab_size);
   size_t at = 0;
@@ -468,6 +486,7 @@ Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int3
   if (logits) SPW_TRY(s.download(out.get(), out.size(), *logits));
   std::copy(host_next.begin(), host_next.end(), next.begin());
   end_step(s);
+  if (st.host_experts) SPW_TRY(st.host_experts->check());
   return {};
 }
 

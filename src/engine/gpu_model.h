@@ -54,6 +54,7 @@
 #include "engine/moe_dispatch.h"
 #include "engine/step_graphs.h"
 #include "engine/token_picks.h"
+#include "model/expert_tier.h"
 #include "model/model.h"
 
 namespace spw::engine {
@@ -90,6 +91,12 @@ struct GpuModelOptions {
   // writes again: entries are appended, never rewritten) instead of copying them; the window ring, the
   // last partly filled page and the compressor states are still copied.
   bool share_kv_pages = false;
+  // Where each routed expert lives (model/expert_tier.h, a `spillway plan` placement): HBM, mapped pinned host
+  // memory read by the GPU's kernels, or host memory computed by the CPU worker (engine/host_experts.h).
+  // Empty: every expert in HBM.
+  ExpertTiers expert_tiers;
+  // Threads of the CPU worker's pool when some experts are on the CPU (0: the machine's hardware threads).
+  int host_expert_threads = 0;
   // Called as the checkpoint's layers are read (LoadOptions::on_progress), for a progress display.
   std::function<void(int done, int total)> on_progress;
 };
@@ -127,6 +134,17 @@ class GpuModel {
   // The KV budget the pools were sized for (GpuModelOptions::budget).
   const KvBudget& budget() const { return options_.budget; }
   size_t weight_nbytes() const;
+  // Where the routed experts are (GpuModelOptions::expert_tiers): per tier the experts and the bytes they hold
+  // (Gpu: device memory of routed experts only; HostGpu: pinned host memory; HostCpu: host memory), and the
+  // CPU worker's requests served and busy seconds (0 without experts on the CPU).
+  struct ExpertPlacement {
+    int64_t n_experts[kNumExpertTiers] = {};
+    size_t nbytes[kNumExpertTiers] = {};
+    size_t host_mapped_pinned_nbytes = 0, mailbox_nbytes = 0;
+    uint64_t cpu_requests = 0;
+    double cpu_busy_seconds = 0;
+  };
+  ExpertPlacement expert_placement() const;
   // The most step-arena bytes any step has used so far, and the arena's size (plan().step_arena_nbytes).
   size_t step_arena_high_water() const;
   size_t step_arena_capacity() const;

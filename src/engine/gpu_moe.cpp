@@ -59,31 +59,36 @@ Status run_expert(GpuStep& s, const DeviceExpert& e, const float* xs, int m, con
 
 // The step's routes on the host, sorted by expert (a counting sort): sorted row `at` is slot pairs[at] % K of token
 // rows[at] (pair pairs[at] = token·K + slot), expert expert_of[at], route weight weights[at]; expert e's rows are
-// first[e] .. first[e + 1], in token order. A host round trip (the ids and weights come down).
+// first[e] .. first[e + 1], in token order; slots with ids < 0 are left out when skip_negative. A host round trip
+// (the ids and weights come down).
 struct SortedRoutes {
   std::vector<int32_t> first, rows, pairs, expert_of;
   std::vector<float> weights;
 };
-Status sort_routes(GpuStep& s, const DeviceSpan<int32_t>& experts, const Buf& weights, SortedRoutes& r) {
+Status sort_routes(GpuStep& s, const DeviceSpan<int32_t>& experts, const Buf& weights, bool skip_negative,
+                   SortedRoutes& r) {
   const int n = s.n, E = s.c.n_experts, K = s.c.top_k;
-  const size_t P = size_t(n) * K;
   std::vector<int32_t> ex;
   std::vector<float> wt;
   SPW_TRY(s.download(experts.get(), experts.size(), ex));
   SPW_TRY(s.download(weights.get(), weights.size(), wt));
   r.first.assign(E + 1, 0);
   for (int32_t e : ex) {
-    // The host paths route every slot (the fused decode kernel is the one that skips ids < 0, for expert-parallel
-    // shards); anything else here is a bug upstream, reported instead of written out of bounds.
+    // Ids < 0 are slots computed elsewhere (experts on the CPU: host_experts.h) when `skip_negative`; anything
+    // else outside 0..E−1 is a bug upstream, reported instead of written out of bounds.
+    if (e < 0 && skip_negative) continue;
     if (e < 0 || e >= E) return make_error("MoE host dispatch: expert id ", e, " outside 0..", E - 1);
     ++r.first[e + 1];
   }
   for (int e = 0; e < E; ++e) r.first[e + 1] += r.first[e];
-  r.rows.resize(P), r.pairs.resize(P), r.expert_of.resize(P), r.weights.resize(P);
+  const size_t routed = size_t(r.first[E]);
+  r.rows.resize(routed), r.pairs.resize(routed), r.expert_of.resize(routed), r.weights.resize(routed);
   std::vector<int32_t> fill(r.first.begin(), r.first.end() - 1);
   for (int i = 0; i < n; ++i)
     for (int k = 0; k < K; ++k) {
-      const int32_t p = i * K + k, e = ex[p], at = fill[e]++;
+      const int32_t p = i * K + k, e = ex[p];
+      if (e < 0) continue;
+      const int32_t at = fill[e]++;
       r.rows[at] = i, r.pairs[at] = p, r.expert_of[at] = e, r.weights[at] = wt[p];
     }
   return {};
@@ -94,12 +99,12 @@ Status sort_routes(GpuStep& s, const DeviceSpan<int32_t>& experts, const Buf& we
 // row lists of all experts go back to the device as one array (two copies per layer, not two per
 // expert: a 4096-token chunk touches every one of V4.1's 384 experts).
 Status routed_host(GpuStep& s, int layer, const float* x, const DeviceSpan<int32_t>& experts, const Buf& weights,
-                   float* acc) {
+                   bool skip_negative, float* acc) {
   const ModelConfig& c = s.c;
   const DeviceLayer& lw = s.w.layers[layer];
   const int n = s.n, d = c.d_model, E = c.n_experts;
   SortedRoutes r;
-  SPW_TRY(sort_routes(s, experts, weights, r));
+  SPW_TRY(sort_routes(s, experts, weights, skip_negative, r));
   const std::vector<int32_t>& first = r.first;
   DeviceSpan<int32_t> rows;
   Buf rw;
@@ -127,14 +132,19 @@ Status routed_host(GpuStep& s, int layer, const float* x, const DeviceSpan<int32
 // slots in ascending expert id: the per-expert path's numerics up to the fp32 order of the sums inside
 // each projection. MoePaths::exl3_grouped = false (SPILLWAY_EXL3_GROUPED=0) keeps the per-expert path.
 Status routed_exl3_grouped(GpuStep& s, int layer, const float* x, const DeviceSpan<int32_t>& experts,
-                           const Buf& weights, float* acc) {
+                           const Buf& weights, bool skip_negative, float* acc) {
   const ModelConfig& c = s.c;
   const Exl3CudaMoeLayer& L = s.st.exl3_moe[layer].layer;
   const int n = s.n, K = c.top_k;
-  const int64_t d = L.d, F = L.f, P = int64_t(n) * K, width = std::max(d, F);
+  const int64_t d = L.d, F = L.f, pairs_total = int64_t(n) * K, width = std::max(d, F);
   const bool rb = s.num.bf16_activations;
   SortedRoutes r;
-  SPW_TRY(sort_routes(s, experts, weights, r));
+  SPW_TRY(sort_routes(s, experts, weights, skip_negative, r));
+  const int64_t P = int64_t(r.rows.size());  // the routed pairs (all of them unless some are on the CPU)
+  if (P == 0) {  // every slot of the step is on the CPU
+    SPW_CUDA_TRY(cudaMemsetAsync(acc, 0, sizeof(float) * size_t(n) * d, s.stream));
+    return {};
+  }
   const Exl3GroupPlan plan = exl3_group_plan(r.first);
   DeviceSpan<int32_t> rows, pairs, row_expert;
   DeviceSpan<Exl3GroupItem> items;
@@ -150,7 +160,7 @@ Status routed_exl3_grouped(GpuStep& s, int layer, const float* x, const DeviceSp
   SPW_TRY(s.alloc(counters, std::max<size_t>(1, plan.items.size() * size_t(width / 128))));
   SPW_TRY(s.alloc(g, size_t(P) * F));
   SPW_TRY(s.alloc(u, size_t(P) * F));
-  SPW_TRY(s.alloc(ys, size_t(P) * d));
+  SPW_TRY(s.alloc(ys, size_t(pairs_total) * d));
   // Exl3CudaExpert's projections: 0 = w1 (gate), 1 = w3 (up), 2 = w2 (down).
   SPW_TRY(exl3_rotate_grouped_cuda(L, 0, x, rows.get(), 1, row_expert.get(), P, xr.get(), s.stream));
   SPW_TRY(exl3_grouped_gemm_cuda(L, 0, plan, items.get(), xr.get(), g.get(), nullptr, P, counters.get(), rb, s.stream));
@@ -158,8 +168,8 @@ Status routed_exl3_grouped(GpuStep& s, int layer, const float* x, const DeviceSp
   SPW_TRY(exl3_grouped_gemm_cuda(L, 1, plan, items.get(), xr.get(), u.get(), nullptr, P, counters.get(), rb, s.stream));
   SPW_TRY(cuda::swiglu(g.get(), F, u.get(), F, rw.get(), P, F, c.swiglu_limit, rb, g.get(), s.stream));  // h = g
   SPW_TRY(exl3_rotate_grouped_cuda(L, 2, g.get(), nullptr, 1, row_expert.get(), P, xr.get(), s.stream));
-  SPW_TRY(exl3_grouped_gemm_cuda(L, 2, plan, items.get(), xr.get(), ys.get(), pairs.get(), P, counters.get(), rb,
-                                 s.stream));                                   // [P, d] in (token, slot) order
+  SPW_TRY(exl3_grouped_gemm_cuda(L, 2, plan, items.get(), xr.get(), ys.get(), pairs.get(), pairs_total, counters.get(),
+                                 rb, s.stream));  // [n·K, d] in (token, slot) order; pairs not routed here stay 0
   return moe_combine_cuda(ys.get(), experts.get(), n, K, d, acc, s.stream);  // [n, d]
 }
 
@@ -276,23 +286,34 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
   SPW_TRY(s.dump("moe.experts", layer, experts.get(), experts.size()));
   SPW_TRY(s.dump("moe.weights", layer, weights.get(), weights.size()));
 
+  // Experts on the CPU (host_experts.h): their slots go to the CPU worker, which computes them while the GPU runs
+  // its own; the paths below see −1 in those slots.
+  HostExperts* const cpu = s.st.host_experts && s.st.host_experts->serves(layer) ? s.st.host_experts.get() : nullptr;
+  DeviceSpan<int32_t> gpu_ids;
+  if (cpu) {
+    SPW_TRY(s.alloc(gpu_ids, size_t(n) * K));
+    SPW_TRY(cpu->post(layer, x, experts.get(), weights.get(), n, gpu_ids.get(), s.stream));
+  }
+  const DeviceSpan<int32_t>& ids = cpu ? gpu_ids : experts;
+
   // Dispatch and experts → acc [n, d].
   Buf acc, shared;
   SPW_TRY(s.alloc(acc, size_t(n) * d));
   if (!use_device_dispatch(s, layer) && s.st.exl3_moe[layer].ready() && s.moe_paths.exl3_grouped)
-    SPW_TRY(routed_exl3_grouped(s, layer, x, experts, weights, acc.get()));
+    SPW_TRY(routed_exl3_grouped(s, layer, x, ids, weights, cpu != nullptr, acc.get()));
   else if (!use_device_dispatch(s, layer))
-    SPW_TRY(routed_host(s, layer, x, experts, weights, acc.get()));
+    SPW_TRY(routed_host(s, layer, x, ids, weights, cpu != nullptr, acc.get()));
   else if (s.st.expert_tables[layer].ready())
-    SPW_TRY(routed_device(s, layer, x, experts, weights, acc.get()));
+    SPW_TRY(routed_device(s, layer, x, ids, weights, acc.get()));
   else if (exl3_decode_grouped(s.moe_paths, n))  // EXL3: grouped launches per (token, slot) pair
-    SPW_TRY(routed_exl3_pairs(s, layer, x, experts, weights, acc.get()));
+    SPW_TRY(routed_exl3_pairs(s, layer, x, ids, weights, acc.get()));
   else  // EXL3: the fused decode kernel with the per-expert path's roundings
-    SPW_TRY(exl3_moe_decode_cuda(s.st.exl3_moe[layer].layer, x, experts.get(), weights.get(), n, K, acc.get(),
+    SPW_TRY(exl3_moe_decode_cuda(s.st.exl3_moe[layer].layer, x, ids.get(), weights.get(), n, K, acc.get(),
                                  s.st.exl3_moe_ws, s.stream));
 
-  // Shared expert (clamped in V4.1 only), combine, bf16.
+  // Shared expert (clamped in V4.1 only), then the CPU's part of the routed sum, combine, bf16.
   SPW_TRY(run_expert(s, lw.shared, x, n, nullptr, c.is_v41() ? c.swiglu_limit : 0.f, shared));  // [n, d]
+  if (cpu) SPW_TRY(cpu->collect(acc.get(), n, s.stream));
   SPW_TRY(s.dump("moe.routed", layer, acc.get(), acc.size()));
   SPW_TRY(s.dump("moe.shared", layer, shared.get(), shared.size()));
   return add_cuda(acc.get(), shared.get(), int64_t(n) * d, out, s.stream, s.num.bf16_activations);  // bf16

@@ -13,6 +13,7 @@
 #include "engine/device_buffer.h"
 #include "engine/device_weights.h"
 #include "engine/gpu_model.h"
+#include "engine/host_experts.h"
 #include "engine/moe_dispatch.h"
 #include "engine/step_arena.h"
 #include "engine/step_graphs.h"
@@ -49,6 +50,7 @@ struct EngramTables {
 
 struct GpuState {
   std::unique_ptr<DeviceWeights> w;
+  std::unique_ptr<HostExperts> host_experts;  // null when no routed expert is on the CPU
   KvPool ring, comp, keys;
   std::vector<CompressorBuffers> comp_state, idx_comp_state;  // per layer
   DeviceBuffer<float> rope_main, rope_compress;                // [d_rope/2] frequencies

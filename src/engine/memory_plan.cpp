@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "cpu/host_moe_mailbox.h"
 #include "cuda/attn/kv_pages.h"
 #include "cuda/attn/sparse_attn.h"
 #include "cuda/exl3_gemm.h"
@@ -144,7 +145,7 @@ RollbackLayout rollback_layout(const ModelConfig& c, int max_tokens, size_t ring
   return out;
 }
 
-MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quantized_kv) {
+MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quantized_kv, const ExpertTiers& tiers) {
   MemoryPlan plan;
   WeightBytes& w = plan.weights;
   const int64_t d = c.d_model, H = c.n_heads, D = c.d_head, B = c.weight_block, hc = c.hc_mult;
@@ -174,7 +175,15 @@ MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quanti
     }
     if (p.index_source) w.compressor += fp8_nbytes(Hi * Di, c.q_lora_rank, B) + bf16_nbytes(Hi * d);
     w.router += f32_nbytes(E * d) + (p.hash_routed ? size_t(4 * c.vocab_size * c.top_k) : f32_nbytes(E));
-    w.routed_experts += size_t(E) * 3 * (c.exl3_expert_bits > 0 ? exl3_nbytes(F, d, c.exl3_expert_bits) : fp4_nbytes(F, d));
+    const size_t expert_nbytes = 3 * (c.exl3_expert_bits > 0 ? exl3_nbytes(F, d, c.exl3_expert_bits) : fp4_nbytes(F, d));
+    int64_t in_tier[kNumExpertTiers] = {E, 0, 0};
+    if (!tiers.empty() && size_t(l) < tiers.size()) {
+      in_tier[0] = 0;
+      for (ExpertTier t : tiers[l]) ++in_tier[int(t)];
+    }
+    w.routed_experts += size_t(in_tier[int(ExpertTier::Gpu)]) * expert_nbytes;
+    plan.host_gpu_experts_nbytes += size_t(in_tier[int(ExpertTier::HostGpu)]) * expert_nbytes;
+    plan.host_cpu_experts_nbytes += size_t(in_tier[int(ExpertTier::HostCpu)]) * expert_nbytes;
     w.shared_experts += 2 * fp8_nbytes(F, d, B) + fp8_nbytes(d, F, B);
     if (p.engram) {
       const int64_t n_in = int64_t(c.engram_max_ngram - 1) * c.engram_n_heads * c.engram_head_dim;
@@ -236,6 +245,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quanti
   // Staging: the per-row arrays of a step and the page-table rows of a decode batch; larger copies
   // (all-logits downloads, test hooks) synchronise and reuse it.
   plan.staging_host_nbytes = size_t(4) << 20;
+  if (plan.host_cpu_experts_nbytes > 0) plan.host_mailbox_nbytes = HostMoeMailboxLayout{n, d, c.top_k}.nbytes();
   return plan;
 }
 

@@ -21,6 +21,7 @@
 #include "cuda/attn/compressor.h"
 #include "cuda/attn/kv_pages.h"
 #include "model/config.h"
+#include "model/expert_tier.h"
 
 namespace spw::engine {
 
@@ -76,6 +77,9 @@ struct MemoryPlan {
                                   // EXL3 MoE's, ~6 MB at V4.1 width, allocated only for EXL3 experts)
   size_t step_arena_nbytes = 0;   // the step's activations at step_max_rows rows (GpuModel's arena)
   size_t staging_host_nbytes = 0;  // pinned host staging of the step's copies (host memory)
+  // Routed experts off the GPU (GpuModelOptions::expert_tiers; weights.routed_experts counts only the GPU's): in
+  // pinned mapped host memory, in host memory for the CPU worker, and the CPU worker's mailbox (pinned).
+  size_t host_gpu_experts_nbytes = 0, host_cpu_experts_nbytes = 0, host_mailbox_nbytes = 0;
   size_t engram_tables_host_nbytes = 0;
   int max_pages_per_seq = 0;  // page-table width: ceil(max_context / kKvPageRows)
   size_t device_total() const {
@@ -143,6 +147,8 @@ struct KvFormats {
 };
 KvFormats kv_formats(const ModelConfig& c, bool quantized_kv);
 
-MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quantized_kv = true);
+// tiers: where the routed experts live (empty: all on the GPU).
+MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quantized_kv = true,
+                       const ExpertTiers& tiers = {});
 
 }  // namespace spw::engine

@@ -68,15 +68,6 @@ std::vector<std::vector<double>> activations_per_token(const PlacementModel& m, 
 
 }  // namespace
 
-const char* expert_tier_name(ExpertTier tier) {
-  switch (tier) {
-    case ExpertTier::Gpu: return "gpu";
-    case ExpertTier::HostGpu: return "host_gpu";
-    case ExpertTier::HostCpu: return "host_cpu";
-  }
-  return "?";
-}
-
 Result<PlacementModel> placement_model_from_inventory(const ModelConfig& config, const Inventory& inv) {
   PlacementModel m;
   m.model_type = config.model_type;

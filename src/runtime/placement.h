@@ -24,14 +24,15 @@
 
 #include "base/status.h"
 #include "model/config.h"
+#include "model/expert_tier.h"
 #include "model/inventory.h"
 #include "runtime/routing_stats.h"
 
 namespace spw::runtime {
 
-enum class ExpertTier { Gpu, HostGpu, HostCpu };
-constexpr int kNumExpertTiers = 3;
-const char* expert_tier_name(ExpertTier tier);  // "gpu", "host_gpu", "host_cpu"
+using ::spw::ExpertTier;
+using ::spw::expert_tier_name;
+using ::spw::kNumExpertTiers;
 
 enum class HostTierPolicy { Gpu, Cpu, Auto };
 
