@@ -36,6 +36,7 @@ std::unique_ptr<engine::GpuModel> load_exact(const std::string& arch) {
   engine::GpuModelOptions opts;
   opts.budget.max_context = 1024;    // p301 and its decode steps
   opts.budget.max_step_tokens = 512;  // p301 in one call
+  opts.budget.max_seqs = 2;           // two chunks of one step
   auto m = engine::load_gpu_model(golden::fixture_dir(arch) + "/model", Numerics::exact(), opts);
   if (!m.ok()) ADD_FAILURE() << m.error().message;
   return m.ok() ? std::move(m.value()) : nullptr;
@@ -248,7 +249,8 @@ TEST(EngineGoldenExact, V41ImageSpansMatchOracle) {
   ASSERT_TRUE(text_file.ok());
   const auto text = golden::read_ids(**text_file, "prompt_ids");
   auto a = m->new_sequence(), b = m->new_sequence();
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  ASSERT_TRUE(b.ok()) << b.error().message;
   const engine::GpuModel::ChunkInput chunks[] = {{&*a, text, false, {}},
                                                  {&*b, c.prompt, true, c.slice(0, c.prompt.size(), d)}};
   auto r = m->forward_chunks(chunks);

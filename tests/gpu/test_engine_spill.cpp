@@ -9,7 +9,9 @@
 //    rotated activations to fp16 (reference_rounding, cuda/exl3_moe.h); the CPU keeps fp32. Four bf16 roundings
 //    of relative RMS 2^-9/√3 each give ≈ 0.2 % on an expert's output; 1e-2 leaves 5× for their growth through
 //    the SwiGLU. A lost or doubled CPU slot moves a layer's sum by tens of percent. Decode through CUDA graphs
-//    with CPU experts: relative L2 of the logits ≤ 5e-2 after 8 steps on two layers (the per-layer error compounded).
+//    with CPU experts, nothing fed: relative L2 of each step's logits ≤ 0.2. Why: on this random model the
+//    per-layer ~3e-3 grows to 2–7e-2 in the logits (measured on an H100: 2.2–2.5e-2 typical, 7.4e-2 the worst of 8
+//    steps), while losing a layer's CPU slots moves its routed sum by a third to a half of its norm.
 // Each placement: 0 %, a third (every third expert), all experts on the CPU, and a mix of all three tiers.
 #if defined(SPW_HAVE_CUDA)
 #include <gtest/gtest.h>
@@ -178,7 +180,7 @@ void cpu_experts_match(ExpertTier (*tier_of)(int, int), const char* what) {
   for (size_t s = 0; s < da.size(); ++s) {
     const double e = rel_l2(db[s], da[s]);
     if (s == 0 || s + 1 == da.size()) std::printf("  [%s] decode step %zu: logits relative L2 %.2e\n", what, s, e);
-    EXPECT_LE(e, 5e-2) << "decode step " << s;
+    EXPECT_LE(e, 0.2) << "decode step " << s;
   }
   const auto after = spill->expert_placement();
   std::printf("  [%s] CPU worker: %llu requests, %.3f s busy\n", what, (unsigned long long)after.cpu_requests,
