@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -172,7 +173,10 @@ static void moe_phase_table(const Exl3CudaMoeLayer& layer, Exl3CudaMoeWorkspace&
   CK(cudaFree(dstamps));
 }
 
-static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1) {
+// mapped: every expert's trellis in pinned host memory mapped into the device (the engine's HostGpu tier), read over
+// PCIe by the same kernels; read_bw is then the mapped read rate, and the per-GEMV, phase and grouped tables are
+// left out (they time the HBM case).
+static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1, bool mapped = false) {
   const int E = 384, topk = 6, K = 3;
   const int64_t d = 5120, f = 2304;
   const Exl3Codebook cb = Exl3Codebook::kMul1;
@@ -183,6 +187,11 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
   for (auto& v : host) v = rng() & 0xffff;
   std::vector<Exl3CudaExpert> table(E);
   std::vector<uint16_t> sv(std::max(d, f));
+  char* pinned = nullptr;  // mapped: one allocation holding every trellis
+  size_t pinned_at = 0;
+  if (mapped) {
+    CK(cudaHostAlloc(&pinned, size_t(E) * (tb[0] + tb[1] + tb[2]), cudaHostAllocMapped));
+  }
   for (int q = 0; q < 3; ++q) {
     uint16_t *suh, *svh;  // shared scale vectors (their values do not change the timing)
     const int64_t k = q == 2 ? f : d, n = q == 2 ? d : f;
@@ -194,8 +203,16 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
     CK(cudaMemcpy(svh, sv.data(), n * 2, cudaMemcpyHostToDevice));
     for (int e = 0; e < E; ++e) {
       uint16_t* tr;
-      CK(cudaMalloc(&tr, tb[q]));
-      CK(cudaMemcpy(tr, host.data(), tb[q], cudaMemcpyHostToDevice));
+      if (mapped) {
+        std::memcpy(pinned + pinned_at, host.data(), tb[q]);
+        void* dev = nullptr;
+        CK(cudaHostGetDevicePointer(&dev, pinned + pinned_at, 0));
+        tr = static_cast<uint16_t*>(dev);
+        pinned_at += tb[q];
+      } else {
+        CK(cudaMalloc(&tr, tb[q]));
+        CK(cudaMemcpy(tr, host.data(), tb[q], cudaMemcpyHostToDevice));
+      }
       table[e].trellis[q] = tr, table[e].suh[q] = suh, table[e].svh[q] = svh;
     }
   }
@@ -232,8 +249,9 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
   CK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(w, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(idx, ih.data(), ih.size() * 4, cudaMemcpyHostToDevice));
-  std::printf("\nFused MoE decode, one V4.1 layer (%d experts, d=%lld, f=%lld, K=%d %s, top-%d; random experts per call)\n",
-              E, (long long)d, (long long)f, K, exl3_codebook_name(cb), topk);
+  std::printf("\nFused MoE decode, one V4.1 layer (%d experts, d=%lld, f=%lld, K=%d %s, top-%d; random experts per call)%s\n",
+              E, (long long)d, (long long)f, K, exl3_codebook_name(cb), topk,
+              mapped ? ", every trellis in mapped pinned host memory (read over PCIe)" : "");
   std::printf("| tokens | distinct experts/call (mean) | fused µs | trellis GB/s | vs read-bw roofline | 18·T GEMV calls µs | grouped pairs µs |\n|---|---|---|---|---|---|---|\n");
   // The grouped decode form (the engine's default from 8 rows): rotations and one grouped launch per
   // projection with an item per (token, slot) pair; its SwiGLU and combine launches are not included.
@@ -274,7 +292,7 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
           }
         }
     };
-    const double gus = us_per_call(gemv, 3, std::max(10, iters / 4), e0, e1);
+    const double gus = mapped ? 0.0 : us_per_call(gemv, 3, std::max(10, iters / 4), e0, e1);
     auto pairs = [&](int i) {
       const int s = i % n_sets;
       const int32_t* ids = idx + s * max_t * topk;
@@ -288,12 +306,18 @@ static void bench_moe(int iters, double read_bw, cudaEvent_t e0, cudaEvent_t e1)
       if (!st.ok()) { std::fprintf(stderr, "%s\n", st.error().message.c_str()); std::exit(1); }
     };
     const double pus = us_per_call(pairs, 10, iters, e0, e1);
-    std::printf("| %d | %.1f | %.2f | %.0f | %.1f%% | %.2f | %.2f |\n", T, distinct, us, bytes / (us * 1e-6) / 1e9,
-                100.0 * (bytes / read_bw) / (us * 1e-6), gus, pus);
+    char gemv_col[32] = "not timed";
+    if (!mapped) std::snprintf(gemv_col, sizeof gemv_col, "%.2f", gus);
+    std::printf("| %d | %.1f | %.2f | %.0f | %.1f%% | %s | %.2f |\n", T, distinct, us, bytes / (us * 1e-6) / 1e9,
+                100.0 * (bytes / read_bw) / (us * 1e-6), gemv_col, pus);
   }
   for (void* p : {pxr, (void*)pg, (void*)pu, (void*)py, (void*)pcnt}) CK(cudaFree(p));
-  moe_phase_table(layer, ws, x, idx, w, y, topk, max_t, n_sets);
-  bench_grouped(layer, table, gws, e0, e1);
+  if (!mapped) {
+    moe_phase_table(layer, ws, x, idx, w, y, topk, max_t, n_sets);
+    bench_grouped(layer, table, gws, e0, e1);
+  } else {
+    CK(cudaFreeHost(pinned));
+  }
   exl3_cuda_moe_workspace_free(ws);
   exl3_cuda_workspace_free(gws);
 }
@@ -513,6 +537,19 @@ int main(int argc, char** argv) {
     exl3_cuda_workspace_free(ws);
   }
   bench_moe(iters, read_bw, e0, e1);
+  {
+    // The HostGpu tier: the same kernels reading pinned host memory, against the mapped read rate of this host.
+    const size_t pin_bytes = size_t(1) << 30;
+    void* pin = nullptr;
+    void* pin_dev = nullptr;
+    CK(cudaHostAlloc(&pin, pin_bytes, cudaHostAllocMapped));
+    std::memset(pin, 1, pin_bytes);
+    CK(cudaHostGetDevicePointer(&pin_dev, pin, 0));
+    const double mapped_bw = spw::bench::hbm_read_bandwidth(pin_dev, pin_bytes, prop.multiProcessorCount);
+    CK(cudaFreeHost(pin));
+    std::printf("\nmapped pinned host memory read by the same read kernel (1 GiB): %.1f GB/s\n", mapped_bw / 1e9);
+    bench_moe(std::max(10, iters / 10), mapped_bw, e0, e1, /*mapped=*/true);
+  }
   if (!moe_only) bench_prefill(e0, e1);
   if (with_cpu) {
     std::printf("\nCPU (%u threads):\n| tensor | isa | k×n | m | µs | trellis GB/s |\n|---|---|---|---|---|---|\n",

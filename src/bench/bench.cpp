@@ -11,11 +11,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <span>
 
 #include "bench/device_rates.h"
+#include "bench/host_rates.h"
 #include "bench/model_costs.h"
 #include "cuda/kernel_settings.h"
 #include "cuda/launch.h"
@@ -218,7 +220,9 @@ int run_engine_bench(const EngineBenchOptions& o) {
                         : std::max({max_prefill + 1, o.decode_context + o.decode_steps + 8,
                                     o.batch_prompt_max + o.batch_steps + 8});
   gopt.budget.max_step_tokens = o.chunk;
-  const engine::MemoryPlan plan = engine::plan_memory(c, gopt.budget);
+  gopt.expert_tiers = o.expert_tiers;
+  gopt.host_expert_threads = o.host_expert_threads;
+  const engine::MemoryPlan plan = engine::plan_memory(c, gopt.budget, true, o.expert_tiers);
   print_plan(c, plan, gopt.budget, report["plan"]);
 
   const DecodeBytes db = decode_bytes(*ckpt, c);
@@ -228,6 +232,17 @@ int run_engine_bench(const EngineBenchOptions& o) {
   int64_t kv_total = 0;
   for (int64_t b : kv) kv_total += b;
   const double token_bytes = double(db.weights_total() + kv_total);
+  // The routed experts' expected bytes per token by tier (uniform routing: top_k of the layer's experts, each tier
+  // its share of them); off_gpu_bytes[t] for t = HostGpu, HostCpu, the rest of token_bytes from HBM.
+  double off_gpu_bytes[kNumExpertTiers] = {};
+  for (size_t l = 0; l < o.expert_tiers.size() && l < db.layers.size(); ++l) {
+    int64_t n[kNumExpertTiers] = {};
+    for (ExpertTier t : o.expert_tiers[l]) ++n[int(t)];
+    for (int t = 1; t < kNumExpertTiers; ++t)
+      off_gpu_bytes[t] += double(db.layers[l].routed) * double(n[t]) / double(std::max<size_t>(1, o.expert_tiers[l].size()));
+  }
+  const bool spilled = off_gpu_bytes[1] + off_gpu_bytes[2] > 0;
+  const double hbm_token_bytes = token_bytes - off_gpu_bytes[1] - off_gpu_bytes[2];
 
   std::printf("\n## FLOPs per prefill token (mean over the prompt; head left out)\n\n");
   std::printf("| prompt | linears GFLOP | routed experts GFLOP | attention GFLOP | indexer GFLOP | total GFLOP |\n"
@@ -275,6 +290,24 @@ int run_engine_bench(const EngineBenchOptions& o) {
   std::printf("FP8 decode GEMV: %s\n", gemv_mma_enabled() ? "tensor cores (SPILLWAY_GEMV_MMA=1)"
                                                            : "scalar weight streaming (SPILLWAY_GEMV_MMA=1: tensor cores)");
   report["device"] = {{"name", prop.name}, {"copy_bandwidth", *bw}, {"bf16_gemm_flops", *tc}};
+  // The host tiers' media, measured only when some experts are off the GPU.
+  double pcie_bw = 0, cpu_bw = 0;
+  if (spilled) {
+    auto mapped = measure_mapped_read_bandwidth(size_t(1) << 30, 5);
+    if (!mapped.ok()) {
+      std::fprintf(stderr, "spillway bench: %s\n", mapped.error().message.c_str());
+      return 1;
+    }
+    pcie_bw = mapped->kernel;
+    cpu_bw = measure_host_read_bandwidth(size_t(4) << 30, o.host_expert_threads, 3);
+    std::printf("pinned host memory read by a kernel (mapped, 1 GiB, best of 5): %.1f GB/s; cudaMemcpy host-to-device "
+                "of the same: %.1f GB/s\n", mapped->kernel / 1e9, mapped->copy / 1e9);
+    std::printf("host DRAM read by the CPU (%d threads, 4 GiB, best of 3): %.1f GB/s\n",
+                o.host_expert_threads > 0 ? o.host_expert_threads : int(std::thread::hardware_concurrency()),
+                cpu_bw / 1e9);
+    report["host"] = {{"mapped_read_bandwidth", mapped->kernel}, {"h2d_copy_bandwidth", mapped->copy},
+                      {"cpu_read_bandwidth", cpu_bw}};
+  }
 
   MemoryWatch mem;
   const size_t used_before = mem.used_now();
@@ -301,6 +334,16 @@ int run_engine_bench(const EngineBenchOptions& o) {
   std::printf("loaded in %.1f s: weights on the device %.3f GiB (plan %.3f), device memory in use %.3f GiB "
               "(+%.3f for the model)\n", seconds_since(t_load), m.weight_nbytes() / kGiB,
               plan.weights.total() / kGiB, used_loaded / kGiB, (used_loaded - used_before) / kGiB);
+  if (spilled) {
+    const auto p = m.expert_placement();
+    std::printf("routed experts: %lld on the GPU (%.3f GiB), %lld in pinned host memory (%.3f GiB, %.3f pinned), %lld on "
+                "the CPU (%.3f GiB host memory; mailbox %.1f MiB pinned)\n",
+                (long long)p.n_experts[0], p.nbytes[0] / kGiB, (long long)p.n_experts[1], p.nbytes[1] / kGiB,
+                p.host_mapped_pinned_nbytes / kGiB, (long long)p.n_experts[2], p.nbytes[2] / kGiB,
+                p.mailbox_nbytes / kMiB);
+    report["placement"] = {{"n_experts", {p.n_experts[0], p.n_experts[1], p.n_experts[2]}},
+                           {"nbytes", {p.nbytes[0], p.nbytes[1], p.nbytes[2]}}};
+  }
   report["load"] = {{"seconds", seconds_since(t_load)}, {"weight_nbytes", m.weight_nbytes()},
                     {"used_before", used_before}, {"used_after_load", used_loaded}};
   Rng rng{std::mt19937_64(o.seed), c.vocab_size};
@@ -361,8 +404,27 @@ int run_engine_bench(const EngineBenchOptions& o) {
     const double roofline_ms = token_bytes / *bw * 1e3;
     std::printf("ms/token: mean %.3f, median %.3f, min %.3f, max %.3f (%.1f tokens/s)\n", ms_per_token,
                 sorted[sorted.size() / 2], sorted.front(), sorted.back(), 1e3 / ms_per_token);
-    std::printf("roofline: %.2f MiB / %.0f GB/s = %.3f ms  ->  %.1f%% of roofline (target 75%%, goal 87%%)\n",
-                token_bytes / kMiB, *bw / 1e9, roofline_ms, 100.0 * roofline_ms / ms_per_token);
+    std::printf("roofline: %.2f MiB / %.0f GB/s = %.3f ms  ->  %.1f%% of roofline (target 75%%, goal 87%%)%s\n",
+                token_bytes / kMiB, *bw / 1e9, roofline_ms, 100.0 * roofline_ms / ms_per_token,
+                spilled ? " [as if every expert were in HBM]" : "");
+    if (spilled) {
+      // The placement's own bound: the GPU reads HBM and the mapped experts one after the other; the CPU's experts
+      // overlap with both (the stream waits for them once per layer), so the bound is the larger of the two.
+      const double hbm_ms = hbm_token_bytes / *bw * 1e3, pcie_ms = off_gpu_bytes[1] / pcie_bw * 1e3,
+                   cpu_ms = off_gpu_bytes[2] / cpu_bw * 1e3;
+      const double overlapped = std::max(hbm_ms + pcie_ms, cpu_ms), serial = hbm_ms + pcie_ms + cpu_ms;
+      std::printf("placement roofline: HBM %.2f MiB / %.0f GB/s = %.3f ms, pinned host %.2f MiB / %.1f GB/s = %.3f ms, "
+                  "CPU %.2f MiB / %.1f GB/s = %.3f ms; overlapped %.3f ms  ->  %.1f%% (serial %.3f ms: %.1f%%)\n",
+                  hbm_token_bytes / kMiB, *bw / 1e9, hbm_ms, off_gpu_bytes[1] / kMiB, pcie_bw / 1e9, pcie_ms,
+                  off_gpu_bytes[2] / kMiB, cpu_bw / 1e9, cpu_ms, overlapped, 100.0 * overlapped / ms_per_token, serial,
+                  100.0 * serial / ms_per_token);
+      const auto p = m.expert_placement();
+      std::printf("CPU expert worker so far: %llu requests, %.3f s busy\n", (unsigned long long)p.cpu_requests,
+                  p.cpu_busy_seconds);
+      report["decode_b1_placement"] = {{"hbm_bytes", hbm_token_bytes}, {"host_gpu_bytes", off_gpu_bytes[1]},
+                                       {"host_cpu_bytes", off_gpu_bytes[2]}, {"overlapped_ms", overlapped},
+                                       {"serial_ms", serial}, {"overlapped_pct", 100.0 * overlapped / ms_per_token}};
+    }
     const int64_t n_steps = 4 + o.decode_steps, segs = g1.segments - g0.segments;
     std::printf("CUDA graphs: %lld segments in %lld steps (%lld updated in place, %lld instantiated), host %.1f µs per "
                 "step recording + updating + launching\n", (long long)segs, (long long)n_steps,

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "base/settings.h"
+#include "model/expert_tier.h"
 
 namespace spw::bench {
 
@@ -40,6 +41,8 @@ struct EngineBenchOptions {
   bool plan_only = false;           // print the plan and the per-token costs; no GPU needed
   std::string json_path;
   GpuSettings gpu;                  // kernel switches and MoE paths (the CLI passes settings().gpu)
+  ExpertTiers expert_tiers;         // where the routed experts live (empty: all on the GPU; cli/expert_placement.h)
+  int host_expert_threads = 0;      // the CPU expert worker's threads (0: all)
 };
 
 // Runs the benchmark, printing to stdout; returns the process exit code.

@@ -47,8 +47,8 @@ __global__ void fill_bf16_kernel(__nv_bfloat16* x, size_t n, uint32_t seed) {
 // Best time in seconds of `iters` runs of `op` (after one warm-up), by CUDA events.
 template <class Op>
 Result<double> best_seconds(DeviceScratch& s, int iters, Op op) {
-  BENCH_CUDA(cudaEventCreate(&s.ev[0]));
-  BENCH_CUDA(cudaEventCreate(&s.ev[1]));
+  if (!s.ev[0]) BENCH_CUDA(cudaEventCreate(&s.ev[0]));
+  if (!s.ev[1]) BENCH_CUDA(cudaEventCreate(&s.ev[1]));
   SPW_TRY(op());
   BENCH_CUDA(cudaDeviceSynchronize());
   double best = 1e30;
@@ -77,6 +77,56 @@ Result<double> measure_copy_bandwidth(size_t nbytes, int iters) {
   });
   if (!t.ok()) return t.error();
   return 2.0 * double(nbytes) / *t;
+}
+
+namespace {
+
+// Every thread reads 16-byte words of x (strided over the grid) and keeps their xor, written once so that the reads
+// cannot be left out.
+__global__ void read_kernel(const uint4* x, size_t n, uint4* out) {
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = x[i];
+    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
+  }
+  if (acc.x == 0x12345678u && acc.y == 0x9abcdef0u) out[0] = acc;
+}
+
+struct PinnedScratch {
+  void* host = nullptr;
+  ~PinnedScratch() {
+    if (host) cudaFreeHost(host);
+  }
+};
+
+}  // namespace
+
+Result<MappedReadRates> measure_mapped_read_bandwidth(size_t nbytes, int iters) {
+  DeviceScratch s;
+  PinnedScratch h;
+  BENCH_CUDA(cudaHostAlloc(&h.host, nbytes, cudaHostAllocMapped));
+  std::fill_n(static_cast<unsigned char*>(h.host), nbytes, 1);
+  void* mapped = nullptr;
+  BENCH_CUDA(cudaHostGetDevicePointer(&mapped, h.host, 0));
+  BENCH_CUDA(cudaMalloc(&s.p[0], nbytes));
+  BENCH_CUDA(cudaMalloc(&s.p[1], 64));
+  int sms = 0;
+  BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  MappedReadRates r;
+  auto kernel = best_seconds(s, iters, [&]() -> Status {
+    read_kernel<<<4 * sms, 512>>>(static_cast<const uint4*>(mapped), nbytes / 16, static_cast<uint4*>(s.p[1]));
+    BENCH_CUDA(cudaGetLastError());
+    return {};
+  });
+  if (!kernel.ok()) return kernel.error();
+  r.kernel = double(nbytes) / *kernel;
+  auto copy = best_seconds(s, iters, [&]() -> Status {
+    BENCH_CUDA(cudaMemcpyAsync(s.p[0], h.host, nbytes, cudaMemcpyHostToDevice));
+    return {};
+  });
+  if (!copy.ok()) return copy.error();
+  r.copy = double(nbytes) / *copy;
+  return r;
 }
 
 Result<double> measure_bf16_gemm_rate(int dim, int iters) {

@@ -6,6 +6,8 @@
 
 #include "base/settings.h"
 #include "cli/commands.h"
+#include "cli/expert_placement.h"
+#include "model/config.h"
 #if defined(SPW_HAVE_BENCH)
 #include "bench/bench.h"
 #endif
@@ -21,6 +23,7 @@ struct BenchFlags {
   int64_t decode_context = 1024, batch_prompt_max = 1024, max_context = 0;
   uint64_t seed = 1;
   bool plan_only = false;
+  PlacementFlags placement;
 };
 
 int run_bench(const BenchFlags& f) {
@@ -43,6 +46,18 @@ int run_bench(const BenchFlags& f) {
   o.seed = f.seed;
   o.plan_only = f.plan_only;
   o.gpu = settings().gpu;
+  auto config = read_model_config(f.model_dir);
+  if (!config.ok()) {
+    std::fprintf(stderr, "spillway bench: %s\n", config.error().message.c_str());
+    return 1;
+  }
+  auto tiers = resolve_expert_tiers(f.model_dir, *config, f.placement);
+  if (!tiers.ok()) {
+    std::fprintf(stderr, "spillway bench: %s\n", tiers.error().message.c_str());
+    return 1;
+  }
+  o.expert_tiers = std::move(tiers.value());
+  o.host_expert_threads = f.placement.cpu_expert_threads;
   return bench::run_engine_bench(o);
 #else
   std::fprintf(stderr, "spillway bench: this build has no GPU engine (CUDA was not found at configure time); "
@@ -82,6 +97,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->check(CLI::Range(1024, 1 << 16))
       ->capture_default_str();
   cmd->add_option("--seed", f->seed, "random token ids")->capture_default_str();
+  add_placement_flags(cmd, f->placement);
   cmd->add_flag("--plan-only", f->plan_only, "print the memory plan and per-token costs; no GPU needed");
   return [f] { return run_bench(*f); };
 }

@@ -8,11 +8,10 @@
 
 #include "base/log.h"
 #include "cli/commands.h"
+#include "cli/expert_placement.h"
 #include "model/config.h"
-#include "model/inventory.h"
 #include "runtime/placement.h"
 #include "runtime/placement_file.h"
-#include "runtime/routing_stats.h"
 
 namespace spw::cli {
 namespace {
@@ -79,36 +78,12 @@ int run_plan(PlanOptions& o) {
   }
   SPW_LOG_INFO("reading the checkpoint headers of {}", o.model_dir);
   const auto started = std::chrono::steady_clock::now();
-  OpenOptions open;
-  open.allow_missing_data = true;
-  auto ckpt = Checkpoint::open(o.model_dir, open);
-  if (!ckpt.ok()) {
-    SPW_LOG_ERROR("{}", ckpt.error().message);
-    return 1;
-  }
-  const Inventory inventory = take_inventory(*ckpt, *config);
-  SPW_LOG_INFO("read {} tensors in {:.1f} s", inventory.total.n_tensors,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-  auto model = runtime::placement_model_from_inventory(*config, inventory);
-  if (!model.ok()) {
-    SPW_LOG_ERROR("{}: {}", o.model_dir, model.error().message);
-    return 1;
-  }
-
-  std::unique_ptr<runtime::RoutingStats> stats;
-  if (!o.routing_stats.empty()) {
-    auto read = runtime::read_routing_stats(o.routing_stats);
-    if (!read.ok()) {
-      SPW_LOG_ERROR("--routing-stats: {}", read.error().message);
-      return 1;
-    }
-    stats = std::make_unique<runtime::RoutingStats>(std::move(*read));
-  }
-  auto plan = runtime::plan_placement(*model, o.request, stats.get(), o.routing_stats);
+  auto plan = plan_from_checkpoint(o.model_dir, *config, o.request, o.routing_stats);
   if (!plan.ok()) {
     SPW_LOG_ERROR("{}", plan.error().message);
     return 1;
   }
+  SPW_LOG_INFO("planned in {:.1f} s", std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   print_summary(*plan, o);
 
   std::ofstream out(o.out, std::ios::binary | std::ios::trunc);

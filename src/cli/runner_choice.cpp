@@ -49,7 +49,9 @@ Result<LoadedRunner> load_cuda(const RunnerOptions& o) {
   budget.max_step_rows = o.step_rows;
   budget.pool_tokens = o.kv_tokens;
   budget.max_rollback_tokens = o.max_rollback_tokens;
-  const engine::MemoryPlan plan = engine::plan_memory(*config, budget, o.numerics.fake_quant);
+  auto tiers = resolve_expert_tiers(o.model_dir, *config, o.placement);
+  if (!tiers.ok()) return tiers.error();
+  const engine::MemoryPlan plan = engine::plan_memory(*config, budget, o.numerics.fake_quant, *tiers);
   auto mem = engine::device_memory();
   if (!mem.ok()) return mem.error();
   SPW_LOG_INFO("GPU memory plan ({} sequence slots, {} of them for the prefix cache, of up to {} positions, {} "
@@ -63,6 +65,11 @@ Result<LoadedRunner> load_cuda(const RunnerOptions& o) {
                plan.workspace_nbytes / kGiB,
                plan.device_total() / kGiB, mem->free / kGiB, mem->total / kGiB, plan.engram_tables_host_nbytes / kGiB,
                plan.staging_host_nbytes / kGiB);
+  if (plan.host_gpu_experts_nbytes + plan.host_cpu_experts_nbytes > 0)
+    SPW_LOG_INFO("routed experts off the GPU: {:.2f} GiB in pinned host memory (read by the GPU over PCIe), {:.2f} GiB "
+                 "in host memory for the CPU worker, {:.2f} GiB pinned for its mailbox",
+                 plan.host_gpu_experts_nbytes / kGiB, plan.host_cpu_experts_nbytes / kGiB,
+                 plan.host_mailbox_nbytes / kGiB);
   if (plan.device_total() > mem->free) {
     if (plan.weights.total() > mem->free)
       return make_error("the model's weights alone need ", plan.weights.total() / kGiB, " GiB of device memory and ",
@@ -82,6 +89,8 @@ Result<LoadedRunner> load_cuda(const RunnerOptions& o) {
   settings.numerics = o.numerics;
   settings.gpu = spw::settings().gpu;
   settings.batch_invariant = o.batch_invariant;
+  settings.expert_tiers = std::move(tiers.value());
+  settings.host_expert_threads = o.placement.cpu_expert_threads;
   settings.on_progress = layer_progress("loading weights (GPU)");
   auto runner = engine::load_gpu_runner(o.model_dir, settings);
   if (!runner.ok()) return runner.error();
@@ -122,6 +131,9 @@ Result<LoadedRunner> load_runner(const RunnerOptions& o) {
                       "available, or use --device cpu");
 #endif
   if (device != "cpu") return make_error("--device ", device, ": expected auto, cpu or cuda");
+  if (!o.placement.placement_file.empty() || o.placement.request.gpu_memory_gib > 0)
+    return make_error("--placement and --gpu-memory place experts for the GPU runner; the CPU runner holds every expert "
+                      "in host memory already (drop the flag, or use --device cuda)");
   return load_cpu(o);
 }
 

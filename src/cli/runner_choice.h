@@ -10,6 +10,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "cli/expert_placement.h"
 #include "model/model.h"
 #include "model/model_runner.h"
 
@@ -29,6 +30,7 @@ struct RunnerOptions {
   bool batch_invariant = true;  // GPU: rows computed independently of the batch (engine/gpu_runner.h)
   int prefix_cache_slots = 8;   // GPU: sequence slots for the prefix cache's device copies
   int max_rollback_tokens = 0;  // GPU: tokens of a step the runner can take back (speculative decoding); 0: none
+  PlacementFlags placement;     // GPU: where the routed experts live (cli/expert_placement.h)
 };
 
 struct LoadedRunner {

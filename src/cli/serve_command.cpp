@@ -39,6 +39,7 @@ struct ServeOptions {
   int threads = 0;
   std::string speculative = "off";
   bool no_stale_index_k = false;
+  PlacementFlags placement;
 };
 
 // The image encoder --vision-device asks for: cuda (the GPU tower), cpu (the reference), or auto (cuda
@@ -120,6 +121,7 @@ int serve(ServeOptions o) {
   runner_options.step_rows = o.s.scheduler.step_token_budget;
   runner_options.batch_invariant = o.batch_invariant;
   runner_options.prefix_cache_slots = o.prefix_cache_mb > 0 ? o.prefix_cache_slots : 0;
+  runner_options.placement = o.placement;
   if (o.s.scheduler.speculative.mode != runtime::SpeculativeMode::off)  // a verified step: the last token and the drafts
     runner_options.max_rollback_tokens = o.s.scheduler.speculative.draft_tokens + 1;
   auto loaded = load_runner(runner_options);
@@ -370,6 +372,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "ngram drafter: longer matches (up to this many tokens) are preferred")
       ->envname("SPILLWAY_NGRAM_MAX")
       ->capture_default_str();
+  add_placement_flags(cmd, o->placement);
   cmd->add_option("--threads", o->threads, "CPU threads of the CPU reference runner (0 = all cores)")
       ->envname("SPILLWAY_THREADS");
   return [o] { return serve(*o); };

@@ -244,6 +244,8 @@ Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir,
   if (settings.batch_invariant && options.moe_paths.exl3_decode == Exl3DecodeKernel::kFused)
     options.moe_paths.exl3_device_rows = std::max(options.moe_paths.exl3_device_rows, options.budget.max_seqs);
   options.share_kv_pages = settings.gpu.kv_share_pages;
+  options.expert_tiers = settings.expert_tiers;
+  options.host_expert_threads = settings.host_expert_threads;
   options.on_progress = settings.on_progress;
   auto model = load_gpu_model(model_dir, settings.numerics, options);
   if (!model.ok()) return model.error();

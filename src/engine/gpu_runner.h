@@ -56,6 +56,8 @@ struct GpuRunnerSettings {
   GpuSettings gpu;                               // kernel switches and expert paths (base/settings.h)
   bool batch_invariant = true;                   // see above
   int prefix_cache_slots = 8;                    // sequence slots (and their pool pages) for cached copies
+  ExpertTiers expert_tiers;                      // where the routed experts live (GpuModelOptions::expert_tiers)
+  int host_expert_threads = 0;                   // the CPU worker's threads (GpuModelOptions::host_expert_threads)
   std::function<void(int done, int total)> on_progress;  // layers read from the checkpoint
 };
 

@@ -1,0 +1,40 @@
+// Where `serve` and `bench` put the routed experts (docs/placement.md): a placement file from `spillway plan`
+// (--placement), a plan made at start-up from a GPU memory budget (--gpu-memory, with --routing-stats when
+// recorded), or every expert on the GPU (neither flag). The chosen placement is logged per tier.
+#pragma once
+
+#include <string>
+
+#include "base/status.h"
+#include "model/config.h"
+#include "model/expert_tier.h"
+#include "runtime/placement.h"
+
+namespace CLI {
+class App;
+}
+
+namespace spw::cli {
+
+struct PlacementFlags {
+  std::string placement_file;           // --placement
+  std::string routing_stats;            // --routing-stats (with --gpu-memory)
+  std::string host_tier = "auto";       // --host-tier (with --gpu-memory)
+  runtime::PlacementRequest request;    // --gpu-memory and the reservations
+  int cpu_expert_threads = 0;           // --cpu-expert-threads
+};
+
+// Adds --placement, --gpu-memory, --routing-stats, --host-tier and --cpu-expert-threads to a command.
+void add_placement_flags(CLI::App* cmd, PlacementFlags& flags);
+
+// A plan from the checkpoint's headers (`spillway plan` and --gpu-memory); stats_file may be empty (uniform).
+Result<runtime::Placement> plan_from_checkpoint(const std::string& model_dir, const ModelConfig& config,
+                                                const runtime::PlacementRequest& request,
+                                                const std::string& stats_file);
+
+// The tiers the flags ask for (empty: all on the GPU). Errors name the flag: an unreadable or malformed file, a
+// file made for another model (type, layers or experts differ), a budget the dense weights do not fit.
+Result<ExpertTiers> resolve_expert_tiers(const std::string& model_dir, const ModelConfig& config,
+                                         const PlacementFlags& flags);
+
+}  // namespace spw::cli

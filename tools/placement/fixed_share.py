@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Write a placement file (docs/placement.md "Placement file") that puts fixed shares of every layer's routed
+experts on each tier, for benchmarks and tests that want "a third on the host" rather than what a memory budget
+gives (`spillway plan --gpu-memory` makes budget-driven ones).
+
+Experts are dealt in a repeating pattern over the expert index, so each tier gets an even spread of indices (the
+synthetic models route uniformly, so which indices does not matter there; for a real model use `spillway plan
+--routing-stats`).
+
+Usage: fixed_share.py MODEL_DIR --host-gpu 0.33 --host-cpu 0 -o placement.json
+Needs the standard library only.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("--host-gpu", type=float, default=0.0, help="share of each layer's experts in pinned host memory")
+    ap.add_argument("--host-cpu", type=float, default=0.0, help="share of each layer's experts on the CPU")
+    ap.add_argument("-o", "--out", required=True)
+    a = ap.parse_args()
+    if a.host_gpu < 0 or a.host_cpu < 0 or a.host_gpu + a.host_cpu > 1:
+        print("fixed_share.py: --host-gpu and --host-cpu must be shares in [0, 1] that sum to at most 1", file=sys.stderr)
+        return 2
+    with open(os.path.join(a.model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    text = cfg.get("text_config", cfg)  # V4.1 nests the language model's settings
+    n_layers = text["num_hidden_layers"]
+    n_experts = text["n_routed_experts"]
+    n_host_gpu = round(a.host_gpu * n_experts)
+    n_host_cpu = round(a.host_cpu * n_experts)
+    layers = []
+    for layer in range(n_layers):
+        # Expert e's rank in a stride that spreads each tier over the index range.
+        order = sorted(range(n_experts), key=lambda e: ((e * 7919 + layer * 104729) % n_experts, e))
+        tiers = {"gpu": [], "host_gpu": [], "host_cpu": []}
+        for rank, e in enumerate(order):
+            tier = "host_cpu" if rank < n_host_cpu else "host_gpu" if rank < n_host_cpu + n_host_gpu else "gpu"
+            tiers[tier].append(e)
+        layers.append({k: sorted(v) for k, v in tiers.items()})
+    doc = {"format": "spillway-placement", "version": 1, "model_type": cfg.get("model_type", ""),
+           "n_layers": n_layers, "n_experts": n_experts,
+           "note": f"fixed shares: host_gpu {a.host_gpu}, host_cpu {a.host_cpu} (tools/placement/fixed_share.py)",
+           "layers": layers}
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"{a.out}: {n_layers} layers x {n_experts} experts: {n_experts - n_host_gpu - n_host_cpu} gpu, "
+          f"{n_host_gpu} host_gpu, {n_host_cpu} host_cpu per layer")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
