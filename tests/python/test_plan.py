@@ -168,3 +168,64 @@ def test_every_plan_flag_is_documented():
     documented = (ROOT / "docs/settings.md").read_text(encoding="utf-8")
     missing = sorted(f for f in flags if f"`plan {f}" not in documented)
     assert not missing, "not in docs/settings.md: " + ", ".join(missing)
+
+
+def run_cli(*args, timeout=120):
+    return subprocess.run([SPILLWAY, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def test_bench_and_serve_take_a_placement_file_or_a_budget(tmp_path):
+    fixed = tmp_path / "fixed.json"
+    subprocess.run([sys.executable, str(ROOT / "tools/placement/fixed_share.py"), str(DEMO), "--host-gpu", "0.25",
+                    "--host-cpu", "0.5", "-o", str(fixed)], check=True, capture_output=True, timeout=60)
+    doc = json.loads(fixed.read_text())
+    rows = tier_of(doc)
+    n_experts = doc["n_experts"]
+    for row in rows:  # the shares hold in every layer
+        assert row.count("host_gpu") == round(0.25 * n_experts) and row.count("host_cpu") == round(0.5 * n_experts)
+    n_all = doc["n_layers"] * n_experts
+    # bench resolves the placement before it needs a GPU: --plan-only shows what it read.
+    r = run_cli("bench", "--plan-only", "--model", DEMO, "--placement", fixed)
+    assert r.returncode == 0, r.stderr
+    n_gpu = n_all - len(rows) * (round(0.25 * n_experts) + round(0.5 * n_experts))
+    assert (f"{n_gpu} on the GPU, {len(rows) * round(0.25 * n_experts)} in pinned host memory read by the GPU, "
+            f"{len(rows) * round(0.5 * n_experts)} on the CPU, of {n_all}") in r.stderr, r.stderr
+    # A budget plans at start-up with the planner `spillway plan` uses.
+    _, planned = plan(tmp_path, DEMO, "--gpu-memory", 10.03)  # past the 8 + 2 GiB reservations: part of the experts
+    r = run_cli("bench", "--plan-only", "--model", DEMO, "--gpu-memory", 10.03)
+    assert r.returncode == 0, r.stderr
+    counts = [sum(t == tier for row in tier_of(planned) for t in row) for tier in TIERS]
+    assert counts[0] > 0 and counts[1] + counts[2] > 0, counts  # the budget splits the experts
+    assert (f"{counts[0]} on the GPU, {counts[1]} in pinned host memory read by the GPU, {counts[2]} on the CPU"
+            in r.stderr), r.stderr
+    assert "routing assumed uniform" in r.stderr
+
+
+def test_placement_flags_that_cannot_work_say_why(v41, tmp_path):
+    _, other = plan(tmp_path, v41, "--gpu-memory", 141)  # 40 layers of 384 experts: not the demo model
+    wrong = tmp_path / "v41_placement.json"
+    wrong.write_text(json.dumps(other))
+    r = run_cli("bench", "--plan-only", "--model", DEMO, "--placement", wrong)
+    assert r.returncode != 0
+    assert "was planned for" in r.stderr and "run `spillway plan --model" in r.stderr, r.stderr
+    r = run_cli("bench", "--plan-only", "--model", DEMO, "--placement", wrong, "--gpu-memory", 2)
+    assert r.returncode != 0 and "--placement and --gpu-memory both given" in r.stderr, r.stderr
+    r = run_cli("bench", "--plan-only", "--model", DEMO, "--placement", tmp_path / "missing.json")
+    assert r.returncode != 0 and "cannot read the file" in r.stderr, r.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"format": "spillway-placement", "version": 1, "model_type": "x"')
+    r = run_cli("bench", "--plan-only", "--model", DEMO, "--placement", broken)
+    assert r.returncode != 0 and "--placement" in r.stderr, r.stderr
+    # The CPU runner holds every expert in host memory: the flags are refused, not ignored.
+    r = run_cli("serve", "--model", DEMO, "--device", "cpu", "--port", 0, "--placement", wrong, timeout=60)
+    assert r.returncode != 0 and "for the GPU runner" in r.stderr, r.stderr
+
+
+def test_every_placement_flag_is_documented():
+    documented = (ROOT / "docs/settings.md").read_text(encoding="utf-8")
+    for command in ("serve", "bench"):
+        r = run_cli(command, "--help", timeout=60)
+        assert r.returncode == 0, r.stderr
+        for flag in ("--placement", "--gpu-memory", "--routing-stats", "--host-tier", "--cpu-expert-threads"):
+            assert flag in r.stdout, f"{command} --help lacks {flag}"
+            assert f"`{flag}`" in documented, f"{flag} not in docs/settings.md"
