@@ -14,6 +14,7 @@
 #include "cli/default_model.h"
 #include "cli/runner_choice.h"
 #include "model/model.h"
+#include "runtime/routing_stats.h"
 #include "server/http_server.h"
 #include "server/openai_api.h"
 #include "server/settings.h"
@@ -40,7 +41,38 @@ struct ServeOptions {
   std::string speculative = "off";
   bool no_stale_index_k = false;
   PlacementFlags placement;
+  std::string record_routing;  // --record-routing FILE
 };
+
+// --record-routing: the file must be writable before serving starts (a typo would otherwise lose a whole run).
+Status check_writable(const std::string& path) {
+  const bool existed = std::filesystem::exists(path);
+  {
+    std::ofstream probe(path, std::ios::app);
+    if (!probe) return make_error("--record-routing ", path, ": cannot write the file");
+  }
+  if (!existed) std::filesystem::remove(path);
+  return {};
+}
+
+// Writes what the runner recorded (runtime/routing_stats.h's format), for `spillway plan --routing-stats`.
+void write_routing_stats(ModelRunner& runner, const std::string& path) {
+  auto counts = runner.routing_counts();
+  if (!counts.ok()) {
+    SPW_LOG_ERROR("--record-routing: {}", counts.error().message);
+    return;
+  }
+  if (counts->n_tokens == 0) {
+    SPW_LOG_WARN("--record-routing: no token was routed while serving; {} not written", path);
+    return;
+  }
+  runtime::RoutingStats stats{runner.config().model_type, counts->n_tokens, std::move(counts->counts)};
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << runtime::routing_stats_to_json(stats);
+  out.close();
+  if (!out) SPW_LOG_ERROR("--record-routing {}: cannot write the file", path);
+  else SPW_LOG_INFO("routing statistics of {} tokens written to {} (spillway plan --routing-stats)", stats.n_tokens, path);
+}
 
 // The image encoder --vision-device asks for: cuda (the GPU tower), cpu (the reference), or auto (cuda
 // beside the GPU runner, falling back to the CPU when the tower does not fit, with a warning).
@@ -151,6 +183,15 @@ int serve(ServeOptions o) {
                    "decode steps reproduce the reference's stale-key quirk, so outputs can differ from --speculative off "
                    "where the quirk matters (docs/speculative.md)");
   }
+  if (!o.record_routing.empty()) {
+    Status st = check_writable(o.record_routing);
+    if (st.ok()) st = runner.set_routing_record(true);
+    if (!st.ok()) {
+      SPW_LOG_ERROR("{}", st.error().message);
+      return 2;
+    }
+    SPW_LOG_INFO("recording routing statistics; written to {} when the server shuts down", o.record_routing);
+  }
   const ModelConfig& cfg = runner.config();
   auto vision = vision::read_vision_config(o.s.model_dir);
   if (!vision.ok()) {
@@ -208,6 +249,7 @@ int serve(ServeOptions o) {
   }
   signal_thread.join();
   scheduler.stop();
+  if (!o.record_routing.empty()) write_routing_stats(runner, o.record_routing);
   SPW_LOG_INFO("shut down");
   return served.ok() ? 0 : 1;
 }
@@ -373,6 +415,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->envname("SPILLWAY_NGRAM_MAX")
       ->capture_default_str();
   add_placement_flags(cmd, o->placement);
+  cmd->add_option("--record-routing", o->record_routing,
+                  "record how often each layer routes to each expert; written to this file at shutdown, for "
+                  "`spillway plan --routing-stats` (docs/placement.md)");
   cmd->add_option("--threads", o->threads, "CPU threads of the CPU reference runner (0 = all cores)")
       ->envname("SPILLWAY_THREADS");
   return [o] { return serve(*o); };

@@ -2,6 +2,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include "cuda/launch.h"
 
@@ -119,6 +120,25 @@ Status scale_cuda(float* x, int64_t n, float s, cudaStream_t stream) {
   if (n == 0) return {};
   cuda::launch(scale_kernel, blocks_for(n), kThreads, 0, stream, x, n, s);
   return launched("scale_cuda");
+}
+
+namespace {
+
+__global__ void count_routes_kernel(const int32_t* experts, int64_t n, int n_experts, unsigned long long* counts) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t e = experts[i];
+    if (e >= 0 && e < n_experts) atomicAdd(counts + e, 1ull);
+  }
+}
+
+}  // namespace
+
+Status count_routes_cuda(const int32_t* experts, int64_t n, int n_experts, unsigned long long* counts,
+                         cudaStream_t stream) {
+  if (n <= 0) return {};
+  const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 1024));
+  count_routes_kernel<<<blocks, 256, 0, stream>>>(experts, n, n_experts, counts);
+  return launched("count_routes_cuda");
 }
 
 }  // namespace spw::engine

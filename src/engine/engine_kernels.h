@@ -13,6 +13,8 @@
 //                          one thread per row runs the reference's butterflies in its order, then
 //                          multiplies by 1/sqrt(n) computed on the host as the reference does.
 //   iota_select_cuda:      sel[i, g] = g < visible[i] ? g : −1, g < stride.
+//   count_routes_cuda:     counts[e] += #{i < n : experts[i] = e} for 0 ≤ e < n_experts (atomics: counts are
+//                          integers, so the order does not matter); serve --record-routing.
 // Tested through the forward (tests/gpu/test_engine_golden.cpp).
 #pragma once
 
@@ -32,5 +34,7 @@ Status add_cuda(const float* a, const float* b, int64_t n, float* out, cudaStrea
 Status scale_cuda(float* x, int64_t n, float s, cudaStream_t stream);
 Status hadamard_rows_cuda(float* x, int64_t n_rows, int n, cudaStream_t stream);
 Status iota_select_cuda(const int64_t* visible, int64_t n_rows, int64_t stride, int32_t* sel, cudaStream_t stream);
+Status count_routes_cuda(const int32_t* experts, int64_t n, int n_experts, unsigned long long* counts,
+                         cudaStream_t stream);
 
 }  // namespace spw::engine

@@ -27,6 +27,33 @@ GpuModel::~GpuModel() {
 
 size_t GpuModel::weight_nbytes() const { return state_->w->nbytes; }
 
+Status GpuModel::set_routing_record(bool on) {
+  GpuState& st = *state_;
+  if (!on) {
+    st.routing_counts.reset();
+    return {};
+  }
+  if (st.routing_counts.get()) return {};
+  st.routing_tokens = 0;
+  SPW_TRY(st.routing_counts.alloc(size_t(config_.n_layers) * config_.n_experts));
+  SPW_CUDA_TRY(cudaMemset(st.routing_counts.get(), 0, st.routing_counts.nbytes()));
+  return {};  // decode steps are captured afresh each step (step_graphs.h), so their graphs gain the counting launch
+}
+
+Result<RoutingCounts> GpuModel::routing_counts() const {
+  const GpuState& st = *state_;
+  if (!st.routing_counts.get()) return make_error("routing is not being recorded (set_routing_record)");
+  SPW_CUDA_TRY(cudaStreamSynchronize(st.stream));
+  std::vector<unsigned long long> flat;
+  SPW_TRY(download(st.routing_counts.get(), st.routing_counts.size(), flat));
+  RoutingCounts rc;
+  rc.reset(config_.n_layers, config_.n_experts);
+  rc.n_tokens = st.routing_tokens;
+  for (int l = 0; l < config_.n_layers; ++l)
+    for (int e = 0; e < config_.n_experts; ++e) rc.counts[l][e] = int64_t(flat[size_t(l) * config_.n_experts + e]);
+  return rc;
+}
+
 GpuModel::ExpertPlacement GpuModel::expert_placement() const {
   const DeviceWeights& w = *state_->w;
   ExpertPlacement p;

@@ -145,6 +145,10 @@ class GpuModel {
     double cpu_busy_seconds = 0;
   };
   ExpertPlacement expert_placement() const;
+  // Routing statistics (ModelRunner::set_routing_record): a device histogram per layer, added to by every step's
+  // router (graph-capturable; no host round trip). routing_counts() synchronizes the model's stream.
+  Status set_routing_record(bool on);
+  Result<RoutingCounts> routing_counts() const;
   // The most step-arena bytes any step has used so far, and the arena's size (plan().step_arena_nbytes).
   size_t step_arena_high_water() const;
   size_t step_arena_capacity() const;

@@ -282,6 +282,10 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
     SPW_TRY(cuda::router_topk(logits.get(), lw.gate_bias, n, E, K, route_eps, c.route_scale, experts.get(),
                               weights.get(), s.stream));
   SPW_TRY(route_image_rows(s, layer, logits.get(), route_eps, experts.get(), weights.get()));
+  if (s.st.routing_counts.get()) {  // serve --record-routing
+    if (layer == 0) s.st.routing_tokens += n;
+    SPW_TRY(count_routes_cuda(experts.get(), int64_t(n) * K, E, s.st.routing_counts.get() + size_t(layer) * E, s.stream));
+  }
 
   SPW_TRY(s.dump("moe.experts", layer, experts.get(), experts.size()));
   SPW_TRY(s.dump("moe.weights", layer, weights.get(), weights.size()));

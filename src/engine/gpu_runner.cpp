@@ -54,6 +54,9 @@ GpuRunner::GpuRunner(std::unique_ptr<GpuModel> model, bool batch_invariant, int 
       batch_invariant_(batch_invariant),
       max_decode_rows_(batch_invariant_ ? model_->invariant_decode_rows() : model_->budget().max_seqs - cache_slots) {}
 
+Status GpuRunner::set_routing_record(bool on) { return model_->set_routing_record(on); }
+Result<RoutingCounts> GpuRunner::routing_counts() const { return model_->routing_counts(); }
+
 RunnerUsage GpuRunner::usage() const {
   RunnerUsage u;
   const auto pages = model_->kv_pages();

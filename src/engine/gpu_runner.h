@@ -77,6 +77,8 @@ class GpuRunner final : public ModelRunner {
   bool takes_images() const override { return config().is_v41(); }
   RunnerUsage usage() const override;
   bool kv_can_hold(std::span<const KvGrowth> growth) const override;
+  Status set_routing_record(bool on) override;
+  Result<RoutingCounts> routing_counts() const override;
   Result<std::unique_ptr<RunnerSequence>> new_sequence() override;
   Result<std::vector<std::vector<float>>> forward(std::span<const RunnerInput> inputs) override;
 

@@ -51,6 +51,8 @@ struct EngramTables {
 struct GpuState {
   std::unique_ptr<DeviceWeights> w;
   std::unique_ptr<HostExperts> host_experts;  // null when no routed expert is on the CPU
+  DeviceBuffer<unsigned long long> routing_counts;  // [layers][experts] while recording routing (else empty)
+  int64_t routing_tokens = 0;                       // rows routed while recording
   KvPool ring, comp, keys;
   std::vector<CompressorBuffers> comp_state, idx_comp_state;  // per layer
   DeviceBuffer<float> rope_main, rope_compress;                // [d_rope/2] frequencies

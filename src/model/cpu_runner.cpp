@@ -106,6 +106,7 @@ Result<std::vector<std::vector<float>>> CpuRunner::forward(std::span<const Runne
   for (int kind : {0, 1}) {
     if (states[kind].empty()) continue;
     ForwardOptions options;
+    options.routing_counts = routing_ ? &*routing_ : nullptr;
     options.all_logits = kind == 1;
     auto r = model_.forward_batch(states[kind], tokens[kind], options, images[kind]);
     if (!r.ok()) {
@@ -126,6 +127,17 @@ Result<std::vector<std::vector<float>>> CpuRunner::forward(std::span<const Runne
     out[i].clear();
   }
   return out;
+}
+
+Status CpuRunner::set_routing_record(bool on) {
+  if (!on) routing_.reset();
+  else if (!routing_) routing_.emplace().reset(model_.config().n_layers, model_.config().n_experts);
+  return {};
+}
+
+Result<RoutingCounts> CpuRunner::routing_counts() const {
+  if (!routing_) return make_error("routing is not being recorded (set_routing_record)");
+  return *routing_;
 }
 
 }  // namespace spw

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "model/model.h"
 #include "model/model_runner.h"
@@ -66,10 +67,13 @@ class CpuRunner final : public ModelRunner {
   // runs once per kind for every sequence's tokens. Greedy TokenPicks are answered (argmax, lowest
   // id on ties), others with logits.
   Result<std::vector<std::vector<float>>> forward(std::span<const RunnerInput> inputs) override;
+  Status set_routing_record(bool on) override;
+  Result<RoutingCounts> routing_counts() const override;
 
  private:
   const Model& model_;
   std::shared_ptr<CpuKvLedger> ledger_;
+  std::optional<RoutingCounts> routing_;  // while recording
 };
 
 }  // namespace spw

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/routing_counts.h"
 #include "model/image_positions.h"
 #include "model/kv_history.h"
 #include "model/weights.h"
@@ -94,6 +95,9 @@ struct ForwardOptions {
   // the id tables attn.sel / moe.experts, nor moe.weights, whose slot order is the engine's own), and the
   // engine goes on with them: tests feed each step the reference's inputs, so a difference cannot compound.
   std::function<void(const char* name, int layer, std::vector<float>& values)> replace_intermediate;
+  // When set, every layer's routing choices are added to it (model/routing_counts.h; CPU model only, the GPU
+  // engine keeps its own counts on the device).
+  RoutingCounts* routing_counts = nullptr;
 };
 
 // One forward pass of one sequence that the caller advances a layer at a time: Model::begin_forward, then

@@ -19,6 +19,7 @@
 #include "base/status.h"
 #include "model/config.h"
 #include "model/image_positions.h"
+#include "model/routing_counts.h"
 
 namespace spw {
 
@@ -141,6 +142,15 @@ class ModelRunner {
   virtual int max_rollback_tokens() const { return 0; }
   // Whether forward accepts inputs with image positions (RunnerInput::images).
   virtual bool takes_images() const { return false; }
+
+  // Routing statistics (`serve --record-routing`): from set_routing_record(true) on, forward counts every
+  // layer's expert picks; routing_counts() returns them so far. Not concurrently with forward.
+  // Errors: a runner that cannot record.
+  virtual Status set_routing_record(bool on) {
+    (void)on;
+    return make_error("this model runner does not record routing statistics");
+  }
+  virtual Result<RoutingCounts> routing_counts() const { return make_error("routing is not being recorded"); }
 
   // A new empty sequence. Errors: the runner's sequence slots or KV memory are exhausted.
   virtual Result<std::unique_ptr<RunnerSequence>> new_sequence() = 0;

@@ -74,6 +74,11 @@ Status moe_many(std::span<ForwardContext* const> contexts, int layer, std::span<
   for (size_t i = 0; i < n_contexts; ++i) {
     const ForwardContext& s = *contexts[i];
     routing[i] = route(s, lw, c.layers[layer].hash_routed, x[i]);
+    if (s.options && s.options->routing_counts) {
+      RoutingCounts& rc = *s.options->routing_counts;
+      if (layer == 0) rc.n_tokens += s.n;
+      for (int32_t e : routing[i].experts) ++rc.counts[size_t(layer)][size_t(e)];
+    }
     if (s.options && s.options->on_intermediate) {
       const std::vector<float> ids(routing[i].experts.begin(), routing[i].experts.end());
       dump(s, "moe.experts", layer, ids.data(), ids.size());

@@ -47,6 +47,13 @@ Result<RoutingStats> read_routing_stats(const std::string& path) {
   return parse_routing_stats(text.str(), path);
 }
 
+std::string routing_stats_to_json(const RoutingStats& stats) {
+  std::string out = "{\"model\": " + nlohmann::json(stats.model).dump() + ", \"n_tokens\": " +
+                    std::to_string(stats.n_tokens) + ", \"layers\": [";
+  for (size_t l = 0; l < stats.counts.size(); ++l) out += (l ? ",\n  " : "\n  ") + nlohmann::json(stats.counts[l]).dump();
+  return out + "\n]}\n";
+}
+
 Status check_routing_stats(const RoutingStats& stats, int n_layers, int n_experts, int top_k,
                            const std::string& source) {
   if (int(stats.counts.size()) != n_layers)
