@@ -105,11 +105,16 @@ class MappedHostBuffer {
 
 // Pinned mapped host memory handed out in pieces from chunks of kChunkBytes (one cudaHostAlloc per chunk, not
 // per tensor: pinning is slow, and a spilled 40-layer model has tens of thousands of expert tensors).
-// copy() returns the device address of a 256-byte aligned copy of src; larger pieces get a chunk of their own.
+// copy() returns a 256-byte aligned copy of src, by its device address and its host address; larger pieces get
+// a chunk of their own.
 class MappedHostArena {
  public:
   static constexpr size_t kChunkBytes = size_t(256) << 20;
-  Result<const void*> copy(const void* src, size_t nbytes) {
+  struct Piece {
+    const void* device = nullptr;
+    const void* host = nullptr;
+  };
+  Result<Piece> copy(const void* src, size_t nbytes) {
     const size_t at = (used_ + 255) / 256 * 256;
     if (chunks_.empty() || at + nbytes > capacity_) {
       MappedHostBuffer b;
@@ -120,12 +125,13 @@ class MappedHostArena {
       chunks_.push_back(std::move(b));
       return copy(src, nbytes);
     }
-    std::memcpy(static_cast<char*>(chunks_.back().host_ptr()) + at, src, nbytes);
+    char* host = static_cast<char*>(chunks_.back().host_ptr()) + at;
+    std::memcpy(host, src, nbytes);
     used_ = at + nbytes;
     nbytes_ += nbytes;
-    return static_cast<const void*>(static_cast<const char*>(chunks_.back().device_ptr()) + at);
+    return Piece{static_cast<const char*>(chunks_.back().device_ptr()) + at, host};
   }
-  size_t nbytes() const { return nbytes_; }  // bytes copied in (without alignment and chunk tails)
+  size_t nbytes() const { return nbytes_; }         // bytes copied in (without alignment and chunk tails)
   size_t pinned_nbytes() const { return pinned_; }  // host memory pinned for it
 
  private:

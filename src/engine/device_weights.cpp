@@ -22,7 +22,7 @@ class Uploader {
     if (to_host_) {  // a HostGpu expert's bytes: mapped pinned host memory
       auto p = out_.host_mapped.copy(src, n);
       if (!p.ok()) status_ = make_error("upload_weights: pinned host memory for an expert: ", p.error().message);
-      return p.ok() ? *p : nullptr;
+      return p.ok() ? p->device : nullptr;
     }
     DeviceBuffer<uint8_t> buf;
     status_ = upload(static_cast<const uint8_t*>(src), n, buf);
@@ -188,8 +188,8 @@ class Uploader {
     return d;
   }
 
-  // An expert for the CPU worker: its EXL3 tensors copied into host memory of their own; the DeviceExpert keeps
-  // the shapes only (the fused and grouped tables need them, the GPU never reads its bytes).
+  // An expert for the CPU worker: its stored EXL3 tensors copied once into mapped pinned host memory, viewed by the
+  // host (HostCpuExpert) and by the device (DeviceExpert: the GPU reads them over PCIe in large steps).
   DeviceExpert cpu_expert(const Expert& e) {
     DeviceExpert d;
     d.tier = ExpertTier::HostCpu;
@@ -208,14 +208,27 @@ class Uploader {
         status_ = make_error("upload_weights: ", t.error().message);
         break;
       }
-      const size_t words = t->trellis_nbytes() / sizeof(uint16_t);
-      h.trellis[q] = std::make_unique<uint16_t[]>(words);
-      std::memcpy(h.trellis[q].get(), t->trellis, t->trellis_nbytes());
+      if (t->k != ls[q]->n_in || t->n != ls[q]->n_out || !t->bias.empty()) {
+        status_ = make_error("upload_weights: ", ls[q]->stem, " is placed on the CPU (host_cpu) but is stored padded or ",
+                             "with a bias, which the GPU's large steps cannot read: place it on gpu");
+        break;
+      }
+      auto tr = out_.host_cpu_mapped.copy(t->trellis, t->trellis_nbytes());
+      auto su = tr.ok() ? out_.host_cpu_mapped.copy(t->suh.data(), t->suh.size() * sizeof(uint16_t)) : tr;
+      auto sv = su.ok() ? out_.host_cpu_mapped.copy(t->svh.data(), t->svh.size() * sizeof(uint16_t)) : su;
+      if (!sv.ok()) {
+        status_ = make_error("upload_weights: pinned host memory for an expert: ", sv.error().message);
+        break;
+      }
       *hs[q] = std::move(t.value());
-      hs[q]->trellis = h.trellis[q].get();
-      out_.host_cpu_nbytes += hs[q]->trellis_nbytes() + 2 * (hs[q]->suh.size() + hs[q]->svh.size() + hs[q]->bias.size());
-      Exl3CudaTensor& shape = d.exl3[q];
-      shape.k = hs[q]->k, shape.n = hs[q]->n, shape.bits = hs[q]->bits, shape.codebook = hs[q]->codebook;
+      hs[q]->trellis = static_cast<const uint16_t*>(tr->host);
+      Exl3CudaTensor& dt = d.exl3[q];
+      dt.trellis = static_cast<const uint16_t*>(tr->device);
+      dt.suh = static_cast<const uint16_t*>(su->device);
+      dt.svh = static_cast<const uint16_t*>(sv->device);
+      dt.k = hs[q]->k, dt.n = hs[q]->n, dt.bits = hs[q]->bits, dt.codebook = hs[q]->codebook;
+      if (!exl3_cuda_supports(dt))
+        status_ = make_error("upload_weights: ", ls[q]->stem, " (host_cpu): a shape the GPU kernels do not take");
     }
     return d;
   }

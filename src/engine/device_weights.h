@@ -46,18 +46,18 @@ struct DeviceExpert {
   DeviceLinear w1, w2, w3;  // gate [F, d], down [d, F], up [F, d]; empty for EXL3 experts
   DeviceStack w13;          // the shared expert's w1 and w3 (FP8); empty for routed experts and other formats
   // EXL3 experts (`spillway quantize` packs): the stored trellis, suh, svh; [0] w1, [1] w2, [2] w3.
-  // An expert on the CPU (tier HostCpu) keeps the shapes here with null pointers: the GPU never runs it.
   Exl3CudaTensor exl3[3];
-  // Gpu: the pointers above are device memory; HostGpu: mapped pinned host memory; HostCpu: see above.
+  // Gpu: the pointers above are device memory. HostGpu: mapped pinned host memory. HostCpu: mapped pinned host
+  // memory too, which the CPU worker computes from in small steps and the GPU reads over PCIe in large ones
+  // (engine/host_experts.h).
   ExpertTier tier = ExpertTier::Gpu;
-  bool is_exl3() const { return exl3[0].n > 0; }
+  bool is_exl3() const { return exl3[0].trellis != nullptr; }
 };
 
-// A routed expert placed on the CPU (tier HostCpu): its EXL3 tensors in host memory of their own (the
-// checkpoint's maps are dropped after load), for the CPU worker (cpu/host_moe_worker.h).
+// A routed expert placed on the CPU (tier HostCpu): host views of the same pinned bytes its DeviceExpert points
+// at (the checkpoint's maps are dropped after load), for the CPU worker (cpu/host_moe_worker.h).
 struct HostCpuExpert {
-  Exl3Tensor w1, w3, w2;  // gate, up, down; trellis points into `trellis`
-  std::unique_ptr<uint16_t[]> trellis[3];
+  Exl3Tensor w1, w3, w2;  // gate, up, down
   Exl3ExpertWeights view() const { return {&w1, &w3, &w2}; }
 };
 
@@ -100,8 +100,8 @@ struct DeviceWeights {
   size_t routed_gpu_nbytes = 0;  // of which routed experts
   std::vector<DeviceBuffer<uint8_t>> owned;
   MappedHostArena host_mapped;                     // the HostGpu experts' bytes
+  MappedHostArena host_cpu_mapped;                 // the HostCpu experts' bytes
   std::vector<std::vector<HostCpuExpert>> host_cpu;  // [layer][expert]; empty entries (w1.n = 0) elsewhere
-  size_t host_cpu_nbytes = 0;
   int64_t n_experts_in[kNumExpertTiers] = {};      // routed experts per tier (ExpertTier order)
 };
 

@@ -60,8 +60,8 @@ GpuModel::ExpertPlacement GpuModel::expert_placement() const {
   for (int t = 0; t < kNumExpertTiers; ++t) p.n_experts[t] = w.n_experts_in[t];
   p.nbytes[int(ExpertTier::Gpu)] = w.routed_gpu_nbytes;
   p.nbytes[int(ExpertTier::HostGpu)] = w.host_mapped.nbytes();
-  p.nbytes[int(ExpertTier::HostCpu)] = w.host_cpu_nbytes;
-  p.host_mapped_pinned_nbytes = w.host_mapped.pinned_nbytes();
+  p.nbytes[int(ExpertTier::HostCpu)] = w.host_cpu_mapped.nbytes();
+  p.host_mapped_pinned_nbytes = w.host_mapped.pinned_nbytes() + w.host_cpu_mapped.pinned_nbytes();
   if (const HostExperts* h = state_->host_experts.get()) {
     p.mailbox_nbytes = h->mailbox_nbytes();
     p.cpu_requests = h->worker().requests_served();

@@ -135,8 +135,8 @@ class GpuModel {
   const KvBudget& budget() const { return options_.budget; }
   size_t weight_nbytes() const;
   // Where the routed experts are (GpuModelOptions::expert_tiers): per tier the experts and the bytes they hold
-  // (Gpu: device memory of routed experts only; HostGpu: pinned host memory; HostCpu: host memory), and the
-  // CPU worker's requests served and busy seconds (0 without experts on the CPU).
+  // (Gpu: device memory of routed experts only; HostGpu and HostCpu: pinned host memory), the host memory pinned
+  // for both, and the CPU worker's requests served and busy seconds (0 without experts on the CPU).
   struct ExpertPlacement {
     int64_t n_experts[kNumExpertTiers] = {};
     size_t nbytes[kNumExpertTiers] = {};

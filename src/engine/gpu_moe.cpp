@@ -290,9 +290,11 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
   SPW_TRY(s.dump("moe.experts", layer, experts.get(), experts.size()));
   SPW_TRY(s.dump("moe.weights", layer, weights.get(), weights.size()));
 
-  // Experts on the CPU (host_experts.h): their slots go to the CPU worker, which computes them while the GPU runs
-  // its own; the paths below see −1 in those slots.
-  HostExperts* const cpu = s.st.host_experts && s.st.host_experts->serves(layer) ? s.st.host_experts.get() : nullptr;
+  // Experts on the CPU (host_experts.h): in steps of at most kCpuExpertMaxRows rows their slots go to the CPU worker,
+  // which computes them while the GPU runs its own (the paths below see −1 in those slots); larger steps read them
+  // from pinned host memory on the GPU like HostGpu experts.
+  HostExperts* const cpu = s.st.host_experts && s.st.host_experts->serves(layer) && n <= kCpuExpertMaxRows
+                               ? s.st.host_experts.get() : nullptr;
   DeviceSpan<int32_t> gpu_ids;
   if (cpu) {
     SPW_TRY(s.alloc(gpu_ids, size_t(n) * K));

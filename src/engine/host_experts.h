@@ -6,6 +6,9 @@
 // so the CPU computes its experts while the GPU computes its own, and the stream never waits on the host
 // thread (cpu/host_moe_mailbox.h, engine/host_expert_kernels.h). The worker (cpu/host_moe_worker.h) runs the
 // EXL3 CPU kernels on a pool of its own.
+// Only steps of at most kCpuExpertMaxRows rows go to the CPU: its kernels' time grows with the tokens per expert,
+// while a prefill chunk needs each expert once, which the GPU reads from the same pinned bytes over PCIe
+// (bench/results/spill_h200.md measured a prefill both ways).
 // Numerics: the GPU paths add a token's slots in ascending expert id with the reference's bf16 roundings
 // per expert; here the CPU slots are summed in fp32 without those roundings and added after the GPU's
 // slots, so a layer with CPU experts differs from all-GPU by fp32 order and bf16 rounding of per-expert
@@ -24,6 +27,8 @@
 #include "engine/device_weights.h"
 
 namespace spw::engine {
+
+constexpr int kCpuExpertMaxRows = 16;
 
 struct HostExpertOptions {
   int n_threads = 0;                          // the worker's pool (0: the machine's hardware threads)
