@@ -131,6 +131,17 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
     if (st.exl3_moe[l].ready() && !st.exl3_moe_ws.buf)
       SPW_TRY(exl3_cuda_moe_workspace_alloc(st.exl3_moe_ws, kDeviceDispatchRows * c.top_k, st.exl3_moe[l].layer.d,
                                             st.exl3_moe[l].layer.f));
+    // HostGpu EXL3 experts: staged into HBM for decode steps (expert_staging.h).
+    std::vector<uint8_t> mapped(dl.experts.size(), 0);
+    bool any_mapped = false;
+    for (size_t e = 0; e < dl.experts.size(); ++e)
+      if (dl.experts[e].tier == ExpertTier::HostGpu) mapped[e] = 1, any_mapped = true;
+    if (any_mapped && st.exl3_moe[l].ready() && options.stage_host_experts) {
+      if (st.on_host_gpu.empty()) st.on_host_gpu.resize(c.n_layers);
+      SPW_TRY(upload(mapped, st.on_host_gpu[l]));
+      if (!st.expert_staging.ready())
+        SPW_TRY(expert_staging_alloc(st.expert_staging, st.exl3_moe[l].layer, int(dl.experts.size())));
+    }
   }
   if (m->plan_.sample_nbytes > 0) SPW_TRY(st.sample_ws.alloc(m->plan_.sample_nbytes));
   SPW_TRY(st.pick_ws.alloc(m->plan_.pick_nbytes));

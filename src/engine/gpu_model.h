@@ -95,6 +95,9 @@ struct GpuModelOptions {
   // memory read by the GPU's kernels, or host memory computed by the CPU worker (engine/host_experts.h).
   // Empty: every expert in HBM.
   ExpertTiers expert_tiers;
+  // HostGpu EXL3 experts of decode steps are copied into HBM slots before the MoE kernels read them
+  // (engine/expert_staging.h); false: the kernels read them over PCIe where they are (the same bits).
+  bool stage_host_experts = true;
   // Threads of the CPU worker's pool when some experts are on the CPU (0: the machine's hardware threads).
   int host_expert_threads = 0;
   // Called as the checkpoint's layers are read (LoadOptions::on_progress), for a progress display.

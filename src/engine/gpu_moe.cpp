@@ -189,10 +189,9 @@ bool exl3_decode_grouped(const MoePaths& p, int rows) {
   return rows >= kExl3GroupedDecodeRows;
 }
 
-Status routed_exl3_pairs(GpuStep& s, int layer, const float* x, const DeviceSpan<int32_t>& experts, const Buf& weights,
-                         float* acc) {
+Status routed_exl3_pairs(GpuStep& s, const Exl3CudaMoeLayer& L, const float* x, const DeviceSpan<int32_t>& experts,
+                         const Buf& weights, float* acc) {
   const ModelConfig& c = s.c;
-  const Exl3CudaMoeLayer& L = s.st.exl3_moe[layer].layer;
   const int n = s.n, K = c.top_k;
   const int64_t d = L.d, F = L.f, P = int64_t(n) * K, width = std::max(d, F);
   const bool rb = s.num.bf16_activations;
@@ -311,11 +310,17 @@ Status moe(GpuStep& s, int layer, const float* x, float* out) {
     SPW_TRY(routed_host(s, layer, x, ids, weights, cpu != nullptr, acc.get()));
   else if (s.st.expert_tables[layer].ready())
     SPW_TRY(routed_device(s, layer, x, ids, weights, acc.get()));
-  else if (exl3_decode_grouped(s.moe_paths, n))  // EXL3: grouped launches per (token, slot) pair
-    SPW_TRY(routed_exl3_pairs(s, layer, x, ids, weights, acc.get()));
-  else  // EXL3: the fused decode kernel with the per-expert path's roundings
-    SPW_TRY(exl3_moe_decode_cuda(s.st.exl3_moe[layer].layer, x, ids.get(), weights.get(), n, K, acc.get(),
-                                 s.st.exl3_moe_ws, s.stream));
+  else {
+    // EXL3 on the device: HostGpu experts staged into HBM first where the layer has them (expert_staging.h).
+    Exl3CudaMoeLayer L = s.st.exl3_moe[layer].layer;
+    if (!s.st.on_host_gpu.empty() && s.st.on_host_gpu[layer].get())
+      SPW_TRY(stage_host_experts_cuda(s.st.expert_staging, s.st.exl3_moe[layer].layer, ids.get(), int64_t(n) * K,
+                                      s.st.on_host_gpu[layer].get(), L, s.stream));
+    if (exl3_decode_grouped(s.moe_paths, n))  // grouped launches per (token, slot) pair
+      SPW_TRY(routed_exl3_pairs(s, L, x, ids, weights, acc.get()));
+    else  // the fused decode kernel with the per-expert path's roundings
+      SPW_TRY(exl3_moe_decode_cuda(L, x, ids.get(), weights.get(), n, K, acc.get(), s.st.exl3_moe_ws, s.stream));
+  }
 
   // Shared expert (clamped in V4.1 only), then the CPU's part of the routed sum, combine, bf16.
   SPW_TRY(run_expert(s, lw.shared, x, n, nullptr, c.is_v41() ? c.swiglu_limit : 0.f, shared));  // [n, d]

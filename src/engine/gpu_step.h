@@ -12,6 +12,7 @@
 #include "cuda/dense/dense_linear.h"
 #include "engine/device_buffer.h"
 #include "engine/device_weights.h"
+#include "engine/expert_staging.h"
 #include "engine/gpu_model.h"
 #include "engine/host_experts.h"
 #include "engine/moe_dispatch.h"
@@ -51,6 +52,8 @@ struct EngramTables {
 struct GpuState {
   std::unique_ptr<DeviceWeights> w;
   std::unique_ptr<HostExperts> host_experts;  // null when no routed expert is on the CPU
+  ExpertStaging expert_staging;               // HostGpu EXL3 experts of decode steps (empty when none)
+  std::vector<DeviceBuffer<uint8_t>> on_host_gpu;  // [layer]: [n_experts] 1 for HostGpu experts; null when none
   DeviceBuffer<unsigned long long> routing_counts;  // [layers][experts] while recording routing (else empty)
   int64_t routing_tokens = 0;                       // rows routed while recording
   KvPool ring, comp, keys;

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cpu/host_moe_mailbox.h"
+#include "engine/expert_staging.h"
 #include "cuda/attn/kv_pages.h"
 #include "cuda/attn/sparse_attn.h"
 #include "cuda/exl3_gemm.h"
@@ -246,6 +247,11 @@ MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quanti
   // (all-logits downloads, test hooks) synchronise and reuse it.
   plan.staging_host_nbytes = size_t(4) << 20;
   if (plan.host_cpu_experts_nbytes > 0) plan.host_mailbox_nbytes = HostMoeMailboxLayout{n, d, c.top_k}.nbytes();
+  // HostGpu EXL3 experts of decode steps are staged into HBM slots (engine/expert_staging.h).
+  if (plan.host_gpu_experts_nbytes > 0 && c.exl3_expert_bits > 0) {
+    plan.expert_staging_nbytes = size_t(kStagingSlots) * 3 * exl3_nbytes(F, d, c.exl3_expert_bits);
+    plan.workspace_nbytes += plan.expert_staging_nbytes;
+  }
   return plan;
 }
 

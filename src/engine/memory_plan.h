@@ -80,6 +80,7 @@ struct MemoryPlan {
   // Routed experts off the GPU (GpuModelOptions::expert_tiers; weights.routed_experts counts only the GPU's): in
   // pinned mapped host memory, in host memory for the CPU worker, and the CPU worker's mailbox (pinned).
   size_t host_gpu_experts_nbytes = 0, host_cpu_experts_nbytes = 0, host_mailbox_nbytes = 0;
+  size_t expert_staging_nbytes = 0;  // HBM slots for staged HostGpu experts (counted in workspace_nbytes)
   size_t engram_tables_host_nbytes = 0;
   int max_pages_per_seq = 0;  // page-table width: ceil(max_context / kKvPageRows)
   size_t device_total() const {

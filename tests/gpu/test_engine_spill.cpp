@@ -2,7 +2,9 @@
 // with every expert in HBM, on a small synthetic V4.1 checkpoint with EXL3 experts (tools/synth, --width-divisor 4:
 // 96 experts of 1280 → 640, two layers; made once per run under the test's temp dir).
 //  - HostGpu (mapped pinned host memory, the same kernels): the same bits, through prefill (grouped EXL3
-//    launches), short forwards (the fused decode kernel, the grouped pairs path) and graph-captured decode steps.
+//    launches reading over PCIe), short forwards (the fused decode kernel, the grouped pairs path; their experts
+//    staged into HBM slots first, engine/expert_staging.h, the 12-token forward with more distinct experts than
+//    slots) and graph-captured decode steps.
 //  - HostCpu (the CPU worker through the mailbox, engine/host_experts.h, in steps of ≤ kCpuExpertMaxRows rows;
 //    larger ones read the same pinned bytes on the GPU, so the 40-token forward gives the all-GPU bits): every
 //    layer's routed sum against the
