@@ -9,6 +9,7 @@
 #include "cli/load_progress.h"
 #include "model/cpu_runner.h"
 #if defined(SPW_HAVE_GPU_RUNNER)
+#include "engine/gpu_model.h"
 #include "engine/gpu_runner.h"
 #endif
 
@@ -91,9 +92,18 @@ Result<LoadedRunner> load_cuda(const RunnerOptions& o) {
   settings.batch_invariant = o.batch_invariant;
   settings.expert_tiers = std::move(tiers.value());
   settings.host_expert_threads = o.placement.cpu_expert_threads;
+  settings.engram_tables = o.engram_tables == "pinned" ? engine::EngramTablePlace::kPinned
+                           : o.engram_tables == "disk" ? engine::EngramTablePlace::kDisk
+                                                       : engine::EngramTablePlace::kAuto;
   settings.on_progress = layer_progress("loading weights (GPU)");
   auto runner = engine::load_gpu_runner(o.model_dir, settings);
   if (!runner.ok()) return runner.error();
+  if (config->is_v41() && !config->engram_layers.empty())
+    SPW_LOG_INFO("Engram tables: {} (--engram-tables {})",
+                 (*runner)->model().engram_tables_on_disk()
+                     ? "left in the checkpoint's memory maps; the host gathers each step's rows"
+                     : "in pinned host memory; the GPU gathers each step's rows over PCIe",
+                 o.engram_tables);
   const auto used = (*runner)->usage();
   SPW_LOG_INFO("loaded on the GPU: device memory in use {:.2f} of {:.2f} GiB, {} KV pages; host memory (VmRSS) {:.2f} "
                "GiB", used.device_bytes_used / kGiB, used.device_bytes_total / kGiB, used.kv_blocks_total, resident_gib());

@@ -31,6 +31,7 @@ struct RunnerOptions {
   int prefix_cache_slots = 8;   // GPU: sequence slots for the prefix cache's device copies
   int max_rollback_tokens = 0;  // GPU: tokens of a step the runner can take back (speculative decoding); 0: none
   PlacementFlags placement;     // GPU: where the routed experts live (cli/expert_placement.h)
+  std::string engram_tables = "auto";  // GPU: auto, pinned or disk (engine/gpu_model.h EngramTablePlace)
 };
 
 struct LoadedRunner {

@@ -42,6 +42,7 @@ struct ServeOptions {
   bool no_stale_index_k = false;
   PlacementFlags placement;
   std::string record_routing;  // --record-routing FILE
+  std::string engram_tables = "auto";
 };
 
 // --record-routing: the file must be writable before serving starts (a typo would otherwise lose a whole run).
@@ -154,6 +155,7 @@ int serve(ServeOptions o) {
   runner_options.batch_invariant = o.batch_invariant;
   runner_options.prefix_cache_slots = o.prefix_cache_mb > 0 ? o.prefix_cache_slots : 0;
   runner_options.placement = o.placement;
+  runner_options.engram_tables = o.engram_tables;
   if (o.s.scheduler.speculative.mode != runtime::SpeculativeMode::off)  // a verified step: the last token and the drafts
     runner_options.max_rollback_tokens = o.s.scheduler.speculative.draft_tokens + 1;
   auto loaded = load_runner(runner_options);
@@ -415,6 +417,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->envname("SPILLWAY_NGRAM_MAX")
       ->capture_default_str();
   add_placement_flags(cmd, o->placement);
+  cmd->add_option("--engram-tables", o->engram_tables,
+                  "GPU runner, V4.1: where the Engram tables live: pinned (host memory the GPU reads), disk (the "
+                  "checkpoint's memory maps; the host gathers each step's rows), auto (pinned when they take at most "
+                  "half of the available host memory)")
+      ->check(CLI::IsMember({"auto", "pinned", "disk"}))
+      ->capture_default_str();
   cmd->add_option("--record-routing", o->record_routing,
                   "record how often each layer routes to each expert; written to this file at shutdown, for "
                   "`spillway plan --routing-stats` (docs/placement.md)");

@@ -1,6 +1,8 @@
 // Loading a GpuModel: the memory plan, the weights' upload, the KV pools, compressor state and workspaces.
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <string>
 
 #include "engine/gpu_model.h"
 #include "engine/gpu_step.h"
@@ -9,6 +11,17 @@
 namespace spw::engine {
 
 namespace {
+
+// MemAvailable of /proc/meminfo in bytes (0 when unreadable: then nothing is pinned that could be left on disk).
+size_t host_available_nbytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
 
 template <class T>
 Status fill(DeviceBuffer<T>& buf, size_t n, T value) {
@@ -103,11 +116,23 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
     st.engram_params = ref::engram_hash_params(c.engram_layers, c.engram_vocab_size, c.engram_compressed_vocab_size,
                                                c.engram_max_ngram, c.engram_n_heads);
     for (auto& p : st.engram_params) p.pad_id = m->host_weights_->engram_token_map[c.engram_pad_token_id];
+    size_t table_nbytes = 0;
+    for (int layer : c.engram_layers) {
+      const EngramWeights& ew = m->host_weights_->layers[layer].engram;
+      table_nbytes += ew.table->nbytes + ew.table_scale->nbytes;
+    }
+    m->engram_on_disk_ = options.engram_tables == EngramTablePlace::kDisk ||
+                         (options.engram_tables == EngramTablePlace::kAuto && 2 * table_nbytes > host_available_nbytes());
     for (int layer : c.engram_layers) {
       const EngramWeights& ew = m->host_weights_->layers[layer].engram;
       EngramTables& t = st.engram_tables.emplace_back();
-      SPW_TRY(t.table.alloc_copy(ew.table->data, ew.table->nbytes));
-      SPW_TRY(t.scale.alloc_copy(ew.table_scale->data, ew.table_scale->nbytes));
+      if (m->engram_on_disk_) {
+        t.disk_table = ew.table->data;
+        t.disk_scale = ew.table_scale->data;
+      } else {
+        SPW_TRY(t.table.alloc_copy(ew.table->data, ew.table->nbytes));
+        SPW_TRY(t.scale.alloc_copy(ew.table_scale->data, ew.table_scale->nbytes));
+      }
       std::vector<float> qk(ew.q_weight.size());
       for (size_t i = 0; i < qk.size(); ++i) qk[i] = ew.q_weight[i] * ew.k_weight[i];
       SPW_TRY(upload(qk, t.qk));
@@ -156,6 +181,8 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
   // copies and the checkpoint's maps, keeping only the token map the host-side Engram hashing reads.
   auto kept = std::make_unique<ModelWeights>();
   kept->engram_token_map = std::move(m->host_weights_->engram_token_map);
+  // Tables left on disk are read through the checkpoint's maps (their files stay mapped, nothing is resident).
+  if (m->engram_on_disk_) kept->checkpoint = std::move(m->host_weights_->checkpoint);
   m->host_weights_ = std::move(kept);
   return m;
 }

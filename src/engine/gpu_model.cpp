@@ -54,6 +54,8 @@ Result<RoutingCounts> GpuModel::routing_counts() const {
   return rc;
 }
 
+bool GpuModel::engram_tables_on_disk() const { return engram_on_disk_; }
+
 GpuModel::ExpertPlacement GpuModel::expert_placement() const {
   const DeviceWeights& w = *state_->w;
   ExpertPlacement p;

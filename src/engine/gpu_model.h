@@ -95,6 +95,11 @@ struct GpuModelOptions {
   // memory read by the GPU's kernels, or host memory computed by the CPU worker (engine/host_experts.h).
   // Empty: every expert in HBM.
   ExpertTiers expert_tiers;
+  // Where V4.1's Engram tables live: kPinned copies them into mapped pinned host memory (the GPU gathers a step's
+  // rows over PCIe), kDisk leaves them in the checkpoint's memory maps (the host gathers a step's rows, a few KB
+  // per token, and uploads them: the tables may be larger than RAM; the page cache keeps the hot rows), kAuto
+  // pins them when they take at most half of the host's available memory, else kDisk.
+  EngramTablePlace engram_tables = EngramTablePlace::kAuto;
   // HostGpu EXL3 experts of decode steps are copied into HBM slots before the MoE kernels read them
   // (engine/expert_staging.h); false: the kernels read them over PCIe where they are (the same bits).
   bool stage_host_experts = true;
@@ -148,6 +153,8 @@ class GpuModel {
     double cpu_busy_seconds = 0;
   };
   ExpertPlacement expert_placement() const;
+  // Whether the Engram tables were left on disk (GpuModelOptions::engram_tables; false without Engram layers).
+  bool engram_tables_on_disk() const;
   // Routing statistics (ModelRunner::set_routing_record): a device histogram per layer, added to by every step's
   // router (graph-capturable; no host round trip). routing_counts() synchronizes the model's stream.
   Status set_routing_record(bool on);
@@ -287,7 +294,9 @@ class GpuModel {
   Numerics numerics_;
   GpuModelOptions options_;
   MemoryPlan plan_;
-  std::unique_ptr<ModelWeights> host_weights_;  // after load, only the Engram token map (host hashing)
+  std::unique_ptr<ModelWeights> host_weights_;  // after load, only the Engram token map (host hashing), and the
+                                                // checkpoint's maps when the Engram tables stay on disk
+  bool engram_on_disk_ = false;
   std::unique_ptr<GpuState> state_;
 };
 

@@ -12,6 +12,7 @@
 // Both add a token's experts in ascending expert order. Engram: host hashing, device gather from the
 // mapped host tables and device gate (engram_kernels.h).
 #include <algorithm>
+#include <cstring>
 
 #include "cuda/exl3_grouped.h"
 #include "cuda/ops/act_quant.h"
@@ -356,13 +357,30 @@ Status engram(GpuStep& s, int layer, float* streams) {
   }
   DeviceSpan<int64_t> ids;
   Buf rows, kv;
-  SPW_TRY(s.upload(row_ids, ids));
   SPW_TRY(s.alloc(rows, size_t(n) * n_in));
   SPW_TRY(s.alloc(kv, size_t(n) * (hc + 1) * d));
   // [n, n_rows·hd] dequantized from fp8 with 1×32 ue8m0 scales, read from host memory.
-  SPW_TRY(engram_gather_cuda(static_cast<const uint8_t*>(tables.table.device_ptr()),
-                             static_cast<const uint8_t*>(tables.scale.device_ptr()), ids.get(), int64_t(n) * n_rows,
-                             hd, rows.get(), s.stream));
+  if (tables.disk_table) {
+    // Tables on disk: the host gathers the step's rows from the checkpoint's maps and uploads them.
+    const size_t N = row_ids.size(), sb = size_t(hd / 32);
+    std::vector<uint8_t> q(N * hd), sc(N * sb);
+    std::vector<int64_t> iota(N);
+    for (size_t i = 0; i < N; ++i) {
+      std::memcpy(q.data() + i * hd, tables.disk_table + size_t(row_ids[i]) * hd, size_t(hd));
+      std::memcpy(sc.data() + i * sb, tables.disk_scale + size_t(row_ids[i]) * sb, sb);
+      iota[i] = int64_t(i);
+    }
+    DeviceSpan<uint8_t> q_d, sc_d;
+    SPW_TRY(s.upload(q, q_d));
+    SPW_TRY(s.upload(sc, sc_d));
+    SPW_TRY(s.upload(iota, ids));
+    SPW_TRY(engram_gather_cuda(q_d.get(), sc_d.get(), ids.get(), int64_t(N), hd, rows.get(), s.stream));
+  } else {
+    SPW_TRY(s.upload(row_ids, ids));
+    SPW_TRY(engram_gather_cuda(static_cast<const uint8_t*>(tables.table.device_ptr()),
+                               static_cast<const uint8_t*>(tables.scale.device_ptr()), ids.get(), int64_t(n) * n_rows,
+                               hd, rows.get(), s.stream));
+  }
   // [n, (hc+1)·d]: hc keys and one value.
   SPW_TRY(linear(s, s.w.layers[layer].engram_wkv, rows.get(), n, kv.get()));
   SPW_TRY(mute_engram_values(s, kv.get()));  // image positions: nothing to add

@@ -43,9 +43,12 @@ struct KvPool {
   }
 };
 
-// One Engram layer's tables (mapped pinned host memory) and its gate weights q·k [hc, d] (device).
+// One Engram layer's tables and its gate weights q·k [hc, d] (device). The tables are either mapped pinned host
+// memory (table, scale) or the checkpoint's memory maps (disk_table, disk_scale; GpuModelOptions::engram_tables).
 struct EngramTables {
   MappedHostBuffer table, scale;
+  const uint8_t* disk_table = nullptr;  // [rows, head_dim] e4m3, host addresses
+  const uint8_t* disk_scale = nullptr;  // [rows, head_dim/32] ue8m0
   DeviceBuffer<float> qk;
 };
 

@@ -39,6 +39,9 @@ struct KvBudget {
   int max_rollback_tokens = 0;
 };
 
+// Where V4.1's Engram tables live (GpuModelOptions::engram_tables says what each means).
+enum class EngramTablePlace { kAuto, kPinned, kDisk };
+
 struct WeightBytes {
   size_t embed = 0, head = 0;  // f32 embedding table; head as stored for an FP32 product
   size_t attention = 0;        // q LoRA, window KV, output projection, norms, sinks

@@ -56,8 +56,10 @@ ExpertTiers tiers_where(const ModelConfig& c, ExpertTier (*tier_of)(int layer, i
   return t;
 }
 
-std::unique_ptr<engine::GpuModel> load(const ExpertTiers& tiers) {
+std::unique_ptr<engine::GpuModel> load(const ExpertTiers& tiers,
+                                       engine::EngramTablePlace engram = engine::EngramTablePlace::kAuto) {
   engine::GpuModelOptions o;
+  o.engram_tables = engram;
   o.budget.max_context = 512;
   o.budget.max_seqs = 4;
   o.expert_tiers = tiers;
@@ -206,6 +208,24 @@ TEST(EngineSpill, EveryExpertOnTheCpu) {
 TEST(EngineSpill, EachTierAThird) {
   SPW_REQUIRE_GPU();
   cpu_experts_match([](int l, int e) { return ExpertTier((e + l) % 3); }, "a third per tier");
+}
+
+// V4.1's Engram tables left in the checkpoint's maps (the host gathers each step's rows) against pinned tables the GPU
+// gathers from: the same rows, so the same bits (layer 1 of the model is an Engram layer).
+TEST(EngineSpill, EngramTablesOnDiskGiveTheSameBits) {
+  SPW_REQUIRE_GPU();
+  auto pinned = load({}, engine::EngramTablePlace::kPinned);
+  auto disk = load({}, engine::EngramTablePlace::kDisk);
+  ASSERT_TRUE(pinned && disk);
+  ASSERT_FALSE(pinned->config().engram_layers.empty());
+  EXPECT_FALSE(pinned->engram_tables_on_disk());
+  EXPECT_TRUE(disk->engram_tables_on_disk());
+  const SpillRun a = run(*pinned, nullptr), b = run(*disk, nullptr);
+  ASSERT_EQ(a.logits.size(), b.logits.size());
+  for (size_t f = 0; f < a.logits.size(); ++f) ASSERT_EQ(a.logits[f], b.logits[f]) << "forward " << f;
+  const auto da = decode_run(*pinned), db = decode_run(*disk);
+  ASSERT_EQ(da.size(), 8u);
+  ASSERT_EQ(da, db);
 }
 
 TEST(EngineSpill, ACpuPlacementOfADenseExpertIsAClearError) {

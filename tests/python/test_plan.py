@@ -223,6 +223,9 @@ def test_placement_flags_that_cannot_work_say_why(v41, tmp_path):
 
 def test_every_placement_flag_is_documented():
     documented = (ROOT / "docs/settings.md").read_text(encoding="utf-8")
+    r = run_cli("serve", "--help", timeout=60)
+    for flag in ("--record-routing", "--engram-tables"):  # serve only
+        assert flag in r.stdout and f"`{flag}`" in documented, flag
     for command in ("serve", "bench"):
         r = run_cli(command, "--help", timeout=60)
         assert r.returncode == 0, r.stderr
