@@ -125,6 +125,7 @@ Status scale_cuda(float* x, int64_t n, float s, cudaStream_t stream) {
 namespace {
 
 __global__ void count_routes_kernel(const int32_t* experts, int64_t n, int n_experts, unsigned long long* counts) {
+  cuda::pdl_enter();  // launched plainly (an ordinary stream dependency), but kept to launch.h's contract
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int32_t e = experts[i];
     if (e >= 0 && e < n_experts) atomicAdd(counts + e, 1ull);
