@@ -222,6 +222,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
   gopt.budget.max_step_tokens = o.chunk;
   gopt.expert_tiers = o.expert_tiers;
   gopt.host_expert_threads = o.host_expert_threads;
+  gopt.host_expert_int16 = o.host_expert_int16;
   const engine::MemoryPlan plan = engine::plan_memory(c, gopt.budget, true, o.expert_tiers);
   print_plan(c, plan, gopt.budget, report["plan"]);
 

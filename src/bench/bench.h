@@ -43,6 +43,7 @@ struct EngineBenchOptions {
   GpuSettings gpu;                  // kernel switches and MoE paths (the CLI passes settings().gpu)
   ExpertTiers expert_tiers;         // where the routed experts live (empty: all on the GPU; cli/expert_placement.h)
   int host_expert_threads = 0;      // the CPU expert worker's threads (0: all)
+  bool host_expert_int16 = false;   // the CPU expert worker's approximate int16 activations
 };
 
 // Runs the benchmark, printing to stdout; returns the process exit code.

@@ -58,6 +58,7 @@ int run_bench(const BenchFlags& f) {
   }
   o.expert_tiers = std::move(tiers.value());
   o.host_expert_threads = f.placement.cpu_expert_threads;
+  o.host_expert_int16 = f.placement.cpu_expert_activations == "int16";
   return bench::run_engine_bench(o);
 #else
   std::fprintf(stderr, "spillway bench: this build has no GPU engine (CUDA was not found at configure time); "

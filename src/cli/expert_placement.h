@@ -22,6 +22,7 @@ struct PlacementFlags {
   std::string host_tier = "auto";       // --host-tier (with --gpu-memory)
   runtime::PlacementRequest request;    // --gpu-memory and the reservations
   int cpu_expert_threads = 0;           // --cpu-expert-threads
+  std::string cpu_expert_activations = "exact";  // --cpu-expert-activations: exact or int16
 };
 
 // Adds --placement, --gpu-memory, --routing-stats, --host-tier and --cpu-expert-threads to a command.

@@ -92,6 +92,7 @@ Result<LoadedRunner> load_cuda(const RunnerOptions& o) {
   settings.batch_invariant = o.batch_invariant;
   settings.expert_tiers = std::move(tiers.value());
   settings.host_expert_threads = o.placement.cpu_expert_threads;
+  settings.host_expert_int16 = o.placement.cpu_expert_activations == "int16";
   settings.engram_tables = o.engram_tables == "pinned" ? engine::EngramTablePlace::kPinned
                            : o.engram_tables == "disk" ? engine::EngramTablePlace::kDisk
                                                        : engine::EngramTablePlace::kAuto;

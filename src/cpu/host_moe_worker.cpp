@@ -56,7 +56,7 @@ void HostMoeWorker::serve(uint32_t seq) {
     }
     if (ok)
       exl3_moe_cpu(experts.data(), int64_t(experts.size()), box_.x, n, box_.ids, box_.weights, K,
-                   options_.swiglu_limit, box_.y, pool_.get());
+                   options_.swiglu_limit, box_.y, pool_.get(), options_.kernel);
   }
   if (!ok) {
     bad_.fetch_add(1, std::memory_order_relaxed);

@@ -28,6 +28,7 @@ struct HostMoeWorkerOptions {
   int spin_us = 2000;        // busy polling after a request
   int idle_sleep_us = 100;   // between polls once idle
   float swiglu_limit = 0.f;  // L above (≤ 0: no clamp)
+  Exl3CpuOptions kernel;     // exl3_moe_cpu's options (e.g. the approximate int16 activations)
 };
 
 class HostMoeWorker {

@@ -85,6 +85,7 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
   st.w = std::move(w.value());
   HostExpertOptions host_options;
   host_options.n_threads = options.host_expert_threads;
+  host_options.int16_activations = options.host_expert_int16;
   auto host_experts = HostExperts::create(c, *st.w, int(step_max_rows(options.budget)), host_options);
   if (!host_experts.ok()) return host_experts.error();
   st.host_experts = std::move(host_experts.value());

@@ -105,6 +105,9 @@ struct GpuModelOptions {
   bool stage_host_experts = true;
   // Threads of the CPU worker's pool when some experts are on the CPU (0: the machine's hardware threads).
   int host_expert_threads = 0;
+  // The CPU worker multiplies in approximate int16 activations (MUL1 experts on AVX-512 VNNI machines; ~2e-4
+  // relative error, cpu/exl3_gemm.h) instead of exact fp32.
+  bool host_expert_int16 = false;
   // Called as the checkpoint's layers are read (LoadOptions::on_progress), for a progress display.
   std::function<void(int done, int total)> on_progress;
 };

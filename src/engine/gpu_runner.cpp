@@ -249,6 +249,7 @@ Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir,
   options.share_kv_pages = settings.gpu.kv_share_pages;
   options.expert_tiers = settings.expert_tiers;
   options.host_expert_threads = settings.host_expert_threads;
+  options.host_expert_int16 = settings.host_expert_int16;
   options.engram_tables = settings.engram_tables;
   options.on_progress = settings.on_progress;
   auto model = load_gpu_model(model_dir, settings.numerics, options);

@@ -58,6 +58,7 @@ struct GpuRunnerSettings {
   int prefix_cache_slots = 8;                    // sequence slots (and their pool pages) for cached copies
   ExpertTiers expert_tiers;                      // where the routed experts live (GpuModelOptions::expert_tiers)
   int host_expert_threads = 0;                   // the CPU worker's threads (GpuModelOptions::host_expert_threads)
+  bool host_expert_int16 = false;                // GpuModelOptions::host_expert_int16
   EngramTablePlace engram_tables = EngramTablePlace::kAuto;  // GpuModelOptions::engram_tables
   std::function<void(int done, int total)> on_progress;  // layers read from the checkpoint
 };

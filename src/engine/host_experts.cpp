@@ -32,6 +32,7 @@ Result<std::unique_ptr<HostExperts>> HostExperts::create(const ModelConfig& c, c
   HostMoeWorkerOptions wo;
   wo.n_threads = options.n_threads;
   wo.swiglu_limit = c.swiglu_limit;
+  if (options.int16_activations) wo.kernel.activations = Exl3Activations::kInt16;
   h->worker_ = std::make_unique<HostMoeWorker>(h->host_box_, std::move(layers), wo);
   return h;
 }

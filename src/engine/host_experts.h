@@ -33,6 +33,7 @@ constexpr int kCpuExpertMaxRows = 16;
 struct HostExpertOptions {
   int n_threads = 0;                          // the worker's pool (0: the machine's hardware threads)
   uint64_t wait_timeout_ns = 120'000'000'000;  // a collect that waits longer gives up (the step then fails)
+  bool int16_activations = false;             // the CPU kernels' approximate int16 activations (cpu/exl3_gemm.h)
 };
 
 class HostExperts {

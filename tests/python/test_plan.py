@@ -229,6 +229,7 @@ def test_every_placement_flag_is_documented():
     for command in ("serve", "bench"):
         r = run_cli(command, "--help", timeout=60)
         assert r.returncode == 0, r.stderr
-        for flag in ("--placement", "--gpu-memory", "--routing-stats", "--host-tier", "--cpu-expert-threads"):
+        for flag in ("--placement", "--gpu-memory", "--routing-stats", "--host-tier", "--cpu-expert-threads",
+                     "--cpu-expert-activations"):
             assert flag in r.stdout, f"{command} --help lacks {flag}"
             assert f"`{flag}`" in documented, f"{flag} not in docs/settings.md"

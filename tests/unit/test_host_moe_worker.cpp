@@ -116,6 +116,36 @@ TEST(HostMoeWorker, AnswersEachRequestWithTheCpuSlots) {
   EXPECT_EQ(worker.bad_requests(), 0u);
 }
 
+// The worker passes its kernel options through: with the approximate int16 activations its answers are
+// exl3_moe_cpu's with the same options, bit for bit (and not the exact kernel's).
+TEST(HostMoeWorker, TheKernelOptionsReachTheKernel) {
+  Layer layer;
+  make_layer(layer, 4);
+  Gpu gpu(HostMoeMailboxLayout{kMaxTokens, kD, kTopK});
+  HostMoeWorkerOptions opt;
+  opt.n_threads = 1;
+  opt.kernel.activations = Exl3Activations::kInt16;
+  HostMoeWorker worker(gpu.box, {cpu_part(layer)}, opt);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<float> x(2 * kD), w(2 * kTopK, 0.4f);
+  for (auto& v : x) v = nd(rng);
+  const std::vector<int32_t> ids = {1, 3, -1, 4, -1, 1};
+  ASSERT_TRUE(gpu.request(0, x, ids, w));
+  ThreadPool same_threads(1);
+  std::vector<float> want(2 * kD, 0.f), exact(2 * kD, 0.f);
+  exl3_moe_cpu(layer.all.data(), kExperts, x.data(), 2, ids.data(), w.data(), kTopK, 0.f, want.data(), &same_threads,
+               opt.kernel);
+  exl3_moe_cpu(layer.all.data(), kExperts, x.data(), 2, ids.data(), w.data(), kTopK, 0.f, exact.data(), &same_threads);
+  bool differs_from_exact = false;
+  for (int i = 0; i < 2 * kD; ++i) {
+    ASSERT_EQ(gpu.box.y[i], want[i]) << i;
+    differs_from_exact |= want[i] != exact[i];
+  }
+  // Where the machine has no int16 kernel the options fall back to the exact one, and there is nothing to tell apart.
+  if (detail::exl3_int16_ready()) EXPECT_TRUE(differs_from_exact);
+}
+
 TEST(HostMoeWorker, AnExpertItDoesNotHoldGetsZerosAndServingGoesOn) {
   Layer layer;
   make_layer(layer, 3);
