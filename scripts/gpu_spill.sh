@@ -9,7 +9,8 @@
 # token per expert against the host's DRAM read rate); then `spillway bench` on a synthetic full-width V4.1 model
 # (LAYERS, default 4; EXL3 3-bit experts, uniform random routing) under fixed-share placements
 # (tools/placement/fixed_share.py): all on the GPU, a third in pinned host memory, a third on the CPU, a third of
-# each, and all in pinned host memory. SKIP_TESTS=1, SKIP_KERNELS=1 and PLACEMENTS="name:host_gpu:host_cpu ..." trim it.
+# each, and all in pinned host memory. SKIP_TESTS=1, SKIP_KERNELS=1 and PLACEMENTS="name:host_gpu:host_cpu ..." trim it;
+# BENCH_ARGS adds `spillway bench` flags (e.g. --cpu-expert-activations int16).
 set -u
 [ -f .exl3pack/dev.tar.xz ] && tar xJf .exl3pack/dev.tar.xz
 . scripts/link_build_path.sh
@@ -43,7 +44,7 @@ for p in ${PLACEMENTS:-gpu:0:0 host_gpu_third:0.333:0 host_cpu_third:0:0.333 eac
   IFS=: read -r name hg hc <<< "$p"
   python3 tools/placement/fixed_share.py $MODEL --host-gpu "$hg" --host-cpu "$hc" -o /tmp/placement_$name.json >> "$OUT/spill_main.log"
   timeout ${BENCH_TIMEOUT:-120} $B/spillway bench --model $MODEL --placement /tmp/placement_$name.json --batches 1,8,32 \
-    --prefill 4096 --prefill-runs 1 --decode-steps 16 --batch-steps 8 --batch-prompt 256 --json "$OUT/bench_$name.json" \
+    --prefill 4096 --prefill-runs 1 --decode-steps 16 --batch-steps 8 --batch-prompt 256 ${BENCH_ARGS:-} --json "$OUT/bench_$name.json" \
     > "$OUT/bench_$name.md" 2>&1
   echo "bench $name rc $? — $(grep -m1 '^ms/token' "$OUT/bench_$name.md")" | tee -a "$OUT/spill_main.log"
 done
