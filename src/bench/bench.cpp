@@ -338,7 +338,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
   if (spilled) {
     const auto p = m.expert_placement();
     std::printf("routed experts: %lld on the GPU (%.3f GiB), %lld in pinned host memory (%.3f GiB, %.3f pinned), %lld on "
-                "the CPU (%.3f GiB host memory; mailbox %.1f MiB pinned)\n",
+                "the CPU (%.3f GiB pinned host memory; mailbox %.1f MiB pinned)\n",
                 (long long)p.n_experts[0], p.nbytes[0] / kGiB, (long long)p.n_experts[1], p.nbytes[1] / kGiB,
                 p.host_mapped_pinned_nbytes / kGiB, (long long)p.n_experts[2], p.nbytes[2] / kGiB,
                 p.mailbox_nbytes / kMiB);

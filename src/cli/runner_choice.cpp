@@ -68,7 +68,7 @@ Result<LoadedRunner> load_cuda(const RunnerOptions& o) {
                plan.staging_host_nbytes / kGiB);
   if (plan.host_gpu_experts_nbytes + plan.host_cpu_experts_nbytes > 0)
     SPW_LOG_INFO("routed experts off the GPU: {:.2f} GiB in pinned host memory (read by the GPU over PCIe), {:.2f} GiB "
-                 "in host memory for the CPU worker, {:.2f} GiB pinned for its mailbox",
+                 "in pinned host memory for the CPU worker, {:.2f} GiB pinned for its mailbox",
                  plan.host_gpu_experts_nbytes / kGiB, plan.host_cpu_experts_nbytes / kGiB,
                  plan.host_mailbox_nbytes / kGiB);
   if (plan.device_total() > mem->free) {

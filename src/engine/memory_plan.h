@@ -81,7 +81,8 @@ struct MemoryPlan {
   size_t step_arena_nbytes = 0;   // the step's activations at step_max_rows rows (GpuModel's arena)
   size_t staging_host_nbytes = 0;  // pinned host staging of the step's copies (host memory)
   // Routed experts off the GPU (GpuModelOptions::expert_tiers; weights.routed_experts counts only the GPU's): in
-  // pinned mapped host memory, in host memory for the CPU worker, and the CPU worker's mailbox (pinned).
+  // pinned mapped host memory read by the GPU, in pinned mapped host memory for the CPU worker (which the GPU reads
+  // in large steps), and the CPU worker's mailbox (pinned).
   size_t host_gpu_experts_nbytes = 0, host_cpu_experts_nbytes = 0, host_mailbox_nbytes = 0;
   size_t expert_staging_nbytes = 0;  // HBM slots for staged HostGpu experts (counted in workspace_nbytes)
   size_t engram_tables_host_nbytes = 0;
