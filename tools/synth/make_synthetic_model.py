@@ -13,6 +13,9 @@ where the release has them; or, with --experts exl3, routed experts as `spillway
 original_quantization_config, and the quantization_config.json sidecar with tensor_storage).
 
 What is not real, and why:
+  - routing is near-uniform over the experts (random router weights); --routing-skew S adds a selection
+    bias of -S*ln(1 + rank) over a random ranking per layer (a stand-in for real hot and cold experts; hash-routed
+    layers keep their tables);
   - weights are random (every value a valid code), scaled so that after dequantization a linear's
     weights have std ~ 1/sqrt(fan_in) (within a factor sqrt(2): scales are powers of two), norms ~1,
     and a forward through the layers stays finite;
@@ -34,6 +37,7 @@ quantization_config.json. Tensors are generated and written one at a time (memor
 
 Usage: make_synthetic_model.py OUT --arch v41|v4 --layers N [--experts mxfp4|exl3 --bits 3]
        [--real-layers 2,3] [--width-divisor K] [--engram-vocab N] [--seed S] [--tokenizer DIR|none]
+       [--routing-skew S]
 Needs numpy only.
 """
 
@@ -294,7 +298,7 @@ def make_config(arch, real_layers, experts, bits, width_div, engram_vocab):
 
 # ---------------------------------------------------------------------------------------------- weights
 
-def layer_tensors(b, arch, tc, L, experts, bits):
+def layer_tensors(b, arch, tc, L, experts, bits, skew=0.0):
     """Every tensor of backbone layer L (the loader's list: src/model/weights.cpp)."""
     d, H, D, ql = tc["hidden_size"], tc["num_attention_heads"], tc["head_dim"], tc["q_lora_rank"]
     G, olr, E, F, hc = tc["o_groups"], tc["o_lora_rank"], tc["n_routed_experts"], tc["moe_intermediate_size"], \
@@ -360,6 +364,14 @@ def layer_tensors(b, arch, tc, L, experts, bits):
             base = b.r.rng.integers(0, E, size=V, dtype=np.int64)
             return (base[:, None] + np.arange(k, dtype=np.int64)[None, :]) % E  # k distinct experts per token
         b.add(p + "ffn.gate.tid2eid", "I64", [V, k], tid2eid)
+    elif skew > 0:
+        # Zipf-like popularity: selection bias −skew·ln(1 + rank), ranks a random permutation per layer.
+        def skewed_bias():
+            rank = b.r.rng.permutation(E)
+            return -skew * np.log1p(rank.astype(np.float64))
+        b.f32_value(p + "ffn.gate.bias", [E], skewed_bias)
+        if arch == "v41":
+            b.f32(p + "ffn.gate.bias_vl", [E], 0.01)
     else:
         b.f32(p + "ffn.gate.bias", [E], 0.01)
         if arch == "v41":
@@ -432,6 +444,9 @@ def main():
     ap.add_argument("--width-divisor", type=int, default=1, help="divide the widths by K (tests)")
     ap.add_argument("--engram-vocab", type=int, default=100_000, help="engram_vocab_size (real: 16,000,000)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--routing-skew", type=float, default=0.0,
+                    help="S > 0: each layer's router selection bias is -S*ln(1 + rank) over a random ranking of its "
+                         "experts, so a few experts are hot and many cold (0: near-uniform, the default)")
     ap.add_argument("--tokenizer", default="", help="dir with tokenizer.json to copy; 'none' for no tokenizer")
     args = ap.parse_args()
     n_real = 40 if args.arch == "v41" else 43
@@ -454,7 +469,7 @@ def main():
         if s == 0:
             base_tensors(b, args.arch, tc)
         else:
-            layer_tensors(b, args.arch, tc, s - 1, args.experts, args.bits)
+            layer_tensors(b, args.arch, tc, s - 1, args.experts, args.bits, args.routing_skew)
         fname = f"model-{s + 1:05d}-of-{n_shards:05d}.safetensors"
         t0 = time.time()
         nbytes = write_shard(os.path.join(args.out_dir, fname), b.tensors)
