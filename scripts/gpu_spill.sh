@@ -10,7 +10,9 @@
 # (LAYERS, default 4; EXL3 3-bit experts, uniform random routing) under fixed-share placements
 # (tools/placement/fixed_share.py): all on the GPU, a third in pinned host memory, a third on the CPU, a third of
 # each, and all in pinned host memory. SKIP_TESTS=1, SKIP_KERNELS=1 and PLACEMENTS="name:host_gpu:host_cpu ..." trim it;
-# BENCH_ARGS adds `spillway bench` flags (e.g. --cpu-expert-activations int16).
+# BENCH_ARGS adds `spillway bench` flags (e.g. --cpu-expert-activations int16); SYNTH_ARGS generator flags (e.g.
+# --routing-skew 0.15, hot and cold experts; then a placement from `serve --record-routing` + `plan --routing-stats`
+# is the one to compare with fixed shares).
 set -u
 [ -f .exl3pack/dev.tar.xz ] && tar xJf .exl3pack/dev.tar.xz
 . scripts/link_build_path.sh
@@ -26,7 +28,7 @@ MODEL=/tmp/synth_spill_v41
   $B/spillway --version
 } 2>&1 | tee "$OUT/spill_main.log"
 [ -f $MODEL/config.json ] || python3 tools/synth/make_synthetic_model.py $MODEL --arch v41 --experts exl3 --bits 3 \
-  --layers "$LAYERS" --tokenizer none > /tmp/synth_spill.log 2>&1 &
+  --layers "$LAYERS" --tokenizer none ${SYNTH_ARGS:-} > /tmp/synth_spill.log 2>&1 &
 SYNTH_PID=$!
 if [ -z "${SKIP_TESTS:-}" ]; then
   timeout 200 $B/spw_gpu_tests --gtest_brief=1 --gtest_filter="${GPU_TEST_FILTER:-EngineSpill.*}" > "$OUT/gpu_tests.log" 2>&1
