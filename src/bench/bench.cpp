@@ -337,10 +337,10 @@ int run_engine_bench(const EngineBenchOptions& o) {
               plan.weights.total() / kGiB, used_loaded / kGiB, (used_loaded - used_before) / kGiB);
   if (spilled) {
     const auto p = m.expert_placement();
-    std::printf("routed experts: %lld on the GPU (%.3f GiB), %lld in pinned host memory (%.3f GiB, %.3f pinned), %lld on "
-                "the CPU (%.3f GiB pinned host memory; mailbox %.1f MiB pinned)\n",
+    std::printf("routed experts: %lld on the GPU (%.3f GiB), %lld in pinned host memory (%.3f GiB), %lld on the CPU "
+                "(%.3f GiB pinned host memory); host memory pinned for both host tiers %.3f GiB, the mailbox %.1f MiB\n",
                 (long long)p.n_experts[0], p.nbytes[0] / kGiB, (long long)p.n_experts[1], p.nbytes[1] / kGiB,
-                p.host_mapped_pinned_nbytes / kGiB, (long long)p.n_experts[2], p.nbytes[2] / kGiB,
+                (long long)p.n_experts[2], p.nbytes[2] / kGiB, p.host_mapped_pinned_nbytes / kGiB,
                 p.mailbox_nbytes / kMiB);
     report["placement"] = {{"n_experts", {p.n_experts[0], p.n_experts[1], p.n_experts[2]}},
                            {"nbytes", {p.nbytes[0], p.nbytes[1], p.nbytes[2]}}};

@@ -12,10 +12,11 @@
 //    relative L2 error ≤ 1e-2. Why: the GPU rounds each expert's gate, up, SwiGLU and down outputs to bf16 and the
 //    rotated activations to fp16 (reference_rounding, cuda/exl3_moe.h); the CPU keeps fp32. Four bf16 roundings
 //    of relative RMS 2^-9/√3 each give ≈ 0.2 % on an expert's output; 1e-2 leaves 5× for their growth through
-//    the SwiGLU. A lost or doubled CPU slot moves a layer's sum by tens of percent. Decode through CUDA graphs
+//    the SwiGLU. A lost or doubled CPU slot would move a layer's sum far more (by estimate: a third of the slots
+//    carry about a third of the sum; not measured). Decode through CUDA graphs
 //    with CPU experts, nothing fed: relative L2 of each step's logits ≤ 0.2. Why: on this random model the
 //    per-layer ~3e-3 grows to 2–7e-2 in the logits (measured on an H100: 2.2–2.5e-2 typical, 7.4e-2 the worst of 8
-//    steps), while losing a layer's CPU slots moves its routed sum by a third to a half of its norm.
+//    steps), while losing a layer's CPU slots would move its routed sum by roughly a third of its norm (an estimate).
 // Each placement: 0 %, a third (every third expert), all experts on the CPU, and a mix of all three tiers.
 #if defined(SPW_HAVE_CUDA)
 #include <gtest/gtest.h>

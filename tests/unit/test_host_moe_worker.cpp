@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -75,6 +76,18 @@ class Gpu {  // the poster's side, on host memory
   std::vector<uint8_t> bytes_;
 };
 
+// One layer (experts 1, 3, 4 on the CPU) served by a one-thread worker with `opt`'s other settings.
+struct OneLayerWorker {
+  explicit OneLayerWorker(uint32_t seed, HostMoeWorkerOptions opt = {}) : gpu(HostMoeMailboxLayout{kMaxTokens, kD, kTopK}) {
+    make_layer(layer, seed);
+    opt.n_threads = 1;
+    worker = std::make_unique<HostMoeWorker>(gpu.box, std::vector<std::vector<Exl3ExpertWeights>>{cpu_part(layer)}, opt);
+  }
+  Layer layer;
+  Gpu gpu;
+  std::unique_ptr<HostMoeWorker> worker;  // last: stops before the mailbox goes
+};
+
 TEST(HostMoeWorker, AnswersEachRequestWithTheCpuSlots) {
   Layer layers[2];
   make_layer(layers[0], 1), make_layer(layers[1], 2);
@@ -119,13 +132,11 @@ TEST(HostMoeWorker, AnswersEachRequestWithTheCpuSlots) {
 // The worker passes its kernel options through: with the approximate int16 activations its answers are
 // exl3_moe_cpu's with the same options, bit for bit (and not the exact kernel's).
 TEST(HostMoeWorker, TheKernelOptionsReachTheKernel) {
-  Layer layer;
-  make_layer(layer, 4);
-  Gpu gpu(HostMoeMailboxLayout{kMaxTokens, kD, kTopK});
   HostMoeWorkerOptions opt;
-  opt.n_threads = 1;
   opt.kernel.activations = Exl3Activations::kInt16;
-  HostMoeWorker worker(gpu.box, {cpu_part(layer)}, opt);
+  OneLayerWorker w1(4, opt);
+  const Layer& layer = w1.layer;
+  Gpu& gpu = w1.gpu;
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0, 1);
   std::vector<float> x(2 * kD), w(2 * kTopK, 0.4f);
@@ -147,12 +158,10 @@ TEST(HostMoeWorker, TheKernelOptionsReachTheKernel) {
 }
 
 TEST(HostMoeWorker, AnExpertItDoesNotHoldGetsZerosAndServingGoesOn) {
-  Layer layer;
-  make_layer(layer, 3);
-  Gpu gpu(HostMoeMailboxLayout{kMaxTokens, kD, kTopK});
-  HostMoeWorkerOptions opt;
-  opt.n_threads = 1;
-  HostMoeWorker worker(gpu.box, {cpu_part(layer)}, opt);
+  OneLayerWorker w1(3);
+  const Layer& layer = w1.layer;
+  Gpu& gpu = w1.gpu;
+  const HostMoeWorker& worker = *w1.worker;
   std::vector<float> x(kD, 0.5f), w(kTopK, 0.3f);
   ASSERT_TRUE(gpu.request(0, x, {0, -1, -1}, w));  // expert 0 is on the GPU: a poster's bug
   for (int i = 0; i < kD; ++i) ASSERT_EQ(gpu.box.y[i], 0.f);
