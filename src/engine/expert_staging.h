@@ -1,7 +1,7 @@
 // HostGpu experts of a decode step, staged into HBM before the fused / grouped-pairs MoE kernels read them.
 //
 // Why: those kernels read an expert's trellis a tile per warp with few loads in flight, which HBM hides and PCIe
-// does not: reading experts in mapped pinned host memory they reach under half of the rate a streaming read
+// does not: reading experts in mapped pinned host memory they reach about half of the rate a streaming read
 // kernel gets over the same link (bench/results/spill_h200.md). So a step first copies each selected HostGpu
 // expert, once, with a streaming copy kernel (16-byte loads, several in flight per thread) into a slot of a
 // device ring, and runs the MoE kernels on a per-step copy of the layer's expert table whose HostGpu entries
