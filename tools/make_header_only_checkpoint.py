@@ -30,6 +30,14 @@ def cdiv(a, b):
     return (a + b - 1) // b
 
 
+def _released_config(name):
+    """A released config.json (spec §1.1/§1.2), kept once in models/configs/ for this script, the synthetic
+    generator and `spillway bench --synthetic` (which embeds it at build time)."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "configs")
+    with open(os.path.join(root, name)) as f:
+        return json.load(f)
+
+
 class Inventory:
     """Ordered (name, dtype, shape, alone) list; `alone` marks a tensor that gets a shard to itself."""
 
@@ -82,44 +90,8 @@ def common_layer(inv, p, d, q_rank, hc_dim, n_experts, moe_inter, gate_extras):
 # ---------------------------------------------------------------------------------------------
 # DeepSeek-V4.1-Flash (spec §1.2, §2.3)
 
-V41_TEXT = {
-    "model_type": "deepseek_v41_text", "vocab_size": 129280, "hidden_size": 5120,
-    "moe_intermediate_size": 2304, "num_hidden_layers": 40, "num_attention_heads": 64,
-    "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1280,
-    "o_lora_rank": 1024, "o_groups": 8, "hidden_act": "silu", "swiglu_limit": 10.0,
-    "rms_norm_eps": 1e-20, "attention_bias": False, "tie_word_embeddings": False,
-    "max_position_embeddings": 1048576, "rope_theta": 10000,
-    "rope_scaling": {"rope_type": "yarn", "factor": 16, "beta_fast": 32, "beta_slow": 1,
-                     "original_max_position_embeddings": 65536},
-    "n_routed_experts": 384, "n_shared_experts": 1, "num_experts_per_tok": 6,
-    "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "norm_topk_prob": True,
-    "routed_scaling_factor": 1.5, "sliding_window": 128,
-    "compress_ratios": [0, 0] + [2] * 18 + [1] * 20 + [0, 0, 0],
-    "compress_rope_theta": 160000, "kv_source_layer_ids": [2, 8, 14, 20],
-    "index_source_layer_ids": [2, 8, 14, 20, 24, 28, 32, 36], "index_n_heads": 32,
-    "index_head_dim": 128, "index_topk": 512, "candidate_source_layer_id": 20,
-    "candidate_topk_blocks": 2048, "candidate_block_size": 8,
-    "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
-    "engram_layer_ids": [1, 14], "engram_num_embeddings": [384006168, 384016682],
-    "engram_max_ngram_size": 4, "engram_vocab_size": 16000000, "engram_n_heads": 8,
-    "engram_head_dim": 256, "engram_pad_token_id": 2, "engram_compressed_vocab_size": 99092,
-    "num_nextn_predict_layers": 3, "dspark_block_size": 5, "dspark_noise_token_id": 128799,
-    "dspark_target_layer_ids": [37, 38, 39], "dspark_markov_rank": 256,
-    "dspark_n_routed_experts": 128, "dspark_num_experts_per_tok": 3,
-}
-
-V41_CONFIG = {
-    "architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41", "dtype": "bfloat16",
-    "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "image_token_id": 129264,
-    "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic",
-                            "weight_block_size": [32, 32], "scale_fmt": "ue8m0", "expert_dtype": "fp4"},
-    "text_config": V41_TEXT,
-    "vision_config": {
-        "model_type": "deepseek_v41_vision", "num_hidden_layers": 32, "hidden_size": 1024,
-        "num_attention_heads": 16, "intermediate_size": 2816, "patch_size": 14, "rope_theta": 10000,
-        "downsample_ratio": 3, "max_image_tokens": 1024, "min_pixels": 295936, "max_wh_ratio": None,
-    },
-}
+V41_CONFIG = _released_config("deepseek-v4.1-flash.json")
+V41_TEXT = V41_CONFIG["text_config"]
 
 
 def v41_inventory():
@@ -192,25 +164,7 @@ def v41_inventory():
 # ---------------------------------------------------------------------------------------------
 # DeepSeek-V4-Flash (spec §1.1, §2.2)
 
-V4_CONFIG = {
-    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "bos_token_id": 0,
-    "eos_token_id": 1, "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43,
-    "num_nextn_predict_layers": 1, "num_attention_heads": 64, "num_key_value_heads": 1,
-    "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024,
-    "sliding_window": 128, "moe_intermediate_size": 2048, "n_routed_experts": 256,
-    "n_shared_experts": 1, "num_experts_per_tok": 6, "num_hash_layers": 3,
-    "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "norm_topk_prob": True,
-    "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "hidden_act": "silu",
-    "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
-    "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-6,
-    "rope_theta": 10000, "compress_rope_theta": 160000,
-    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
-                     "beta_fast": 32, "beta_slow": 1},
-    "max_position_embeddings": 1048576, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
-                            "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
-    "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
-}
+V4_CONFIG = _released_config("deepseek-v4-flash.json")
 
 
 def v4_inventory():

@@ -186,7 +186,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
   // Line-buffered even into a pipe: a run cut short by a timeout keeps what it printed.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   json report;
-  auto config = read_model_config(o.model_dir);
+  Result<ModelConfig> config = o.synthetic ? Result<ModelConfig>(o.synthetic->config) : read_model_config(o.model_dir);
   if (!config.ok()) {
     std::fprintf(stderr, "spillway bench: %s\n", config.error().message.c_str());
     return 1;
@@ -194,18 +194,20 @@ int run_engine_bench(const EngineBenchOptions& o) {
   const ModelConfig& c = *config;
   OpenOptions open;
   open.allow_missing_data = true;
-  auto ckpt = Checkpoint::open(o.model_dir, open);
-  if (!ckpt.ok()) {
-    std::fprintf(stderr, "spillway bench: %s\n", ckpt.error().message.c_str());
+  auto opened = o.synthetic ? Result<Checkpoint>(make_error("in memory")) : Checkpoint::open(o.model_dir, open);
+  if (!o.synthetic && !opened.ok()) {
+    std::fprintf(stderr, "spillway bench: %s\n", opened.error().message.c_str());
     return 1;
   }
+  const Checkpoint* ckpt = o.synthetic ? &o.synthetic->checkpoint : &opened.value();
+  const std::string model_name = o.synthetic ? o.synthetic->checkpoint.root() : o.model_dir;
   const int n_proj = o.project_layers > 0 ? o.project_layers : (c.is_v41() ? 40 : 43);
   std::printf("# spillway bench: %s (%s, %d layers, d_model %d, %d experts of %d, top %d, vocab %lld)\n",
-              o.model_dir.c_str(), c.model_type.c_str(), c.n_layers, c.d_model, c.n_experts, c.d_expert, c.top_k,
+              model_name.c_str(), c.model_type.c_str(), c.n_layers, c.d_model, c.n_experts, c.d_expert, c.top_k,
               (long long)c.vocab_size);
   std::printf("inputs: random token ids (seed %llu); batched decode path: %s\n", (unsigned long long)o.seed,
               kBatchedDecode ? "GpuModel::decode" : "GpuModel::forward per sequence (no GpuModel::decode in this build)");
-  report["model"] = {{"dir", o.model_dir}, {"model_type", c.model_type}, {"n_layers", c.n_layers},
+  report["model"] = {{"dir", model_name}, {"model_type", c.model_type}, {"n_layers", c.n_layers},
                      {"d_model", c.d_model}, {"n_experts", c.n_experts}, {"d_expert", c.d_expert}};
   report["decode_path"] = kBatchedDecode ? "decode" : "forward";
 
@@ -321,9 +323,10 @@ int run_engine_bench(const EngineBenchOptions& o) {
     write_json();
     return 1;
   }
-  std::printf("loading %s ...\n", o.model_dir.c_str());
+  std::printf("loading %s ...\n", model_name.c_str());
   const auto t_load = Clock::now();
-  auto loaded = engine::load_gpu_model(o.model_dir, Numerics::reference(), gopt);
+  auto loaded = o.synthetic ? engine::load_gpu_model(c, std::move(o.synthetic->checkpoint), Numerics::reference(), gopt)
+                            : engine::load_gpu_model(o.model_dir, Numerics::reference(), gopt);
   if (!loaded.ok()) {
     std::fprintf(stderr, "spillway bench: loading: %s\n", loaded.error().message.c_str());
     write_json();

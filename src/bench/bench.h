@@ -15,16 +15,20 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "base/settings.h"
 #include "model/expert_tier.h"
+#include "model/synthetic_model.h"
 
 namespace spw::bench {
 
 struct EngineBenchOptions {
   std::string model_dir;
+  // Instead of model_dir: a model built in memory (`--synthetic`), whose checkpoint the bench moves into the engine.
+  std::shared_ptr<SyntheticModel> synthetic;
   std::vector<int> batches{1, 4, 16, 64};
   std::vector<int64_t> prefill{4096, 40960};
   int decode_steps = 32;            // timed batch-1 decode steps

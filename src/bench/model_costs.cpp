@@ -63,7 +63,7 @@ DecodeBytes decode_bytes(const Checkpoint& ckpt, const ModelConfig& c) {
   for (const auto& [raw_name, t] : ckpt.tensors()) {
     const std::string name = strip_prefix(raw_name);
     const std::string role = tensor_role(name);
-    if (role == "draft (MTP/DSpark)" || role == "vision") continue;
+    if (role == "draft (MTP/DSpark)" || role == "vision" || role == "engram token map") continue;
     const int64_t nb = int64_t(t->nbytes);
     if (role == "embedding") {
       out.embed_row = t->shape.empty() || t->shape[0] == 0 ? 0 : nb / t->shape[0];

@@ -7,7 +7,9 @@
 #include "base/settings.h"
 #include "cli/commands.h"
 #include "cli/expert_placement.h"
+#include "cli/load_progress.h"
 #include "model/config.h"
+#include "model/synthetic_model.h"
 #if defined(SPW_HAVE_BENCH)
 #include "bench/bench.h"
 #endif
@@ -23,6 +25,8 @@ struct BenchFlags {
   int64_t decode_context = 1024, batch_prompt_max = 1024, max_context = 0;
   uint64_t seed = 1;
   bool plan_only = false;
+  std::string synthetic;  // --synthetic NAME: the model built in memory (model/synthetic_model.h)
+  SyntheticSpec spec;
   PlacementFlags placement;
 };
 
@@ -46,12 +50,31 @@ int run_bench(const BenchFlags& f) {
   o.seed = f.seed;
   o.plan_only = f.plan_only;
   o.gpu = settings().gpu;
-  auto config = read_model_config(f.model_dir);
+  if (f.synthetic.empty() == f.model_dir.empty()) {
+    std::fprintf(stderr, "spillway bench: give --model DIR or --synthetic v41-flash (one of them)\n");
+    return 2;
+  }
+  Result<ModelConfig> config = make_error("no model");
+  if (!f.synthetic.empty()) {
+    SyntheticSpec spec = f.spec;
+    spec.name = f.synthetic;
+    spec.seed = f.seed;
+    auto synthetic = make_synthetic_model(spec, layer_progress("building " + synthetic_model_name(spec)));
+    if (!synthetic.ok()) {
+      std::fprintf(stderr, "spillway bench: %s\n", synthetic.error().message.c_str());
+      return 2;
+    }
+    config = synthetic->config;
+    o.synthetic = std::make_shared<SyntheticModel>(std::move(synthetic.value()));
+  } else {
+    config = read_model_config(f.model_dir);
+  }
   if (!config.ok()) {
     std::fprintf(stderr, "spillway bench: %s\n", config.error().message.c_str());
     return 1;
   }
-  auto tiers = resolve_expert_tiers(f.model_dir, *config, f.placement);
+  auto tiers = resolve_expert_tiers(o.synthetic ? o.synthetic->checkpoint.root() : f.model_dir, *config, f.placement,
+                                    o.synthetic ? &o.synthetic->checkpoint : nullptr);
   if (!tiers.ok()) {
     std::fprintf(stderr, "spillway bench: %s\n", tiers.error().message.c_str());
     return 1;
@@ -73,8 +96,35 @@ std::function<int()> add_bench_command(CLI::App& app) {
   auto f = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "GPU engine benchmark: decode vs HBM roofline, batched decode, prefill vs "
                                               "tensor-core rate, memory, projection to the full model");
-  cmd->add_option("--model,-m", f->model_dir, "model directory (e.g. from tools/synth/make_synthetic_model.py)")
-      ->required();
+  auto* model = cmd->add_option("--model,-m", f->model_dir,
+                                "model directory (e.g. from tools/synth/make_synthetic_model.py)");
+  auto* synthetic = cmd->add_option("--synthetic", f->synthetic,
+                                    "instead of --model: build this model in memory with random weights in the "
+                                    "released formats (v41-flash; no disk needed: docs/placement.md)")
+                        ->excludes(model);
+  cmd->add_option("--layers", f->spec.layers, "--synthetic: the real model's layers 0..N-1")
+      ->check(CLI::Range(1, 40))
+      ->capture_default_str()
+      ->needs(synthetic);
+  cmd->add_option("--expert-bits", f->spec.expert_bits,
+                  "--synthetic: routed experts as EXL3 with K bits per weight (1..8), or 0 for MXFP4 as released")
+      ->check(CLI::Range(0, 8))
+      ->capture_default_str()
+      ->needs(synthetic);
+  cmd->add_option("--routing-skew", f->spec.routing_skew,
+                  "--synthetic: S > 0 gives each layer hot and cold experts (router bias -S*ln(1 + rank) over a "
+                  "random ranking; 0.15: the top quarter of experts takes ~45% of the routes)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->needs(synthetic);
+  cmd->add_option("--engram-vocab", f->spec.engram_vocab,
+                  "--synthetic: engram_vocab_size (the released 16,000,000 makes 98 GB tables)")
+      ->capture_default_str()
+      ->needs(synthetic);
+  cmd->add_option("--width-divisor", f->spec.width_divisor, "--synthetic: divide the widths by K (small test models)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->needs(synthetic);
   cmd->add_option("--json", f->json_path, "also write the results as JSON to this file");
   cmd->add_option("--batches", f->batches, "batch sizes for aggregate decode")->delimiter(',')->capture_default_str();
   cmd->add_option("--prefill", f->prefill, "prompt lengths for prefill")->delimiter(',')->capture_default_str();
@@ -97,7 +147,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
   cmd->add_option("--copy-mib", f->copy_mib, "MiB per bandwidth copy (>= 1024)")
       ->check(CLI::Range(1024, 1 << 16))
       ->capture_default_str();
-  cmd->add_option("--seed", f->seed, "random token ids")->capture_default_str();
+  cmd->add_option("--seed", f->seed, "random token ids (and --synthetic's weights)")->capture_default_str();
   add_placement_flags(cmd, f->placement);
   cmd->add_flag("--plan-only", f->plan_only, "print the memory plan and per-token costs; no GPU needed");
   return [f] { return run_bench(*f); };

@@ -35,16 +35,12 @@ void add_placement_flags(CLI::App* cmd, PlacementFlags& f) {
       ->capture_default_str();
 }
 
-Result<runtime::Placement> plan_from_checkpoint(const std::string& model_dir, const ModelConfig& config,
+Result<runtime::Placement> plan_from_checkpoint(const Checkpoint& headers, const ModelConfig& config,
                                                 const runtime::PlacementRequest& request,
                                                 const std::string& stats_file) {
-  OpenOptions open;
-  open.allow_missing_data = true;
-  auto ckpt = Checkpoint::open(model_dir, open);
-  if (!ckpt.ok()) return ckpt.error();
-  const Inventory inventory = take_inventory(*ckpt, config);
+  const Inventory inventory = take_inventory(headers, config);
   auto model = runtime::placement_model_from_inventory(config, inventory);
-  if (!model.ok()) return make_error(model_dir, ": ", model.error().message);
+  if (!model.ok()) return make_error(headers.root(), ": ", model.error().message);
   std::unique_ptr<runtime::RoutingStats> stats;
   if (!stats_file.empty()) {
     auto read = runtime::read_routing_stats(stats_file);
@@ -52,6 +48,16 @@ Result<runtime::Placement> plan_from_checkpoint(const std::string& model_dir, co
     stats = std::make_unique<runtime::RoutingStats>(std::move(*read));
   }
   return runtime::plan_placement(*model, request, stats.get(), stats_file);
+}
+
+Result<runtime::Placement> plan_from_checkpoint(const std::string& model_dir, const ModelConfig& config,
+                                                const runtime::PlacementRequest& request,
+                                                const std::string& stats_file) {
+  OpenOptions open;
+  open.allow_missing_data = true;
+  auto ckpt = Checkpoint::open(model_dir, open);
+  if (!ckpt.ok()) return ckpt.error();
+  return plan_from_checkpoint(*ckpt, config, request, stats_file);
 }
 
 namespace {
@@ -67,7 +73,7 @@ void log_tiers(const ExpertTiers& tiers, const std::string& source) {
 }  // namespace
 
 Result<ExpertTiers> resolve_expert_tiers(const std::string& model_dir, const ModelConfig& config,
-                                         const PlacementFlags& f) {
+                                         const PlacementFlags& f, const Checkpoint* headers) {
   if (!f.placement_file.empty() && f.request.gpu_memory_gib > 0)
     return make_error("--placement and --gpu-memory both given: pass one (the file already fixes every expert)");
   if (!f.placement_file.empty()) {
@@ -91,7 +97,8 @@ Result<ExpertTiers> resolve_expert_tiers(const std::string& model_dir, const Mod
   request.host_tier = f.host_tier == "gpu"   ? runtime::HostTierPolicy::Gpu
                       : f.host_tier == "cpu" ? runtime::HostTierPolicy::Cpu
                                              : runtime::HostTierPolicy::Auto;
-  auto plan = plan_from_checkpoint(model_dir, config, request, f.routing_stats);
+  auto plan = headers ? plan_from_checkpoint(*headers, config, request, f.routing_stats)
+                      : plan_from_checkpoint(model_dir, config, request, f.routing_stats);
   if (!plan.ok()) return make_error("--gpu-memory ", f.request.gpu_memory_gib, ": ", plan.error().message);
   log_tiers(plan->tiers, plan->from_stats ? "planned for --gpu-memory from --routing-stats"
                                           : "planned for --gpu-memory, routing assumed uniform");

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "formats/safetensors.h"
 #include "model/config.h"
 #include "model/expert_tier.h"
 #include "runtime/placement.h"
@@ -32,10 +33,14 @@ void add_placement_flags(CLI::App* cmd, PlacementFlags& flags);
 Result<runtime::Placement> plan_from_checkpoint(const std::string& model_dir, const ModelConfig& config,
                                                 const runtime::PlacementRequest& request,
                                                 const std::string& stats_file);
+Result<runtime::Placement> plan_from_checkpoint(const Checkpoint& headers, const ModelConfig& config,
+                                                const runtime::PlacementRequest& request,
+                                                const std::string& stats_file);
 
 // The tiers the flags ask for (empty: all on the GPU). Errors name the flag: an unreadable or malformed file, a
 // file made for another model (type, layers or experts differ), a budget the dense weights do not fit.
+// `headers`: the model's checkpoint when already open (a synthetic model in memory); else model_dir is opened.
 Result<ExpertTiers> resolve_expert_tiers(const std::string& model_dir, const ModelConfig& config,
-                                         const PlacementFlags& flags);
+                                         const PlacementFlags& flags, const Checkpoint* headers = nullptr);
 
 }  // namespace spw::cli

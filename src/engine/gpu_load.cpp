@@ -58,6 +58,14 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
                                                  const GpuModelOptions& options) {
   auto config = read_model_config(model_dir);
   if (!config.ok()) return config.error();
+  auto ckpt = Checkpoint::open(model_dir);
+  if (!ckpt.ok()) return ckpt.error();
+  return load_gpu_model(std::move(config.value()), std::move(ckpt.value()), numerics, options);
+}
+
+Result<std::unique_ptr<GpuModel>> load_gpu_model(ModelConfig model_config, Checkpoint checkpoint,
+                                                 const Numerics& numerics, const GpuModelOptions& options) {
+  const ModelConfig* config = &model_config;
   if (!config->is_v41() && numerics.fake_quant && !numerics.bf16_activations)
     return make_error("load_gpu_model: V4 with fake quant but without bf16 activations is not supported on the GPU: "
                       "its quantized KV rows keep the RoPE channels in bf16, where this CPU mode keeps f32 (use "
@@ -66,12 +74,13 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, c
   // them, which at full width would be ~54 GB per layer (and an EXL3 decode of ~37 min per layer).
   LoadOptions load;
   load.routed_expert_values = false;
+  load.dense_values = false;
   load.on_progress = options.on_progress;
-  auto weights = load_weights(model_dir, *config, load);
+  auto weights = load_weights(std::move(checkpoint), *config, load);
   if (!weights.ok()) return weights.error();
 
   std::unique_ptr<GpuModel> m(new GpuModel());
-  m->config_ = std::move(config.value());
+  m->config_ = std::move(model_config);
   m->numerics_ = numerics;
   m->options_ = options;
   m->host_weights_ = std::move(weights.value());

@@ -280,7 +280,7 @@ class GpuModel {
   // Pages of compressed entries (and as many of index keys) of `layer` that a copy of a sequence of n_past
   // positions shares with it instead of copying: 0 without share_kv_pages.
   int64_t shared_pages(int64_t n_past, int layer) const;
-  friend Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string&, const Numerics&,
+  friend Result<std::unique_ptr<GpuModel>> load_gpu_model(ModelConfig, Checkpoint, const Numerics&,
                                                           const GpuModelOptions&);
   GpuModel() = default;
   Status reserve_pages(GpuSequence& seq, int64_t n_total);
@@ -305,6 +305,9 @@ class GpuModel {
 
 // Reads config and weights (model/weights.h), uploads them and allocates the pools of the budget.
 Result<std::unique_ptr<GpuModel>> load_gpu_model(const std::string& model_dir, const Numerics& numerics,
+                                                 const GpuModelOptions& options = {});
+// The same for a config and checkpoint already at hand (a synthetic model built in memory: model/synthetic_model.h).
+Result<std::unique_ptr<GpuModel>> load_gpu_model(ModelConfig config, Checkpoint checkpoint, const Numerics& numerics,
                                                  const GpuModelOptions& options = {});
 
 }  // namespace spw::engine

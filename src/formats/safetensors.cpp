@@ -221,6 +221,24 @@ Result<Checkpoint> Checkpoint::open(const std::string& path, OpenOptions options
   return ckpt;
 }
 
+Result<Checkpoint> Checkpoint::in_memory(std::string root, std::vector<TensorInfo> tensors,
+                                         std::shared_ptr<const void> owner) {
+  Checkpoint ckpt;
+  ckpt.root_ = std::move(root);
+  ckpt.memory_owner_ = std::move(owner);
+  for (TensorInfo& t : tensors) {
+    if (t.nbytes != size_t(t.numel()) * dtype_nbytes(t.dtype))
+      return Error{ckpt.root_ + ": tensor '" + t.name + "' has " + std::to_string(t.nbytes) + " bytes, its dtype and shape " +
+                   shape_text(t.shape) + " need " + std::to_string(size_t(t.numel()) * dtype_nbytes(t.dtype))};
+    t.file = ckpt.root_;
+    auto info = std::make_unique<TensorInfo>(std::move(t));
+    if (!ckpt.index_.emplace(info->name, info.get()).second)
+      return Error{ckpt.root_ + ": tensor '" + info->name + "' is given twice"};
+    ckpt.memory_tensors_.push_back(std::move(info));
+  }
+  return ckpt;
+}
+
 const TensorInfo* Checkpoint::find(const std::string& name) const {
   auto it = index_.find(name);
   return it == index_.end() ? nullptr : it->second;

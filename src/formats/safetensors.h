@@ -91,6 +91,11 @@ class SafetensorsFile {
 class Checkpoint {
  public:
   static Result<Checkpoint> open(const std::string& path, OpenOptions options = {});
+  // A checkpoint whose tensors live in memory that `owner` keeps alive (a synthetic model built without disk:
+  // model/synthetic_model.h). `root` names it in messages. Errors on a duplicate name or a tensor whose nbytes
+  // does not match its dtype and shape.
+  static Result<Checkpoint> in_memory(std::string root, std::vector<TensorInfo> tensors,
+                                      std::shared_ptr<const void> owner);
 
   const TensorInfo* find(const std::string& name) const;
   // All tensors, by name.
@@ -101,6 +106,8 @@ class Checkpoint {
  private:
   std::string root_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<std::unique_ptr<TensorInfo>> memory_tensors_;  // in_memory's tensors
+  std::shared_ptr<const void> memory_owner_;                 // and the bytes they point at
   std::map<std::string, const TensorInfo*> index_;
 };
 

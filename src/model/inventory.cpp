@@ -40,6 +40,7 @@ std::string tensor_role(const std::string& name) {
   if (starts_with(name, "vision.") || starts_with(name, "aligner.") || starts_with(name, "image_")) return "vision";
   if (name == "embed.weight") return "embedding";
   if (name == "head.weight") return "head";
+  if (name == "engram_token_map") return "engram token map";  // host-side hashing input, not a device weight
   if (has(name, ".engram.embed.")) return "engram tables";
   if (has(name, ".engram.")) return "engram projections";
   if (has(name, ".ffn.experts.")) return "routed experts";
@@ -72,7 +73,7 @@ Inventory take_inventory(const Checkpoint& ckpt, const ModelConfig& config) {
       if (layer == 0 && expert == 0) inv.expert_nbytes += int64_t(t->nbytes);
       continue;
     }
-    if (role == "draft (MTP/DSpark)" || role == "vision") continue;
+    if (role == "draft (MTP/DSpark)" || role == "vision" || role == "engram token map") continue;
     if (role == "engram tables") inv.engram_table_nbytes += int64_t(t->nbytes);
     else inv.dense_nbytes += int64_t(t->nbytes);
     if (role == "embedding") {

@@ -14,7 +14,8 @@ namespace {
 // Looks tensors up by released name (with or without the "model." prefix) and checks them.
 class TensorSource {
  public:
-  explicit TensorSource(const Checkpoint& ckpt) : ckpt_(ckpt) {}
+  // dense_values = false: linears are checked but hold no values (LoadOptions::dense_values).
+  explicit TensorSource(const Checkpoint& ckpt, bool dense_values = true) : ckpt_(ckpt), dense_values_(dense_values) {}
 
   const std::optional<Error>& error() const { return error_; }
   void fail(Error e) {
@@ -66,7 +67,11 @@ class TensorSource {
 
   // A weight stored as BF16/F32 and used with product precision `use` (Bf16 or F32).
   Linear plain(const std::string& name, int n_out, int n_in, LinearKind use) {
-    Linear l{floats(name, {n_out, n_in}), n_out, n_in, use, {}};
+    Linear l{{}, n_out, n_in, use, {}};
+    if (dense_values_)
+      l.w = floats(name, {n_out, n_in});
+    else
+      require(name, {DType::BF16, DType::F32}, {n_out, n_in});
     l.stem = name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
     return l;
   }
@@ -78,6 +83,8 @@ class TensorSource {
     const int64_t sr = (n_out + block - 1) / block, sc = (n_in + block - 1) / block;
     const TensorInfo* s = require(stem + ".scale", {DType::F8_E8M0}, {sr, sc});
     if (!w || !s) return {};
+    // Used as BF16 (wo_a) its values are what the GPU uploads too, so they are always dequantized.
+    if (!dense_values_ && use == LinearKind::Fp8) return Linear{{}, n_out, n_in, use, stem};
     std::vector<uint16_t> bf(size_t(n_out) * n_in);
     dequant_fp8_blocks(w->data, s->data, n_out, n_in, block, bf.data());
     return Linear{widen(bf), n_out, n_in, use, stem};
@@ -119,6 +126,7 @@ class TensorSource {
   }
 
   const Checkpoint& ckpt_;
+  bool dense_values_ = true;
   std::optional<Error> error_;
 };
 
@@ -282,23 +290,28 @@ void load_engram(TensorSource& src, const ModelConfig& c, int slot, const std::s
   ew.k_weight = src.floats(p + "engram.k_weight", {hc, d});
 }
 
-Status load_engram_token_map(const std::string& dir, const ModelConfig& c, ModelWeights& w) {
-  const std::string path = dir + "/engram_token_map.safetensors";
+Status check_engram_token_map(const TensorInfo* t, const std::string& where, const ModelConfig& c, ModelWeights& w) {
+  if (!t || t->dtype != DType::I32 || t->shape != std::vector<int64_t>{c.vocab_size})
+    return make_error(where, ": expected tensor 'engram_token_map' I32 [", c.vocab_size, "]");
+  w.engram_token_map.resize(c.vocab_size);
+  std::memcpy(w.engram_token_map.data(), t->data, t->nbytes);
+  for (int32_t v : w.engram_token_map)
+    if (v < 0 || v >= c.engram_compressed_vocab_size)
+      return make_error(where, ": class id ", v, " outside 0..", c.engram_compressed_vocab_size - 1,
+                        " (engram_compressed_vocab_size)");
+  return {};
+}
+
+// The compressed-token map: a tensor of the checkpoint (a synthetic model in memory), else the file beside it.
+Status load_engram_token_map(const Checkpoint& ckpt, const ModelConfig& c, ModelWeights& w) {
+  if (const TensorInfo* t = ckpt.find("engram_token_map")) return check_engram_token_map(t, t->file, c, w);
+  const std::string path = ckpt.root() + "/engram_token_map.safetensors";
   if (!std::filesystem::exists(path))
     return make_error(path, ": missing; deepseek_v41's Engram layers need the compressed-token map "
                             "(token id → class) that the tokenizer defines");
   auto file = SafetensorsFile::open(path);
   if (!file.ok()) return file.error();
-  const TensorInfo* t = (*file)->find("engram_token_map");
-  if (!t || t->dtype != DType::I32 || t->shape != std::vector<int64_t>{c.vocab_size})
-    return make_error(path, ": expected tensor 'engram_token_map' I32 [", c.vocab_size, "]");
-  w.engram_token_map.resize(c.vocab_size);
-  std::memcpy(w.engram_token_map.data(), t->data, t->nbytes);
-  for (int32_t v : w.engram_token_map)
-    if (v < 0 || v >= c.engram_compressed_vocab_size)
-      return make_error(path, ": class id ", v, " outside 0..", c.engram_compressed_vocab_size - 1,
-                        " (engram_compressed_vocab_size)");
-  return {};
+  return check_engram_token_map((*file)->find("engram_token_map"), path, c, w);
 }
 
 // Layer l's tensors into lw (lw untouched on error).
@@ -329,9 +342,14 @@ Result<std::unique_ptr<ModelWeights>> load_weights(const std::string& model_dir,
                                                    const LoadOptions& options) {
   auto ckpt = Checkpoint::open(model_dir);
   if (!ckpt.ok()) return ckpt.error();
+  return load_weights(std::move(ckpt.value()), c, options);
+}
+
+Result<std::unique_ptr<ModelWeights>> load_weights(Checkpoint checkpoint, const ModelConfig& c,
+                                                   const LoadOptions& options) {
   auto w = std::make_unique<ModelWeights>();
-  w->checkpoint = std::move(ckpt.value());
-  TensorSource src(w->checkpoint);
+  w->checkpoint = std::move(checkpoint);
+  TensorSource src(w->checkpoint, options.dense_values);
 
   const int d = c.d_model;
   w->embed = src.floats("embed.weight", {c.vocab_size, d});
@@ -350,7 +368,7 @@ Result<std::unique_ptr<ModelWeights>> load_weights(const std::string& model_dir,
       if (options.on_progress) options.on_progress(l + 1, c.n_layers);
     }
   }
-  if (c.is_v41() && !c.engram_layers.empty()) SPW_TRY(load_engram_token_map(model_dir, c, *w));
+  if (c.is_v41() && !c.engram_layers.empty()) SPW_TRY(load_engram_token_map(w->checkpoint, c, *w));
   return w;
 }
 
@@ -371,7 +389,7 @@ Result<Expert> load_routed_expert(const ModelWeights& w, const ModelConfig& c, i
 Status load_layer_weights(ModelWeights& w, const ModelConfig& c, int layer, const LoadOptions& options) {
   if (layer < 0 || layer >= c.n_layers || w.layers.size() != size_t(c.n_layers))
     return make_error("load_layer_weights: layer ", layer, " outside 0..", c.n_layers - 1);
-  TensorSource src(w.checkpoint);
+  TensorSource src(w.checkpoint, options.dense_values);
   return load_layer(src, c, layer, options, w.layers[size_t(layer)]);
 }
 

@@ -89,6 +89,10 @@ struct LoadOptions {
   // keeps n_out, n_in and kind with w empty. For the GPU engine, which uploads the stored bytes: a
   // full-width V4.1 layer's experts are 54 GB as f32, and decoding EXL3 on the CPU takes minutes.
   bool routed_expert_values = true;
+  // false: FP8 linears (except wo_a, used as BF16) and BF16/F32 linears are checked but keep no f32 values (w
+  // empty, the stored bytes stay in the checkpoint). For the GPU engine, which uploads the stored bytes: a
+  // full-width V4.1's dense f32 copies are ~30 GB and take minutes to dequantize on one core.
+  bool dense_values = true;
   // false: only the model-wide tensors (embedding, head, final norms, Engram token map); every layer stays
   // empty until load_layer_weights fills it. For callers that stream the model a layer at a time (calibration
   // of a checkpoint larger than RAM); such a load checks no layer tensor up front.
@@ -98,6 +102,10 @@ struct LoadOptions {
 // Loads and validates every tensor the forward needs: names with or without the "model."
 // prefix, dtypes and shapes checked against the config; errors name the file and tensor.
 Result<std::unique_ptr<ModelWeights>> load_weights(const std::string& model_dir, const ModelConfig& config,
+                                                   const LoadOptions& options = {});
+// The same from an open checkpoint (e.g. Checkpoint::in_memory); V4.1's Engram token map is its tensor
+// "engram_token_map" when it has one, else the file engram_token_map.safetensors under its root.
+Result<std::unique_ptr<ModelWeights>> load_weights(Checkpoint checkpoint, const ModelConfig& config,
                                                    const LoadOptions& options = {});
 
 // Loads and validates one layer's tensors from w's checkpoint into w.layers[layer] (replacing what was there).

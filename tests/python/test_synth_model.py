@@ -170,3 +170,49 @@ def test_routing_skew_makes_a_few_experts_hot(tmp_path):
     for uniform, skewed in zip(shares["0"], shares["0.15"]):
         assert uniform < 0.35, shares
         assert skewed > uniform + 0.1, shares
+
+
+@pytest.mark.parametrize("experts", [["--experts", "exl3", "--bits", "2"], ["--experts", "mxfp4"]],
+                         ids=["exl3", "mxfp4"])
+def test_bench_synthetic_in_memory_matches_the_generator(experts, tmp_path):
+    """`spillway bench --synthetic v41-flash` builds the model in memory (model/synthetic_model.h) instead of reading
+    one that this generator wrote: the same layers, tensors, formats and sizes, so the memory plan, the bytes a token
+    reads, the prefill FLOPs and a --gpu-memory placement all print the same for both."""
+    out = tmp_path / "model"
+    r = subprocess.run([sys.executable, str(ROOT / "tools/synth/make_synthetic_model.py"), str(out), "--arch", "v41",
+                        "--layers", "3", *experts, "--width-divisor", "8", "--engram-vocab", "2000",
+                        "--tokenizer", "none"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    bits = experts[3] if len(experts) > 2 else "0"
+    # Dense weights 0.34 GiB + the default KV (8) and workspace (2) reservations leave a few MiB for experts.
+    common = ["--plan-only", "--gpu-memory", "10.355", "--host-tier", "cpu", "--prefill", "4096"]
+    disk = subprocess.run([SPILLWAY, "bench", "--model", str(out), *common], capture_output=True, text=True,
+                          timeout=60)
+    if disk.returncode == 2 and "no GPU engine" in disk.stderr:
+        return  # a CPU-only build: the message says why
+    assert disk.returncode == 0, disk.stderr
+    mem = subprocess.run([SPILLWAY, "bench", "--synthetic", "v41-flash", "--layers", "3", "--width-divisor", "8",
+                          "--expert-bits", bits, "--engram-vocab", "2000", *common],
+                         capture_output=True, text=True, timeout=60)
+    assert mem.returncode == 0, mem.stderr
+
+    def body(text):  # all but the title line, which names the model's source
+        return [l for l in text.splitlines() if not l.startswith("# spillway bench:")]
+
+    assert body(mem.stdout) == body(disk.stdout)
+    assert "## Memory plan" in mem.stdout and "## FLOPs per prefill token" in mem.stdout
+    placed = [re.sub(r"^\[[^\]]*\] ", "", l) for l in (disk.stderr, mem.stderr)
+              for l in l.splitlines() if "expert placement" in l]
+    assert len(placed) == 2 and placed[0] == placed[1], placed
+    assert "on the CPU" in placed[0] and " 0 on the CPU" not in placed[0], placed  # the budget spilled some
+
+
+def test_bench_synthetic_refuses_bad_specs():
+    for args, needle in ((["--synthetic", "v4-flash"], "make_synthetic_model.py --arch v4"),
+                         (["--synthetic", "v41-flash", "--layers", "41"], "--layers"),
+                         (["--model", "/nonexistent", "--synthetic", "v41-flash"], "excludes"),
+                         (["--layers", "3"], "--synthetic")):
+        r = subprocess.run([SPILLWAY, "bench", *args, "--plan-only"], capture_output=True, text=True, timeout=60)
+        if r.returncode == 2 and "no GPU engine" in r.stderr:
+            return
+        assert r.returncode != 0 and needle in r.stderr + r.stdout, (args, r.stdout, r.stderr)

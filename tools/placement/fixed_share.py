@@ -8,6 +8,8 @@ synthetic models route uniformly, so which indices does not matter there; for a 
 --routing-stats`).
 
 Usage: fixed_share.py MODEL_DIR --host-gpu 0.33 --host-cpu 0 -o placement.json
+       fixed_share.py --v41-flash-layers 40 --host-gpu 0.33 -o placement.json   (for `spillway bench --synthetic
+       v41-flash --layers 40`: the released config, models/configs/deepseek-v4.1-flash.json, cut to 40 layers)
 Needs the standard library only.
 """
 
@@ -19,7 +21,9 @@ import sys
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model_dir")
+    ap.add_argument("model_dir", nargs="?", help="a checkpoint directory (its config.json)")
+    ap.add_argument("--v41-flash-layers", type=int, default=0,
+                    help="instead of MODEL_DIR: V4.1-Flash's released config with this many layers")
     ap.add_argument("--host-gpu", type=float, default=0.0, help="share of each layer's experts in pinned host memory")
     ap.add_argument("--host-cpu", type=float, default=0.0, help="share of each layer's experts on the CPU")
     ap.add_argument("-o", "--out", required=True)
@@ -27,10 +31,16 @@ def main() -> int:
     if a.host_gpu < 0 or a.host_cpu < 0 or a.host_gpu + a.host_cpu > 1:
         print("fixed_share.py: --host-gpu and --host-cpu must be shares in [0, 1] that sum to at most 1", file=sys.stderr)
         return 2
-    with open(os.path.join(a.model_dir, "config.json")) as f:
+    if bool(a.model_dir) == bool(a.v41_flash_layers):
+        print("fixed_share.py: give MODEL_DIR or --v41-flash-layers N (one of them)", file=sys.stderr)
+        return 2
+    config_path = (os.path.join(a.model_dir, "config.json") if a.model_dir else
+                   os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "configs",
+                                "deepseek-v4.1-flash.json"))
+    with open(config_path) as f:
         cfg = json.load(f)
     text = cfg.get("text_config", cfg)  # V4.1 nests the language model's settings
-    n_layers = text["num_hidden_layers"]
+    n_layers = a.v41_flash_layers or text["num_hidden_layers"]
     n_experts = text["n_routed_experts"]
     n_host_gpu = round(a.host_gpu * n_experts)
     n_host_cpu = round(a.host_cpu * n_experts)
