@@ -7,6 +7,8 @@
 # RUNS is a list of "bits:layers:host_gpu:host_cpu[:skew]" (default: 2-bit, 40 layers, a third in pinned host memory
 # read by the GPU; then a third on the CPU). A host share of "fit" takes the smallest share (at least a third) that
 # leaves the GPU's memory enough room: from the plan that `bench --plan-only` prints for all experts on the GPU.
+# With a routing skew the run is made twice: experts spread over the tiers by index (blind to popularity), recording
+# the routes; then the same shares with each layer's coldest experts on the host (fixed_share.py --routing-stats).
 # BENCH_ARGS adds `spillway bench` flags; BENCH_TIMEOUT bounds each run (default 280 s).
 set -u
 [ -f .exl3pack/dev.tar.xz ] && tar xJf .exl3pack/dev.tar.xz
@@ -47,11 +49,20 @@ EOF
     [ "$hc" = fit ] && hc=$share
     echo "run $name: host share $share for ${gpu_gib} GiB of GPU memory" | tee -a "$LOG"
   fi
-  python3 tools/placement/fixed_share.py --v41-flash-layers "$layers" --host-gpu "$hg" --host-cpu "$hc" \
-    -o "/tmp/placement_$name.json" >> "$LOG"
-  $TIMEV timeout ${BENCH_TIMEOUT:-280} $B/spillway bench $synth --placement "/tmp/placement_$name.json" \
-    $COMMON ${BENCH_ARGS:-} --json "$OUT/bench_$name.json" > "$OUT/bench_$name.md" 2> "$OUT/bench_$name.err"
-  rc=$?
-  echo "bench $name rc $rc — $(grep -m1 '^ms/token' "$OUT/bench_$name.md") — peak host RSS $(grep 'Maximum resident' \
-    "$OUT/bench_$name.err" | awk '{print $NF / 1048576}') GiB" | tee -a "$LOG"
+  placements="spread"
+  [ "$skew" != 0 ] && placements="spread popular"
+  for how in $placements; do
+    stats=""
+    [ "$how" = popular ] && stats="--routing-stats $OUT/routes_$name.json"
+    python3 tools/placement/fixed_share.py --v41-flash-layers "$layers" --host-gpu "$hg" --host-cpu "$hc" $stats \
+      -o "/tmp/placement_${name}_$how.json" >> "$LOG"
+    record=""
+    [ "$how" = spread ] && [ "$skew" != 0 ] && record="--record-routing $OUT/routes_$name.json"
+    $TIMEV timeout ${BENCH_TIMEOUT:-280} $B/spillway bench $synth --placement "/tmp/placement_${name}_$how.json" \
+      $COMMON $record ${BENCH_ARGS:-} --json "$OUT/bench_${name}_$how.json" > "$OUT/bench_${name}_$how.md" \
+      2> "$OUT/bench_${name}_$how.err"
+    rc=$?
+    echo "bench ${name}_$how rc $rc — $(grep -m1 '^ms/token' "$OUT/bench_${name}_$how.md") — peak host RSS \
+$(grep 'Maximum resident' "$OUT/bench_${name}_$how.err" | awk '{print $NF / 1048576}') GiB" | tee -a "$LOG"
+  done
 done

@@ -23,6 +23,7 @@
 #include "cuda/launch.h"
 #include "engine/gpu_model.h"
 #include "model/config.h"
+#include "runtime/routing_stats.h"
 
 namespace spw::bench {
 namespace {
@@ -245,7 +246,8 @@ int run_engine_bench(const EngineBenchOptions& o) {
       off_gpu_bytes[t] += double(db.layers[l].routed) * double(n[t]) / double(std::max<size_t>(1, o.expert_tiers[l].size()));
   }
   const bool spilled = off_gpu_bytes[1] + off_gpu_bytes[2] > 0;
-  const double hbm_token_bytes = token_bytes - off_gpu_bytes[1] - off_gpu_bytes[2];
+  double routed_token_bytes = 0;
+  for (const auto& lb : db.layers) routed_token_bytes += double(lb.routed);
 
   std::printf("\n## FLOPs per prefill token (mean over the prompt; head left out)\n\n");
   std::printf("| prompt | linears GFLOP | routed experts GFLOP | attention GFLOP | indexer GFLOP | total GFLOP |\n"
@@ -393,7 +395,29 @@ int run_engine_bench(const EngineBenchOptions& o) {
   };
   {
     const engine::StepGraphStats g0 = m.graph_stats();
+    // The routes of this phase (its prompt and steps), for the placement's roofline at the measured routing and for
+    // --record-routing: one small counting kernel per layer in each step.
+    const bool count_routes = spilled || !o.record_routing.empty();
+    if (count_routes) {
+      if (Status st = m.set_routing_record(true); !st.ok()) {
+        std::fprintf(stderr, "spillway bench: routing record: %s\n", st.error().message.c_str());
+        return 1;
+      }
+    }
     auto step_ms = decode_b1("batch-1 decode");
+    Result<RoutingCounts> routes = count_routes ? m.routing_counts() : Result<RoutingCounts>(make_error("off"));
+    if (count_routes) m.set_routing_record(false);
+    if (count_routes && !routes.ok()) {
+      std::fprintf(stderr, "spillway bench: routing record: %s\n", routes.error().message.c_str());
+      return 1;
+    }
+    if (!o.record_routing.empty()) {
+      runtime::RoutingStats stats{c.model_type, routes->n_tokens, routes->counts};
+      std::ofstream out(o.record_routing, std::ios::binary | std::ios::trunc);
+      out << runtime::routing_stats_to_json(stats);
+      std::printf("routing of the batch-1 phase (%lld tokens) written to %s (spillway plan / --gpu-memory "
+                  "--routing-stats)\n", (long long)stats.n_tokens, o.record_routing.c_str());
+    }
     if (!step_ms.ok()) {
       std::fprintf(stderr, "spillway bench: batch-1 decode: %s\n", step_ms.error().message.c_str());
       return 1;
@@ -412,21 +436,39 @@ int run_engine_bench(const EngineBenchOptions& o) {
                 token_bytes / kMiB, *bw / 1e9, roofline_ms, 100.0 * roofline_ms / ms_per_token,
                 spilled ? " [as if every expert were in HBM]" : "");
     if (spilled) {
+      // The bytes per token from each tier at the routes this phase measured (a skewed router sends more or fewer
+      // tokens to the host than the tiers' shares of experts).
+      double tier_bytes[kNumExpertTiers] = {};
+      for (size_t l = 0; l < o.expert_tiers.size() && l < db.layers.size(); ++l) {
+        int64_t n[kNumExpertTiers] = {}, all = 0;
+        for (size_t e = 0; e < o.expert_tiers[l].size(); ++e) {
+          n[int(o.expert_tiers[l][e])] += routes->counts[l][e];
+          all += routes->counts[l][e];
+        }
+        for (int t = 1; t < kNumExpertTiers; ++t)
+          tier_bytes[t] += all ? double(db.layers[l].routed) * double(n[t]) / double(all) : 0.0;
+      }
+      std::printf("routes to the host tiers in this phase: %.1f%% pinned host, %.1f%% CPU of the routed bytes "
+                  "(the tiers hold %.1f%% and %.1f%% of the experts)\n",
+                  100.0 * tier_bytes[1] / routed_token_bytes, 100.0 * tier_bytes[2] / routed_token_bytes,
+                  100.0 * off_gpu_bytes[1] / routed_token_bytes, 100.0 * off_gpu_bytes[2] / routed_token_bytes);
+      const double hbm_at_routes = token_bytes - tier_bytes[1] - tier_bytes[2];
       // The placement's own bound: the GPU reads HBM and the mapped experts one after the other; the CPU's experts
       // overlap with both (the stream waits for them once per layer), so the bound is the larger of the two.
-      const double hbm_ms = hbm_token_bytes / *bw * 1e3, pcie_ms = off_gpu_bytes[1] / pcie_bw * 1e3,
-                   cpu_ms = off_gpu_bytes[2] / cpu_bw * 1e3;
+      const double hbm_ms = hbm_at_routes / *bw * 1e3, pcie_ms = tier_bytes[1] / pcie_bw * 1e3,
+                   cpu_ms = tier_bytes[2] / cpu_bw * 1e3;
       const double overlapped = std::max(hbm_ms + pcie_ms, cpu_ms), serial = hbm_ms + pcie_ms + cpu_ms;
       std::printf("placement roofline: HBM %.2f MiB / %.0f GB/s = %.3f ms, pinned host %.2f MiB / %.1f GB/s = %.3f ms, "
                   "CPU %.2f MiB / %.1f GB/s = %.3f ms; overlapped %.3f ms  ->  %.1f%% (serial %.3f ms: %.1f%%)\n",
-                  hbm_token_bytes / kMiB, *bw / 1e9, hbm_ms, off_gpu_bytes[1] / kMiB, pcie_bw / 1e9, pcie_ms,
-                  off_gpu_bytes[2] / kMiB, cpu_bw / 1e9, cpu_ms, overlapped, 100.0 * overlapped / ms_per_token, serial,
+                  hbm_at_routes / kMiB, *bw / 1e9, hbm_ms, tier_bytes[1] / kMiB, pcie_bw / 1e9, pcie_ms,
+                  tier_bytes[2] / kMiB, cpu_bw / 1e9, cpu_ms, overlapped, 100.0 * overlapped / ms_per_token, serial,
                   100.0 * serial / ms_per_token);
       const auto p = m.expert_placement();
       std::printf("CPU expert worker so far: %llu requests, %.3f s busy\n", (unsigned long long)p.cpu_requests,
                   p.cpu_busy_seconds);
-      report["decode_b1_placement"] = {{"hbm_bytes", hbm_token_bytes}, {"host_gpu_bytes", off_gpu_bytes[1]},
-                                       {"host_cpu_bytes", off_gpu_bytes[2]}, {"overlapped_ms", overlapped},
+      report["decode_b1_placement"] = {{"hbm_bytes", hbm_at_routes}, {"host_gpu_bytes", tier_bytes[1]},
+                                       {"host_cpu_bytes", tier_bytes[2]}, {"uniform_host_gpu_bytes", off_gpu_bytes[1]},
+                                       {"uniform_host_cpu_bytes", off_gpu_bytes[2]}, {"overlapped_ms", overlapped},
                                        {"serial_ms", serial}, {"overlapped_pct", 100.0 * overlapped / ms_per_token}};
     }
     const int64_t n_steps = 4 + o.decode_steps, segs = g1.segments - g0.segments;

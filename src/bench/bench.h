@@ -44,6 +44,7 @@ struct EngineBenchOptions {
   uint64_t seed = 1;
   bool plan_only = false;           // print the plan and the per-token costs; no GPU needed
   std::string json_path;
+  std::string record_routing;       // write the batch-1 phase's routing counts here (runtime/routing_stats.h format)
   GpuSettings gpu;                  // kernel switches and MoE paths (the CLI passes settings().gpu)
   ExpertTiers expert_tiers;         // where the routed experts live (empty: all on the GPU; cli/expert_placement.h)
   int host_expert_threads = 0;      // the CPU expert worker's threads (0: all)

@@ -18,7 +18,7 @@ namespace spw::cli {
 namespace {
 
 struct BenchFlags {
-  std::string model_dir, json_path;
+  std::string model_dir, json_path, record_routing;
   std::vector<int> batches{1, 4, 16, 64};
   std::vector<int64_t> prefill{4096, 40960};
   int decode_steps = 32, batch_steps = 16, chunk = 4096, prefill_runs = 3, max_seqs = 0, project_layers = 0, copy_mib = 2048;
@@ -35,6 +35,7 @@ int run_bench(const BenchFlags& f) {
   bench::EngineBenchOptions o;
   o.model_dir = f.model_dir;
   o.json_path = f.json_path;
+  o.record_routing = f.record_routing;
   o.batches = f.batches;
   o.prefill = f.prefill;
   o.decode_steps = f.decode_steps;
@@ -126,6 +127,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->needs(synthetic);
   cmd->add_option("--json", f->json_path, "also write the results as JSON to this file");
+  cmd->add_option("--record-routing", f->record_routing,
+                  "write the routing counts of the batch-1 phase to this file (for --gpu-memory --routing-stats "
+                  "or `spillway plan`)");
   cmd->add_option("--batches", f->batches, "batch sizes for aggregate decode")->delimiter(',')->capture_default_str();
   cmd->add_option("--prefill", f->prefill, "prompt lengths for prefill")->delimiter(',')->capture_default_str();
   cmd->add_option("--decode-steps", f->decode_steps, "timed batch-1 decode steps")->capture_default_str();

@@ -201,6 +201,31 @@ def test_bench_and_serve_take_a_placement_file_or_a_budget(tmp_path):
     assert "routing assumed uniform" in r.stderr
 
 
+def test_fixed_shares_for_the_synthetic_model_and_by_popularity(tmp_path):
+    """fixed_share.py --v41-flash-layers N makes placements for `bench --synthetic v41-flash --layers N` (no model
+    directory), and --routing-stats puts each layer's least routed experts on the host, the CPU taking the coldest."""
+    stats = tmp_path / "stats.json"
+    counts = [[(e * 37 + layer * 11) % 384 for e in range(384)] for layer in range(2)]  # each layer's own ranking
+    stats.write_text(json.dumps({"model": "deepseek_v41", "n_tokens": 1000, "layers": counts}))
+    out = tmp_path / "p.json"
+    subprocess.run([sys.executable, str(ROOT / "tools/placement/fixed_share.py"), "--v41-flash-layers", "2",
+                    "--host-gpu", "0.25", "--host-cpu", "0.25", "--routing-stats", str(stats), "-o", str(out)],
+                   check=True, capture_output=True, timeout=60)
+    doc = json.loads(out.read_text())
+    assert (doc["model_type"], doc["n_layers"], doc["n_experts"]) == ("deepseek_v41", 2, 384)
+    for layer, row in enumerate(doc["layers"]):
+        c = counts[layer]
+        cpu, host, gpu = ([c[e] for e in row[t]] for t in ("host_cpu", "host_gpu", "gpu"))
+        assert len(cpu) == len(host) == 96 and len(gpu) == 192
+        assert max(cpu) < min(host) and max(host) < min(gpu)  # coldest on the CPU, then pinned memory, hot on the GPU
+    r = run_cli("bench", "--plan-only", "--synthetic", "v41-flash", "--layers", "2", "--expert-bits", "2",
+                "--placement", out)
+    if r.returncode == 2 and "no GPU engine" in r.stderr:
+        return
+    assert r.returncode == 0, r.stderr
+    assert "384 on the GPU, 192 in pinned host memory read by the GPU, 192 on the CPU, of 768" in r.stderr, r.stderr
+
+
 def test_placement_flags_that_cannot_work_say_why(v41, tmp_path):
     _, other = plan(tmp_path, v41, "--gpu-memory", 141)  # 40 layers of 384 experts: not the demo model
     wrong = tmp_path / "v41_placement.json"
