@@ -24,12 +24,13 @@ class Uploader {
       if (!p.ok()) status_ = make_error("upload_weights: pinned host memory for an expert: ", p.error().message);
       return p.ok() ? p->device : nullptr;
     }
-    DeviceBuffer<uint8_t> buf;
-    status_ = upload(static_cast<const uint8_t*>(src), n, buf);
-    if (!status_.ok()) return nullptr;
+    auto p = out_.device.copy(src, n);
+    if (!p.ok()) {
+      status_ = p.error();
+      return nullptr;
+    }
     out_.nbytes += n;
-    out_.owned.push_back(std::move(buf));
-    return out_.owned.back().get();
+    return *p;
   }
   // a then b in one device buffer.
   const void* bytes_cat(const void* a, size_t na, const void* b, size_t nb) {

@@ -98,7 +98,7 @@ struct DeviceWeights {
   std::vector<DeviceLayer> layers;
   size_t nbytes = 0;             // device bytes of all of the above
   size_t routed_gpu_nbytes = 0;  // of which routed experts
-  std::vector<DeviceBuffer<uint8_t>> owned;
+  WeightArena device;                              // the bytes of all of the above
   MappedHostArena host_mapped;                     // the HostGpu experts' bytes
   MappedHostArena host_cpu_mapped;                 // the HostCpu experts' bytes
   std::vector<std::vector<HostCpuExpert>> host_cpu;  // [layer][expert]; empty entries (w1.n = 0) elsewhere
