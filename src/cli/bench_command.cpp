@@ -114,7 +114,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->needs(synthetic);
   cmd->add_option("--routing-skew", f->spec.routing_skew,
                   "--synthetic: S > 0 gives each layer hot and cold experts (router bias -S*ln(1 + rank) over a "
-                  "random ranking; 0.15: the top quarter of experts takes ~45% of the routes)")
+                  "random ranking; with 384 experts 0.15 gives each layer's top quarter ~85% of the routes)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str()
       ->needs(synthetic);
