@@ -21,6 +21,13 @@ void add_placement_flags(CLI::App* cmd, PlacementFlags& f) {
                   "the GPU unless --placement)")
       ->capture_default_str();
   cmd->add_option("--routing-stats", f.routing_stats, "routing statistics for the --gpu-memory plan (else uniform)");
+  cmd->add_option("--kv-gib", f.request.kv_gib, "with --gpu-memory: GiB the plan reserves for the KV cache")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--workspace-gib", f.request.workspace_gib,
+                  "with --gpu-memory: GiB the plan reserves for activations and workspaces")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--host-tier", f.host_tier,
                   "with --gpu-memory, where host experts run: gpu (read over PCIe), cpu (CPU runtime), auto")
       ->check(CLI::IsMember({"gpu", "cpu", "auto"}))

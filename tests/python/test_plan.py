@@ -199,6 +199,13 @@ def test_bench_and_serve_take_a_placement_file_or_a_budget(tmp_path):
     assert (f"{counts[0]} on the GPU, {counts[1]} in pinned host memory read by the GPU, {counts[2]} on the CPU"
             in r.stderr), r.stderr
     assert "routing assumed uniform" in r.stderr
+    # Smaller reservations leave more of the same budget to experts (and the error's advice works in bench too).
+    r = run_cli("bench", "--plan-only", "--model", DEMO, "--gpu-memory", 10.03, "--kv-gib", 7)
+    assert r.returncode == 0, r.stderr
+    more = int(re.search(r"(\d+) on the GPU", r.stderr).group(1))
+    assert more > counts[0], (more, counts)
+    r = run_cli("bench", "--plan-only", "--model", DEMO, "--gpu-memory", 5)
+    assert r.returncode != 0 and "lower the reservations" in r.stderr, r.stderr
 
 
 def test_fixed_shares_for_the_synthetic_model_and_by_popularity(tmp_path):
@@ -254,7 +261,7 @@ def test_every_placement_flag_is_documented():
     for command in ("serve", "bench"):
         r = run_cli(command, "--help", timeout=60)
         assert r.returncode == 0, r.stderr
-        for flag in ("--placement", "--gpu-memory", "--routing-stats", "--host-tier", "--cpu-expert-threads",
-                     "--cpu-expert-activations"):
+        for flag in ("--placement", "--gpu-memory", "--routing-stats", "--host-tier", "--kv-gib", "--workspace-gib",
+                     "--cpu-expert-threads", "--cpu-expert-activations"):
             assert flag in r.stdout, f"{command} --help lacks {flag}"
             assert f"`{flag}`" in documented, f"{flag} not in docs/settings.md"
