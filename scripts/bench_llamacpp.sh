@@ -26,6 +26,9 @@
 #   convert  unpack the source and convert only (no build, no GPU: how the conversion was tested here).
 # Sizes: LLAMA_PP (4096), LLAMA_PP_LONG (40960), LLAMA_TG (128), LLAMA_DEPTHS (0,4096), LLAMA_NPL (1,4,16,64),
 # LLAMA_REPS (3). LLAMA_PACK: where the .llpack tarballs are (default ./.llpack).
+# Experts on the host (the spill's peer, scripts/gpu_spill_peer.sh): LLAMA_NCMOE="0,2" runs llama-bench once per
+# value of --n-cpu-moe (the MoE weights of the first N layers stay in host memory, computed by the CPU; llama.cpp
+# splits experts per layer, not per expert) and llama-batched-bench once per value.
 # Random token ids as input (llama-bench and llama-batched-bench draw them); the weights are random too.
 # Disk: the V4 model and its GGUF need ~35 GB of the machine's 64; delete other synthetic models in /tmp first (a
 # full disk made the conversion fail on 2026-12-03). Measured there: conversion 47 s, the whole run phase < 15 s with
@@ -37,6 +40,7 @@ OUT=${OUT:-/tmp/llamacpp_out}
 W=${LLAMA_WORK:-/tmp/llamacpp}
 JOBS=${LLAMA_JOBS:-12}
 PACK=${LLAMA_PACK:-$PWD/.llpack}
+NCMOE=${LLAMA_NCMOE:-}
 PP=${LLAMA_PP:-4096} PP_LONG=${LLAMA_PP_LONG:-40960} TG=${LLAMA_TG:-128} DEPTHS=${LLAMA_DEPTHS:-0,4096}
 NPL=${LLAMA_NPL:-1,4,16,64} REPS=${LLAMA_REPS:-3}
 GGUF=$W/synth_v4.gguf
@@ -178,8 +182,10 @@ run() {
   grep -a "## SPLIT #[0-9]*: CPU" "$L/simple.log" | sort | uniq -c | sort -rn | cut -c1-300 | head -8
   grep -av "^\[\|## SPLIT\|^$" "$L/simple.log" | tail -4
   # 2. prefill 4096 and decode 128 at batch 1, at context depth 0 and 4096, micro-batch 512 (default) and 2048.
+  local ncmoe_flag=""
+  [ -n "$NCMOE" ] && ncmoe_flag="-ncmoe $NCMOE"
   timed llama_bench_pp${PP}_tg${TG} timeout 300 "$BIN/llama-bench" -m "$GGUF" -ngl 99 -fa 1 -p "$PP" -n "$TG" -d "$DEPTHS" \
-    -b 2048 -ub 512,2048 -r "$REPS" \
+    -b 2048 -ub 512,2048 -r "$REPS" $ncmoe_flag \
     -o md -oe json > "$L/llama_bench.md" 2> "$L/llama_bench.err"
   cat "$L/llama_bench.md"; grep -iE "error|abort|fail|out of memory" "$L/llama_bench.err" | head -5
   # 3. prefill 40960 (one rep).
@@ -190,11 +196,15 @@ run() {
   fi
   # 4. aggregate decode: 1, 4, 16, 64 sequences, each a 128-token prompt then 128 decode steps.
   local maxpl; maxpl=$(echo "$NPL" | tr ',' '\n' | sort -n | tail -1)
-  timed llama_batched_bench timeout 300 "$BIN/llama-batched-bench" -m "$GGUF" -ngl 99 -fa on \
-    -c $((maxpl * (128 + TG) + 1024)) -b 2048 -ub 512 \
-    -npp 128 -ntg "$TG" -npl "$NPL" > "$L/batched_bench.md" 2> "$L/batched_bench.err"
-  # the table (S_TG t/s = aggregate decode tokens/s) is printed with the log; keep its lines
-  grep -ahE "^\||^main: n_kv_max|splits =|error|abort|fail|out of memory" "$L/batched_bench.md" "$L/batched_bench.err" | head -40
+  for n in $(echo "${NCMOE:-0}" | tr ',' ' '); do
+    echo "llama-batched-bench --n-cpu-moe $n"
+    timed llama_batched_bench_ncmoe$n timeout 300 "$BIN/llama-batched-bench" -m "$GGUF" -ngl 99 -fa on \
+      -c $((maxpl * (128 + TG) + 1024)) -b 2048 -ub 512 --n-cpu-moe "$n" \
+      -npp 128 -ntg "$TG" -npl "$NPL" > "$L/batched_bench_ncmoe$n.md" 2> "$L/batched_bench_ncmoe$n.err"
+    # the table (S_TG t/s = aggregate decode tokens/s) is printed with the log; keep its lines
+    grep -ahE "^\||^main: n_kv_max|splits =|error|abort|fail|out of memory" "$L/batched_bench_ncmoe$n.md" \
+      "$L/batched_bench_ncmoe$n.err" | head -40
+  done
   return 0
 }
 
