@@ -91,11 +91,16 @@ Result<ExpertTiers> resolve_expert_tiers(const std::string& model_dir, const Mod
     auto file = runtime::parse_placement(text.str(), f.placement_file);
     if (!file.ok()) return make_error("--placement: ", file.error().message);
     if (file->model_type != config.model_type || file->n_layers != config.n_layers ||
-        file->n_experts != config.n_experts)
+        file->n_experts != config.n_experts) {
+      // A model built in memory has no directory for `spillway plan`; fixed_share.py makes its placements.
+      const std::string remedy = headers ? "make one with `tools/placement/fixed_share.py --v41-flash-layers " +
+                                               std::to_string(config.n_layers) + "`"
+                                         : "run `spillway plan --model " + model_dir + "` again";
       return make_error("--placement ", f.placement_file, " was planned for ", file->model_type, " with ",
                         file->n_layers, " layers of ", file->n_experts, " experts; ", model_dir, " is ",
-                        config.model_type, " with ", config.n_layers, " layers of ", config.n_experts,
-                        " experts: run `spillway plan --model ", model_dir, "` again");
+                        config.model_type, " with ", config.n_layers, " layers of ", config.n_experts, " experts: ",
+                        remedy);
+    }
     log_tiers(file->tiers, f.placement_file);
     return std::move(file->tiers);
   }

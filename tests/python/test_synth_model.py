@@ -207,7 +207,7 @@ def test_bench_synthetic_in_memory_matches_the_generator(experts, tmp_path):
     assert "on the CPU" in placed[0] and " 0 on the CPU" not in placed[0], placed  # the budget spilled some
 
 
-def test_bench_synthetic_refuses_bad_specs():
+def test_bench_synthetic_refuses_bad_specs(tmp_path):
     for args, needle in ((["--synthetic", "v4-flash"], "make_synthetic_model.py --arch v4"),
                          (["--synthetic", "v41-flash", "--layers", "41"], "--layers"),
                          (["--model", "/nonexistent", "--synthetic", "v41-flash"], "excludes"),
@@ -216,3 +216,10 @@ def test_bench_synthetic_refuses_bad_specs():
         if r.returncode == 2 and "no GPU engine" in r.stderr:
             return
         assert r.returncode != 0 and needle in r.stderr + r.stdout, (args, r.stdout, r.stderr)
+    # A placement for another layer count: the remedy for a model built in memory is fixed_share.py, not `plan`.
+    wrong = tmp_path / "p40.json"
+    subprocess.run([sys.executable, str(ROOT / "tools/placement/fixed_share.py"), "--v41-flash-layers", "40",
+                    "--host-gpu", "0.3", "-o", str(wrong)], check=True, capture_output=True, timeout=60)
+    r = subprocess.run([SPILLWAY, "bench", "--synthetic", "v41-flash", "--layers", "3", "--placement", str(wrong),
+                        "--plan-only"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "fixed_share.py --v41-flash-layers 3" in r.stderr, r.stderr
