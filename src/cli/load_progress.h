@@ -8,5 +8,7 @@
 namespace spw::cli {
 
 std::function<void(int done, int total)> layer_progress(std::string what);
+// The same for other units ("sequences", ...).
+std::function<void(int done, int total)> progress(std::string what, std::string unit);
 
 }  // namespace spw::cli

@@ -9,7 +9,9 @@
 #include "base/log.h"
 #include "cli/commands.h"
 #include "cli/expert_placement.h"
+#include "cli/routing_calibration.h"
 #include "model/config.h"
+#include "runtime/routing_stats.h"
 #include "runtime/placement.h"
 #include "runtime/placement_file.h"
 
@@ -18,7 +20,9 @@ namespace {
 
 struct PlanOptions {
   std::string model_dir;
-  std::string routing_stats;  // empty: uniform routing
+  std::string routing_stats;  // empty: uniform routing (or --calibration)
+  CalibrationOptions calibration;  // text_file set: record the statistics on this text first
+  std::string record_routing;      // with --calibration: where the recorded statistics are written
   std::string out = "placement.json";
   std::string host_tier = "auto";
   runtime::PlacementRequest request;
@@ -34,8 +38,9 @@ void print_summary(const runtime::Placement& plan, const PlanOptions& o) {
   std::printf("placement    %s, %d layers x %d routed experts (top %d), %s\n", plan.model_type.c_str(), plan.n_layers,
               plan.n_experts, plan.top_k, o.model_dir.c_str());
   if (plan.from_stats)
-    std::printf("routing      statistics from %s: %lld tokens recorded on \"%s\"\n", o.routing_stats.c_str(),
-                (long long)plan.stats_n_tokens, plan.stats_model.c_str());
+    std::printf("routing      statistics from %s: %lld tokens recorded on \"%s\"%s%s\n", o.routing_stats.c_str(),
+                (long long)plan.stats_n_tokens, plan.stats_model.c_str(),
+                o.calibration.text_file.empty() ? "" : ", by calibration on ", o.calibration.text_file.c_str());
   else
     std::printf("routing      uniform: no --routing-stats given, every expert assumed equally likely (%d of %d per layer)\n",
                 plan.top_k, plan.n_experts);
@@ -76,6 +81,28 @@ int run_plan(PlanOptions& o) {
     SPW_LOG_ERROR("{}", config.error().message);
     return 1;
   }
+  if (!o.calibration.text_file.empty()) {
+    if (!o.routing_stats.empty()) {
+      SPW_LOG_ERROR("--calibration and --routing-stats both given: pass one (each supplies the routing statistics)");
+      return 2;
+    }
+    o.calibration.model_dir = o.model_dir;
+    auto stats = record_routing_on_text(o.calibration);
+    if (!stats.ok()) {
+      SPW_LOG_ERROR("{}", stats.error().message);
+      return 1;
+    }
+    // The plan reads them back from the file, which the user keeps for serve/bench --routing-stats.
+    o.routing_stats = o.record_routing.empty() ? o.out + ".routing.json" : o.record_routing;
+    std::ofstream stats_out(o.routing_stats, std::ios::binary | std::ios::trunc);
+    stats_out << runtime::routing_stats_to_json(*stats);
+    stats_out.close();
+    if (!stats_out) {
+      SPW_LOG_ERROR("--record-routing {}: cannot write the file", o.routing_stats);
+      return 1;
+    }
+    SPW_LOG_INFO("routing statistics of {} tokens written to {}", stats->n_tokens, o.routing_stats);
+  }
   SPW_LOG_INFO("reading the checkpoint headers of {}", o.model_dir);
   const auto started = std::chrono::steady_clock::now();
   auto plan = plan_from_checkpoint(o.model_dir, *config, o.request, o.routing_stats);
@@ -103,10 +130,27 @@ std::function<int()> add_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
   CLI::App* cmd = app.add_subcommand(
       "plan", "Place routed experts in HBM or host RAM under a GPU memory budget; predict bytes and tokens/s per token");
-  cmd->add_option("--model,-m", o->model_dir, "model directory (header-only checkpoints work)")->required();
+  cmd->add_option("--model,-m", o->model_dir,
+                  "model directory (header-only checkpoints work, except with --calibration, which runs the model)")
+      ->required();
   cmd->add_option("--gpu-memory", o->request.gpu_memory_gib, "GiB of GPU memory the model may use")->required();
   cmd->add_option("--routing-stats", o->routing_stats,
                   "routing statistics JSON (docs/placement.md); without it routing is assumed uniform");
+  cmd->add_option("--calibration", o->calibration.text_file,
+                  "record routing statistics on this text file first (the model runs it: CPU reference or GPU, see "
+                  "--device) and plan with them");
+  cmd->add_option("--calibration-tokens", o->calibration.max_tokens, "with --calibration: tokens of the text routed")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--calibration-seq-len", o->calibration.seq_len,
+                  "with --calibration: tokens per sequence (BOS and the text's next tokens)")
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 20))
+      ->capture_default_str();
+  cmd->add_option("--device", o->calibration.device, "with --calibration: the runner, auto, cpu or cuda (as serve's)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--record-routing", o->record_routing,
+                  "with --calibration: write the statistics here (default: the --out path + .routing.json)");
   cmd->add_option("--kv-gib", o->request.kv_gib, "GiB reserved for the KV cache")->capture_default_str();
   cmd->add_option("--workspace-gib", o->request.workspace_gib, "GiB reserved for activations and workspaces")
       ->capture_default_str();

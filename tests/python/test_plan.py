@@ -265,3 +265,37 @@ def test_every_placement_flag_is_documented():
                      "--cpu-expert-threads", "--cpu-expert-activations"):
             assert flag in r.stdout, f"{command} --help lacks {flag}"
             assert f"`{flag}`" in documented, f"{flag} not in docs/settings.md"
+
+
+def test_plan_from_a_calibration_text(tmp_path):
+    """`plan --calibration TEXT` runs the model on the text (here the demo model on the CPU), records every layer's
+    picks, writes them and plans with them: the same placement as `plan --routing-stats` of the written file, hot
+    experts kept on the GPU."""
+    text = tmp_path / "calibration.txt"
+    text.write_text((ROOT / "docs/placement.md").read_text(encoding="utf-8"), encoding="utf-8")
+    stats_path = tmp_path / "stats.json"
+    out, calibrated = plan(tmp_path, DEMO, "--gpu-memory", 10.03, "--calibration", text, "--calibration-tokens", 600,
+                           "--calibration-seq-len", 256, "--device", "cpu", "--record-routing", stats_path)
+    assert f"by calibration on {text}" in out, out
+    stats = json.loads(stats_path.read_text())
+    assert stats["n_tokens"] == 600 + 3  # three sequences, each with its BOS
+    for row in stats["layers"]:  # every routed row picked top_k experts
+        assert sum(row) == stats["n_tokens"] * calibrated["top_k"]
+    again = tmp_path / "again"
+    again.mkdir()
+    _, replanned = plan(again, DEMO, "--gpu-memory", 10.03, "--routing-stats", stats_path)
+    assert tier_of(replanned) == tier_of(calibrated)
+    rows = tier_of(calibrated)
+    for layer, row in enumerate(rows):  # within a layer, no host expert is hotter than a GPU expert
+        counts = stats["layers"][layer]
+        on_gpu = [counts[e] for e, t in enumerate(row) if t == "gpu"]
+        off = [counts[e] for e, t in enumerate(row) if t != "gpu"]
+        if on_gpu and off:
+            assert min(on_gpu) >= max(off), (layer, on_gpu, off)
+    errors = tmp_path / "errors"
+    errors.mkdir()
+    r = plan(errors, DEMO, "--gpu-memory", 10.03, "--calibration", text, "--routing-stats", stats_path,
+             expect_ok=False)
+    assert "--calibration and --routing-stats both given" in r.stderr, r.stderr
+    r = plan(errors, DEMO, "--gpu-memory", 10.03, "--calibration", tmp_path / "missing.txt", expect_ok=False)
+    assert "cannot read the file" in r.stderr, r.stderr

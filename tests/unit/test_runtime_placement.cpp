@@ -288,7 +288,7 @@ TEST(PlacementModelFromInventory, TheDemoModelsBytesAddUp) {
   ASSERT_TRUE(inv.groups.count("routed experts"));
   EXPECT_EQ(experts, inv.groups.at("routed experts").nbytes);
   int64_t aside = 0;
-  for (const char* role : {"draft (MTP/DSpark)", "vision"})
+  for (const char* role : {"draft (MTP/DSpark)", "vision", "engram token map"})  // not device weights
     if (inv.groups.count(role)) aside += inv.groups.at(role).nbytes;
   EXPECT_EQ(inv.dense_nbytes + inv.engram_table_nbytes + experts + aside, inv.total.nbytes);
   // Decode reads the dense weights per token, top_k experts per layer and the Engram rows.
