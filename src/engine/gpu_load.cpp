@@ -1,9 +1,9 @@
 // Loading a GpuModel: the memory plan, the weights' upload, the KV pools, compressor state and workspaces.
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <string>
 
+#include "base/host_memory.h"
 #include "engine/gpu_model.h"
 #include "engine/gpu_step.h"
 #include "ops/ref/rope.h"
@@ -11,17 +11,6 @@
 namespace spw::engine {
 
 namespace {
-
-// MemAvailable of /proc/meminfo in bytes (0 when unreadable: then nothing is pinned that could be left on disk).
-size_t host_available_nbytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  size_t kib = 0;
-  std::string unit;
-  while (f >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
-}
 
 template <class T>
 Status fill(DeviceBuffer<T>& buf, size_t n, T value) {
@@ -132,7 +121,7 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(ModelConfig model_config, Check
       table_nbytes += ew.table->nbytes + ew.table_scale->nbytes;
     }
     m->engram_on_disk_ = options.engram_tables == EngramTablePlace::kDisk ||
-                         (options.engram_tables == EngramTablePlace::kAuto && 2 * table_nbytes > host_available_nbytes());
+                         (options.engram_tables == EngramTablePlace::kAuto && 2 * table_nbytes > spw::host_available_nbytes());
     for (int layer : c.engram_layers) {
       const EngramWeights& ew = m->host_weights_->layers[layer].engram;
       EngramTables& t = st.engram_tables.emplace_back();

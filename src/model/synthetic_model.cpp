@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/host_memory.h"
 #include "formats/dtypes.h"
 #include "model/released_configs.h"
 #include "ops/ref/engram_hash.h"
@@ -431,6 +432,13 @@ Result<SyntheticModel> make_synthetic_model(const SyntheticSpec& spec, const std
                                     c.engram_head_dim);
   }
   const size_t expert_max = size_t(c.d_model) * c.d_expert * std::max(spec.expert_bits, 4) / 8;
+  // What the build holds (the pools, the embedding and head, the Engram tables' scales); the rest is small.
+  size_t engram_scales = 0;
+  for (int64_t rows : c.engram_num_embeddings) engram_scales = std::max(engram_scales, size_t(rows) * c.engram_head_dim / 32);
+  const size_t need = fp8_max + expert_max + 2 * kPoolSlack + engram_scales + 4 * size_t(c.vocab_size) * c.d_model;
+  if (const size_t avail = host_available_nbytes(); avail > 0 && need > avail)
+    return make_error("--synthetic: building the model needs ", need >> 20, " MiB of host memory and ", avail >> 20,
+                      " MiB are available (the Engram tables grow with --engram-vocab: ", spec.engram_vocab, ")");
   b.reserve_pools(fp8_max, expert_max, std::max(c.d_model, c.d_expert));
 
   b.bf16("embed.weight", {c.vocab_size, c.d_model}, 1.0);

@@ -211,7 +211,10 @@ def test_bench_synthetic_refuses_bad_specs(tmp_path):
     for args, needle in ((["--synthetic", "v4-flash"], "make_synthetic_model.py --arch v4"),
                          (["--synthetic", "v41-flash", "--layers", "41"], "--layers"),
                          (["--model", "/nonexistent", "--synthetic", "v41-flash"], "excludes"),
-                         (["--layers", "3"], "--synthetic")):
+                         (["--layers", "3"], "--synthetic"),
+                         # an Engram vocabulary of 10^9: petabytes of tables, refused before anything is allocated
+                         (["--synthetic", "v41-flash", "--layers", "2", "--engram-vocab", "1000000000"],
+                          "MiB of host memory")):
         r = subprocess.run([SPILLWAY, "bench", *args, "--plan-only"], capture_output=True, text=True, timeout=60)
         if r.returncode == 2 and "no GPU engine" in r.stderr:
             return
