@@ -1,9 +1,9 @@
 // A synthetic DeepSeek-V4.1-Flash built in memory, for `spillway bench --synthetic`: the released config and
-// tensor layout with random weights in the released formats, so that the whole 40-layer model (about 140 GB of
-// routed experts at 2 bits) can be benchmarked on a machine whose disk cannot hold it.
+// tensor layout with random weights in the released formats, so that the whole 40-layer model (127 GiB of routed
+// experts at 2 bits, 190 GiB at 3) can be benchmarked on a machine whose disk cannot hold it.
 //
 // It is the in-memory twin of tools/synth/make_synthetic_model.py (same config rules, names, dtypes, shapes and
-// value scales; tests/python/test_synthetic_in_memory.py checks that both give the same memory plan):
+// value scales; tests/python/test_synth_model.py checks that both give the same memory plan and costs):
 //   - config: models/configs/deepseek-v4.1-flash.json (embedded at build time) cut to layers 0..N-1, with the
 //     layer-role ids kept below N, no draft layers or vision tower, a smaller Engram vocabulary
 //     (engram_vocab_size; the real 16M gives 98 GB tables) and, for EXL3 experts, the quantization_config a
@@ -44,7 +44,8 @@ struct SyntheticModel {
   Checkpoint checkpoint;    // every tensor, in memory (Checkpoint::in_memory)
 };
 
-// Builds the model; errors name the bad spec field. `on_progress(done, total)` reports layers built.
+// Builds the model; errors name the bad spec field, or say how much host memory the build needs when more than is
+// available (the Engram tables grow with engram_vocab). `on_progress(done, total)` reports layers built.
 Result<SyntheticModel> make_synthetic_model(const SyntheticSpec& spec,
                                             const std::function<void(int, int)>& on_progress = {});
 
