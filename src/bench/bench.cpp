@@ -413,8 +413,10 @@ int run_engine_bench(const EngineBenchOptions& o) {
     }
     if (!o.record_routing.empty()) {
       runtime::RoutingStats stats{c.model_type, routes->n_tokens, routes->counts};
-      std::ofstream out(o.record_routing, std::ios::binary | std::ios::trunc);
-      out << runtime::routing_stats_to_json(stats);
+      if (Status st = runtime::write_routing_stats(stats, o.record_routing); !st.ok()) {
+        std::fprintf(stderr, "spillway bench: --record-routing: %s\n", st.error().message.c_str());
+        return 1;
+      }
       std::printf("routing of the batch-1 phase (%lld tokens) written to %s (spillway plan / --gpu-memory "
                   "--routing-stats)\n", (long long)stats.n_tokens, o.record_routing.c_str());
     }

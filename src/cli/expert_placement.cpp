@@ -42,29 +42,30 @@ void add_placement_flags(CLI::App* cmd, PlacementFlags& f) {
       ->capture_default_str();
 }
 
+Result<std::unique_ptr<runtime::RoutingStats>> read_routing_stats_flag(const std::string& file) {
+  if (file.empty()) return std::unique_ptr<runtime::RoutingStats>();
+  auto read = runtime::read_routing_stats(file);
+  if (!read.ok()) return make_error("--routing-stats: ", read.error().message);
+  return std::make_unique<runtime::RoutingStats>(std::move(*read));
+}
+
 Result<runtime::Placement> plan_from_checkpoint(const Checkpoint& headers, const ModelConfig& config,
                                                 const runtime::PlacementRequest& request,
-                                                const std::string& stats_file) {
+                                                const runtime::RoutingStats* stats, const std::string& stats_source) {
   const Inventory inventory = take_inventory(headers, config);
   auto model = runtime::placement_model_from_inventory(config, inventory);
   if (!model.ok()) return make_error(headers.root(), ": ", model.error().message);
-  std::unique_ptr<runtime::RoutingStats> stats;
-  if (!stats_file.empty()) {
-    auto read = runtime::read_routing_stats(stats_file);
-    if (!read.ok()) return make_error("--routing-stats: ", read.error().message);
-    stats = std::make_unique<runtime::RoutingStats>(std::move(*read));
-  }
-  return runtime::plan_placement(*model, request, stats.get(), stats_file);
+  return runtime::plan_placement(*model, request, stats, stats_source);
 }
 
 Result<runtime::Placement> plan_from_checkpoint(const std::string& model_dir, const ModelConfig& config,
                                                 const runtime::PlacementRequest& request,
-                                                const std::string& stats_file) {
+                                                const runtime::RoutingStats* stats, const std::string& stats_source) {
   OpenOptions open;
   open.allow_missing_data = true;
   auto ckpt = Checkpoint::open(model_dir, open);
   if (!ckpt.ok()) return ckpt.error();
-  return plan_from_checkpoint(*ckpt, config, request, stats_file);
+  return plan_from_checkpoint(*ckpt, config, request, stats, stats_source);
 }
 
 namespace {
@@ -109,8 +110,10 @@ Result<ExpertTiers> resolve_expert_tiers(const std::string& model_dir, const Mod
   request.host_tier = f.host_tier == "gpu"   ? runtime::HostTierPolicy::Gpu
                       : f.host_tier == "cpu" ? runtime::HostTierPolicy::Cpu
                                              : runtime::HostTierPolicy::Auto;
-  auto plan = headers ? plan_from_checkpoint(*headers, config, request, f.routing_stats)
-                      : plan_from_checkpoint(model_dir, config, request, f.routing_stats);
+  auto stats = read_routing_stats_flag(f.routing_stats);
+  if (!stats.ok()) return make_error("--gpu-memory ", f.request.gpu_memory_gib, ": ", stats.error().message);
+  auto plan = headers ? plan_from_checkpoint(*headers, config, request, stats->get(), f.routing_stats)
+                      : plan_from_checkpoint(model_dir, config, request, stats->get(), f.routing_stats);
   if (!plan.ok()) return make_error("--gpu-memory ", f.request.gpu_memory_gib, ": ", plan.error().message);
   log_tiers(plan->tiers, plan->from_stats ? "planned for --gpu-memory from --routing-stats"
                                           : "planned for --gpu-memory, routing assumed uniform");

@@ -3,6 +3,7 @@
 // recorded), or every expert on the GPU (neither flag). The chosen placement is logged per tier.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "base/status.h"
@@ -10,6 +11,7 @@
 #include "model/config.h"
 #include "model/expert_tier.h"
 #include "runtime/placement.h"
+#include "runtime/routing_stats.h"
 
 namespace CLI {
 class App;
@@ -29,13 +31,17 @@ struct PlacementFlags {
 // Adds --placement, --gpu-memory, --routing-stats, --host-tier and --cpu-expert-threads to a command.
 void add_placement_flags(CLI::App* cmd, PlacementFlags& flags);
 
-// A plan from the checkpoint's headers (`spillway plan` and --gpu-memory); stats_file may be empty (uniform).
+// --routing-stats FILE: the statistics, or null when FILE is empty; errors name the flag.
+Result<std::unique_ptr<runtime::RoutingStats>> read_routing_stats_flag(const std::string& file);
+
+// A plan from the checkpoint's headers (`spillway plan` and --gpu-memory). `stats` may be null (uniform routing);
+// `stats_source` names where they came from, in messages and in the placement.
 Result<runtime::Placement> plan_from_checkpoint(const std::string& model_dir, const ModelConfig& config,
                                                 const runtime::PlacementRequest& request,
-                                                const std::string& stats_file);
+                                                const runtime::RoutingStats* stats, const std::string& stats_source);
 Result<runtime::Placement> plan_from_checkpoint(const Checkpoint& headers, const ModelConfig& config,
                                                 const runtime::PlacementRequest& request,
-                                                const std::string& stats_file);
+                                                const runtime::RoutingStats* stats, const std::string& stats_source);
 
 // The tiers the flags ask for (empty: all on the GPU). Errors name the flag: an unreadable or malformed file, a
 // file made for another model (type, layers or experts differ), a budget the dense weights do not fit.

@@ -81,31 +81,38 @@ int run_plan(PlanOptions& o) {
     SPW_LOG_ERROR("{}", config.error().message);
     return 1;
   }
+  // The routing statistics: recorded here on a calibration text (and saved for serve/bench --routing-stats),
+  // read from --routing-stats, or none (uniform).
+  std::unique_ptr<runtime::RoutingStats> stats;
   if (!o.calibration.text_file.empty()) {
     if (!o.routing_stats.empty()) {
       SPW_LOG_ERROR("--calibration and --routing-stats both given: pass one (each supplies the routing statistics)");
       return 2;
     }
     o.calibration.model_dir = o.model_dir;
-    auto stats = record_routing_on_text(o.calibration);
-    if (!stats.ok()) {
-      SPW_LOG_ERROR("{}", stats.error().message);
+    auto recorded = record_routing_on_text(o.calibration);
+    if (!recorded.ok()) {
+      SPW_LOG_ERROR("{}", recorded.error().message);
       return 1;
     }
-    // The plan reads them back from the file, which the user keeps for serve/bench --routing-stats.
     o.routing_stats = o.record_routing.empty() ? o.out + ".routing.json" : o.record_routing;
-    std::ofstream stats_out(o.routing_stats, std::ios::binary | std::ios::trunc);
-    stats_out << runtime::routing_stats_to_json(*stats);
-    stats_out.close();
-    if (!stats_out) {
-      SPW_LOG_ERROR("--record-routing {}: cannot write the file", o.routing_stats);
+    if (Status st = runtime::write_routing_stats(*recorded, o.routing_stats); !st.ok()) {
+      SPW_LOG_ERROR("--record-routing: {}", st.error().message);
       return 1;
     }
-    SPW_LOG_INFO("routing statistics of {} tokens written to {}", stats->n_tokens, o.routing_stats);
+    SPW_LOG_INFO("routing statistics of {} tokens written to {}", recorded->n_tokens, o.routing_stats);
+    stats = std::make_unique<runtime::RoutingStats>(std::move(recorded.value()));
+  } else {
+    auto read = read_routing_stats_flag(o.routing_stats);
+    if (!read.ok()) {
+      SPW_LOG_ERROR("{}", read.error().message);
+      return 1;
+    }
+    stats = std::move(read.value());
   }
   SPW_LOG_INFO("reading the checkpoint headers of {}", o.model_dir);
   const auto started = std::chrono::steady_clock::now();
-  auto plan = plan_from_checkpoint(o.model_dir, *config, o.request, o.routing_stats);
+  auto plan = plan_from_checkpoint(o.model_dir, *config, o.request, stats.get(), o.routing_stats);
   if (!plan.ok()) {
     SPW_LOG_ERROR("{}", plan.error().message);
     return 1;

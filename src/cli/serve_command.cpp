@@ -57,7 +57,7 @@ Status check_writable(const std::string& path) {
 }
 
 // Writes what the runner recorded (runtime/routing_stats.h's format), for `spillway plan --routing-stats`.
-void write_routing_stats(ModelRunner& runner, const std::string& path) {
+void save_recorded_routing(ModelRunner& runner, const std::string& path) {
   auto counts = runner.routing_counts();
   if (!counts.ok()) {
     SPW_LOG_ERROR("--record-routing: {}", counts.error().message);
@@ -68,11 +68,10 @@ void write_routing_stats(ModelRunner& runner, const std::string& path) {
     return;
   }
   runtime::RoutingStats stats{runner.config().model_type, counts->n_tokens, std::move(counts->counts)};
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << runtime::routing_stats_to_json(stats);
-  out.close();
-  if (!out) SPW_LOG_ERROR("--record-routing {}: cannot write the file", path);
-  else SPW_LOG_INFO("routing statistics of {} tokens written to {} (spillway plan --routing-stats)", stats.n_tokens, path);
+  if (Status st = runtime::write_routing_stats(stats, path); !st.ok())
+    SPW_LOG_ERROR("--record-routing: {}", st.error().message);
+  else
+    SPW_LOG_INFO("routing statistics of {} tokens written to {} (spillway plan --routing-stats)", stats.n_tokens, path);
 }
 
 // The image encoder --vision-device asks for: cuda (the GPU tower), cpu (the reference), or auto (cuda
@@ -251,7 +250,7 @@ int serve(ServeOptions o) {
   }
   signal_thread.join();
   scheduler.stop();
-  if (!o.record_routing.empty()) write_routing_stats(runner, o.record_routing);
+  if (!o.record_routing.empty()) save_recorded_routing(runner, o.record_routing);
   SPW_LOG_INFO("shut down");
   return served.ok() ? 0 : 1;
 }

@@ -47,6 +47,14 @@ Result<RoutingStats> read_routing_stats(const std::string& path) {
   return parse_routing_stats(text.str(), path);
 }
 
+Status write_routing_stats(const RoutingStats& stats, const std::string& path) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << routing_stats_to_json(stats);
+  out.close();
+  if (!out) return make_error(path, ": cannot write the routing statistics file");
+  return {};
+}
+
 std::string routing_stats_to_json(const RoutingStats& stats) {
   std::string out = "{\"model\": " + nlohmann::json(stats.model).dump() + ", \"n_tokens\": " +
                     std::to_string(stats.n_tokens) + ", \"layers\": [";

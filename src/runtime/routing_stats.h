@@ -27,6 +27,8 @@ Result<RoutingStats> parse_routing_stats(const std::string& json_text, const std
 Result<RoutingStats> read_routing_stats(const std::string& path);
 // The file's JSON text (one line per layer).
 std::string routing_stats_to_json(const RoutingStats& stats);
+// Writes that text to `path` (replacing it); the error names the path.
+Status write_routing_stats(const RoutingStats& stats, const std::string& path);
 
 // The statistics fit a model of n_layers layers of n_experts experts choosing top_k each: one row per
 // layer, one count per expert, a row sum in (0, n_tokens × top_k].

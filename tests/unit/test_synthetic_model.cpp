@@ -149,7 +149,7 @@ TEST(SyntheticModel, RefusesWhatItCannotBuild) {
   s.routing_skew = -1;
   expect_error(s, "--routing-skew");
   s = small_spec();
-  s.width_divisor = 7;  // d_model 5120 / 7 → 768, expert width 2304 / 7 → 384: fine; 41 heads → 40
+  s.width_divisor = 7;  // widths that are not powers of two: d_model 5120 / 7 → 768, expert width 2304 / 7 → 384
   EXPECT_TRUE(make_synthetic_model(s).ok());
 }
 
