@@ -103,70 +103,80 @@ class MappedHostBuffer {
   void* dev_ = nullptr;
 };
 
-// Pinned mapped host memory handed out in pieces from chunks of kChunkBytes (one cudaHostAlloc per chunk, not
-// per tensor: pinning is slow, and a spilled 40-layer model has tens of thousands of expert tensors).
-// copy() returns a 256-byte aligned copy of src, by its device address and its host address; larger pieces get
-// a chunk of their own.
-class MappedHostArena {
+// Where the pieces of a chunked arena go: 256-byte aligned in the last chunk, else at the start of a new chunk of
+// max(nbytes, kChunkBytes): one allocation per chunk, not per piece. Chunk is MappedHostBuffer or
+// DeviceBuffer<uint8_t> (anything with alloc(nbytes)); chunks live as long as the arena.
+template <class Chunk>
+class ChunkedPieces {
  public:
   static constexpr size_t kChunkBytes = size_t(256) << 20;
+  struct Place {
+    Chunk* chunk = nullptr;
+    size_t offset = 0;
+  };
+  Result<Place> place(size_t nbytes) {
+    size_t at = (used_ + 255) / 256 * 256;
+    if (chunks_.empty() || at + nbytes > capacity_) {
+      const size_t chunk_bytes = std::max(nbytes, kChunkBytes);
+      Chunk c;
+      SPW_TRY(c.alloc(chunk_bytes));
+      chunks_.push_back(std::move(c));
+      capacity_ = chunk_bytes;
+      allocated_ += chunk_bytes;
+      at = 0;
+    }
+    used_ = at + nbytes;
+    return Place{&chunks_.back(), at};
+  }
+  size_t allocated_nbytes() const { return allocated_; }
+
+ private:
+  std::vector<Chunk> chunks_;
+  size_t capacity_ = 0, used_ = 0, allocated_ = 0;
+};
+
+// Pinned mapped host memory handed out in pieces (one cudaHostAlloc per chunk, not per tensor: pinning is slow,
+// and a spilled 40-layer model has tens of thousands of expert tensors). copy() returns a 256-byte aligned copy
+// of src, by its device address and its host address.
+class MappedHostArena {
+ public:
   struct Piece {
     const void* device = nullptr;
     const void* host = nullptr;
   };
   Result<Piece> copy(const void* src, size_t nbytes) {
-    const size_t at = (used_ + 255) / 256 * 256;
-    if (chunks_.empty() || at + nbytes > capacity_) {
-      MappedHostBuffer b;
-      SPW_TRY(b.alloc(std::max(nbytes, kChunkBytes)));
-      capacity_ = std::max(nbytes, kChunkBytes);
-      pinned_ += capacity_;
-      used_ = 0;
-      chunks_.push_back(std::move(b));
-      return copy(src, nbytes);
-    }
-    char* host = static_cast<char*>(chunks_.back().host_ptr()) + at;
+    auto at = pieces_.place(nbytes);
+    if (!at.ok()) return at.error();
+    char* host = static_cast<char*>(at->chunk->host_ptr()) + at->offset;
     std::memcpy(host, src, nbytes);
-    used_ = at + nbytes;
     nbytes_ += nbytes;
-    return Piece{static_cast<const char*>(chunks_.back().device_ptr()) + at, host};
+    return Piece{static_cast<const char*>(at->chunk->device_ptr()) + at->offset, host};
   }
-  size_t nbytes() const { return nbytes_; }         // bytes copied in (without alignment and chunk tails)
-  size_t pinned_nbytes() const { return pinned_; }  // host memory pinned for it
+  size_t nbytes() const { return nbytes_; }                              // bytes copied in (without alignment and chunk tails)
+  size_t pinned_nbytes() const { return pieces_.allocated_nbytes(); }  // host memory pinned for it
 
  private:
-  std::vector<MappedHostBuffer> chunks_;
-  size_t capacity_ = 0, used_ = 0, nbytes_ = 0, pinned_ = 0;
+  ChunkedPieces<MappedHostBuffer> pieces_;
+  size_t nbytes_ = 0;
 };
 
-// Device memory handed out in 256-byte-aligned pieces of 256 MiB chunks, for the model's many weight tensors: a few
-// hundred allocations instead of one per tensor, and no per-tensor rounding by the allocator (which gives a block
-// of a few MiB whole 2 MiB pages: a 2.8 MiB expert tensor alone would take 4 MiB).
+// Device memory handed out in pieces, for the model's many weight tensors: a few hundred allocations instead of
+// one per tensor, and no per-tensor rounding by the allocator (which gives a block of a few MiB whole 2 MiB pages:
+// a 2.8 MiB expert tensor alone would take 4 MiB).
 class WeightArena {
  public:
-  static constexpr size_t kChunkBytes = size_t(256) << 20;
-  // A device copy of nbytes at src (host memory, synchronously).
+  // A 256-byte aligned device copy of nbytes at src (host memory, synchronously).
   Result<void*> copy(const void* src, size_t nbytes) {
-    const size_t at = (used_ + 255) / 256 * 256;
-    if (chunks_.empty() || at + nbytes > capacity_) {
-      DeviceBuffer<uint8_t> b;
-      SPW_TRY(b.alloc(std::max(nbytes, kChunkBytes)));
-      capacity_ = std::max(nbytes, kChunkBytes);
-      allocated_ += capacity_;
-      used_ = 0;
-      chunks_.push_back(std::move(b));
-      return copy(src, nbytes);
-    }
-    uint8_t* dst = chunks_.back().get() + at;
+    auto at = pieces_.place(nbytes);
+    if (!at.ok()) return at.error();
+    uint8_t* dst = at->chunk->get() + at->offset;
     if (nbytes) SPW_CUDA_TRY(cudaMemcpy(dst, src, nbytes, cudaMemcpyHostToDevice));
-    used_ = at + nbytes;
     return static_cast<void*>(dst);
   }
-  size_t allocated_nbytes() const { return allocated_; }
+  size_t allocated_nbytes() const { return pieces_.allocated_nbytes(); }
 
  private:
-  std::vector<DeviceBuffer<uint8_t>> chunks_;
-  size_t capacity_ = 0, used_ = 0, allocated_ = 0;
+  ChunkedPieces<DeviceBuffer<uint8_t>> pieces_;
 };
 
 template <class T>
