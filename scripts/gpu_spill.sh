@@ -14,12 +14,9 @@
 # --routing-skew 0.15, hot and cold experts; then a placement from `serve --record-routing` + `plan --routing-stats`
 # is the one to compare with fixed shares).
 set -u
-[ -f .exl3pack/dev.tar.xz ] && tar xJf .exl3pack/dev.tar.xz
-. scripts/link_build_path.sh
+. scripts/staged_env.sh
 OUT=${OUT:-/tmp/spill_out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-B=$PWD/.exl3dev
 LAYERS=${LAYERS:-4}
 MODEL=/tmp/synth_spill_v41
 {

@@ -11,12 +11,9 @@
 # the routes; then the same shares with each layer's coldest experts on the host (fixed_share.py --routing-stats).
 # BENCH_ARGS adds `spillway bench` flags; BENCH_TIMEOUT bounds each run (default 280 s).
 set -u
-[ -f .exl3pack/dev.tar.xz ] && tar xJf .exl3pack/dev.tar.xz
-. scripts/link_build_path.sh
+. scripts/staged_env.sh
 OUT=${OUT:-/tmp/spill_full_out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-B=$PWD/.exl3dev
 LOG="$OUT/spill_full.log"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv

@@ -11,12 +11,9 @@
 # Both run all-GPU too, so each engine's spill cost is measured against its own baseline. Batches 1, 8, 32 and a
 # 4096-token prefill, as scripts/gpu_spill_full.sh. Not run yet on a device.
 set -u
-[ -f .exl3pack/dev.tar.xz ] && tar xJf .exl3pack/dev.tar.xz
-. scripts/link_build_path.sh
+. scripts/staged_env.sh
 OUT=${OUT:-/tmp/spill_peer_out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.exl3dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-B=$PWD/.exl3dev
 LAYERS=${LAYERS:-6}
 NCMOE=${NCMOE:-$((LAYERS / 3))}
 MODEL=${MODEL:-/tmp/synth_v4_spill}
