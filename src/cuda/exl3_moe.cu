@@ -3,16 +3,21 @@
 // Work is a flat list of warp jobs per phase, walked grid-stride by every warp of a grid sized to be
 // fully resident; cooperative_groups' grid barrier separates the phases:
 //   A  rotate: (pair, gate|up, 128-block of d)         xr_gu[p][q] = fp16(had(x[t] ∘ suh_q))
-//   B  gate/up: every (pair, gate|up, 16-col strip of f, k segment), split evenly over the warps
-//                                                      part_gu[p][q][s] = x[segment s]·Ŵ[segment s]
+//      and, in block 0, the groups: the pairs of each expert in runs of at most kGroupPairs (pair order)
+//   B  gate/up: every (group, gate|up, 16-col strip of f, k segment), split evenly over the warps
+//                                                      part_gu[p][q][s] = x[segment s]·Ŵ[segment s], p in the group
 //   C  SwiGLU: (pair, 128-block of f)                  acc = Σ_s part_gu[p][q][s] (in order);
 //                                                      h = swiglu(had(acc)·svh + b); xr_d[p] = fp16(had(h ∘ suh_2))
-//   D  down: every (pair, 16-col strip of d, k segment), split evenly               part_d[p][s] = h·Ŵ2 (segment s)
+//   D  down: every (group, 16-col strip of d, k segment), split evenly              part_d[p][s] = h·Ŵ2 (segment s)
 //   E  combine: (token, 128-block of d)                y[t] = Σ_j (w_tj · had(Σ_s part_d[p][s])·svh_2 + b_2)
-// A k segment (kSegStages stages, 256 of k) is the unit of work: one warp computes it whole and stores it
-// in its own slot, and its boundaries depend only on the shapes. So every pair's sums are the same bits
-// whatever T is and however the segments fall to warps: the kernel is deterministic and a token's output
-// does not depend on the other tokens of the launch.
+// A k segment (kSegStages stages, 256 of k) is the unit of work: one warp decodes the segment's tiles once for
+// its group and computes it whole for every pair of the group, each pair a column of the tile MMA (tokens are
+// the MMA's n dimension), stored in the pair's own slot. The segments' boundaries depend only on the shapes,
+// and an MMA column's sum depends on that column alone, not on the others. So every pair's sums are the same
+// bits whatever T is, whichever pairs share its group and however the segments fall to warps: the kernel is
+// deterministic and a token's output does not depend on the other tokens of the launch. Grouping decodes each
+// selected expert once per kGroupPairs of its pairs instead of once per pair (a 64-token step of 384 experts
+// picks ~240 distinct of its 384 pairs; skewed routing fewer).
 // Tried and measured slower (H200, one V4.1 layer at one token): E split into a job per slot and a
 // job per token with a barrier between (97.4 → 101.3 µs); phases B and D handed out in units of kStages stages
 // from a grid-wide counter instead of even static shares (108 → 118 µs, same call).
@@ -37,6 +42,13 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kPhaseStamps = 2 * kMoePhases;
 
+// Pairs of one expert computed together in phases B and D: the MMA's 8 token columns.
+constexpr int kGroupPairs = 8;
+struct PairGroup {
+  int32_t expert, n;              // n ≥ 1 pairs
+  int32_t pair[kGroupPairs];      // ascending pair index
+};
+
 struct MoeArgs {
   const Exl3CudaExpert* experts;
   const float* x;
@@ -47,6 +59,9 @@ struct MoeArgs {
   __half* xr_d;    // [P][f]
   float* part_gu;  // [P][2][segments(d)][f]
   float* part_d;   // [P][segments(f)][d]
+  PairGroup* groups;  // [P]: the launch's groups, written in phase A
+  int* n_groups;      // their count
+  int* pair_group;    // [P]: scratch of the grouping
   int T, topk, d, f;
   float limit;
   bool ref_round;  // Exl3CudaMoeLayer::reference_rounding
@@ -90,36 +105,27 @@ constexpr int kSegStages = 2;
 __host__ __device__ constexpr int seg_stages(int64_t k) { return (k / (16 * kStageTiles)) % kSegStages == 0 ? kSegStages : 1; }
 __host__ __device__ constexpr int segments(int64_t k) { return static_cast<int>(k / (16 * kStageTiles) / seg_stages(k)); }
 
-// Stores this warp's token-0 segment result (tile accumulators, exl3_device.cuh: tile_mma; token 0 sits in
-// lanes with t4 = 0: column g in c[0], column g + 8 in c[2]) in its slot.
-__device__ __forceinline__ void store_row0(float* slot, int col0, const float (&c)[4], int lane) {
-  if ((lane & 3) != 0) return;
-  const int col = col0 + (lane >> 2);
-  __stcg(slot + col, c[0]);
-  __stcg(slot + col + 8, c[2]);
-}
-
-// One phase's matrix products as a single sequence of tiles, ordered (pair p, matrix q, 16-column strip
+// One phase's matrix products as a single sequence of tiles, ordered (group p, matrix q, 16-column strip
 // tn, k-tile kt) with kt fastest, split over all warps of the grid in whole k segments (as evenly as
 // segments allow: every warp gets the same number of tiles up to one segment, whatever the shapes), its
 // ring loading on across segment and strip boundaries. A stage of kStageTiles consecutive k-tiles never
 // crosses a segment, a segment never crosses a strip (k is a multiple of 128).
 struct PhaseSeq {
   const Exl3CudaExpert* experts;
-  const int32_t* idx;
-  int P;             // pairs (token, slot)
+  const PairGroup* groups;
+  int G;             // groups
   int q_base, n_q;   // matrices of the phase: trellis[q_base + q], q < n_q
   int n_kt, n_tn;    // k-tiles per strip (a multiple of kStageTiles), strips per matrix
-  const __half* xr;  // rotated input of (p, q): xr + (p·n_q + q)·ldx
+  const __half* xr;  // rotated input of (pair p, q): xr + (p·n_q + q)·ldx
   int ldx;
-  float* part;       // segment s of (p, q): part + ((p·n_q + q)·n_seg + s)·ld_part
+  float* part;       // segment s of (pair p, q): part + ((p·n_q + q)·n_seg + s)·ld_part
   int ld_part;
   int seg_stages, n_seg;
-  __device__ __forceinline__ int64_t total_segments() const { return static_cast<int64_t>(P) * n_q * n_tn * n_seg; }
+  __device__ __forceinline__ int64_t total_segments() const { return static_cast<int64_t>(G) * n_q * n_tn * n_seg; }
 };
 
 struct StageCursor {
-  int p, q, tn, kt;  // kt: the stage's first k-tile
+  int p, q, tn, kt;  // p: the group; kt: the stage's first k-tile
   __device__ __forceinline__ void set(const PhaseSeq& s, int64_t stage) {
     const int per_strip = s.n_kt / kStageTiles;
     kt = static_cast<int>(stage % per_strip) * kStageTiles;
@@ -139,12 +145,41 @@ struct StageCursor {
     }
     return true;
   }
-  __device__ __forceinline__ int expert(const PhaseSeq& s) const { return p < s.P ? s.idx[p] : -1; }
+  // The groups were written in this launch by another block: read past L1.
+  __device__ __forceinline__ int expert(const PhaseSeq& s) const { return p < s.G ? __ldcg(&s.groups[p].expert) : -1; }
 };
 
-// This warp's stages [st0, st1) of the phase (whole segments): the warp copies their tiles (none for pairs
+// The lane's pairs in group p: `x` feeds its MMA column g = lane / 4 (member g, or member 0 past the group's
+// end: a column nobody stores), st[i] receives column 2·(lane % 4) + i (−1 past the end).
+struct LanePairs {
+  int x, st[2];
+  __device__ __forceinline__ void load(const PhaseSeq& s, int p, int lane) {
+    if (p >= s.G) return;
+    const PairGroup* grp = s.groups + p;
+    const int n = __ldcg(&grp->n), g = lane >> 2, m0 = 2 * (lane & 3);
+    x = __ldcg(&grp->pair[g < n ? g : 0]);
+    st[0] = m0 < n ? __ldcg(&grp->pair[m0]) : -1;
+    st[1] = m0 + 1 < n ? __ldcg(&grp->pair[m0 + 1]) : -1;
+  }
+};
+
+// Stores this warp's segment result (tile accumulators, exl3_device.cuh: tile_mma: lane (g, t4) holds output
+// columns g and g + 8 of MMA columns 2·t4 (c[0], c[2]) and 2·t4 + 1 (c[1], c[3])) in the slots of its pairs.
+__device__ __forceinline__ void store_pairs(const PhaseSeq& s, const LanePairs& lp, int q, int seg, int col0,
+                                            const float (&c)[4], int lane) {
+  const int col = col0 + (lane >> 2);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (lp.st[i] < 0) continue;
+    float* slot = s.part + (static_cast<int64_t>(lp.st[i] * s.n_q + q) * s.n_seg + seg) * s.ld_part;
+    __stcg(slot + col, c[i]);
+    __stcg(slot + col + 8, c[2 + i]);
+  }
+}
+
+// This warp's stages [st0, st1) of the phase (whole segments): the warp copies their tiles (none for groups
 // whose expert is −1) into its ring kStages stages ahead, 16 bytes per lane and cp.async, then decodes,
-// multiplies, and stores each segment's token-0 result in its slot. A stage's 8 tiles lie a row of tiles apart, so a bulk
+// multiplies, and stores each segment's result in its pairs' slots. A stage's 8 tiles lie a row of tiles apart, so a bulk
 // copy per tile (the earlier design) cost lane 0 ~135 SASS instructions per stage — about 17 of the
 // warp's ~69 issue slots per tile — while the other lanes waited; here each lane issues ≤ 3 copies.
 template <int K, int CB>
@@ -191,6 +226,8 @@ __device__ __forceinline__ void phase_stream(const PhaseSeq& s, int64_t st0, int
   StageCursor cc;  // the consumer's position (every lane)
   cc.set(s, st0);
   int ce = cc.expert(s);
+  LanePairs lp{0, {-1, -1}};
+  lp.load(s, cc.p, lane);
   float c[4] = {0.f, 0.f, 0.f, 0.f}, unused[4];
   const int seg_tiles = s.seg_stages * kStageTiles;
 
@@ -202,7 +239,7 @@ __device__ __forceinline__ void phase_stream(const PhaseSeq& s, int64_t st0, int
     if (ce >= 0) {
       const uint32_t* sw = ring.words + slot * kSlotWords;
       const uint32_t* xp =
-          reinterpret_cast<const uint32_t*>(s.xr + static_cast<size_t>(cc.p * s.n_q + cc.q) * s.ldx) + cc.kt * 8 + t4;
+          reinterpret_cast<const uint32_t*>(s.xr + static_cast<size_t>(lp.x * s.n_q + cc.q) * s.ldx) + cc.kt * 8 + t4;
 #pragma unroll
       for (int u = 0; u < kStageTiles; ++u) {
         const uint32_t* tw = sw + u * kWords;
@@ -213,17 +250,65 @@ __device__ __forceinline__ void phase_stream(const PhaseSeq& s, int64_t st0, int
     const StageCursor at = cc;
     const bool new_strip = cc.advance(s);
     if (cc.kt % seg_tiles == 0) {  // the segment is complete
-      if (ce >= 0) {
-        const int64_t slot = (static_cast<int64_t>(at.p * s.n_q + at.q) * s.n_seg + at.kt / seg_tiles) * s.ld_part;
-        store_row0(s.part + slot, at.tn * 16, c, lane);
-      }
+      if (ce >= 0) store_pairs(s, lp, at.q, at.kt / seg_tiles, at.tn * 16, c, lane);
       c[0] = c[1] = c[2] = c[3] = 0.f;
     }
-    if (new_strip) ce = cc.expert(s);
+    if (new_strip && cc.p != at.p) {
+      ce = cc.expert(s);
+      lp.load(s, cc.p, lane);
+    }
     __syncwarp();  // every lane has read the slot before the warp refills it
     issue(st + kStages);
   }
   ring.uses += n_stages;
+}
+
+// Block 0 of phase A: the launch's pairs (expert ≥ 0) in groups of at most kGroupPairs pairs of one expert, in
+// pair order (an expert's r-th pair goes to its group r / kGroupPairs); the groups ordered by their first
+// pair. pair_group [P] is scratch. Which pairs share a group changes no pair's result (see the top).
+__device__ void group_pairs(const MoeArgs& a, int P, int* pair_group) {
+  __shared__ int scan[kThreads];
+  int running = 0;  // groups started by the pairs before this round
+  for (int p0 = 0; p0 < P; p0 += kThreads) {
+    const int p = p0 + threadIdx.x;
+    const int e = p < P ? a.idx[p] : -1;
+    int rank = 0;
+    if (e >= 0)
+      for (int q = 0; q < p; ++q) rank += a.idx[q] == e;
+    const int starts = e >= 0 && rank % kGroupPairs == 0;
+    scan[threadIdx.x] = starts;
+    __syncthreads();
+    for (int off = 1; off < kThreads; off <<= 1) {  // inclusive scan of the starts
+      const int v = threadIdx.x >= off ? scan[threadIdx.x - off] : 0;
+      __syncthreads();
+      scan[threadIdx.x] += v;
+      __syncthreads();
+    }
+    if (starts) pair_group[p] = running + scan[threadIdx.x] - 1;
+    running += scan[kThreads - 1];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *a.n_groups = running;
+  __syncthreads();  // every group's first pair has its index
+  for (int p = threadIdx.x; p < P; p += kThreads) {
+    const int e = a.idx[p];
+    if (e < 0) continue;
+    int rank = 0, total = 0, first = p;  // first: the pair that starts p's group
+    for (int q = 0; q < P; ++q) {
+      if (a.idx[q] != e) continue;
+      if (q < p) ++rank;
+      ++total;
+    }
+    const int start_rank = rank / kGroupPairs * kGroupPairs;
+    for (int q = 0, r = 0; q < p; ++q)
+      if (a.idx[q] == e && r++ == start_rank) {
+        first = q;
+        break;
+      }
+    PairGroup& grp = a.groups[pair_group[first]];
+    grp.pair[rank - start_rank] = p;
+    if (p == first) grp.expert = e, grp.n = min(kGroupPairs, total - start_rank);
+  }
 }
 
 // v = Σ_s part[s·ld + lane + 32i] over the n_seg slots in order: a lane's 4 columns of one 128-block.
@@ -250,7 +335,8 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
   cg::grid_group grid = cg::this_grid();
 
   stamp(a, warp0, 0, lane);
-  // A: rotate x[t] by the gate and up suh of each selected expert.
+  // A: the groups (block 0), and rotate x[t] by the gate and up suh of each selected expert.
+  if (blockIdx.x == 0) group_pairs(a, P, a.pair_group);
   for (int job = warp0; job < P * 2 * dblk; job += n_warps) {
     const int p = job / (2 * dblk), q = (job / dblk) % 2, b = job % dblk;
     const int e = a.idx[p];
@@ -263,9 +349,10 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
   grid.sync();
   stamp(a, warp0, 2, lane);
 
-  // B: gate/up segments, all pairs' gate and up segments split evenly over the warps.
+  // B: gate/up segments, all groups' gate and up segments split evenly over the warps.
+  const int G = __ldcg(a.n_groups);
   {
-    const PhaseSeq seq{a.experts, a.idx, P, 0, 2, d_kt, f_tn, a.xr_gu, d, a.part_gu, f, seg_stages(d), segments(d)};
+    const PhaseSeq seq{a.experts, a.groups, G, 0, 2, d_kt, f_tn, a.xr_gu, d, a.part_gu, f, seg_stages(d), segments(d)};
     const int64_t total = seq.total_segments();
     phase_stream<K, CB>(seq, total * warp0 / n_warps * seq.seg_stages, total * (warp0 + 1) / n_warps * seq.seg_stages,
                         ring, lane);
@@ -312,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 4) exl3_moe_kernel(MoeArgs a) {
 
   // D: down segments, split the same way.
   {
-    const PhaseSeq seq{a.experts, a.idx, P, 2, 1, f_kt, d_tn, a.xr_d, f, a.part_d, d, seg_stages(f), segments(f)};
+    const PhaseSeq seq{a.experts, a.groups, G, 2, 1, f_kt, d_tn, a.xr_d, f, a.part_d, d, seg_stages(f), segments(f)};
     const int64_t total = seq.total_segments();
     phase_stream<K, CB>(seq, total * warp0 / n_warps * seq.seg_stages, total * (warp0 + 1) / n_warps * seq.seg_stages,
                         ring, lane);
@@ -382,7 +469,8 @@ Error cuda_error(const char* what, cudaError_t e) { return make_error("CUDA ", w
 
 size_t workspace_bytes(int pairs, int64_t d, int64_t f) {
   return static_cast<size_t>(pairs) * (2 * d + f) * sizeof(__half) +
-         static_cast<size_t>(pairs) * (2 * segments(d) * f + segments(f) * d) * sizeof(float);
+         static_cast<size_t>(pairs) * (2 * segments(d) * f + segments(f) * d) * sizeof(float) +
+         static_cast<size_t>(pairs) * (sizeof(PairGroup) + sizeof(int)) + sizeof(int);
 }
 
 // The kernel, its shared memory and a grid that is fully resident (the grid barriers need every block at once).
@@ -426,6 +514,8 @@ bool exl3_cuda_moe_supports(const Exl3CudaMoeLayer& l) {
          l.f > 0 && l.d % 128 == 0 && l.f % 128 == 0;
 }
 
+size_t exl3_cuda_moe_workspace_nbytes(int max_pairs, int64_t d, int64_t f) { return workspace_bytes(max_pairs, d, f); }
+
 Status exl3_cuda_moe_workspace_alloc(Exl3CudaMoeWorkspace& ws, int max_pairs, int64_t d, int64_t f) {
   const size_t bytes = workspace_bytes(max_pairs, d, f);
   if (cudaError_t e = cudaMalloc(&ws.buf, bytes); e != cudaSuccess) return cuda_error("malloc MoE workspace", e);
@@ -465,6 +555,9 @@ Status exl3_moe_decode_cuda(const Exl3CudaMoeLayer& layer, const float* x, const
     a.xr_d = a.xr_gu + static_cast<size_t>(ws.max_pairs) * 2 * layer.d;
     a.part_gu = reinterpret_cast<float*>(a.xr_d + static_cast<size_t>(ws.max_pairs) * layer.f);
     a.part_d = a.part_gu + static_cast<size_t>(ws.max_pairs) * 2 * segments(layer.d) * layer.f;
+    a.groups = reinterpret_cast<PairGroup*>(a.part_d + static_cast<size_t>(ws.max_pairs) * segments(layer.f) * layer.d);
+    a.pair_group = reinterpret_cast<int*>(a.groups + ws.max_pairs);
+    a.n_groups = a.pair_group + ws.max_pairs;
     a.T = std::min(piece, T - t0), a.topk = topk, a.d = static_cast<int>(layer.d), a.f = static_cast<int>(layer.f);
     a.limit = layer.swiglu_limit;
     a.ref_round = layer.reference_rounding;

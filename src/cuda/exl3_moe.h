@@ -9,11 +9,13 @@
 // elsewhere, e.g. on another GPU), so y then carries only this shard's experts.
 //
 // How: a cooperative kernel whose warps walk five phases separated by grid barriers — rotate x by
-// each selected gate/up's suh; gate/up products in k segments of 256, each computed whole by one warp
-// into a slot of its own; the slots summed in order, output Hadamard + svh, SwiGLU, rotate by the down
+// each selected gate/up's suh (and group the launch's pairs by expert, up to 8 a group); gate/up products
+// in k segments of 256, each decoded once per group by one warp, every pair of the group an MMA column,
+// into a slot of the pair's own; the slots summed in order, output Hadamard + svh, SwiGLU, rotate by the down
 // projection's suh; down products the same way; output Hadamard + svh, weighted sum. The segments'
-// boundaries depend on d and f alone and nothing meets by atomics, so results are deterministic and a
-// token's output is the same bits whatever else the launch holds (T and the other tokens' experts). All inputs
+// boundaries depend on d and f alone, MMA columns do not mix, and nothing meets by atomics, so results are
+// deterministic and a token's output is the same bits whatever else the launch holds (T, the other tokens'
+// experts and which of them share its groups). All inputs
 // (x, idx, weights) and the expert table live in device memory, so the launch is CUDA-graph
 // capturable and never synchronizes with the host. Pointers in the expert table may point at pinned
 // host memory (mapped), which the kernel then reads over PCIe.
@@ -74,6 +76,7 @@ constexpr int kMoePhases = 5;
 int64_t exl3_moe_phase_stamps(const Exl3CudaMoeLayer& layer);
 
 bool exl3_cuda_moe_supports(const Exl3CudaMoeLayer& layer);
+size_t exl3_cuda_moe_workspace_nbytes(int max_pairs, int64_t d, int64_t f);
 Status exl3_cuda_moe_workspace_alloc(Exl3CudaMoeWorkspace& ws, int max_pairs, int64_t d, int64_t f);
 void exl3_cuda_moe_workspace_free(Exl3CudaMoeWorkspace& ws);
 

@@ -153,7 +153,7 @@ Result<std::unique_ptr<GpuModel>> load_gpu_model(ModelConfig model_config, Check
     SPW_TRY(expert_table_build(st.w->layers[l].experts, st.expert_tables[l]));
     SPW_TRY(exl3_moe_table_build(st.w->layers[l].experts, c.swiglu_limit, st.exl3_moe[l]));
     if (st.exl3_moe[l].ready() && !st.exl3_moe_ws.buf)
-      SPW_TRY(exl3_cuda_moe_workspace_alloc(st.exl3_moe_ws, kDeviceDispatchRows * c.top_k, st.exl3_moe[l].layer.d,
+      SPW_TRY(exl3_cuda_moe_workspace_alloc(st.exl3_moe_ws, fused_moe_tokens(options.budget) * c.top_k, st.exl3_moe[l].layer.d,
                                             st.exl3_moe[l].layer.f));
     // HostGpu EXL3 experts: staged into HBM for decode steps (expert_staging.h).
     std::vector<uint8_t> mapped(dl.experts.size(), 0);

@@ -9,6 +9,7 @@
 #include "cuda/attn/kv_pages.h"
 #include "cuda/attn/sparse_attn.h"
 #include "cuda/exl3_gemm.h"
+#include "cuda/exl3_moe.h"
 #include "engine/token_picks.h"
 
 namespace spw::engine {
@@ -243,6 +244,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const KvBudget& budget, bool quanti
   plan.pick_nbytes = pick_workspace_nbytes(budget.max_seqs, c.vocab_size);
   plan.workspace_nbytes = linear_ws + plan.step_arena_nbytes + exl3_cuda_workspace_nbytes(exl3_w, exl3_w) +
                           plan.sample_nbytes + plan.pick_nbytes;
+  if (c.exl3_expert_bits > 0)
+    plan.workspace_nbytes += exl3_cuda_moe_workspace_nbytes(fused_moe_tokens(budget) * c.top_k, d, F);
   // Staging: the per-row arrays of a step and the page-table rows of a decode batch; larger copies
   // (all-logits downloads, test hooks) synchronise and reuse it.
   plan.staging_host_nbytes = size_t(4) << 20;

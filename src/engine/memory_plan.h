@@ -138,6 +138,14 @@ inline int step_max_rows(const KvBudget& b) {
 // allocates them from its arena: the step-long arrays plus the largest sublayer's scope.
 size_t step_arena_nbytes(const ModelConfig& c, int64_t n_rows, int64_t max_context);
 
+// Tokens of one fused EXL3 MoE launch (cuda/exl3_moe.h; its workspace holds that many tokens' pairs): a decode
+// of every sequence, at least kFusedMoeMinTokens and at most kFusedMoeMaxTokens (larger steps launch in
+// pieces, which give the same bits). More tokens a launch share more expert decodes (its groups).
+inline constexpr int kFusedMoeMinTokens = 16, kFusedMoeMaxTokens = 64;
+inline int fused_moe_tokens(const KvBudget& b) {
+  return b.max_seqs < kFusedMoeMinTokens ? kFusedMoeMinTokens : b.max_seqs > kFusedMoeMaxTokens ? kFusedMoeMaxTokens : b.max_seqs;
+}
+
 // Widest input of a linear or of the grouped output projection (sizes the linear workspace).
 int max_linear_in(const ModelConfig& c);
 

@@ -221,6 +221,14 @@ TEST(Exl3MoeCuda, FortyTokensInPiecesEachAsAlone) {
   run_case(1024, 512, 24, 3, Exl3Codebook::kMul1, 40, 6, 10.f, false, 14, true, 16);
 }
 
+// 64 tokens on 8 experts: each expert has ~48 pairs, so the kernel decodes it for groups of 8 pairs (6 a phase),
+// and every token alone (in groups of one) still gives its row's bits.
+TEST(Exl3MoeCuda, SixtyFourTokensOnFewExpertsEachAsAlone) {
+  SPW_REQUIRE_GPU();
+  run_case(1024, 512, 8, 3, Exl3Codebook::kMul1, 64, 6, 10.f, false, 15, true);
+  run_case(512, 256, 8, 2, Exl3Codebook::k3Inst, 64, 6, 7.f, true, 16, false);
+}
+
 TEST(Exl3MoeCuda, RejectsUnsupported) {
   Exl3CudaMoeLayer layer;
   Exl3CudaExpert e;
