@@ -22,6 +22,7 @@
 #include "cuda/kernel_settings.h"
 #include "cuda/launch.h"
 #include "engine/gpu_model.h"
+#include "engine/gpu_runner.h"
 #include "model/config.h"
 #include "runtime/routing_stats.h"
 
@@ -211,6 +212,9 @@ int run_engine_bench(const EngineBenchOptions& o) {
   report["model"] = {{"dir", model_name}, {"model_type", c.model_type}, {"n_layers", c.n_layers},
                      {"d_model", c.d_model}, {"n_experts", c.n_experts}, {"d_expert", c.d_expert}};
   report["decode_path"] = kBatchedDecode ? "decode" : "forward";
+  report["batch_invariant"] = o.batch_invariant;
+  if (o.batch_invariant)
+    std::printf("batch-invariant decode (serve's default): linears on the GEMV, EXL3 experts on the fused kernel\n");
 
   // Budget: enough sequences for the largest batch and context for the longest run.
   const int max_batch = o.batches.empty() ? 1 : *std::max_element(o.batches.begin(), o.batches.end());
@@ -226,6 +230,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
   gopt.expert_tiers = o.expert_tiers;
   gopt.host_expert_threads = o.host_expert_threads;
   gopt.host_expert_int16 = o.host_expert_int16;
+  if (o.batch_invariant) engine::make_batch_invariant(gopt);
   const engine::MemoryPlan plan = engine::plan_memory(c, gopt.budget, true, o.expert_tiers);
   print_plan(c, plan, gopt.budget, report["plan"]);
 
@@ -335,6 +340,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
     return 1;
   }
   GpuModel& m = **loaded;
+  if (o.batch_invariant) engine::make_batch_invariant(m);
   mem.sample();
   const size_t used_loaded = mem.used_now();
   std::printf("loaded in %.1f s: weights on the device %.3f GiB (plan %.3f), device memory in use %.3f GiB "

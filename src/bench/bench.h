@@ -43,6 +43,7 @@ struct EngineBenchOptions {
   int copy_mib = 2048;              // bytes copied per bandwidth sample
   uint64_t seed = 1;
   bool plan_only = false;           // print the plan and the per-token costs; no GPU needed
+  bool batch_invariant = false;     // decode as the batch-invariant runner does (engine/gpu_runner.h)
   std::string json_path;
   std::string record_routing;       // write the batch-1 phase's routing counts here (runtime/routing_stats.h format)
   GpuSettings gpu;                  // kernel switches and MoE paths (the CLI passes settings().gpu)

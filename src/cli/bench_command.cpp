@@ -24,7 +24,7 @@ struct BenchFlags {
   int decode_steps = 32, batch_steps = 16, chunk = 4096, prefill_runs = 3, max_seqs = 0, project_layers = 0, copy_mib = 2048;
   int64_t decode_context = 1024, batch_prompt_max = 1024, max_context = 0;
   uint64_t seed = 1;
-  bool plan_only = false;
+  bool plan_only = false, batch_invariant = false;
   std::string synthetic;  // --synthetic NAME: the model built in memory (model/synthetic_model.h)
   SyntheticSpec spec;
   PlacementFlags placement;
@@ -50,6 +50,7 @@ int run_bench(const BenchFlags& f) {
   o.max_context = f.max_context;
   o.seed = f.seed;
   o.plan_only = f.plan_only;
+  o.batch_invariant = f.batch_invariant;
   o.gpu = settings().gpu;
   if (f.synthetic.empty() == f.model_dir.empty()) {
     std::fprintf(stderr, "spillway bench: give --model DIR or --synthetic v41-flash (one of them)\n");
@@ -154,6 +155,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
   cmd->add_option("--seed", f->seed, "random token ids (and --synthetic's weights)")->capture_default_str();
   add_placement_flags(cmd, f->placement);
   cmd->add_flag("--plan-only", f->plan_only, "print the memory plan and per-token costs; no GPU needed");
+  cmd->add_flag("--batch-invariant", f->batch_invariant,
+                "decode as `serve --batch-invariant true` (its default) does: decode linears on the GEMV, EXL3 "
+                "experts on the fused decode kernel, a batch in one call (without it: the fastest path per batch)");
   return [f] { return run_bench(*f); };
 }
 

@@ -232,6 +232,17 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
   return out;
 }
 
+void make_batch_invariant(GpuModelOptions& options) {
+  // EXL3 decodes on one kernel at every row count: each is batch-invariant alone (cuda/exl3_moe.h,
+  // cuda/exl3_grouped.h), switching between them by row count is not.
+  // The fused kernel then takes a decode of every sequence in one step (MoePaths::exl3_device_rows).
+  if (options.moe_paths.exl3_decode == Exl3DecodeKernel::kByRows) options.moe_paths.exl3_decode = Exl3DecodeKernel::kFused;
+  if (options.moe_paths.exl3_decode == Exl3DecodeKernel::kFused)
+    options.moe_paths.exl3_device_rows = std::max(options.moe_paths.exl3_device_rows, options.budget.max_seqs);
+}
+
+void make_batch_invariant(GpuModel& model) { model.set_decode_linear_path(LinearPath::kGemv); }
+
 Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir, const GpuRunnerSettings& settings) {
   if (cuda_device_count() == 0) return make_error("no CUDA device is visible to this process");
   cuda::apply_kernel_settings(settings.gpu);  // before any weights are uploaded (dense_linear.h: set_gemv_mma)
@@ -239,13 +250,7 @@ Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir,
   options.budget = settings.budget;
   options.budget.max_seqs += settings.prefix_cache_slots;
   options.moe_paths = moe_paths_from(settings.gpu);
-  // EXL3 decodes on one kernel at every row count: each is batch-invariant alone (cuda/exl3_moe.h,
-  // cuda/exl3_grouped.h), switching between them by row count is not.
-  // The fused kernel then takes a decode of every sequence in one step (MoePaths::exl3_device_rows).
-  if (settings.batch_invariant && options.moe_paths.exl3_decode == Exl3DecodeKernel::kByRows)
-    options.moe_paths.exl3_decode = Exl3DecodeKernel::kFused;
-  if (settings.batch_invariant && options.moe_paths.exl3_decode == Exl3DecodeKernel::kFused)
-    options.moe_paths.exl3_device_rows = std::max(options.moe_paths.exl3_device_rows, options.budget.max_seqs);
+  if (settings.batch_invariant) make_batch_invariant(options);
   options.share_kv_pages = settings.gpu.kv_share_pages;
   options.expert_tiers = settings.expert_tiers;
   options.host_expert_threads = settings.host_expert_threads;
@@ -254,7 +259,7 @@ Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir,
   options.on_progress = settings.on_progress;
   auto model = load_gpu_model(model_dir, settings.numerics, options);
   if (!model.ok()) return model.error();
-  if (settings.batch_invariant) (*model)->set_decode_linear_path(LinearPath::kGemv);
+  if (settings.batch_invariant) make_batch_invariant(**model);
   return std::make_unique<GpuRunner>(std::move(model.value()), settings.batch_invariant, settings.prefix_cache_slots);
 }
 }  // namespace spw::engine

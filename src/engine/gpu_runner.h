@@ -95,6 +95,11 @@ class GpuRunner final : public ModelRunner {
 
 // Applies settings.gpu's kernel switches (process-wide) and loads the model onto device 0 with pools
 // for settings.budget (GpuModelOptions' defaults otherwise).
+// What batch_invariant asks of the engine (see the top): EXL3 decodes on one kernel at every row count, the fused
+// one taking a decode of every sequence, in the options before loading; every decode linear on the GEMV after.
+void make_batch_invariant(GpuModelOptions& options);
+void make_batch_invariant(GpuModel& model);
+
 Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir, const GpuRunnerSettings& settings);
 
 }  // namespace spw::engine
