@@ -21,7 +21,7 @@
 #          move models/demo/model.safetensors out of the tree (the upload is 64 MiB at most; DEMO below)
 #   there: bash scripts/gpu_serve.sh          # carry: .exl3pack .whl ; results in $OUT
 # Switches: SKIP_SUITE=1, SUITE_MODELS, SKIP_CHECK=1, SKIP_LOAD=1, SPEC=1 and SPEC_SYNTH=1 (below; SPEC_PROMPTS), LOAD_RUNS (which runs of step 3, default
-# "load prefix overload bench"), DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
+# "load prefix overload bench"; also "bench-invariant"), BENCH_TRACE=1 (below), DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),
 # LOAD_TOKENS (default 256 generated per request), LOAD_BATCH_INVARIANT (the load servers' --batch-invariant values,
 # one load run each; default "true"),
 # PYTEST_K (a pytest -k expression), PYTEST_ARGS (extra pytest arguments, no spaces within one), SUITE_TIMEOUT (seconds per suite run, default 240).
@@ -158,9 +158,18 @@ if [ -z "${SKIP_LOAD:-}" ]; then
     curl -s http://127.0.0.1:18300/metrics > $LOGS/metrics_synth_$MODE.txt
     kill -TERM $SERVER; wait $SERVER; echo "server rc $?" >> "$OUT/serve_main.log"
   done
-  # The engine's own rate on the same model, right after the load runs it is compared with.
-  [[ $LOAD_RUNS == *" bench "* ]] && timeout 100 /tmp/spillway bench --model $SYNTH --batches 1 8 32 64 --batch-prompt "$P" --batch-steps 16 --decode-steps 16 --prefill 4096 --prefill-runs 1 \
-    2>&1 | tee -a "$OUT/load_synth.md" | grep -E "^\| (1|8|32|64) \||HBM|tensor-core|Device" | tee -a "$OUT/serve_main.log"
+  # The engine's own rate on the same model, right after the load runs it is compared with ("bench"), and under
+  # batch invariance as the server's default runs ("bench-invariant"). BENCH_TRACE=1: under the CUPTI kernel
+  # tracer (tools/profile/kernel_trace.cpp), one trace per run in $LOGS.
+  for B in bench bench-invariant; do
+    [[ $LOAD_RUNS == *" $B "* ]] || continue
+    flag=""; [ $B = bench-invariant ] && flag=--batch-invariant
+    trace=()
+    [ -n "${BENCH_TRACE:-}" ] && trace=(env CUDA_INJECTION64_PATH=$PWD/.exl3dev/lib/libspw_kernel_trace.so SPW_TRACE_OUT=$LOGS/trace_$B.md)
+    echo "$B:" | tee -a "$OUT/load_synth.md" >> "$OUT/serve_main.log"
+    timeout 100 "${trace[@]}" /tmp/spillway bench --model $SYNTH $flag --batches 1 8 32 64 --batch-prompt "$P" --batch-steps 16 --decode-steps 16 --prefill 4096 --prefill-runs 1 \
+      2>&1 | tee -a "$OUT/load_synth.md" | grep -E "^\| (1|8|32|64) \||HBM|tensor-core|Device" | tee -a "$OUT/serve_main.log"
+  done
   if [[ $LOAD_RUNS == *" prefix "* ]]; then
   # A shared 8K-token prefix across 32 requests against cold prompts (bench/shared_prefix.py).
   /tmp/spillway serve --model $SYNTH --device cuda --port 18301 --max-num-seqs 64 --max-model-len 8448 \
