@@ -22,7 +22,8 @@ Settings settings_from_env() {
   Settings s;
   GpuSettings& g = s.gpu;
   g.pdl = on_unless_zero("SPILLWAY_PDL", g.pdl);
-  g.gemv_mma = env("SPILLWAY_GEMV_MMA").starts_with("1");
+  const std::string_view mma = env("SPILLWAY_GEMV_MMA");
+  g.gemv_mma = mma == "1" ? GemvMma::kOn : mma == "0" ? GemvMma::kOff : GemvMma::kAuto;
   g.kv_share_pages = on_unless_zero("SPILLWAY_KV_SHARE_PAGES", g.kv_share_pages);
   g.f32_split_gemm = !env("SPILLWAY_F32_SPLIT_GEMM").starts_with("0");
   g.attn_mma = on_unless_zero("SPILLWAY_ATTN_MMA", g.attn_mma);

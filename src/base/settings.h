@@ -13,10 +13,15 @@ namespace spw {
 // How the engine runs EXL3 routed experts of decode steps (SPILLWAY_EXL3_DECODE).
 enum class Exl3DecodeKernel { kByRows, kFused, kGrouped };
 
+// FP8 decode linears on tensor cores (SPILLWAY_GEMV_MMA): kAuto takes them for batch-invariant decoding (each
+// batch then computes every row as alone, in slices of 16 rows: the tensor cores win from 4 rows and lose
+// little at one) and the scalar weight-streaming GEMV otherwise (faster at one row).
+enum class GemvMma { kAuto, kOff, kOn };
+
 // GPU kernel and engine switches, mostly for A/B timing and numerics checks.
 struct GpuSettings {
   bool pdl = true;             // SPILLWAY_PDL: programmatic dependent launch where the GPU has it (sm_90+)
-  bool gemv_mma = false;       // SPILLWAY_GEMV_MMA: FP8 decode linears on tensor cores
+  GemvMma gemv_mma = GemvMma::kAuto;  // SPILLWAY_GEMV_MMA: 1 | 0 | auto (see above)
   bool f32_split_gemm = true;  // SPILLWAY_F32_SPLIT_GEMM: f32-product linears as a 3-plane bf16 GEMM
   bool attn_mma = true;        // SPILLWAY_ATTN_MMA: tensor-core sparse attention under SparseAttnPath::kAuto
   bool attn_vec4 = true;       // SPILLWAY_ATTN_VEC4: four channels per lane step when decoding stored KV rows

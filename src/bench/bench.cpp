@@ -283,7 +283,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
                  e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
     return 2;
   }
-  cuda::apply_kernel_settings(o.gpu);  // before any weights are uploaded (dense_linear.h: set_gemv_mma)
+  cuda::apply_kernel_settings(o.gpu, o.batch_invariant);  // before any weights are uploaded (dense_linear.h: set_gemv_mma)
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf("\n## Device: %s, %d SMs, %.1f GiB\n\n", prop.name, prop.multiProcessorCount,
@@ -297,7 +297,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
   std::printf("HBM copy bandwidth (device-to-device %d MiB, read + write bytes, best of 10): %.0f GB/s\n", o.copy_mib,
               *bw / 1e9);
   std::printf("bf16 tensor-core rate (cuBLAS GEMM 8192^3, fp32 compute, best of 10): %.1f TFLOP/s\n", *tc / 1e12);
-  std::printf("FP8 decode GEMV: %s\n", gemv_mma_enabled() ? "tensor cores (SPILLWAY_GEMV_MMA=1)"
+  std::printf("FP8 decode GEMV: %s\n", gemv_mma_enabled() ? "tensor cores (SPILLWAY_GEMV_MMA=1, or auto with --batch-invariant)"
                                                            : "scalar weight streaming (SPILLWAY_GEMV_MMA=1: tensor cores)");
   report["device"] = {{"name", prop.name}, {"copy_bandwidth", *bw}, {"bf16_gemm_flops", *tc}};
   // The host tiers' media, measured only when some experts are off the GPU.

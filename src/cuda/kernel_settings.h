@@ -12,9 +12,10 @@
 
 namespace spw::cuda {
 
-inline void apply_kernel_settings(const GpuSettings& g) {
+// batch_invariant: the engine will decode batch-invariantly (engine/gpu_runner.h), which GemvMma::kAuto follows.
+inline void apply_kernel_settings(const GpuSettings& g, bool batch_invariant) {
   set_pdl(g.pdl);
-  set_gemv_mma(g.gemv_mma);
+  set_gemv_mma(g.gemv_mma == GemvMma::kOn || (g.gemv_mma == GemvMma::kAuto && batch_invariant));
   set_f32_split_gemm(g.f32_split_gemm);
   set_sparse_attn_switches({.mma = g.attn_mma, .vec4 = g.attn_vec4, .fused = g.attn_fused});
 }

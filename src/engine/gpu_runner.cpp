@@ -245,7 +245,7 @@ void make_batch_invariant(GpuModel& model) { model.set_decode_linear_path(Linear
 
 Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir, const GpuRunnerSettings& settings) {
   if (cuda_device_count() == 0) return make_error("no CUDA device is visible to this process");
-  cuda::apply_kernel_settings(settings.gpu);  // before any weights are uploaded (dense_linear.h: set_gemv_mma)
+  cuda::apply_kernel_settings(settings.gpu, settings.batch_invariant);  // before any weights are uploaded (dense_linear.h: set_gemv_mma)
   GpuModelOptions options;
   options.budget = settings.budget;
   options.budget.max_seqs += settings.prefix_cache_slots;

@@ -34,7 +34,7 @@ TEST(Settings, DefaultsWhenUnset) {
   const Settings d;
   EXPECT_EQ(s.gpu.pdl, d.gpu.pdl);
   EXPECT_TRUE(s.gpu.pdl);
-  EXPECT_FALSE(s.gpu.gemv_mma);
+  EXPECT_EQ(s.gpu.gemv_mma, GemvMma::kAuto);
   EXPECT_TRUE(s.gpu.kv_share_pages);
   EXPECT_TRUE(s.gpu.f32_split_gemm);
   EXPECT_TRUE(s.gpu.attn_mma && s.gpu.attn_vec4 && s.gpu.attn_fused && s.gpu.exl3_grouped);
@@ -64,7 +64,7 @@ TEST(Settings, OptInsAndValues) {
   EnvScope env{{"SPILLWAY_GEMV_MMA", "1"}, {"SPILLWAY_EXL3_DECODE", "grouped"},
                {"SPILLWAY_DENSE_DEVICE_ROWS", "16"}, {"SPILLWAY_CPU_SPIN_US", "0"}};
   const Settings s = settings_from_env();
-  EXPECT_TRUE(s.gpu.gemv_mma);
+  EXPECT_EQ(s.gpu.gemv_mma, GemvMma::kOn);
   EXPECT_EQ(s.gpu.exl3_decode, Exl3DecodeKernel::kGrouped);
   EXPECT_EQ(s.gpu.dense_device_rows, 16);
   EXPECT_EQ(s.cpu_spin_us, 0);
@@ -77,8 +77,10 @@ TEST(Settings, UnrecognizedValuesKeepTheDefaults) {
   EXPECT_EQ(s.gpu.exl3_decode, Exl3DecodeKernel::kByRows);
   EXPECT_EQ(s.gpu.dense_device_rows, 0);
   EXPECT_EQ(s.cpu_spin_us, 0);  // clamped, as the thread pool always did
-  EXPECT_FALSE(s.gpu.gemv_mma);
+  EXPECT_EQ(s.gpu.gemv_mma, GemvMma::kAuto);
   EnvScope fused{{"SPILLWAY_EXL3_DECODE", "fused"}};
+  EnvScope off{{"SPILLWAY_GEMV_MMA", "0"}};
+  EXPECT_EQ(settings_from_env().gpu.gemv_mma, GemvMma::kOff);
   EXPECT_EQ(settings_from_env().gpu.exl3_decode, Exl3DecodeKernel::kFused);
 }
 
