@@ -13,8 +13,8 @@ namespace spw {
 // How the engine runs EXL3 routed experts of decode steps (SPILLWAY_EXL3_DECODE).
 enum class Exl3DecodeKernel { kByRows, kFused, kGrouped };
 
-// FP8 decode linears on tensor cores (SPILLWAY_GEMV_MMA): kAuto takes them for batch-invariant decoding (each
-// batch then computes every row as alone, in slices of 16 rows: the tensor cores win from 4 rows and lose
+// FP8 and BF16 decode linears on tensor cores (SPILLWAY_GEMV_MMA): kAuto takes them for batch-invariant decoding
+// (each batch then computes every row as alone, in slices of 16 rows: the tensor cores win from 4 rows and lose
 // little at one) and the scalar weight-streaming GEMV otherwise (faster at one row).
 enum class GemvMma { kAuto, kOff, kOn };
 

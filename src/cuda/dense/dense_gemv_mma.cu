@@ -1,5 +1,6 @@
 // Tensor-core decode path of the FP8 dense linears (dense_linear.h, LinearPath::kGemv) for activation-quantized
-// weights (act_block > 0): y = x̂·Wᵀ for n_tokens ≤ 16 with mma.sync m16n8k16 (f16 inputs, f32 accumulation).
+// weights (act_block > 0), and of BF16 weights (below): y = x̂·Wᵀ for n_tokens ≤ 16 with mma.sync m16n8k16 (f16 or
+// bf16 inputs, f32 accumulation).
 //
 // Why: x̂ = e4m3 code · 2^e per act_block and W = e4m3 code · 2^e per weight_block², so over a 32-wide k block
 // (inside both scale blocks) Σ x̂·w = (s_x·s_w)·Σ code_x·code_w. Every e4m3 value is an f16 value, so the codes go
@@ -17,7 +18,15 @@
 // each; the partial sums meet in shared memory and are added in split order. So a row's result depends on n_in
 // alone — not on n_out, the token count (tokens are MMA columns, computed independently) or stacking.
 // Accuracy: exact products; f32 sums (MMA-internal over 32 k, then one per k block in k order, then the splits).
+//
+// BF16 weights (no activation quant) take the same layout, k order and splits with bf16 MMAs on the weight as stored:
+// a lane loads 16 bytes (8 weights) of rows g and g + 8 per k block, two MMAs. x enters as `planes` bf16 planes
+// (GemvArgs::xc, [planes][n_tokens][n_in]): one when x is bf16-representable (the reference feeds BF16 linears bf16
+// activations), three for f32 products (x = hi + mid + lo exactly: act_split3's planes), each plane an MMA into the
+// same f32 sum, so every product is exact and sums run in k order, planes in order within a k block. A row's result
+// depends on n_in alone, as for FP8.
 // Tests: tests/gpu/test_cuda_dense.cpp. Benchmark: bench/dense/bench_dense.cpp.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -41,6 +50,14 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1,
                                         uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
@@ -162,9 +179,117 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) gemv_mma_kernel(Gem
   }
 }
 
+// BF16 weights, PLANES bf16 planes of x (see the top). Two k blocks per stage: 64 weight bytes per lane, the FP8
+// kernel's 32 of four blocks doubled, so both keep the same bytes in flight.
+constexpr int kBf16StageBlocks = 2;
+template <int NT, int PLANES>
+__global__ void __launch_bounds__(kThreads, NT == 1 && PLANES == 1 ? 2 : 1) gemv_bf16_mma_kernel(GemvArgs a, int splits) {
+  constexpr int SB = kBf16StageBlocks;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+  const int rg = blockIdx.x * (kWarps / splits) + warp / splits, split = warp % splits;
+  const int n_kb = a.n_in / 32, per = (n_kb + splits - 1) / splits;
+  const int kb0 = min(n_kb, split * per), kb1 = min(n_kb, kb0 + per);
+  const int row0 = rg * 16, r_lo = row0 + g, r_hi = r_lo + 8;
+  const bool lo_ok = r_lo < a.n_out, hi_ok = r_hi < a.n_out;
+  const uint16_t* w = static_cast<const uint16_t*>(a.w);
+  const uint16_t* w_lo = w + static_cast<size_t>(lo_ok ? r_lo : 0) * a.n_in + 8 * t4;
+  const uint16_t* w_hi = w + static_cast<size_t>(hi_ok ? r_hi : 0) * a.n_in + 8 * t4;
+  const size_t plane = static_cast<size_t>(a.n_tokens) * a.n_in;
+
+  auto load_w = [&](uint4 (&lo)[SB], uint4 (&hi)[SB], int kb) {
+#pragma unroll
+    for (int i = 0; i < SB; ++i) {
+      const int k = 32 * (kb + i);
+      lo[i] = hi[i] = make_uint4(0u, 0u, 0u, 0u);
+      if (kb + i < kb1) {
+        if (lo_ok) lo[i] = __ldg(reinterpret_cast<const uint4*>(w_lo + k));
+        if (hi_ok) hi[i] = __ldg(reinterpret_cast<const uint4*>(w_hi + k));
+      }
+    }
+  };
+  // x planes of token 8·nt + g at the lane's 8 k of each block (zero past n_tokens or the range).
+  using XStage = uint4[SB][NT][PLANES];
+  auto load_x = [&](XStage& x, int kb) {
+#pragma unroll
+    for (int i = 0; i < SB; ++i)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int n = 8 * nt + g;
+        const bool ok = n < a.n_tokens && kb + i < kb1;
+        const size_t at = static_cast<size_t>(n) * a.n_in + 32 * (kb + i) + 8 * t4;
+#pragma unroll
+        for (int p = 0; p < PLANES; ++p)
+          x[i][nt][p] = ok ? __ldg(reinterpret_cast<const uint4*>(a.xc + p * plane + at)) : make_uint4(0u, 0u, 0u, 0u);
+      }
+  };
+  float acc[NT][4] = {};
+  auto compute_stage = [&](const uint4 (&lo)[SB], const uint4 (&hi)[SB], const XStage& x, int kb) {
+#pragma unroll
+    for (int i = 0; i < SB; ++i) {
+      if (kb + i >= kb1) break;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int p = 0; p < PLANES; ++p) {
+          const uint4 xb = x[i][nt][p];
+          mma_bf16(acc[nt], lo[i].x, hi[i].x, lo[i].y, hi[i].y, xb.x, xb.y);
+          mma_bf16(acc[nt], lo[i].z, hi[i].z, lo[i].w, hi[i].w, xb.z, xb.w);
+        }
+    }
+  };
+
+  uint4 lo0[SB], hi0[SB], lo1[SB], hi1[SB];
+  XStage x0, x1;
+  load_w(lo0, hi0, kb0);  // weights only: issued while the previous kernel may still be writing x
+  cuda::pdl_enter();
+  load_x(x0, kb0);
+  for (int kb = kb0; kb < kb1;) {
+    load_w(lo1, hi1, kb + SB);
+    load_x(x1, kb + SB);
+    compute_stage(lo0, hi0, x0, kb);
+    if ((kb += SB) >= kb1) break;
+    load_w(lo0, hi0, kb + SB);
+    load_x(x0, kb + SB);
+    compute_stage(lo1, hi1, x1, kb);
+    kb += SB;
+  }
+
+  __shared__ float part[kWarps][NT][4][32];
+  if (splits > 1) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) part[warp][nt][j][lane] = acc[nt][j];
+    __syncthreads();
+    if (split != 0) return;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        for (int s = 1; s < splits; ++s) acc[nt][j] += part[warp + s][nt][j][lane];
+  }
+  if (row0 >= a.n_out) return;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int n0 = 8 * nt + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = j < 2 ? r_lo : r_hi, n = n0 + (j & 1);
+      if (row < a.n_out && n < a.n_tokens) store_output(a, a.y, row, n, acc[nt][j]);
+    }
+  }
+}
+
+template <int PLANES>
+cudaError_t launch_bf16(const GemvArgs& a, dim3 grid, int splits, cudaStream_t stream) {
+  if (a.n_tokens <= 8) return cuda::launch(gemv_bf16_mma_kernel<1, PLANES>, grid, dim3(kThreads), 0, stream, a, splits);
+  return cuda::launch(gemv_bf16_mma_kernel<2, PLANES>, grid, dim3(kThreads), 0, stream, a, splits);
+}
+
 }  // namespace
 
 bool gemv_uses_mma(DenseFormat format, int weight_block, int act_block, int n_in) {
+  if (format == DenseFormat::kBf16) return act_block == 0 && n_in % 32 == 0;
   return format == DenseFormat::kFp8 && (weight_block == 32 || weight_block == 128) &&
          (act_block == 32 || act_block == 128) && n_in % 32 == 0;
 }
@@ -177,12 +302,14 @@ int gemv_mma_k_splits(int n_in) {
 }
 
 cudaError_t gemv_mma_launch(const GemvArgs& a, cudaStream_t stream) {
-  if (!gemv_uses_mma(a.format, a.weight_block, a.act_block, a.n_in) || a.n_groups != 1 || !a.xc || !a.xs ||
-      a.n_tokens < 1 || a.n_tokens > 16)
+  const bool bf16 = a.format == DenseFormat::kBf16;
+  if (!gemv_uses_mma(a.format, a.weight_block, a.act_block, a.n_in) || a.n_groups != 1 || !a.xc || (!bf16 && !a.xs) ||
+      (bf16 && a.x_planes != 1 && a.x_planes != 3) || a.n_tokens < 1 || a.n_tokens > 16)
     return cudaErrorInvalidValue;
   const int splits = gemv_mma_k_splits(a.n_in), groups_per_block = kWarps / splits;
   const int row_groups = (a.n_out + 15) / 16;
   const dim3 grid(unsigned((row_groups + groups_per_block - 1) / groups_per_block));
+  if (bf16) return a.x_planes == 1 ? launch_bf16<1>(a, grid, splits, stream) : launch_bf16<3>(a, grid, splits, stream);
   if (a.n_tokens <= 8) return cuda::launch(gemv_mma_kernel<1>, grid, dim3(kThreads), 0, stream, a, splits);
   return cuda::launch(gemv_mma_kernel<2>, grid, dim3(kThreads), 0, stream, a, splits);
 }

@@ -34,11 +34,13 @@ struct GemvArgs {
   int part_row0[kMaxStackParts] = {};
   float* part_y[kMaxStackParts] = {};
   int part_ld[kMaxStackParts] = {};
-  // The tensor-core FP8 path (gemv_mma_launch): x̂ as f16 e4m3 codes [n_tokens, n_in] and f32 scales
-  // [n_tokens, n_in / act_block] (act_codes_launch); x is unused there.
+  // The tensor-core path (gemv_mma_launch), where x is unused. FP8: x̂ as f16 e4m3 codes [n_tokens, n_in] and
+  // f32 scales [n_tokens, n_in / act_block] (act_codes_launch). BF16: xc holds x_planes bf16 planes
+  // [x_planes][n_tokens][n_in] (1: x itself, bf16-representable; 3: hi, mid, lo of an f32 product).
   const uint16_t* xc = nullptr;
   const float* xs = nullptr;
   int act_block = 0;
+  int x_planes = 0;
 };
 cudaError_t gemv_launch(const GemvArgs& a, cudaStream_t stream);
 // The device's SMs (looked up once; 132 if the query fails), and the blocks of 256 threads of a GEMV kernel one SM
@@ -46,8 +48,9 @@ cudaError_t gemv_launch(const GemvArgs& a, cudaStream_t stream);
 int sm_count();
 int resident_blocks(void (*kernel)(GemvArgs));
 
-// The tensor-core decode path of FP8 weights with activation quant (dense_gemv_mma.cu): whether a weight takes
-// it, the warps its k range is split over (a function of n_in alone: a row's summation order), and the launch.
+// The tensor-core decode path of FP8 weights with activation quant and of BF16 weights (dense_gemv_mma.cu): whether a
+// weight takes it, the warps its k range is split over (a function of n_in alone: a row's summation order), and the
+// launch.
 bool gemv_uses_mma(DenseFormat format, int weight_block, int act_block, int n_in);
 int gemv_mma_k_splits(int n_in);
 cudaError_t gemv_mma_launch(const GemvArgs& a, cudaStream_t stream);

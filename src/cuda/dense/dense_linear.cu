@@ -26,9 +26,14 @@ constexpr int kGemvMaxTokens = 16;
 std::atomic<bool> gemv_mma_flag{false};
 std::atomic<bool> f32_split_gemm_flag{true};
 
+// FP8 with activation quant and BF16 weights: tensor cores when the process chose them (set_gemv_mma).
 bool takes_mma(const DeviceLinear& w) {
-  return w.act_block > 0 && gemv_mma_enabled() && densedev::gemv_uses_mma(w.format, w.weight_block, w.act_block, w.n_in);
+  return (w.act_block > 0 || w.format == DenseFormat::kBf16) && gemv_mma_enabled() &&
+         densedev::gemv_uses_mma(w.format, w.weight_block, w.act_block, w.n_in);
 }
+
+// The bf16 planes of x the BF16 tensor-core GEMV reads (dense_gemv_mma.cu): three for f32 products.
+int bf16_x_planes(const DeviceLinear& w) { return w.f32_product ? 3 : 1; }
 
 size_t elem_nbytes(DenseFormat f) {
   switch (f) {
@@ -117,13 +122,21 @@ Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y
                    cudaStream_t stream, std::span<const int> part_rows = {}, std::span<float* const> ys = {}) {
   if (w.act_block > 0 && ws.act_nbytes < sizeof(float) * static_cast<size_t>(n_tokens) * w.n_in)
     return make_error("dense linear: workspace too small for ", n_tokens, "x", w.n_in, " activations");
-  // FP8 with activation quant: the tensor-core kernel on x̂'s codes and scales (dense_gemv_mma.cu).
-  const bool mma = takes_mma(w);
+  // FP8 with activation quant: the tensor-core kernel on x̂'s codes and scales; BF16: on x's bf16 planes
+  // (dense_gemv_mma.cu). A workspace too small for the planes keeps the scalar kernel.
+  const bool bf16_mma = takes_mma(w) && w.format == DenseFormat::kBf16 &&
+                        ws.act_nbytes >= 2 * static_cast<size_t>(bf16_x_planes(w)) * n_tokens * w.n_in;
+  const bool mma = bf16_mma || (takes_mma(w) && w.format != DenseFormat::kBf16);
   const float* xq = x;
   uint16_t* codes = static_cast<uint16_t*>(ws.act);
   // Scales after the codes, 16-byte aligned: 2·T·n_in + 4·T·n_in/32 bytes fit the f32 x̂ the workspace holds.
   float* scales = reinterpret_cast<float*>(static_cast<char*>(ws.act) + (2 * static_cast<size_t>(n_tokens) * w.n_in + 15) / 16 * 16);
-  if (mma) {
+  if (bf16_mma) {
+    const size_t n = static_cast<size_t>(n_tokens) * w.n_in;
+    const cudaError_t e = bf16_x_planes(w) == 3 ? densedev::split3_bf16_launch(x, n, codes, stream)
+                                                : densedev::act_prepare_launch(x, n_tokens, w.n_in, 0, codes, true, stream);
+    if (e != cudaSuccess) return cuda_error("launch the bf16 planes of x", e);
+  } else if (mma) {
     if (cudaError_t e = densedev::act_codes_launch(x, n_tokens, w.n_in, w.act_block, codes, scales, stream); e != cudaSuccess)
       return cuda_error("launch act_codes", e);
   } else if (w.act_block > 0) {
@@ -142,8 +155,9 @@ Status linear_gemv(const DeviceLinear& w, const float* x, int n_tokens, float* y
     a.y = ys[0], a.ldy = part_rows[0];
   }
   if (mma) {
-    a.xc = codes, a.xs = scales, a.act_block = w.act_block;
-    if (cudaError_t e = densedev::gemv_mma_launch(a, stream); e != cudaSuccess) return cuda_error("launch fp8 mma gemv", e);
+    a.xc = codes, a.xs = bf16_mma ? nullptr : scales, a.act_block = w.act_block;
+    a.x_planes = bf16_mma ? bf16_x_planes(w) : 0;
+    if (cudaError_t e = densedev::gemv_mma_launch(a, stream); e != cudaSuccess) return cuda_error("launch mma gemv", e);
     return {};
   }
   if (cudaError_t e = densedev::gemv_launch(a, stream); e != cudaSuccess) return cuda_error("launch dense gemv", e);

@@ -100,11 +100,12 @@ Status stacked_linear_cuda(const DeviceLinear& w, std::span<const int> part_rows
 // Whether stacking weights like w (format, n_in, blocks) of part_rows rows each keeps every row's summation order
 // on the GEMV path: the k split is the same for every part and for the stack.
 bool stack_keeps_rows(const DeviceLinear& w, std::span<const int> part_rows);
-// The decode path of FP8 weights with activation quant: the scalar weight-streaming kernel (default) or the
-// tensor-core one (dense_gemv_mma.cu; set_gemv_mma(true), which the CLI calls for SPILLWAY_GEMV_MMA=1). Measured on
-// the H200 (bench/results/engine_h200.md): the tensor-core kernel is 1.4–4× faster at 16 tokens (V4.1 batch-16
-// decode +14 % tokens/s) but 1.3–1.8× slower at one token (batch-1 decode −2 %), hence off by default. The two
-// differ in summation order, so a process keeps one: choose before uploading weights (stacking depends on it).
+// The decode path of FP8 weights with activation quant and of BF16 weights: the scalar weight-streaming kernel
+// (default) or the tensor-core one (dense_gemv_mma.cu; set_gemv_mma(true): GpuSettings' GemvMma, on by default for
+// batch-invariant decoding). Measured on the H200 for FP8 (bench/results/engine_h200.md): the tensor-core kernel is
+// 1.4–4× faster at 16 tokens (V4.1 batch-16 decode +14 % tokens/s) but 1.3–1.8× slower at one token (batch-1
+// decode −2 %); the BF16 form is not measured yet. The two differ in summation order, so a process keeps one:
+// choose before uploading weights (stacking depends on it).
 bool gemv_mma_enabled();
 void set_gemv_mma(bool on);
 // The kGemm path of f32-product bf16 weights (router, head; n_tokens > 16): the pedantic fp32 cuBLAS GEMM on a
