@@ -32,6 +32,7 @@ struct RunnerOptions {
   int max_rollback_tokens = 0;  // GPU: tokens of a step the runner can take back (speculative decoding); 0: none
   PlacementFlags placement;     // GPU: where the routed experts live (cli/expert_placement.h)
   std::string engram_tables = "auto";  // GPU: auto, pinned or disk (engine/gpu_model.h EngramTablePlace)
+  bool warm_up = false;         // GPU: GpuRunner::warm_up before returning (serve: the first request does not wait)
 };
 
 struct LoadedRunner {

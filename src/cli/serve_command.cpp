@@ -155,6 +155,7 @@ int serve(ServeOptions o) {
   runner_options.prefix_cache_slots = o.prefix_cache_mb > 0 ? o.prefix_cache_slots : 0;
   runner_options.placement = o.placement;
   runner_options.engram_tables = o.engram_tables;
+  runner_options.warm_up = true;
   if (o.s.scheduler.speculative.mode != runtime::SpeculativeMode::off)  // a verified step: the last token and the drafts
     runner_options.max_rollback_tokens = o.s.scheduler.speculative.draft_tokens + 1;
   auto loaded = load_runner(runner_options);

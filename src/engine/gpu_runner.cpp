@@ -232,6 +232,25 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
   return out;
 }
 
+Status GpuRunner::warm_up() {
+  auto seq = model_->new_sequence();
+  if (!seq.ok()) return seq.error();
+  const int64_t vocab = config().vocab_size;
+  const int rows = int(std::min<int64_t>({64, model_->budget().max_step_tokens, max_context() - 4}));
+  std::vector<int32_t> prompt(size_t(std::max(rows, 1)));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 3) % vocab);
+  if (auto r = model_->forward(*seq, prompt); !r.ok()) return r.error();
+  const int32_t one[] = {int32_t(11 % vocab)};
+  if (auto r = model_->forward(*seq, one); !r.ok()) return r.error();
+  GpuSequence* seqs[] = {&*seq};
+  int32_t token[] = {int32_t(13 % vocab)}, next[1];
+  for (int step = 0; step < 2; ++step) {
+    SPW_TRY(model_->decode(seqs, token, next));
+    token[0] = next[0];
+  }
+  return {};
+}
+
 void make_batch_invariant(GpuModelOptions& options) {
   // EXL3 decodes on one kernel at every row count: each is batch-invariant alone (cuda/exl3_moe.h,
   // cuda/exl3_grouped.h), switching between them by row count is not.

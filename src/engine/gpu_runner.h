@@ -86,6 +86,12 @@ class GpuRunner final : public ModelRunner {
 
   GpuModel& model() { return *model_; }
 
+  // Runs a scratch sequence through both linear paths (a prefill of min(64, max_step_tokens) tokens, one of a
+  // single token) and two batch-1 decode steps, then frees it. Before serving: CUDA loads kernel modules on their
+  // first launch and the decode graphs are captured on first use, which the first request would otherwise wait
+  // for. Leaves no state behind (the sequence's pages return to the pools).
+  Status warm_up();
+
  private:
   std::unique_ptr<GpuModel> model_;
   int cache_slots_;      // slots kept for the prefix cache's copies
@@ -93,13 +99,13 @@ class GpuRunner final : public ModelRunner {
   int max_decode_rows_;  // sequences per decode call
 };
 
-// Applies settings.gpu's kernel switches (process-wide) and loads the model onto device 0 with pools
-// for settings.budget (GpuModelOptions' defaults otherwise).
 // What batch_invariant asks of the engine (see the top): EXL3 decodes on one kernel at every row count, the fused
 // one taking a decode of every sequence, in the options before loading; every decode linear on the GEMV after.
 void make_batch_invariant(GpuModelOptions& options);
 void make_batch_invariant(GpuModel& model);
 
+// Applies settings.gpu's kernel switches (process-wide) and loads the model onto device 0 with pools
+// for settings.budget (GpuModelOptions' defaults otherwise).
 Result<std::unique_ptr<GpuRunner>> load_gpu_runner(const std::string& model_dir, const GpuRunnerSettings& settings);
 
 }  // namespace spw::engine
