@@ -462,6 +462,34 @@ TEST(GpuRunner, V41EditedPicksMatchTheHostSampler) {
 TEST(GpuRunner, V41MatchesTheEngineAlone) { runner_matches_the_engine_alone("v41"); }
 TEST(GpuRunner, V4MatchesTheEngineAlone) { runner_matches_the_engine_alone("v4"); }
 
+// GpuRunner::warm_up (serve runs it before listening) leaves nothing behind: the KV pools are as empty as before,
+// and a prompt then gives the bits a runner that never warmed up gives (both batch-invariant, so deterministic).
+TEST(GpuRunner, V41WarmUpLeavesNoTrace) {
+  SPW_REQUIRE_GPU();
+  engine::GpuRunnerSettings gs;
+  gs.budget.max_seqs = 4;
+  gs.budget.max_context = 512;
+  gs.prefix_cache_slots = 0;
+  auto warm = engine::load_gpu_runner(golden::fixture_dir("v41") + "/model", gs);
+  auto cold = engine::load_gpu_runner(golden::fixture_dir("v41") + "/model", gs);
+  ASSERT_TRUE(warm.ok() && cold.ok());
+  const int64_t used_before = (*warm)->usage().kv_blocks_used;
+  ASSERT_TRUE((*warm)->warm_up().ok());
+  EXPECT_EQ((*warm)->usage().kv_blocks_used, used_before);
+  const std::vector<int32_t> prompt = gpu_test::lcg_tokens(37, 91, int((*warm)->config().vocab_size));
+  std::vector<std::vector<float>> logits;
+  for (auto* r : {warm->get(), cold->get()}) {
+    auto seq = r->new_sequence();
+    ASSERT_TRUE(seq.ok());
+    const RunnerInput in[] = {{seq.value().get(), prompt, false}};
+    auto out = r->forward(in);
+    ASSERT_TRUE(out.ok()) << out.error().message;
+    logits.push_back((*out)[0]);
+  }
+  ASSERT_FALSE(logits[0].empty());
+  EXPECT_EQ(logits[0], logits[1]);
+}
+
 // Without batch invariance the prefill pieces of a step run together (GpuModel::forward_chunks), in steps of at
 // most step_max_rows rows: five pieces (16 + 40 + 90 + 60 + 30 rows, one step of 146 and one of 90 when steps
 // hold 150 rows) give each input its own logits, in input order, with the shape it asked for. Checked against
