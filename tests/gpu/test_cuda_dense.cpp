@@ -336,6 +336,7 @@ TEST_F(CudaDense, GemvTokenCountDoesNotChangeRows) {
         {DenseFormat::kFp8, 512, 5120, 128, 128, false},  // V4.1 attn.wkv: k split over 4 blocks
         {DenseFormat::kBf16, 300, 2080, 0, 0, true},      // k split over 2 blocks, the second shorter
         {DenseFormat::kF32, 384, 5120, 0, 0, true},       // f32 (staged kernel at every token count), split 4
+        {DenseFormat::kBf16, 500, 1024, 0, 0, false},     // bf16 activations: one plane on tensor cores
     };
     constexpr int kTokens = 21;
     uint32_t seed = 700;
@@ -542,9 +543,15 @@ void run_grouped(int G, int R, int P, const std::vector<int>& token_counts, Line
 }
 
 TEST_F(CudaDense, GroupedOutputProjection) {
-  run_grouped(8, 1024, 4096, {1, 16, 17, 100}, ws_, 601);  // V4.1 / V4: 8 groups of rank 1024 over 64·512/8
-  run_grouped(3, 7, 48, {1, 5, 17}, ws_, 602);
-  run_grouped(2, 130, 528, {3, 40}, ws_, 603);
+  for (bool mma : {false, true}) {  // both decode paths (dense_linear.h: set_gemv_mma); 48 and 528 stay scalar
+    SCOPED_TRACE(mma ? "tensor-core GEMV" : "scalar GEMV");
+    GemvMmaScope scope(mma);
+    run_grouped(8, 1024, 4096, {1, 16, 17, 100}, ws_, 601);  // V4.1 / V4: 8 groups of rank 1024 over 64·512/8
+    run_grouped(3, 7, 48, {1, 5, 17}, ws_, 602);
+    run_grouped(2, 130, 528, {3, 40}, ws_, 603);
+    run_grouped(3, 7, 64, {1, 9, 17}, ws_, 604);
+    run_grouped(2, 130, 512, {3, 40}, ws_, 605);
+  }
 }
 
 // The activation fake quant on the GPU is fake_quant_fp8 bit for bit, including the scale hazards:

@@ -19,10 +19,11 @@
 // alone — not on n_out, the token count (tokens are MMA columns, computed independently) or stacking.
 // Accuracy: exact products; f32 sums (MMA-internal over 32 k, then one per k block in k order, then the splits).
 //
-// BF16 weights (no activation quant) take the same layout, k order and splits with bf16 MMAs on the weight as stored:
-// a lane loads 16 bytes (8 weights) of rows g and g + 8 per k block, two MMAs. x enters as `planes` bf16 planes
-// (GemvArgs::xc, [planes][n_tokens][n_in]): one when x is bf16-representable (the reference feeds BF16 linears bf16
-// activations), three for f32 products (x = hi + mid + lo exactly: act_split3's planes), each plane an MMA into the
+// BF16 weights (no activation quant; plain, or grouped as the attention's output projection: a group per
+// blockIdx.y) take the same layout, k order and splits with bf16 MMAs on the weight as stored: a lane loads 16 bytes
+// (8 weights) of rows g and g + 8 per k block, two MMAs. x enters as `planes` bf16 planes (GemvArgs::xc,
+// [planes][n_tokens][ldx]): one when x is bf16-representable (the reference feeds BF16 linears bf16 activations),
+// three for f32 products and the grouped projection (x = hi + mid + lo exactly: split3_bf16), each plane an MMA into the
 // same f32 sum, so every product is exact and sums run in k order, planes in order within a k block. A row's result
 // depends on n_in alone, as for FP8.
 // Tests: tests/gpu/test_cuda_dense.cpp. Benchmark: bench/dense/bench_dense.cpp.
@@ -191,10 +192,13 @@ __global__ void __launch_bounds__(kThreads, NT == 1 && PLANES == 1 ? 2 : 1) gemv
   const int kb0 = min(n_kb, split * per), kb1 = min(n_kb, kb0 + per);
   const int row0 = rg * 16, r_lo = row0 + g, r_hi = r_lo + 8;
   const bool lo_ok = r_lo < a.n_out, hi_ok = r_hi < a.n_out;
-  const uint16_t* w = static_cast<const uint16_t*>(a.w);
+  // Group blockIdx.y of a grouped weight (n_groups > 1): its weight, its columns of x's rows (ldx apart), its y.
+  const int grp = blockIdx.y;
+  const uint16_t* w = static_cast<const uint16_t*>(a.w) + grp * (a.w_group_nbytes / sizeof(uint16_t));
   const uint16_t* w_lo = w + static_cast<size_t>(lo_ok ? r_lo : 0) * a.n_in + 8 * t4;
   const uint16_t* w_hi = w + static_cast<size_t>(hi_ok ? r_hi : 0) * a.n_in + 8 * t4;
-  const size_t plane = static_cast<size_t>(a.n_tokens) * a.n_in;
+  const size_t plane = static_cast<size_t>(a.n_tokens) * a.ldx, x_col0 = static_cast<size_t>(grp) * a.x_group_off;
+  float* y = a.y + static_cast<size_t>(grp) * a.y_group_off;
 
   auto load_w = [&](uint4 (&lo)[SB], uint4 (&hi)[SB], int kb) {
 #pragma unroll
@@ -216,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, NT == 1 && PLANES == 1 ? 2 : 1) gemv
       for (int nt = 0; nt < NT; ++nt) {
         const int n = 8 * nt + g;
         const bool ok = n < a.n_tokens && kb + i < kb1;
-        const size_t at = static_cast<size_t>(n) * a.n_in + 32 * (kb + i) + 8 * t4;
+        const size_t at = static_cast<size_t>(n) * a.ldx + x_col0 + 32 * (kb + i) + 8 * t4;
 #pragma unroll
         for (int p = 0; p < PLANES; ++p)
           x[i][nt][p] = ok ? __ldg(reinterpret_cast<const uint4*>(a.xc + p * plane + at)) : make_uint4(0u, 0u, 0u, 0u);
@@ -275,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, NT == 1 && PLANES == 1 ? 2 : 1) gemv
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int row = j < 2 ? r_lo : r_hi, n = n0 + (j & 1);
-      if (row < a.n_out && n < a.n_tokens) store_output(a, a.y, row, n, acc[nt][j]);
+      if (row < a.n_out && n < a.n_tokens) store_output(a, y, row, n, acc[nt][j]);
     }
   }
 }
@@ -303,12 +307,12 @@ int gemv_mma_k_splits(int n_in) {
 
 cudaError_t gemv_mma_launch(const GemvArgs& a, cudaStream_t stream) {
   const bool bf16 = a.format == DenseFormat::kBf16;
-  if (!gemv_uses_mma(a.format, a.weight_block, a.act_block, a.n_in) || a.n_groups != 1 || !a.xc || (!bf16 && !a.xs) ||
-      (bf16 && a.x_planes != 1 && a.x_planes != 3) || a.n_tokens < 1 || a.n_tokens > 16)
+  if (!gemv_uses_mma(a.format, a.weight_block, a.act_block, a.n_in) || (a.n_groups != 1 && !bf16) || a.n_groups < 1 ||
+      !a.xc || (!bf16 && !a.xs) || (bf16 && a.x_planes != 1 && a.x_planes != 3) || a.n_tokens < 1 || a.n_tokens > 16)
     return cudaErrorInvalidValue;
   const int splits = gemv_mma_k_splits(a.n_in), groups_per_block = kWarps / splits;
   const int row_groups = (a.n_out + 15) / 16;
-  const dim3 grid(unsigned((row_groups + groups_per_block - 1) / groups_per_block));
+  const dim3 grid(unsigned((row_groups + groups_per_block - 1) / groups_per_block), unsigned(a.n_groups));
   if (bf16) return a.x_planes == 1 ? launch_bf16<1>(a, grid, splits, stream) : launch_bf16<3>(a, grid, splits, stream);
   if (a.n_tokens <= 8) return cuda::launch(gemv_mma_kernel<1>, grid, dim3(kThreads), 0, stream, a, splits);
   return cuda::launch(gemv_mma_kernel<2>, grid, dim3(kThreads), 0, stream, a, splits);

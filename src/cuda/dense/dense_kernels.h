@@ -36,7 +36,8 @@ struct GemvArgs {
   int part_ld[kMaxStackParts] = {};
   // The tensor-core path (gemv_mma_launch), where x is unused. FP8: x̂ as f16 e4m3 codes [n_tokens, n_in] and
   // f32 scales [n_tokens, n_in / act_block] (act_codes_launch). BF16: xc holds x_planes bf16 planes
-  // [x_planes][n_tokens][n_in] (1: x itself, bf16-representable; 3: hi, mid, lo of an f32 product).
+  // [x_planes][n_tokens][ldx] (1: x itself, bf16-representable; 3: hi, mid, lo of an f32 product), group g's
+  // columns from g·x_group_off.
   const uint16_t* xc = nullptr;
   const float* xs = nullptr;
   int act_block = 0;

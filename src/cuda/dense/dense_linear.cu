@@ -324,6 +324,9 @@ Status grouped_proj_cuda(const uint16_t* w_a, const float* o, int n_tokens, int 
   path = resolve(path, n_tokens);
   const int d_in = n_groups * per_group, d_out = n_groups * rank;
   if (path == LinearPath::kGemv) {
+    // On tensor cores when the process chose them (set_gemv_mma): o as three exact bf16 planes, whatever it holds.
+    const bool mma = gemv_mma_enabled() && per_group % 32 == 0 &&
+                     ws.act_nbytes >= 6 * static_cast<size_t>(std::min(kGemvMaxTokens, n_tokens)) * d_in;
     for (int r0 = 0; r0 < n_tokens; r0 += kGemvMaxTokens) {  // slices of 16 rows, as linear_cuda's kGemv
       densedev::GemvArgs a;
       a.format = DenseFormat::kBf16, a.w = w_a, a.n_out = rank, a.n_in = per_group;
@@ -331,6 +334,16 @@ Status grouped_proj_cuda(const uint16_t* w_a, const float* o, int n_tokens, int 
       a.n_tokens = std::min(kGemvMaxTokens, n_tokens - r0), a.round_out = round_out;
       a.n_groups = n_groups, a.w_group_nbytes = sizeof(uint16_t) * static_cast<size_t>(rank) * per_group;
       a.x_group_off = per_group, a.y_group_off = rank;
+      if (mma) {
+        uint16_t* planes = static_cast<uint16_t*>(ws.act);
+        if (cudaError_t e = densedev::split3_bf16_launch(a.x, static_cast<size_t>(a.n_tokens) * d_in, planes, stream);
+            e != cudaSuccess)
+          return cuda_error("launch split3_bf16", e);
+        a.xc = planes, a.x_planes = 3;
+        if (cudaError_t e = densedev::gemv_mma_launch(a, stream); e != cudaSuccess)
+          return cuda_error("launch grouped mma gemv", e);
+        continue;
+      }
       if (cudaError_t e = densedev::gemv_launch(a, stream); e != cudaSuccess) return cuda_error("launch grouped gemv", e);
     }
     return {};
