@@ -64,7 +64,7 @@ fi
 SUITE_MODELS=${SUITE_MODELS:-tiny}
 [ -n "${SKIP_SUITE:-}" ] && SUITE_MODELS=""
 SYNTH_PID="" SUITE_SYNTH_PID=""
-if [ -z "${SKIP_LOAD:-}" ] || [ -n "${CHECK_SYNTH:-}" ] || [ -n "${SPEC_SYNTH:-}" ]; then
+if { [ -z "${SKIP_LOAD:-}" ] || [ -n "${CHECK_SYNTH:-}" ] || [ -n "${SPEC_SYNTH:-}" ]; } && [ ! -f $SYNTH/config.json ]; then
   python3 tools/synth/make_synthetic_model.py $SYNTH --arch v41 --experts exl3 --bits 3 \
     --layers "$LAYERS" --tokenizer none > /tmp/synth.log 2>&1 &
   SYNTH_PID=$!
