@@ -158,22 +158,30 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&y, sizeof(float) * y_elems));
   CK(cudaMemset(x, 0, sizeof(float) * max_tokens * max_in));  // 0x3f800000 would be nicer; zeros time the same
 
-  // 2. Decode.
-  std::printf("## Decode (kGemv), V4.1 shapes, roofline = weight bytes / copy bandwidth\n\n");
-  std::printf("| tensor | format | n_in→n_out | MB | tokens | µs | GB/s | %% of roofline |\n|---|---|---|---|---|---|---|---|\n");
-  for (const Shape& sh : kShapes) {
-    Copies c(sh, size_t(512) << 20);
-    const double mb = dense_weight_nbytes(linear_of(sh)) * double(sh.groups);
-    for (int T : {1, 4, 16}) {
-      const double us = time_us(iters, [&](int i) {
-        ST(run_shape(sh, c, i % int(c.w.size()), x, T, y, ws, LinearPath::kGemv));
-      });
-      const double roof_us = mb / bw * 1e6;
-      std::printf("| %s | %s | %d→%d%s | %.1f | %d | %.2f | %.0f | %.1f%% |\n", sh.name, dense_format_name(sh.format),
-                  sh.n_in * sh.groups, sh.n_out * sh.groups, sh.groups > 1 ? " (8 groups)" : "", mb / 1e6, T, us,
-                  mb / (us * 1e-6) / 1e9, 100.0 * roof_us / us);
+  // 2. Decode, on both GEMV paths (dense_linear.h: set_gemv_mma): the scalar weight-streaming kernels and the
+  // tensor-core ones (FP8 with activation quant, BF16; the other formats stay scalar in both tables). 64 tokens run
+  // as the batch-invariant decode does, in slices of 16.
+  for (bool mma : {false, true}) {
+    set_gemv_mma(mma);
+    std::printf("## Decode (kGemv, %s), V4.1 shapes, roofline = weight bytes / copy bandwidth\n\n",
+                mma ? "tensor cores" : "scalar");
+    std::printf("| tensor | format | n_in→n_out | MB | tokens | µs | GB/s | %% of roofline |\n|---|---|---|---|---|---|---|---|\n");
+    for (const Shape& sh : kShapes) {
+      Copies c(sh, size_t(512) << 20);
+      const double mb = dense_weight_nbytes(linear_of(sh)) * double(sh.groups);
+      for (int T : {1, 4, 16, 64}) {
+        const double us = time_us(iters, [&](int i) {
+          ST(run_shape(sh, c, i % int(c.w.size()), x, T, y, ws, LinearPath::kGemv));
+        });
+        const double roof_us = mb / bw * 1e6;
+        std::printf("| %s | %s | %d→%d%s | %.1f | %d | %.2f | %.0f | %.1f%% |\n", sh.name, dense_format_name(sh.format),
+                    sh.n_in * sh.groups, sh.n_out * sh.groups, sh.groups > 1 ? " (8 groups)" : "", mb / 1e6, T, us,
+                    mb / (us * 1e-6) / 1e9, 100.0 * roof_us / us);
+      }
     }
+    std::printf("\n");
   }
+  set_gemv_mma(false);
 
   // 3. Prefill vs a plain cuBLAS bf16 GEMM of the same shape.
   const int T = 4096;
