@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) gemv_mma_kernel(Gem
 // kernel's 32 of four blocks doubled, so both keep the same bytes in flight.
 constexpr int kBf16StageBlocks = 2;
 template <int NT, int PLANES>
-__global__ void __launch_bounds__(kThreads, NT == 1 && PLANES == 1 ? 2 : 1) gemv_bf16_mma_kernel(GemvArgs a, int splits) {
+__global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) gemv_bf16_mma_kernel(GemvArgs a, int splits) {
   constexpr int SB = kBf16StageBlocks;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
   const int rg = blockIdx.x * (kWarps / splits) + warp / splits, split = warp % splits;
