@@ -14,8 +14,8 @@ namespace spw {
 enum class Exl3DecodeKernel { kByRows, kFused, kGrouped };
 
 // FP8 and BF16 decode linears on tensor cores (SPILLWAY_GEMV_MMA): kAuto takes them for batch-invariant decoding
-// (each batch then computes every row as alone, in slices of 16 rows: the tensor cores win from 4 rows and lose
-// little at one) and the scalar weight-streaming GEMV otherwise (faster at one row).
+// (each batch then computes every row as alone, the weight read once per 64 rows: the tensor cores win from 4 rows
+// and lose little at one) and the scalar weight-streaming GEMV otherwise (faster at one row).
 enum class GemvMma { kAuto, kOff, kOn };
 
 // GPU kernel and engine switches, mostly for A/B timing and numerics checks.

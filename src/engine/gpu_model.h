@@ -70,7 +70,7 @@ enum class MoeDispatch { kAuto, kHost, kDevice };
 struct GpuModelOptions {
   KvBudget budget;
   // kAuto: the dense library's choice per call (weight-streaming GEMV up to 16 tokens, else GEMM).
-  // kGemv forces the GEMV for every linear (past 16 tokens in slices of 16, each reading the weight again), and the sparse
+  // kGemv forces the GEMV for every linear (past 16 tokens in slices of 16, 64 on tensor cores, each reading the weight again), and the sparse
   // attention's scalar paths at every row count: the same summation order for every chunking, which the chunked-prefill
   // test uses to expect identical results.
   LinearPath linear_path = LinearPath::kAuto;

@@ -10,7 +10,7 @@
 // cuda::sample with the sampler's uniform: decode calls of their own, no logits copied back, only the
 // token and its logprobs); every other result is logits on the host, where the scheduler samples.
 // With batch_invariant (the default) decode steps force the GEMV for every linear (in slices of 16 rows
-// past 16) and a decode call takes at most GpuModel::invariant_decode_rows() sequences (64 for dense-table
+// past 16, 64 on tensor cores) and a decode call takes at most GpuModel::invariant_decode_rows() sequences (64 for dense-table
 // experts; every sequence for EXL3 experts, dispatched on the device: they keep one kernel at every row count,
 // the fused one unless MoePaths::exl3_decode names another): there every kernel computes each row from
 // that row alone, so a sequence's result is what GpuModel::forward computes for it alone whatever else runs

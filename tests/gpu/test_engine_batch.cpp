@@ -3,7 +3,7 @@
 // sequences with different prompt lengths (so that their compressors emit entries at different
 // steps and their indexers see different entry counts).
 //
-// B = 40 with decode's linears forced onto the GEMV (GpuModelOptions::decode_linear_path, sliced by 16 rows):
+// B = 40 with decode's linears forced onto the GEMV (GpuModelOptions::decode_linear_path, sliced by 16 rows, 64 on tensor cores):
 // the same exactness past 16 rows, which GpuRunner's batch invariance relies on.
 // Each sequence is prefilled with forward() in both runs (the same calls, so the same KV state), then
 // teacher-forced with the same pseudo-random decode tokens: alone, one forward() call per token;

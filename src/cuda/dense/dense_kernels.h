@@ -51,7 +51,7 @@ int resident_blocks(void (*kernel)(GemvArgs));
 
 // The tensor-core decode path of FP8 weights with activation quant and of BF16 weights (dense_gemv_mma.cu): whether a
 // weight takes it, the warps its k range is split over (a function of n_in alone: a row's summation order), and the
-// launch.
+// launch, for up to kGemvMmaMaxTokens tokens (the weight read once for all).
 bool gemv_uses_mma(DenseFormat format, int weight_block, int act_block, int n_in);
 int gemv_mma_k_splits(int n_in);
 cudaError_t gemv_mma_launch(const GemvArgs& a, cudaStream_t stream);

@@ -45,6 +45,17 @@ size_t elem_nbytes(DenseFormat f) {
   return 0;
 }
 
+// Rows per GEMV launch: up to kGemvMmaMaxTokens on the tensor-core kernel, as many as the workspace holds x's codes
+// or planes for (never fewer than 16), else 16. A row's sums are the same at every slice size (dense_gemv_mma.cu).
+int gemv_slice_rows(const DeviceLinear& w, const LinearWorkspace& ws) {
+  if (!takes_mma(w)) return kGemvMaxTokens;
+  const size_t row_nbytes = w.format == DenseFormat::kBf16 ? 2 * static_cast<size_t>(bf16_x_planes(w)) * w.n_in
+                                                           : sizeof(float) * static_cast<size_t>(w.n_in);
+  int rows = kGemvMmaMaxTokens;
+  while (rows > kGemvMaxTokens && ws.act_nbytes < row_nbytes * rows) rows /= 2;
+  return rows;
+}
+
 LinearPath resolve(LinearPath p, int n_tokens) {
   if (p != LinearPath::kAuto) return p;
   return n_tokens <= kGemvMaxTokens ? LinearPath::kGemv : LinearPath::kGemm;
@@ -267,9 +278,10 @@ Status linear_cuda(const DeviceLinear& w, const float* x, int n_tokens, float* y
   if (n_tokens < 1) return {};
   path = resolve(path, n_tokens);
   if (path == LinearPath::kGemm) return linear_gemm(w, x, n_tokens, y, round_out, ws, stream);
-  for (int r0 = 0; r0 < n_tokens; r0 += kGemvMaxTokens)  // slices of 16 rows: each row's sums stay the same
-    SPW_TRY(linear_gemv(w, x + size_t(r0) * w.n_in, std::min(kGemvMaxTokens, n_tokens - r0),
-                        y + size_t(r0) * w.n_out, round_out, ws, stream));
+  const int slice = gemv_slice_rows(w, ws);  // each row's sums stay the same
+  for (int r0 = 0; r0 < n_tokens; r0 += slice)
+    SPW_TRY(linear_gemv(w, x + size_t(r0) * w.n_in, std::min(slice, n_tokens - r0), y + size_t(r0) * w.n_out,
+                        round_out, ws, stream));
   return {};
 }
 
@@ -288,11 +300,12 @@ Status stacked_linear_cuda(const DeviceLinear& w, std::span<const int> part_rows
     rows += part_rows[p];
   }
   if (rows != w.n_out) return make_error("stacked linear: the parts' ", rows, " rows are not the weight's ", w.n_out);
-  for (int r0 = 0; r0 < n_tokens; r0 += kGemvMaxTokens) {  // slices of 16 rows, as linear_cuda's kGemv
+  const int slice = gemv_slice_rows(w, ws);  // as linear_cuda's kGemv
+  for (int r0 = 0; r0 < n_tokens; r0 += slice) {
     float* slice_ys[kMaxStackParts];
     for (size_t p = 0; p < part_rows.size(); ++p) slice_ys[p] = ys[p] + size_t(r0) * part_rows[p];
-    SPW_TRY(linear_gemv(w, x + size_t(r0) * w.n_in, std::min(kGemvMaxTokens, n_tokens - r0), nullptr, round_out, ws,
-                        stream, part_rows, std::span<float* const>(slice_ys, part_rows.size())));
+    SPW_TRY(linear_gemv(w, x + size_t(r0) * w.n_in, std::min(slice, n_tokens - r0), nullptr, round_out, ws, stream,
+                        part_rows, std::span<float* const>(slice_ys, part_rows.size())));
   }
   return {};
 }
@@ -325,13 +338,19 @@ Status grouped_proj_cuda(const uint16_t* w_a, const float* o, int n_tokens, int 
   const int d_in = n_groups * per_group, d_out = n_groups * rank;
   if (path == LinearPath::kGemv) {
     // On tensor cores when the process chose them (set_gemv_mma): o as three exact bf16 planes, whatever it holds.
+    // Slices as linear_cuda's kGemv: up to kGemvMmaMaxTokens rows on tensor cores (as many as the workspace holds
+    // planes for), else 16.
     const bool mma = gemv_mma_enabled() && per_group % 32 == 0 &&
                      ws.act_nbytes >= 6 * static_cast<size_t>(std::min(kGemvMaxTokens, n_tokens)) * d_in;
-    for (int r0 = 0; r0 < n_tokens; r0 += kGemvMaxTokens) {  // slices of 16 rows, as linear_cuda's kGemv
+    int slice = kGemvMaxTokens;
+    if (mma)
+      for (slice = kGemvMmaMaxTokens; slice > kGemvMaxTokens && ws.act_nbytes < 6 * static_cast<size_t>(slice) * d_in;)
+        slice /= 2;
+    for (int r0 = 0; r0 < n_tokens; r0 += slice) {
       densedev::GemvArgs a;
       a.format = DenseFormat::kBf16, a.w = w_a, a.n_out = rank, a.n_in = per_group;
       a.x = o + size_t(r0) * d_in, a.ldx = d_in, a.y = z + size_t(r0) * d_out, a.ldy = d_out;
-      a.n_tokens = std::min(kGemvMaxTokens, n_tokens - r0), a.round_out = round_out;
+      a.n_tokens = std::min(slice, n_tokens - r0), a.round_out = round_out;
       a.n_groups = n_groups, a.w_group_nbytes = sizeof(uint16_t) * static_cast<size_t>(rank) * per_group;
       a.x_group_off = per_group, a.y_group_off = rank;
       if (mma) {

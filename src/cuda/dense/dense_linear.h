@@ -11,8 +11,8 @@
 // order of the fp32 sums.
 //
 // Two paths (LinearPath), both exact up to summation order:
-//   kGemv (decode, n_tokens ≤ 16, the kAuto choice there; forced, any n_tokens in slices of 16 rows, each
-//     slice reading the weight again): one kernel streams the compact weight once
+//   kGemv (decode, n_tokens ≤ 16, the kAuto choice there; forced, any n_tokens in slices of 16 rows, 64 on the
+//     tensor-core kernel, each slice reading the weight again): one kernel streams the compact weight once
 //     (16 elements per lane per 512-wide k tile, several rows per warp); for 1–2 tokens with the next
 //     round's loads in flight and x̂ read through L1, for more with x̂ staged in shared memory
 //     (dense_gemv.cu); matrices with few rows split k over a cluster of 2–4 blocks. Each output's sum
@@ -49,6 +49,8 @@ enum class DenseFormat { kFp8, kFp4, kBf16, kF32 };
 
 // The most linears one stacked GEMV launch serves (stacked_linear_cuda).
 constexpr int kMaxStackParts = 6;
+// The most rows one tensor-core GEMV launch takes (the scalar GEMV takes 16): the weight is read once per slice.
+constexpr int kGemvMmaMaxTokens = 64;
 const char* dense_format_name(DenseFormat f);
 
 struct DeviceLinear {
@@ -93,8 +95,8 @@ Status linear_cuda(const DeviceLinear& w, const float* x, int n_tokens, float* y
 // contiguous in every array (weights, scales; all parts share format, act_block and f32_product), part p
 // having part_rows[p] rows (a multiple of the FP8 weight block, except the last). ys[p] [n_tokens, part_rows[p]]
 // come out bit-identical to a linear_cuda call per part on the kGemv path as long as stack_keeps_rows() held
-// for the shapes; x̂ is prepared once per 16 rows. 2 to kMaxStackParts parts; kGemv only (any n_tokens, in slices
-// of 16 rows as linear_cuda's kGemv).
+// for the shapes; x̂ is prepared once per slice. 2 to kMaxStackParts parts; kGemv only (any n_tokens, in slices as
+// linear_cuda's kGemv).
 Status stacked_linear_cuda(const DeviceLinear& w, std::span<const int> part_rows, const float* x, int n_tokens,
                            std::span<float* const> ys, bool round_out, LinearWorkspace& ws, cudaStream_t stream);
 // Whether stacking weights like w (format, n_in, blocks) of part_rows rows each keeps every row's summation order
