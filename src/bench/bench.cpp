@@ -121,17 +121,27 @@ struct Rng {
   }
 };
 
-// Prefills `tokens` in chunks of at most `chunk`; returns the last logits and the chunk times.
+// Prefills `tokens` in chunks of at most `chunk`; returns the last logits and the chunk times. row_invariant: each
+// chunk on the row-invariant prefill path (GpuModel::ChunkPath::kRowInvariant), as the batch-invariant server
+// prefills prompts; else GpuModel::forward.
 Result<std::vector<float>> prefill(GpuModel& m, GpuSequence& seq, const std::vector<int32_t>& tokens, int chunk,
-                                   std::vector<double>* chunk_seconds = nullptr) {
+                                   bool row_invariant, std::vector<double>* chunk_seconds = nullptr) {
   std::vector<float> logits;
   for (size_t at = 0; at < tokens.size(); at += size_t(chunk)) {
     const size_t n = std::min(tokens.size() - at, size_t(chunk));
+    const std::span<const int32_t> piece(tokens.data() + at, n);
     const auto t0 = Clock::now();
-    auto r = m.forward(seq, std::span<const int32_t>(tokens.data() + at, n));
-    if (!r.ok()) return r.error();
+    if (row_invariant) {
+      const GpuModel::ChunkInput in{&seq, piece};
+      auto r = m.forward_chunks(std::span<const GpuModel::ChunkInput>(&in, 1), GpuModel::ChunkPath::kRowInvariant);
+      if (!r.ok()) return r.error();
+      logits = std::move(r.value()[0]);
+    } else {
+      auto r = m.forward(seq, piece);
+      if (!r.ok()) return r.error();
+      logits = std::move(r.value());
+    }
     if (chunk_seconds) chunk_seconds->push_back(seconds_since(t0));
-    logits = std::move(r.value());
   }
   return logits;
 }
@@ -214,7 +224,9 @@ int run_engine_bench(const EngineBenchOptions& o) {
   report["decode_path"] = kBatchedDecode ? "decode" : "forward";
   report["batch_invariant"] = o.batch_invariant;
   if (o.batch_invariant)
-    std::printf("batch-invariant decode (serve's default): linears on the GEMV, EXL3 experts on the fused kernel\n");
+    std::printf("batch-invariant (serve's default): decode linears on the GEMV, EXL3 experts of decodes %s; prompts on "
+                "the row-invariant prefill path\n",
+                o.gpu.exl3_decode == Exl3DecodeKernel::kFused ? "on the fused kernel" : "on the grouped kernel's one-token class");
 
   // Budget: enough sequences for the largest batch and context for the longest run.
   const int max_batch = o.batches.empty() ? 1 : *std::max_element(o.batches.begin(), o.batches.end());
@@ -376,7 +388,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
   auto decode_b1 = [&](const std::string& label) -> Result<std::vector<double>> {
     auto seq = m.new_sequence();
     if (!seq.ok()) return seq.error();
-    auto last = prefill(m, *seq, rng.tokens(o.decode_context), o.chunk);
+    auto last = prefill(m, *seq, rng.tokens(o.decode_context), o.chunk, o.batch_invariant);
     if (!last.ok()) return make_error("decode prompt: ", last.error().message);
     check("decode prompt", *last);
     GpuSequence* seqs[1] = {&*seq};
@@ -547,7 +559,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
       owned.push_back(std::move(s.value()));
       const int64_t lo = std::max<int64_t>(1, o.batch_prompt_max / 4);
       const int64_t len = lo + (int64_t(i) * 7919) % (o.batch_prompt_max - lo + 1);
-      auto last = prefill(m, owned.back(), rng.tokens(len), o.chunk);
+      auto last = prefill(m, owned.back(), rng.tokens(len), o.chunk, o.batch_invariant);
       if (!last.ok()) st = last.error();
       else tok.push_back(argmax(*last));
     }
@@ -596,7 +608,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
     }
     if (!warmed) {
       auto warm = m.new_sequence();
-      if (warm.ok()) (void)prefill(m, *warm, rng.tokens(std::min<int64_t>(P, o.chunk)), o.chunk);
+      if (warm.ok()) (void)prefill(m, *warm, rng.tokens(std::min<int64_t>(P, o.chunk)), o.chunk, o.batch_invariant);
       cudaDeviceSynchronize();
       warmed = true;
     }
@@ -617,7 +629,7 @@ int run_engine_bench(const EngineBenchOptions& o) {
       std::optional<ProfileWindow> window;
       if (r == 0) window.emplace("prefill " + std::to_string(P));
       const auto t0 = Clock::now();
-      auto last = prefill(m, *seq, tokens, o.chunk, &run.chunks);
+      auto last = prefill(m, *seq, tokens, o.chunk, o.batch_invariant, &run.chunks);
       cudaDeviceSynchronize();
       run.s = seconds_since(t0);
       window.reset();

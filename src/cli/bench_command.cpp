@@ -156,8 +156,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
   add_placement_flags(cmd, f->placement);
   cmd->add_flag("--plan-only", f->plan_only, "print the memory plan and per-token costs; no GPU needed");
   cmd->add_flag("--batch-invariant", f->batch_invariant,
-                "decode as `serve --batch-invariant true` (its default) does: decode linears on the GEMV, EXL3 "
-                "experts on the fused decode kernel, a batch in one call (without it: the fastest path per batch)");
+                "decode and prefill as `serve --batch-invariant true` (its default) does: decode linears on the "
+                "GEMV, EXL3 experts of decodes on the grouped kernel's one-token class, a batch in one call, prompts "
+                "on the row-invariant prefill path (without it: the fastest path per batch)");
   return [f] { return run_bench(*f); };
 }
 

@@ -108,19 +108,21 @@ Status check_layer(const Exl3CudaMoeLayer& layer, int proj, const char* who) {
 
 }  // namespace
 
-Exl3GroupPlan exl3_group_plan(const std::vector<int32_t>& first) {
+Exl3GroupPlan exl3_group_plan(const std::vector<int32_t>& first, int fixed_class) {
   Exl3GroupPlan plan;
   std::vector<Exl3GroupItem> by_class[kExl3GroupClasses];
+  const bool fixed = fixed_class >= 0 && fixed_class < kExl3GroupClasses;
+  const int32_t max_rows = fixed ? kExl3ClassRows[fixed_class] : kExl3MaxItemRows;
   for (size_t e = 0; e + 1 < first.size(); ++e) {
     const int32_t m = first[e + 1] - first[e];
     if (m <= 0) continue;
-    const int32_t pieces = (m + kExl3MaxItemRows - 1) / kExl3MaxItemRows, base = m / pieces, extra = m % pieces;
+    const int32_t pieces = (m + max_rows - 1) / max_rows, base = m / pieces, extra = m % pieces;
     int32_t row = first[e];
     for (int32_t p = 0; p < pieces; ++p) {
       Exl3GroupItem it;
       it.expert = static_cast<int32_t>(e), it.row0 = row, it.m = base + (p < extra ? 1 : 0);
       row += it.m;
-      by_class[it.m <= 8 ? 0 : it.m <= 16 ? 1 : it.m <= 64 ? 2 : 3].push_back(it);
+      by_class[fixed ? fixed_class : it.m <= 8 ? 0 : it.m <= 16 ? 1 : it.m <= 64 ? 2 : 3].push_back(it);
     }
   }
   for (int c = 0; c < kExl3GroupClasses; ++c) {

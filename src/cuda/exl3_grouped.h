@@ -48,7 +48,12 @@ struct Exl3GroupPlan {
   int n[kExl3GroupClasses] = {};
 };
 // first: E + 1 offsets (host), expert e's sorted rows are first[e] .. first[e + 1].
-Exl3GroupPlan exl3_group_plan(const std::vector<int32_t>& first);
+// fixed_class c ≥ 0 puts every item in class c, cutting each expert's rows into equal pieces of at most that
+// class's rows: every row then gets class c's bits, whatever the other rows of the call (batch invariance:
+// class 0 gives a row the bits exl3_grouped_pairs_gemm_cuda gives its pair).
+Exl3GroupPlan exl3_group_plan(const std::vector<int32_t>& first, int fixed_class = -1);
+// The most rows of an item of each class.
+constexpr int kExl3ClassRows[kExl3GroupClasses] = {8, 16, 64, kExl3MaxItemRows};
 
 // xr[r] = fp16(had128(x[src(r)] ∘ suh_e)) per 128-block, src(r) = x_rows ? x_rows[r] : r / x_div,
 // e = row_expert[r] (rows with e < 0 are skipped). x [*][k] fp32 with k the projection's input width (d for

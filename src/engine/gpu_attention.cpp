@@ -467,7 +467,12 @@ Status attention(GpuStep& s, int layer, const float* x, float* out) {
   a.chunk_kv = kv.get(), a.ring = s.st.ring.view(layer), a.sel = sel, a.sel_stride = sel_stride, a.comp = comp;
   a.out = o.get();
   Buf attn_scratch;  // decode-sized calls split each query's rows over blocks (sparse_attn.h)
-  if (cuda::sparse_attn_uses_split(n, H)) {
+  if (s.attn_no_split) {
+    // Row-invariant prefill: no scratch, so kAuto takes the tensor cores where the layer allows and one block per
+    // query otherwise, at every row count. V4's HCA selection is as wide as the step's longest sequence needs, so
+    // there the row's path could follow the other chunks: one block per query, whose sums ignore the padding.
+    if (plan.attn == AttnKind::Hca) a.path = cuda::SparseAttnPath::kOneBlock;
+  } else if (cuda::sparse_attn_uses_split(n, H)) {
     SPW_TRY(s.alloc(attn_scratch, cuda::sparse_attn_split_scratch_floats(n, H, D, int64_t(W) + sel_stride)));
     a.scratch = attn_scratch.get(), a.scratch_floats = attn_scratch.size();
   } else if (s.path == LinearPath::kGemv) {

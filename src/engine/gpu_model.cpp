@@ -76,13 +76,21 @@ size_t GpuModel::step_arena_capacity() const { return state_->arena.capacity(); 
 void GpuModel::set_cuda_graphs(bool on) { state_->cuda_graphs = on; }
 StepGraphStats GpuModel::graph_stats() const { return state_->graphs.stats(); }
 
+// The EXL3 item classes of row-invariant steps (MoePaths::exl3_fixed_classes): decode rows ≤ 8 per item, the device
+// pairs' class (so a decode has the same bits on either side of MoePaths::exl3_device_rows); prompt pieces ≤ 64,
+// each expert decoded once per 64 of its rows.
+constexpr int kDecodeItemClass = 0, kPrefillItemClass = 2;
+
 int GpuModel::invariant_decode_rows() const {
   const LinearPath path = options_.linear_path == LinearPath::kAuto ? options_.decode_linear_path : options_.linear_path;
   int rows = path == LinearPath::kGemv ? options_.budget.max_seqs : kDeviceDispatchRows;
   for (const ExpertTable& t : state_->expert_tables)
     if (t.ready() && options_.moe_dispatch == MoeDispatch::kAuto) rows = std::min(rows, options_.moe_paths.dense_device_rows);
+  // EXL3 experts past the device rows go to the host dispatch, whose grouped items keep the pairs' bits only in
+  // one fixed class.
   for (const Exl3MoeTable& t : state_->exl3_moe)
-    if (t.ready() && options_.moe_dispatch == MoeDispatch::kAuto) rows = std::min(rows, options_.moe_paths.exl3_device_rows);
+    if (t.ready() && options_.moe_dispatch == MoeDispatch::kAuto && !options_.moe_paths.exl3_fixed_classes)
+      rows = std::min(rows, options_.moe_paths.exl3_device_rows);
   return std::min(rows, options_.budget.max_seqs);
 }
 
@@ -400,14 +408,23 @@ bool GpuModel::chunk_computes_as_decode(int n_tokens) const {
          cuda::sparse_attn_uses_split(n_tokens, config_.n_heads) && n_tokens <= invariant_decode_rows();
 }
 
-Result<std::vector<std::vector<float>>> GpuModel::forward_chunks(std::span<const ChunkInput> chunks, bool as_decode) {
+Result<std::vector<std::vector<float>>> GpuModel::forward_chunks(std::span<const ChunkInput> chunks, ChunkPath path) {
   GpuState& st = *state_;
   if (chunks.empty()) return make_error("forward_chunks: no chunks");
   ArenaScope scope(st.arena);
-  const LinearPath decode_path =
-      options_.linear_path == LinearPath::kAuto ? options_.decode_linear_path : options_.linear_path;
-  GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {}, as_decode ? decode_path : options_.linear_path,
+  GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {}, options_.linear_path,
             st.stream, options_.moe_dispatch, options_.moe_paths};
+  switch (path) {
+    case ChunkPath::kAuto: break;
+    case ChunkPath::kAsDecode:
+      s.path = options_.linear_path == LinearPath::kAuto ? options_.decode_linear_path : options_.linear_path;
+      if (options_.moe_paths.exl3_fixed_classes) s.exl3_item_class = kDecodeItemClass;
+      break;
+    case ChunkPath::kRowInvariant:
+      s.path = LinearPath::kGemv, s.moe_dispatch = MoeDispatch::kHost, s.attn_no_split = true;
+      s.exl3_item_class = kPrefillItemClass;
+      break;
+  }
   for (size_t b = 0; b < chunks.size(); ++b) {
     if (!chunks[b].seq) return make_error("forward_chunks: chunk ", b, " has no sequence");
     if (int64_t(chunks[b].tokens.size()) > options_.budget.max_step_tokens)
@@ -463,6 +480,7 @@ Status GpuModel::decode(std::span<GpuSequence* const> seqs, std::span<const int3
   ArenaScope scope(st.arena);
   const LinearPath path = options_.linear_path == LinearPath::kAuto ? options_.decode_linear_path : options_.linear_path;
   GpuStep s{config_, *st.w, *host_weights_, numerics_, st, {}, path, st.stream, options_.moe_dispatch, options_.moe_paths};
+  if (options_.moe_paths.exl3_fixed_classes) s.exl3_item_class = kDecodeItemClass;
   for (int b = 0; b < B; ++b) {
     if (!seqs[b]) return make_error("decode: sequence ", b, " is null");
     s.chunks.push_back(StepChunk{seqs[b], tokens.subspan(b, 1)});

@@ -241,17 +241,31 @@ class GpuModel {
     bool all_logits = false;          // logits of every new position, else of the last
     ImagePositions images{};          // image positions among the tokens (forward())
   };
+  // How forward_chunks computes the step's rows.
+  enum class ChunkPath {
+    // forward()'s paths for the step's row count: the linears' path (GEMV up to 16 rows, else GEMM) and the MoE
+    // dispatch follow it, so a row's result can depend on the other chunks.
+    kAuto,
+    // decode()'s linear path (GpuModelOptions::decode_linear_path): with the GEMV forced, chunks that each satisfy
+    // chunk_computes_as_decode, of at most invariant_decode_rows() rows in all, give every row the bits forward() of
+    // its chunk alone gives (verified drafts, short prompt pieces).
+    kAsDecode,
+    // Every row from its own inputs, on paths fixed for prefill whatever the step holds: linears on the GEMV (tensor
+    // cores, the weight read once per 64 rows), attention on tensor cores where the layer allows (else one block per
+    // query, never split), routed experts host-dispatched with EXL3 items of ≤ 64 rows of one class
+    // (MoePaths::exl3_fixed_classes). A chunk's rows then have the same bits in any step of this path, alone or
+    // among others (GpuRunner's batch-invariant prompt pieces, several per step).
+    kRowInvariant,
+  };
   // Appends every chunk's tokens to its sequence in one step: the rows of all chunks go through each
   // linear, the MoE and the head together, and each row attends only to its own sequence (per-row
   // slots and positions, as in decode). Returns per chunk its logits on the host: [vocab], or
   // [n, vocab] with all_logits. What it saves over one forward() per chunk: the weights are read once
   // for all chunks and the launches are shared. A row's numbers are forward()'s up to f32 summation
-  // order: the linears' path (GEMV up to 16 rows, else GEMM) and the MoE dispatch follow the step's
-  // row count, so a row's result can depend on the other chunks. With as_decode the step takes decode()'s
-  // linear path (GpuModelOptions::decode_linear_path): with the GEMV forced, chunks that each satisfy
-  // chunk_computes_as_decode, of at most invariant_decode_rows() rows in all, give every row the bits
-  // forward() of its chunk alone gives. Errors: forward()'s, checked for every chunk before any sequence advances.
-  Result<std::vector<std::vector<float>>> forward_chunks(std::span<const ChunkInput> chunks, bool as_decode = false);
+  // order; `path` says when they are exactly another step's (above).
+  // Errors: forward()'s, checked for every chunk before any sequence advances.
+  Result<std::vector<std::vector<float>>> forward_chunks(std::span<const ChunkInput> chunks,
+                                                         ChunkPath path = ChunkPath::kAuto);
   // Whether forward() of a chunk of n_tokens alone computes each row as a GEMV-forced step of any row count
   // does: its linears on the GEMV, its attention on the split path (n_tokens·heads within its limit, where a
   // GEMV-forced step's one-block path gives the same bits) and its MoE on the device dispatch.

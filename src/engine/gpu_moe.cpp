@@ -146,7 +146,7 @@ Status routed_exl3_grouped(GpuStep& s, int layer, const float* x, const DeviceSp
     SPW_CUDA_TRY(cudaMemsetAsync(acc, 0, sizeof(float) * size_t(n) * d, s.stream));
     return {};
   }
-  const Exl3GroupPlan plan = exl3_group_plan(r.first);
+  const Exl3GroupPlan plan = exl3_group_plan(r.first, s.exl3_item_class);
   DeviceSpan<int32_t> rows, pairs, row_expert;
   DeviceSpan<Exl3GroupItem> items;
   DeviceSpan<uint16_t> xr;  // fp16 rotated rows

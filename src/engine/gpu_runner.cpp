@@ -180,55 +180,47 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
   std::vector<size_t> pieces;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!done[i]) pieces.push_back(i);
-  if (batch_invariant_) {
-    // Small pieces (verified drafts) together in steps computed as decode steps are, up to max_decode_rows_ rows:
-    // each row's numbers are then those of its piece alone (GpuModel::chunk_computes_as_decode). Every other
-    // piece alone: its numbers never depend on the other pieces.
-    std::vector<size_t> small;
-    for (size_t i : pieces) {
-      if (inputs[i].images.empty() && model_->chunk_computes_as_decode(int(inputs[i].tokens.size()))) {
-        small.push_back(i);
-        continue;
+  // Pieces together in steps of at most max_rows rows, each step one forward_chunks call on `path`.
+  auto run_together = [&](const std::vector<size_t>& group, int64_t max_rows, GpuModel::ChunkPath path) -> Status {
+    for (size_t first = 0; first < group.size();) {
+      std::vector<GpuModel::ChunkInput> chunks;
+      int64_t rows = 0;
+      size_t last = first;
+      for (; last < group.size(); ++last) {
+        const RunnerInput& in = inputs[group[last]];
+        if (!chunks.empty() && rows + int64_t(in.tokens.size()) > max_rows) break;
+        chunks.push_back({seqs[group[last]], in.tokens, in.all_logits, in.images});
+        rows += int64_t(in.tokens.size());
       }
+      auto r = model_->forward_chunks(chunks, path);
+      if (!r.ok()) return make_error("inputs ", group[first], "..", group[last - 1], ": ", r.error().message);
+      for (size_t k = first; k < last; ++k) out[group[k]] = std::move(r.value()[k - first]);
+      first = last;
+    }
+    return {};
+  };
+  if (!batch_invariant_) {
+    SPW_TRY(run_together(pieces, step_max_rows(budget), GpuModel::ChunkPath::kAuto));
+    return out;
+  }
+  // Batch-invariant: small pieces (verified drafts, the shortest prompt pieces) together in steps computed as decode
+  // steps are, up to max_decode_rows_ rows (GpuModel::chunk_computes_as_decode); the other text pieces together on
+  // the row-invariant prefill path; pieces with image positions each alone. A piece's class follows from its own
+  // length, so its rows have the same bits whatever else runs.
+  std::vector<size_t> small, prompt;
+  for (size_t i : pieces) {
+    if (!inputs[i].images.empty()) {
       ForwardOptions options;
       options.all_logits = inputs[i].all_logits;
       auto r = model_->forward(*seqs[i], inputs[i].tokens, options, inputs[i].images);
       if (!r.ok()) return make_error("input ", i, ": ", r.error().message);
       out[i] = std::move(r.value());
+    } else {
+      (model_->chunk_computes_as_decode(int(inputs[i].tokens.size())) ? small : prompt).push_back(i);
     }
-    for (size_t first = 0; first < small.size();) {
-      std::vector<GpuModel::ChunkInput> chunks;
-      int64_t rows = 0;
-      size_t last = first;
-      for (; last < small.size() && rows + int64_t(inputs[small[last]].tokens.size()) <= max_decode_rows_; ++last) {
-        const RunnerInput& in = inputs[small[last]];
-        chunks.push_back({seqs[small[last]], in.tokens, in.all_logits});
-        rows += int64_t(in.tokens.size());
-      }
-      auto r = model_->forward_chunks(chunks, /*as_decode=*/true);
-      if (!r.ok()) return make_error("inputs ", small[first], "..", small[last - 1], ": ", r.error().message);
-      for (size_t k = first; k < last; ++k) out[small[k]] = std::move(r.value()[k - first]);
-      first = last;
-    }
-    return out;
   }
-  // Pieces together, in steps of at most step_max_rows rows.
-  const int64_t max_rows = step_max_rows(budget);
-  for (size_t first = 0; first < pieces.size();) {
-    std::vector<GpuModel::ChunkInput> chunks;
-    int64_t rows = 0;
-    size_t last = first;
-    for (; last < pieces.size(); ++last) {
-      const RunnerInput& in = inputs[pieces[last]];
-      if (!chunks.empty() && rows + int64_t(in.tokens.size()) > max_rows) break;
-      chunks.push_back({seqs[pieces[last]], in.tokens, in.all_logits, in.images});
-      rows += int64_t(in.tokens.size());
-    }
-    auto r = model_->forward_chunks(chunks);
-    if (!r.ok()) return make_error("inputs ", pieces[first], "..", pieces[last - 1], ": ", r.error().message);
-    for (size_t k = first; k < last; ++k) out[pieces[k]] = std::move(r.value()[k - first]);
-    first = last;
-  }
+  SPW_TRY(run_together(small, max_decode_rows_, GpuModel::ChunkPath::kAsDecode));
+  SPW_TRY(run_together(prompt, step_max_rows(budget), GpuModel::ChunkPath::kRowInvariant));
   return out;
 }
 
@@ -252,12 +244,15 @@ Status GpuRunner::warm_up() {
 }
 
 void make_batch_invariant(GpuModelOptions& options) {
-  // EXL3 decodes on one kernel at every row count: each is batch-invariant alone (cuda/exl3_moe.h,
-  // cuda/exl3_grouped.h), switching between them by row count is not.
-  // The fused kernel then takes a decode of every sequence in one step (MoePaths::exl3_device_rows).
-  if (options.moe_paths.exl3_decode == Exl3DecodeKernel::kByRows) options.moe_paths.exl3_decode = Exl3DecodeKernel::kFused;
+  // EXL3 decodes keep one numerics at every row count: each kernel is batch-invariant alone (cuda/exl3_moe.h,
+  // cuda/exl3_grouped.h), switching between kernels by row count is not. By default the grouped kernel of one
+  // token group: device pairs up to exl3_device_rows, host-dispatched items of class 0 past them (the same bits,
+  // each expert decoded once per 8 of its rows: MoePaths::exl3_fixed_classes). SPILLWAY_EXL3_DECODE=fused keeps
+  // the fused kernel instead, which then takes a decode of every sequence in one step.
+  if (options.moe_paths.exl3_decode == Exl3DecodeKernel::kByRows) options.moe_paths.exl3_decode = Exl3DecodeKernel::kGrouped;
   if (options.moe_paths.exl3_decode == Exl3DecodeKernel::kFused)
     options.moe_paths.exl3_device_rows = std::max(options.moe_paths.exl3_device_rows, options.budget.max_seqs);
+  options.moe_paths.exl3_fixed_classes = true;
 }
 
 void make_batch_invariant(GpuModel& model) { model.set_decode_linear_path(LinearPath::kGemv); }

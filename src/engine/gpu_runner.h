@@ -3,20 +3,22 @@
 // in the KV pools, returned when the sequence is destroyed.
 //
 // A step runs the one-token inputs that want only their last logits as batched decodes
-// (GpuModel::decode) and every other input (a prefill piece) as its own GpuModel::forward call, or,
-// without batch_invariant, together in GpuModel::forward_chunks steps of up to step_max_rows rows
-// (the weights read once for all of them; their rows' sums then depend on the step). TokenPicks are drawn
+// (GpuModel::decode) and every other input (a prefill piece) together in GpuModel::forward_chunks steps of up to
+// step_max_rows rows (the weights read once for all of them). TokenPicks are drawn
 // on the device with the sampler's whole pipeline (mask, logprobs, penalties and biases, then argmax or
 // cuda::sample with the sampler's uniform: decode calls of their own, no logits copied back, only the
 // token and its logprobs); every other result is logits on the host, where the scheduler samples.
-// With batch_invariant (the default) decode steps force the GEMV for every linear (in slices of 16 rows
-// past 16, 64 on tensor cores) and a decode call takes at most GpuModel::invariant_decode_rows() sequences (64 for dense-table
-// experts; every sequence for EXL3 experts, dispatched on the device: they keep one kernel at every row count,
-// the fused one unless MoePaths::exl3_decode names another): there every kernel computes each row from
-// that row alone, so a sequence's result is what GpuModel::forward computes for it alone whatever else runs
-// (tests/gpu/test_engine_batch.cpp; through the server: tools/serve/check_gpu_runner.py). Without it one
-// call takes the whole batch, which past 16 rows takes GEMMs (one weight read for all rows) whose per-row
-// sums may depend on the batch size.
+// With batch_invariant (the default) every kernel computes each row from that row alone, on paths that do not
+// depend on the step, so a sequence's result is what it computes alone whatever else runs
+// (tests/gpu/test_engine_batch.cpp, tests/gpu/test_gpu_runner.cpp; through the server: tools/serve/check_gpu_runner.py):
+//  - decode steps force the GEMV for every linear (in slices of 16 rows past 16, 64 on tensor cores) and a decode
+//    call takes at most GpuModel::invariant_decode_rows() sequences (64 for dense-table experts; every sequence for
+//    EXL3 experts: device pairs, then host-dispatched items of the pairs' class, make_batch_invariant);
+//  - prefill pieces short enough to compute as decode rows (GpuModel::chunk_computes_as_decode: verified drafts)
+//    run together as such; the other text pieces together on GpuModel::ChunkPath::kRowInvariant; pieces with
+//    image positions each alone (GpuModel::forward).
+// Without it decode calls take the whole batch, which past 16 rows takes GEMMs whose per-row sums may depend on the
+// batch size, and prefill pieces take forward_chunks' row-count-dependent paths.
 // The prefix cache keeps device copies of sequences (GpuModel::copy_sequence) in prefix_cache_slots
 // slots of their own, on top of the running sequences; a hit copies the cached state into a new
 // sequence (with GpuSettings::kv_share_pages, sharing the full pages of compressed entries and index
@@ -95,12 +97,13 @@ class GpuRunner final : public ModelRunner {
  private:
   std::unique_ptr<GpuModel> model_;
   int cache_slots_;      // slots kept for the prefix cache's copies
-  bool batch_invariant_;  // prefill pieces one per call (else several per GpuModel::forward_chunks step)
+  bool batch_invariant_;  // see the top
   int max_decode_rows_;  // sequences per decode call
 };
 
-// What batch_invariant asks of the engine (see the top): EXL3 decodes on one kernel at every row count, the fused
-// one taking a decode of every sequence, in the options before loading; every decode linear on the GEMV after.
+// What batch_invariant asks of the engine (see the top): EXL3 decodes with one numerics at every row count (the
+// grouped kernel's one-token-group class, MoePaths::exl3_fixed_classes), in the options before loading; every decode
+// linear on the GEMV after.
 void make_batch_invariant(GpuModelOptions& options);
 void make_batch_invariant(GpuModel& model);
 

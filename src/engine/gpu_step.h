@@ -124,6 +124,11 @@ struct GpuStep {
   cudaStream_t stream = nullptr;
   MoeDispatch moe_dispatch = MoeDispatch::kAuto;
   MoePaths moe_paths{};
+  // Row-invariant steps (GpuModel::ChunkPath::kRowInvariant, batch-invariant decode): the row class of every item of
+  // the grouped EXL3 launches under host dispatch (exl3_group_plan's fixed_class; −1: by the item's rows), and
+  // attention that never takes the split path (tensor cores where the layer allows, else one block per query).
+  int exl3_item_class = -1;
+  bool attn_no_split = false;
   int n = 0;                        // rows (tokens) of the step
   std::vector<int32_t> tokens{};    // [n]
   std::vector<int32_t> row_chunk{}; // [n] chunk of each row

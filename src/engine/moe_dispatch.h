@@ -67,6 +67,11 @@ struct MoePaths {
   // launches of kDeviceDispatchRows tokens, cuda/exl3_moe.h): the batch-invariant runner raises it to its
   // sequence count, so a decode of every running sequence is one step instead of one per 16.
   int exl3_device_rows = kDeviceDispatchRows;
+  // Batch-invariant EXL3 experts under host dispatch (GpuRunner's batch_invariant): the grouped launches' items take
+  // one row class per kind of step (GpuStep::exl3_item_class) — class 0 (≤ 8 rows: the device pairs' bits) in decode
+  // steps, class 2 (≤ 64 rows) in row-invariant prefill steps — instead of a class by each item's rows, so that no
+  // row's bits depend on how many rows its expert has in the step.
+  bool exl3_fixed_classes = false;
 };
 // The paths the process's settings ask for (SPILLWAY_EXL3_GROUPED, SPILLWAY_EXL3_DECODE,
 // SPILLWAY_DENSE_DEVICE_ROWS).

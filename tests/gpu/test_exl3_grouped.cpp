@@ -324,6 +324,96 @@ void expect_same_bits(const std::vector<float>& got, const std::vector<float>& w
     ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << what << ": element " << i << " " << got[i] << " vs " << want[i];
 }
 
+// A fixed class puts every item in it, each expert's rows cut into equal pieces of at most the class's rows.
+TEST(Exl3Grouped, PlanWithAFixedClass) {
+  const std::vector<int32_t> counts = {0, 5, 8, 9, 16, 17, 64, 65, 130};
+  std::vector<int32_t> first(counts.size() + 1, 0);
+  for (size_t e = 0; e < counts.size(); ++e) first[e + 1] = first[e] + counts[e];
+  for (int cls = 0; cls < kExl3GroupClasses; ++cls) {
+    const Exl3GroupPlan p = exl3_group_plan(first, cls);
+    int items = 0;
+    for (int32_t m : counts) items += (m + kExl3ClassRows[cls] - 1) / kExl3ClassRows[cls];
+    for (int c = 0; c < kExl3GroupClasses; ++c) EXPECT_EQ(p.n[c], c == cls ? items : 0) << "class " << cls;
+    ASSERT_EQ(int(p.items.size()), items);
+    std::vector<int32_t> covered(first.back(), 0);
+    for (const Exl3GroupItem& it : p.items) {
+      EXPECT_LE(it.m, kExl3ClassRows[cls]);
+      const int32_t m = counts[it.expert], pieces = (m + kExl3ClassRows[cls] - 1) / kExl3ClassRows[cls];
+      EXPECT_TRUE(it.m == m / pieces || it.m == m / pieces + 1) << "expert " << it.expert << ": unequal pieces";
+      for (int r = 0; r < it.m; ++r) ++covered[it.row0 + r];
+    }
+    for (int32_t c : covered) EXPECT_EQ(c, 1);
+  }
+}
+
+// Batch invariance of the host-dispatched items (MoePaths::exl3_fixed_classes): items of class 0 give every
+// (token, slot) pair the bits of exl3_grouped_pairs_gemm_cuda (the device pairs a batch-invariant decode takes up
+// to exl3_device_rows), and an item of class 2 gives a row the same bits whatever the item's other rows.
+TEST(Exl3Grouped, FixedClassesKeepARowsBits) {
+  SPW_REQUIRE_GPU();
+  const int64_t d = 4096, f = 256;
+  const int E = 6, topk = 6, T = 16, P = T * topk;
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd(0, 1);
+  RandomLayer rl(E, d, f, 3, Exl3Codebook::kMul1, false, rng);
+  std::vector<int32_t> idx(P);
+  for (int p = 0; p < P; ++p) idx[p] = int32_t(rng() % E);
+  std::vector<float> x(T * d);
+  for (auto& v : x) v = nd(rng);
+  float* dx = upload(x);
+  int32_t* didx = upload(idx);
+  void* xr = nullptr;
+  float* dy = nullptr;
+  uint32_t* counters = nullptr;
+  ASSERT_EQ(cudaMalloc(&xr, sizeof(uint16_t) * P * d), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dy, sizeof(float) * P * d), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&counters, sizeof(uint32_t) * P * (d / 128)), cudaSuccess);
+  std::vector<void*> frees = {dx, didx, xr, dy, counters};
+  // The device pairs (w1, k = d: several k slices).
+  ASSERT_TRUE(exl3_rotate_grouped_cuda(rl.layer, 0, dx, nullptr, topk, didx, P, xr, nullptr).ok());
+  ASSERT_TRUE(exl3_grouped_pairs_gemm_cuda(rl.layer, 0, didx, P, xr, dy, counters, true, nullptr).ok());
+  const std::vector<float> by_pairs = fetch(dy, int64_t(P) * f);
+  // The same pairs sorted by expert into items of class 0, each row written back to its pair.
+  std::vector<int32_t> first(E + 1, 0), x_rows, y_rows, row_expert;
+  for (int e = 0; e < E; ++e) {
+    for (int p = 0; p < P; ++p)
+      if (idx[p] == e) x_rows.push_back(p / topk), y_rows.push_back(p), row_expert.push_back(e);
+    first[e + 1] = int32_t(x_rows.size());
+  }
+  const Exl3GroupPlan plan0 = exl3_group_plan(first, 0);
+  ASSERT_GT(plan0.items.size(), size_t(E)) << "some expert should take several class-0 items";
+  Exl3GroupItem* items0 = upload(plan0.items);
+  int32_t *d_x_rows = upload(x_rows), *d_y_rows = upload(y_rows), *d_row_expert = upload(row_expert);
+  frees.insert(frees.end(), {items0, d_x_rows, d_y_rows, d_row_expert});
+  ASSERT_TRUE(exl3_rotate_grouped_cuda(rl.layer, 0, dx, d_x_rows, 1, d_row_expert, P, xr, nullptr).ok());
+  ASSERT_TRUE(exl3_grouped_gemm_cuda(rl.layer, 0, plan0, items0, xr, dy, d_y_rows, P, counters, true, nullptr).ok());
+  expect_same_bits(fetch(dy, int64_t(P) * f), by_pairs, "class-0 items against the device pairs");
+  // Class 2: one expert's 40 rows as one item, then each row as an item of its own.
+  std::vector<int32_t> first40 = {0, 40}, expert0(40, 0);
+  std::vector<float> xs(40 * d);
+  for (auto& v : xs) v = nd(rng);
+  float* dxs = upload(xs);
+  int32_t* d_expert0 = upload(expert0);
+  frees.insert(frees.end(), {dxs, d_expert0});
+  auto class2 = [&](const std::vector<int32_t>& offsets, const float* rows, int n) {
+    const Exl3GroupPlan plan = exl3_group_plan(offsets, 2);
+    EXPECT_EQ(plan.n[2], int(plan.items.size()));
+    Exl3GroupItem* items = upload(plan.items);
+    EXPECT_TRUE(exl3_rotate_grouped_cuda(rl.layer, 0, rows, nullptr, 1, d_expert0, n, xr, nullptr).ok());
+    auto st = exl3_grouped_gemm_cuda(rl.layer, 0, plan, items, xr, dy, nullptr, n, counters, true, nullptr);
+    EXPECT_TRUE(st.ok()) << st.error().message;
+    cudaFree(items);
+    return fetch(dy, int64_t(n) * f);
+  };
+  const std::vector<float> together = class2(first40, dxs, 40);
+  for (int r = 0; r < 40; r += 13) {
+    const std::vector<float> alone = class2({0, 1}, dxs + int64_t(r) * d, 1);
+    expect_same_bits(alone, std::vector<float>(together.begin() + int64_t(r) * f, together.begin() + int64_t(r + 1) * f),
+                     "a row alone in a class-2 item against the same row among 40");
+  }
+  for (void* p : frees) cudaFree(p);
+}
+
 TEST(Exl3Grouped, DeterministicAndPairsIndependentOfTheBatch) {
   SPW_REQUIRE_GPU();
   const int64_t d = 4096, f = 256;

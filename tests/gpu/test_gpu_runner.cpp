@@ -8,7 +8,8 @@
 //  - its argument errors, which leave every sequence as it was;
 //  - pools smaller than every slot at max_context: kv_can_hold says exactly what forward() can take;
 //  - token picks drawn on the device agree with the logits;
-//  - without batch invariance, prefill pieces run together and each input gets its own logits.
+//  - without batch invariance, prefill pieces run together and each input gets its own logits; with it, every
+//    input of a step (prompts, verified drafts, decodes) gets the bits it gets alone.
 #if defined(SPW_HAVE_CUDA)
 #include <gtest/gtest.h>
 
@@ -544,57 +545,68 @@ TEST(GpuRunner, V41PrefillPiecesTogetherWithoutBatchInvariance) {
   }
 }
 
-// With batch invariance, small pieces (verified drafts: ≤ 16 rows, rows × heads within the split attention's
-// limit) run together as one decode-like step (GpuModel::forward_chunks with as_decode) and each row keeps the
-// bits of its piece alone (GpuModel::forward), beside a piece too large for that (run alone) in the same call.
-void small_pieces_together_as_alone(const std::string& arch) {
+// With batch invariance every input of a step gets the bits it gets alone. Two batch-invariant runners take the
+// same inputs, one all in one call, the other one input per call, and must agree bit for bit (memcmp):
+//  - six prompts (5, 37, 130, 64, 9 and 300 tokens): the 5-token one runs as decode rows
+//    (GpuModel::chunk_computes_as_decode), the others together on the row-invariant prefill path;
+//  - then a piece of each (2, 6, 3, 40, 5, 4 tokens, all logits: verified drafts) — five together as decode rows,
+//    the 40-token one on the prefill path;
+//  - then one decode token each (one decode call of six rows against six of one).
+// Why exact: every kernel of those paths computes each row from that row alone (gpu_runner.h).
+void pieces_together_as_alone(const std::string& arch) {
   SPW_REQUIRE_GPU();
   engine::GpuRunnerSettings gs;
   gs.budget.max_seqs = 8;
   gs.budget.max_context = 1024;
   gs.prefix_cache_slots = 0;
   gs.batch_invariant = true;
-  auto runner = engine::load_gpu_runner(golden::fixture_dir(arch) + "/model", gs);
-  ASSERT_TRUE(runner.ok()) << runner.error().message;
-  auto alone = load_gpu(arch, 8);
-  ASSERT_TRUE(alone);
-  const int V = int(alone->config().vocab_size);
+  auto together = engine::load_gpu_runner(golden::fixture_dir(arch) + "/model", gs);
+  ASSERT_TRUE(together.ok()) << together.error().message;
+  auto alone = engine::load_gpu_runner(golden::fixture_dir(arch) + "/model", gs);
+  ASSERT_TRUE(alone.ok()) << alone.error().message;
+  const int V = int((*together)->config().vocab_size);
   const int prompt_lens[] = {5, 37, 130, 64, 9, 300}, piece_lens[] = {2, 6, 3, 40, 5, 4};
-  std::vector<std::unique_ptr<RunnerSequence>> rs;
-  std::vector<engine::GpuSequence> as;
+  std::vector<std::unique_ptr<RunnerSequence>> ts, as;
   for (int i = 0; i < 6; ++i) {
-    auto r = (*runner)->new_sequence();
-    auto a = alone->new_sequence();
-    ASSERT_TRUE(r.ok() && a.ok());
-    rs.push_back(std::move(r.value()));
+    auto t = (*together)->new_sequence();
+    auto a = (*alone)->new_sequence();
+    ASSERT_TRUE(t.ok() && a.ok());
+    ts.push_back(std::move(t.value()));
     as.push_back(std::move(a.value()));
-    const auto prompt = gpu_test::lcg_tokens(prompt_lens[i], 40 + i, V);
-    const RunnerInput in{rs.back().get(), prompt, false};
-    ASSERT_TRUE((*runner)->forward(std::span<const RunnerInput>(&in, 1)).ok());
-    ASSERT_TRUE(alone->forward(as.back(), prompt).ok());
   }
-  std::vector<std::vector<int32_t>> pieces;
-  std::vector<RunnerInput> inputs;
-  for (int i = 0; i < 6; ++i) pieces.push_back(gpu_test::lcg_tokens(piece_lens[i], 90 + i, V));
-  for (int i = 0; i < 6; ++i) inputs.push_back({rs[size_t(i)].get(), pieces[size_t(i)], true});
-  int together = 0;
-  for (int n : piece_lens) together += (*runner)->model().chunk_computes_as_decode(n);
-  EXPECT_EQ(together, 5) << "every piece but the one of 40 rows runs in the shared step";
-  auto got = (*runner)->forward(inputs);
-  ASSERT_TRUE(got.ok()) << got.error().message;
-  ForwardOptions all;
-  all.all_logits = true;
+  int small = 0;
+  for (int n : piece_lens) small += (*together)->model().chunk_computes_as_decode(n);
+  EXPECT_EQ(small, 5) << "every piece but the one of 40 rows runs as decode rows";
+  // One round: inputs[i] of tokens[i] to sequence i, all in one call on `together`, one per call on `alone`.
+  auto round = [&](const char* what, const std::vector<std::vector<int32_t>>& tokens, bool all_logits) {
+    std::vector<RunnerInput> tin;
+    for (int i = 0; i < 6; ++i) tin.push_back({ts[size_t(i)].get(), tokens[size_t(i)], all_logits});
+    auto got = (*together)->forward(tin);
+    ASSERT_TRUE(got.ok()) << what << ": " << got.error().message;
+    for (int i = 0; i < 6; ++i) {
+      const RunnerInput ain{as[size_t(i)].get(), tokens[size_t(i)], all_logits};
+      auto want = (*alone)->forward(std::span<const RunnerInput>(&ain, 1));
+      ASSERT_TRUE(want.ok()) << what << ": " << want.error().message;
+      const std::vector<float>& g = (*got)[size_t(i)], &w = (*want)[0];
+      ASSERT_EQ(g.size(), w.size()) << arch << " " << what << " " << i;
+      ASSERT_FALSE(w.empty());
+      EXPECT_EQ(std::memcmp(g.data(), w.data(), w.size() * sizeof(float)), 0)
+          << arch << " " << what << " " << i << " (" << tokens[size_t(i)].size() << " tokens) differs from alone";
+    }
+  };
+  std::vector<std::vector<int32_t>> prompts, pieces, decode;
   for (int i = 0; i < 6; ++i) {
-    auto want = alone->forward(as[size_t(i)], pieces[size_t(i)], all);
-    ASSERT_TRUE(want.ok()) << want.error().message;
-    ASSERT_EQ((*got)[size_t(i)].size(), want->size()) << arch << " piece " << i;
-    EXPECT_EQ(std::memcmp((*got)[size_t(i)].data(), want->data(), want->size() * sizeof(float)), 0)
-        << arch << " piece " << i << " (" << piece_lens[i] << " rows after " << prompt_lens[i] << ") differs from alone";
+    prompts.push_back(gpu_test::lcg_tokens(prompt_lens[i], 40 + i, V));
+    pieces.push_back(gpu_test::lcg_tokens(piece_lens[i], 90 + i, V));
+    decode.push_back({int32_t((17 * i + 5) % V)});
   }
+  round("prompt", prompts, false);
+  round("piece", pieces, true);
+  round("decode", decode, false);
 }
 
-TEST(GpuRunner, V41SmallPiecesTogetherAsAlone) { small_pieces_together_as_alone("v41"); }
-TEST(GpuRunner, V4SmallPiecesTogetherAsAlone) { small_pieces_together_as_alone("v4"); }
+TEST(GpuRunner, V41PiecesTogetherAsAlone) { pieces_together_as_alone("v41"); }
+TEST(GpuRunner, V4PiecesTogetherAsAlone) { pieces_together_as_alone("v4"); }
 
 }  // namespace
 }  // namespace spw
