@@ -231,9 +231,13 @@ Status GpuRunner::warm_up() {
   const int rows = int(std::min<int64_t>({64, model_->budget().max_step_tokens, max_context() - 4}));
   std::vector<int32_t> prompt(size_t(std::max(rows, 1)));
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 3) % vocab);
-  if (auto r = model_->forward(*seq, prompt); !r.ok()) return r.error();
+  // The prompt on the path forward() gives prompt pieces (see the top), then a one-token piece.
+  const GpuModel::ChunkInput chunk{&*seq, prompt};
+  auto r = batch_invariant_ ? model_->forward_chunks(std::span(&chunk, 1), GpuModel::ChunkPath::kRowInvariant)
+                            : model_->forward_chunks(std::span(&chunk, 1));
+  if (!r.ok()) return r.error();
   const int32_t one[] = {int32_t(11 % vocab)};
-  if (auto r = model_->forward(*seq, one); !r.ok()) return r.error();
+  if (auto r1 = model_->forward(*seq, one); !r1.ok()) return r1.error();
   GpuSequence* seqs[] = {&*seq};
   int32_t token[] = {int32_t(13 % vocab)}, next[1];
   for (int step = 0; step < 2; ++step) {

@@ -88,8 +88,8 @@ class GpuRunner final : public ModelRunner {
 
   GpuModel& model() { return *model_; }
 
-  // Runs a scratch sequence through both linear paths (a prefill of min(64, max_step_tokens) tokens, one of a
-  // single token) and two batch-1 decode steps, then frees it. Before serving: CUDA loads kernel modules on their
+  // Runs a scratch sequence through a prompt piece of min(64, max_step_tokens) tokens on the path forward() gives
+  // prompts, a piece of a single token and two batch-1 decode steps, then frees it. Before serving: CUDA loads kernel modules on their
   // first launch and the decode graphs are captured on first use, which the first request would otherwise wait
   // for. Leaves no state behind (the sequence's pages return to the pools).
   Status warm_up();
