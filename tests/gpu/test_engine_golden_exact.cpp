@@ -58,7 +58,9 @@ float compare_rows(const std::vector<float>& got, const std::vector<float>& want
 }
 
 // One case: prefill (in chunks at `cuts`, else one call) with all logits, then the golden's decode ids.
-void run_case(engine::GpuModel& m, const std::string& path, const std::vector<int>& cuts = {}) {
+// row_invariant: the prefill chunks on GpuModel::ChunkPath::kRowInvariant (the batch-invariant server's prompt path).
+void run_case(engine::GpuModel& m, const std::string& path, const std::vector<int>& cuts = {},
+              bool row_invariant = false) {
   auto file = SafetensorsFile::open(path);
   ASSERT_TRUE(file.ok()) << file.error().message;
   const auto prompt = golden::read_ids(**file, "prompt_ids");
@@ -79,9 +81,17 @@ void run_case(engine::GpuModel& m, const std::string& path, const std::vector<in
   size_t begin = 0;
   for (int end : ends) {
     if (size_t(end) <= begin || size_t(end) > prompt.size()) continue;
-    auto r = m.forward(*seq, std::span(prompt).subspan(begin, size_t(end) - begin), opts);
-    ASSERT_TRUE(r.ok()) << r.error().message;
-    got_prefill.insert(got_prefill.end(), r->begin(), r->end());
+    const auto piece = std::span(prompt).subspan(begin, size_t(end) - begin);
+    if (row_invariant) {
+      const engine::GpuModel::ChunkInput in{&*seq, piece, true};
+      auto r = m.forward_chunks(std::span(&in, 1), engine::GpuModel::ChunkPath::kRowInvariant);
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      got_prefill.insert(got_prefill.end(), (*r)[0].begin(), (*r)[0].end());
+    } else {
+      auto r = m.forward(*seq, piece, opts);
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      got_prefill.insert(got_prefill.end(), r->begin(), r->end());
+    }
     begin = size_t(end);
   }
   std::vector<float> got_decode;
@@ -92,8 +102,9 @@ void run_case(engine::GpuModel& m, const std::string& path, const std::vector<in
   }
   const float dp = compare_rows(got_prefill, want_prefill, vocab, path + " prefill");
   const float dd = compare_rows(got_decode, want_decode, vocab, path + " decode");
-  std::printf("  [gpu exact] %-58s prefill max|dlogit| %.2e (%zu rows)  decode %.2e (%zu steps)%s\n", path.c_str(), dp,
-              got_prefill.size() / vocab, dd, got_decode.size() / vocab, cuts.empty() ? "" : " (chunked)");
+  std::printf("  [gpu exact] %-58s prefill max|dlogit| %.2e (%zu rows)  decode %.2e (%zu steps)%s%s\n", path.c_str(), dp,
+              got_prefill.size() / vocab, dd, got_decode.size() / vocab, cuts.empty() ? "" : " (chunked)",
+              row_invariant ? " (row-invariant prefill)" : "");
   EXPECT_LE(dp, kExactLogitTol) << path << " prefill";
   EXPECT_LE(dd, kExactLogitTol) << path << " decode";
 }
@@ -124,6 +135,25 @@ TEST(EngineGoldenExact, V41MatchesOracleExact) {
   auto m = load_exact("v41");
   ASSERT_TRUE(m);
   for (const auto& path : case_files("v41")) run_case(*m, path);
+}
+
+// The row-invariant prefill path (linears on the GEMV, tensor-core attention, fixed-class expert items) against the
+// oracle with the same tolerance: one call per case, and the longest case in pieces across compression groups and
+// the window.
+TEST(EngineGoldenExact, V41RowInvariantPrefillMatchesOracle) {
+  SPW_REQUIRE_GPU();
+  auto m = load_exact("v41");
+  ASSERT_TRUE(m);
+  for (const auto& path : case_files("v41")) run_case(*m, path, {}, true);
+  run_case(*m, case_files("v41")[3], {1, 7, 64, 128, 129, 200}, true);
+}
+
+TEST(EngineGoldenExact, V4RowInvariantPrefillMatchesTransformers) {
+  SPW_REQUIRE_GPU();
+  auto m = load_exact("v4");
+  ASSERT_TRUE(m);
+  for (const auto& path : case_files("v4")) run_case(*m, path, {}, true);
+  run_case(*m, case_files("v4")[3], {1, 7, 64, 128, 129, 200}, true);
 }
 
 // Per layer, teacher forced, exact numerics on both sides: the CPU runs p17 (prefill, then 4 decode

@@ -3,8 +3,8 @@
 //  - GpuModel::copy_sequence: a copy made after a prompt (its pages, compressor partial groups and host
 //    bookkeeping) continues exactly as the original: the same tokens give bit-identical logits on both
 //    (memcmp), for prompts ending inside a compressor group and after several of them;
-//  - GpuRunner::forward against GpuModel::forward on each sequence alone (mixed decode and prefill inputs
-//    in one step): bit-identical logits;
+//  - GpuRunner::forward against GpuModel on each sequence alone (mixed decode and prefill inputs in one step; prompt
+//    pieces on the row-invariant prefill path, the rest through forward()): bit-identical logits;
 //  - its argument errors, which leave every sequence as it was;
 //  - pools smaller than every slot at max_context: kv_can_hold says exactly what forward() can take;
 //  - token picks drawn on the device agree with the logits;
@@ -237,7 +237,16 @@ void runner_matches_the_engine_alone(const std::string& arch) {
     ASSERT_TRUE(got.ok()) << got.error().message;
     for (size_t k = 0; k < who.size(); ++k) {
       const int i = who[k];
-      auto ref = alone->forward(as[size_t(i)], toks[i]);
+      // Alone on the path the batch-invariant runner gives that input: a prompt piece too long to compute as decode
+      // rows on the row-invariant prefill path, anything else as forward() computes it.
+      auto ref = [&]() -> Result<std::vector<float>> {
+        if (toks[i].size() == 1 || (*gpu)->model().chunk_computes_as_decode(int(toks[i].size())))
+          return alone->forward(as[size_t(i)], toks[i]);
+        const engine::GpuModel::ChunkInput chunk{&as[size_t(i)], toks[i]};
+        auto r = alone->forward_chunks(std::span(&chunk, 1), engine::GpuModel::ChunkPath::kRowInvariant);
+        if (!r.ok()) return r.error();
+        return std::move((*r)[0]);
+      }();
       ASSERT_TRUE(ref.ok()) << ref.error().message;
       ASSERT_EQ((*got)[k].size(), ref->size());
       EXPECT_EQ(std::memcmp((*got)[k].data(), ref->data(), ref->size() * sizeof(float)), 0)
@@ -494,9 +503,9 @@ TEST(GpuRunner, V41WarmUpLeavesNoTrace) {
 // Without batch invariance the prefill pieces of a step run together (GpuModel::forward_chunks), in steps of at
 // most step_max_rows rows: five pieces (16 + 40 + 90 + 60 + 30 rows, one step of 146 and one of 90 when steps
 // hold 150 rows) give each input its own logits, in input order, with the shape it asked for. Checked against
-// the batch-invariant runner (each piece alone): every piece's first row (position 0, identical inputs up to
-// summation order) within 1e-2, as tests/gpu/test_engine_chunks.cpp bounds it; a piece's logits at the wrong
-// index would be another prompt's, far beyond that.
+// the same runner given each piece in a call of its own: every piece's first row (position 0, identical inputs up
+// to summation order, GEMMs on both sides) within 1e-2, as tests/gpu/test_engine_chunks.cpp bounds it; a piece's
+// logits at the wrong index would be another prompt's, far beyond that.
 TEST(GpuRunner, V41PrefillPiecesTogetherWithoutBatchInvariance) {
   SPW_REQUIRE_GPU();
   engine::GpuRunnerSettings gs;
@@ -508,7 +517,6 @@ TEST(GpuRunner, V41PrefillPiecesTogetherWithoutBatchInvariance) {
   gs.batch_invariant = false;
   auto together = engine::load_gpu_runner(golden::fixture_dir("v41") + "/model", gs);
   ASSERT_TRUE(together.ok()) << together.error().message;
-  gs.batch_invariant = true;
   auto alone = engine::load_gpu_runner(golden::fixture_dir("v41") + "/model", gs);
   ASSERT_TRUE(alone.ok()) << alone.error().message;
   const int V = int((*together)->config().vocab_size);
@@ -527,18 +535,22 @@ TEST(GpuRunner, V41PrefillPiecesTogetherWithoutBatchInvariance) {
     ain.push_back({as.back().get(), toks[size_t(i)], i % 2 == 1});
   }
   auto got = (*together)->forward(tin);
-  auto want = (*alone)->forward(ain);
   ASSERT_TRUE(got.ok()) << got.error().message;
-  ASSERT_TRUE(want.ok()) << want.error().message;
+  std::vector<std::vector<float>> want;
+  for (const RunnerInput& in : ain) {
+    auto r = (*alone)->forward(std::span<const RunnerInput>(&in, 1));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    want.push_back(std::move((*r)[0]));
+  }
   for (int i = 0; i < 5; ++i) {
     const size_t rows = i % 2 == 1 ? size_t(lens[i]) : 1;
     ASSERT_EQ((*got)[size_t(i)].size(), rows * size_t(V)) << "input " << i;
-    ASSERT_EQ((*want)[size_t(i)].size(), rows * size_t(V)) << "input " << i;
+    ASSERT_EQ(want[size_t(i)].size(), rows * size_t(V)) << "input " << i;
     EXPECT_EQ(ts[size_t(i)]->n_past(), lens[i]);
     if (rows == 1) continue;  // only all-logits pieces have a position-0 row
     float first_row = 0;
     for (int v = 0; v < V; ++v)
-      first_row = std::max(first_row, std::fabs((*got)[size_t(i)][size_t(v)] - (*want)[size_t(i)][size_t(v)]));
+      first_row = std::max(first_row, std::fabs((*got)[size_t(i)][size_t(v)] - want[size_t(i)][size_t(v)]));
     std::printf("  [runner pieces together] input %d (%d tokens): position 0 max |dlogit| %.3g\n", i, lens[i],
                 first_row);
     EXPECT_LE(first_row, 1e-2f) << "input " << i;
@@ -547,7 +559,7 @@ TEST(GpuRunner, V41PrefillPiecesTogetherWithoutBatchInvariance) {
 
 // With batch invariance every input of a step gets the bits it gets alone. Two batch-invariant runners take the
 // same inputs, one all in one call, the other one input per call, and must agree bit for bit (memcmp):
-//  - six prompts (5, 37, 130, 64, 9 and 300 tokens): the 5-token one runs as decode rows
+//  - six prompts (5, 37, 130, 64, 9 and 300 tokens, all logits): the 5-token one runs as decode rows
 //    (GpuModel::chunk_computes_as_decode), the others together on the row-invariant prefill path;
 //  - then a piece of each (2, 6, 3, 40, 5, 4 tokens, all logits: verified drafts) — five together as decode rows,
 //    the 40-token one on the prefill path;
@@ -600,7 +612,7 @@ void pieces_together_as_alone(const std::string& arch) {
     pieces.push_back(gpu_test::lcg_tokens(piece_lens[i], 90 + i, V));
     decode.push_back({int32_t((17 * i + 5) % V)});
   }
-  round("prompt", prompts, false);
+  round("prompt", prompts, true);
   round("piece", pieces, true);
   round("decode", decode, false);
 }
