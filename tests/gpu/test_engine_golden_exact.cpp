@@ -139,13 +139,14 @@ TEST(EngineGoldenExact, V41MatchesOracleExact) {
 
 // The row-invariant prefill path (linears on the GEMV, tensor-core attention, fixed-class expert items) against the
 // oracle with the same tolerance: one call per case, and the longest case in pieces across compression groups and
-// the window.
+// the window. V4.1's pieces are never one token (runtime/step_plan.h: V4.1 computes a one-token forward as a decode,
+// whose stale index keys differ from the oracle's prefill; measured 0.45 nats with cuts at 1 and 129).
 TEST(EngineGoldenExact, V41RowInvariantPrefillMatchesOracle) {
   SPW_REQUIRE_GPU();
   auto m = load_exact("v41");
   ASSERT_TRUE(m);
   for (const auto& path : case_files("v41")) run_case(*m, path, {}, true);
-  run_case(*m, case_files("v41")[3], {1, 7, 64, 128, 129, 200}, true);
+  run_case(*m, case_files("v41")[3], {2, 7, 64, 128, 130, 200}, true);
 }
 
 TEST(EngineGoldenExact, V4RowInvariantPrefillMatchesTransformers) {
