@@ -121,9 +121,9 @@ struct Rng {
   }
 };
 
-// Prefills `tokens` in chunks of at most `chunk`; returns the last logits and the chunk times. row_invariant: each
-// chunk on the row-invariant prefill path (GpuModel::ChunkPath::kRowInvariant), as the batch-invariant server
-// prefills prompts; else GpuModel::forward.
+// Prefills `tokens` in chunks of at most `chunk`; returns the last logits and the chunk times. row_invariant: chunks
+// shorter than GpuModel::kRowInvariantPieceTokens on the row-invariant prefill path (GpuModel::ChunkPath::
+// kRowInvariant), as the batch-invariant server prefills short prompt pieces; every other chunk GpuModel::forward.
 Result<std::vector<float>> prefill(GpuModel& m, GpuSequence& seq, const std::vector<int32_t>& tokens, int chunk,
                                    bool row_invariant, std::vector<double>* chunk_seconds = nullptr) {
   std::vector<float> logits;
@@ -131,7 +131,7 @@ Result<std::vector<float>> prefill(GpuModel& m, GpuSequence& seq, const std::vec
     const size_t n = std::min(tokens.size() - at, size_t(chunk));
     const std::span<const int32_t> piece(tokens.data() + at, n);
     const auto t0 = Clock::now();
-    if (row_invariant) {
+    if (row_invariant && int(n) < GpuModel::kRowInvariantPieceTokens) {
       const GpuModel::ChunkInput in{&seq, piece};
       auto r = m.forward_chunks(std::span<const GpuModel::ChunkInput>(&in, 1), GpuModel::ChunkPath::kRowInvariant);
       if (!r.ok()) return r.error();
@@ -224,9 +224,10 @@ int run_engine_bench(const EngineBenchOptions& o) {
   report["decode_path"] = kBatchedDecode ? "decode" : "forward";
   report["batch_invariant"] = o.batch_invariant;
   if (o.batch_invariant)
-    std::printf("batch-invariant (serve's default): decode linears on the GEMV, EXL3 experts of decodes %s; prompts on "
-                "the row-invariant prefill path\n",
-                o.gpu.exl3_decode == Exl3DecodeKernel::kFused ? "on the fused kernel" : "on the grouped kernel's one-token class");
+    std::printf("batch-invariant (serve's default): decode linears on the GEMV, EXL3 experts of decodes %s; prompt "
+                "chunks shorter than %d tokens on the row-invariant prefill path\n",
+                o.gpu.exl3_decode == Exl3DecodeKernel::kFused ? "on the fused kernel" : "on the grouped kernel's one-token class",
+                GpuModel::kRowInvariantPieceTokens);
 
   // Budget: enough sequences for the largest batch and context for the longest run.
   const int max_batch = o.batches.empty() ? 1 : *std::max_element(o.batches.begin(), o.batches.end());

@@ -157,8 +157,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
   cmd->add_flag("--plan-only", f->plan_only, "print the memory plan and per-token costs; no GPU needed");
   cmd->add_flag("--batch-invariant", f->batch_invariant,
                 "decode and prefill as `serve --batch-invariant true` (its default) does: decode linears on the "
-                "GEMV, EXL3 experts of decodes on the grouped kernel's one-token class, a batch in one call, prompts "
-                "on the row-invariant prefill path (without it: the fastest path per batch)");
+                "GEMV, EXL3 experts of decodes on the grouped kernel's one-token class, a batch in one call, prompt "
+                "chunks shorter than 128 tokens on the row-invariant prefill path (without it: the fastest path per "
+                "batch)");
   return [f] { return run_bench(*f); };
 }
 

@@ -386,8 +386,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--batch-invariant", o->batch_invariant,
                   "GPU: a sequence's greedy output does not depend on what else is batched with it (decode linears on "
                   "the GEMV, on tensor cores unless SPILLWAY_GEMV_MMA=0, which costs one stream ~10 %; EXL3 experts "
-                  "of decodes on the grouped kernel's one-token class; prompt pieces together on row-invariant "
-                  "paths); false takes the fastest path per step's row count (GEMMs past 16 rows), faster at large "
+                  "of decodes on the grouped kernel's one-token class; short prompt pieces together on row-invariant "
+                  "paths, long ones alone); false takes the fastest path per step's row count (GEMMs past 16 rows), faster at large "
                   "batches")
       ->envname("SPILLWAY_BATCH_INVARIANT")
       ->capture_default_str();

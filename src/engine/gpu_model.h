@@ -254,7 +254,8 @@ class GpuModel {
     // cores, the weight read once per 64 rows), attention on tensor cores where the layer allows (else one block per
     // query, never split), routed experts host-dispatched with EXL3 items of ≤ 64 rows of one class
     // (MoePaths::exl3_fixed_classes). A chunk's rows then have the same bits in any step of this path, alone or
-    // among others (GpuRunner's batch-invariant prompt pieces, several per step).
+    // among others (GpuRunner's batch-invariant prompt pieces shorter than kRowInvariantPieceTokens, several per
+    // step).
     kRowInvariant,
   };
   // Appends every chunk's tokens to its sequence in one step: the rows of all chunks go through each
@@ -270,6 +271,11 @@ class GpuModel {
   // does: its linears on the GEMV, its attention on the split path (n_tokens·heads within its limit, where a
   // GEMV-forced step's one-block path gives the same bits) and its MoE on the device dispatch.
   bool chunk_computes_as_decode(int n_tokens) const;
+  // Prompt pieces shorter than this take kRowInvariant under batch invariance, longer ones forward() alone: the
+  // row-invariant path reads the dense weights once per 64 rows where forward()'s GEMMs read them once, which pays
+  // for short prompts that share a step and not for long ones (a cold 8K-token prompt on an H100 in 256-token
+  // pieces: 2.44 s on the row-invariant path, 1.10 s one forward() per piece; bench/results/serve_h200.md).
+  static constexpr int kRowInvariantPieceTokens = 128;
 
   // A token drawn on the device (engine/token_picks.h): cuda::sample's parameters, the uniform u ∈ [0, 1)
   // for the row, and the sampler's edits around the draw (mask, penalties and biases, logprobs).

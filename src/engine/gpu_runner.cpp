@@ -204,19 +204,21 @@ Result<std::vector<std::vector<float>>> GpuRunner::forward(std::span<const Runne
     return out;
   }
   // Batch-invariant: small pieces (verified drafts, the shortest prompt pieces) together in steps computed as decode
-  // steps are, up to max_decode_rows_ rows (GpuModel::chunk_computes_as_decode); the other text pieces together on
-  // the row-invariant prefill path; pieces with image positions each alone. A piece's class follows from its own
-  // length, so its rows have the same bits whatever else runs.
+  // steps are, up to max_decode_rows_ rows (GpuModel::chunk_computes_as_decode); other text pieces shorter than
+  // GpuModel::kRowInvariantPieceTokens together on the row-invariant prefill path; longer pieces and pieces with
+  // image positions each alone (GpuModel::forward). A piece's class follows from its own length, so its rows have
+  // the same bits whatever else runs.
   std::vector<size_t> small, prompt;
   for (size_t i : pieces) {
-    if (!inputs[i].images.empty()) {
+    const int n = int(inputs[i].tokens.size());
+    if (!inputs[i].images.empty() || (n >= GpuModel::kRowInvariantPieceTokens && !model_->chunk_computes_as_decode(n))) {
       ForwardOptions options;
       options.all_logits = inputs[i].all_logits;
       auto r = model_->forward(*seqs[i], inputs[i].tokens, options, inputs[i].images);
       if (!r.ok()) return make_error("input ", i, ": ", r.error().message);
       out[i] = std::move(r.value());
     } else {
-      (model_->chunk_computes_as_decode(int(inputs[i].tokens.size())) ? small : prompt).push_back(i);
+      (model_->chunk_computes_as_decode(n) ? small : prompt).push_back(i);
     }
   }
   SPW_TRY(run_together(small, max_decode_rows_, GpuModel::ChunkPath::kAsDecode));
@@ -228,10 +230,12 @@ Status GpuRunner::warm_up() {
   auto seq = model_->new_sequence();
   if (!seq.ok()) return seq.error();
   const int64_t vocab = config().vocab_size;
-  const int rows = int(std::min<int64_t>({64, model_->budget().max_step_tokens, max_context() - 4}));
+  const int rows = int(std::min<int64_t>({64, model_->budget().max_step_tokens, (max_context() - 4) / 2}));
   std::vector<int32_t> prompt(size_t(std::max(rows, 1)));
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 3) % vocab);
-  // The prompt on the path forward() gives prompt pieces (see the top), then a one-token piece.
+  // A piece on forward()'s GEMMs (long prompt pieces), one on the path forward() gives short ones (see the top),
+  // then a one-token piece.
+  if (auto r = model_->forward(*seq, prompt); !r.ok()) return r.error();
   const GpuModel::ChunkInput chunk{&*seq, prompt};
   auto r = batch_invariant_ ? model_->forward_chunks(std::span(&chunk, 1), GpuModel::ChunkPath::kRowInvariant)
                             : model_->forward_chunks(std::span(&chunk, 1));

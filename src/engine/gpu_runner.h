@@ -15,8 +15,8 @@
 //    call takes at most GpuModel::invariant_decode_rows() sequences (64 for dense-table experts; every sequence for
 //    EXL3 experts: device pairs, then host-dispatched items of the pairs' class, make_batch_invariant);
 //  - prefill pieces short enough to compute as decode rows (GpuModel::chunk_computes_as_decode: verified drafts)
-//    run together as such; the other text pieces together on GpuModel::ChunkPath::kRowInvariant; pieces with
-//    image positions each alone (GpuModel::forward).
+//    run together as such; other text pieces shorter than GpuModel::kRowInvariantPieceTokens together on
+//    GpuModel::ChunkPath::kRowInvariant; longer pieces and pieces with image positions each alone (GpuModel::forward).
 // Without it decode calls take the whole batch, which past 16 rows takes GEMMs whose per-row sums may depend on the
 // batch size, and prefill pieces take forward_chunks' row-count-dependent paths.
 // The prefix cache keeps device copies of sequences (GpuModel::copy_sequence) in prefix_cache_slots
@@ -88,8 +88,9 @@ class GpuRunner final : public ModelRunner {
 
   GpuModel& model() { return *model_; }
 
-  // Runs a scratch sequence through a prompt piece of min(64, max_step_tokens) tokens on the path forward() gives
-  // prompts, a piece of a single token and two batch-1 decode steps, then frees it. Before serving: CUDA loads kernel modules on their
+  // Runs a scratch sequence through two prompt pieces of min(64, max_step_tokens) tokens, one on GpuModel::forward
+  // and one on the path forward() gives pieces of that length, a piece of a single token and two batch-1 decode
+  // steps, then frees it. Before serving: CUDA loads kernel modules on their
   // first launch and the decode graphs are captured on first use, which the first request would otherwise wait
   // for. Leaves no state behind (the sequence's pages return to the pools).
   Status warm_up();

@@ -238,9 +238,11 @@ void runner_matches_the_engine_alone(const std::string& arch) {
     for (size_t k = 0; k < who.size(); ++k) {
       const int i = who[k];
       // Alone on the path the batch-invariant runner gives that input: a prompt piece too long to compute as decode
-      // rows on the row-invariant prefill path, anything else as forward() computes it.
+      // rows and shorter than kRowInvariantPieceTokens on the row-invariant prefill path, anything else through
+      // forward().
       auto ref = [&]() -> Result<std::vector<float>> {
-        if (toks[i].size() == 1 || (*gpu)->model().chunk_computes_as_decode(int(toks[i].size())))
+        const int n = int(toks[i].size());
+        if (n == 1 || (*gpu)->model().chunk_computes_as_decode(n) || n >= engine::GpuModel::kRowInvariantPieceTokens)
           return alone->forward(as[size_t(i)], toks[i]);
         const engine::GpuModel::ChunkInput chunk{&as[size_t(i)], toks[i]};
         auto r = alone->forward_chunks(std::span(&chunk, 1), engine::GpuModel::ChunkPath::kRowInvariant);
@@ -560,7 +562,8 @@ TEST(GpuRunner, V41PrefillPiecesTogetherWithoutBatchInvariance) {
 // With batch invariance every input of a step gets the bits it gets alone. Two batch-invariant runners take the
 // same inputs, one all in one call, the other one input per call, and must agree bit for bit (memcmp):
 //  - six prompts (5, 37, 130, 64, 9 and 300 tokens, all logits): the 5-token one runs as decode rows
-//    (GpuModel::chunk_computes_as_decode), the others together on the row-invariant prefill path;
+//    (GpuModel::chunk_computes_as_decode), those of 9, 37 and 64 together on the row-invariant prefill path, those
+//    of 130 and 300 (at least GpuModel::kRowInvariantPieceTokens) each alone on forward();
 //  - then a piece of each (2, 6, 3, 40, 5, 4 tokens, all logits: verified drafts) — five together as decode rows,
 //    the 40-token one on the prefill path;
 //  - then one decode token each (one decode call of six rows against six of one).
