@@ -18,7 +18,7 @@
 #   here:  BUILD_DIR=build-sm90 STAGE_BINS=bin/spillway bash scripts/gpu_test.sh stage    # .exl3pack/dev.tar.xz
 #          python3 -m pip download ... -d .whl  (openai, anthropic, jsonschema and their needs missing on the
 #          GPU image, for its Python 3.12: the list is WHEELS below)
-#          move models/demo/model.safetensors out of the tree (the upload is 64 MiB at most; DEMO below)
+#          bash scripts/upload_room.sh out (the upload is 64 MiB at most; `in` right after the call; DEMO below)
 #   there: bash scripts/gpu_serve.sh          # carry: .exl3pack .whl ; results in $OUT
 # Switches: SKIP_SUITE=1, SUITE_MODELS, SKIP_CHECK=1, SKIP_LOAD=1, SPEC=1 and SPEC_SYNTH=1 (below; SPEC_PROMPTS), LOAD_RUNS (which runs of step 3, default
 # "load prefix overload bench"; also "bench-invariant"), BENCH_TRACE=1 (below), DEMO=1 (below), LAYERS (default 4), LOAD_PROMPT (default 64 tokens),

@@ -19,7 +19,8 @@
 # bench_exl3_cpu (STREAM-like read vs CPU kernels) and bench_exl3_cpu_threads (thread sweep), exllamav3's JIT build, tools/exl3/make_fixtures.py
 # (exllamav3's quantizer), the fixture test on them, bench/exl3/bench_exllamav3.py on the same tensors (int8
 # GEMV default and EXL3_INT8_GEMV=0) and tools/quantize/compare_exllamav3.py on the dumped W/H.
-# The working tree travels with the call (64 MiB at most), hence stripped, xz-compressed binaries.
+# The working tree travels with the call (64 MiB at most), hence stripped, xz-compressed binaries; with wheels or
+# other carried paths too, scripts/upload_room.sh moves the large tracked files out of the tree for the call.
 set -u
 if [ "${1:-}" = stage ]; then
   mkdir -p .exl3dev/lib .exl3pack
