@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) gemv_mma_kernel(Gem
   const uint8_t* sw_row = a.scale + static_cast<size_t>(row0 < a.n_out ? row0 >> wb_shift : 0) * scale_cols;
 
   // Weights are issued two stages ahead of their use; x̂ (codes and s_w·s_x of C's two columns, 0 past n_tokens)
-  // comes from L1/L2, a stage ahead when staged (the first stage's only after the previous kernel has written it).
+  // comes from L1/L2 a stage ahead (the first stage's only after the previous kernel has written it).
   struct XBlock {
     uint4 codes[NT];  // 8 f16 codes of token 8·nt + g at the lane's k
     float s[NT][2];
