@@ -316,8 +316,9 @@ TEST_F(CudaDense, AwkwardSizes) {
 
 // kGemv's rows do not depend on how many tokens share the call: each token's outputs, computed alone
 // (the streaming kernel, 1 token), in pairs (streaming, 2 tokens), in runs of 17 and in one call of 70 (scalar:
-// slices of 16 and one of 6, the staged kernel; tensor cores: a launch of 64 tokens, eight n tiles, and one of 6)
-// are bit-identical, with and without a k split. Batched decode relies on this (EngineBatch's decode-vs-alone tests).
+// slices of 16 and one of 6, the staged kernel; tensor cores: a launch of 64 tokens, eight n tiles — the shared-x
+// kernels where the weight has the rows for them, wq_b and the 17000-row BF16 ones — and one of 6) are
+// bit-identical, with and without a k split. Batched decode relies on this (EngineBatch's decode-vs-alone tests).
 TEST_F(CudaDense, GemvTokenCountDoesNotChangeRows) {
   for (bool mma : {false, true}) {  // both FP8 decode paths (dense_linear.h: set_gemv_mma)
     SCOPED_TRACE(mma ? "tensor-core FP8 GEMV" : "scalar FP8 GEMV");
@@ -337,6 +338,10 @@ TEST_F(CudaDense, GemvTokenCountDoesNotChangeRows) {
         {DenseFormat::kBf16, 300, 2080, 0, 0, true},      // k split over 2 blocks, the second shorter
         {DenseFormat::kF32, 384, 5120, 0, 0, true},       // f32 (staged kernel at every token count), split 4
         {DenseFormat::kBf16, 500, 1024, 0, 0, false},     // bf16 activations: one plane on tensor cores
+        // Rows enough for the shared-x kernels past 16 tokens (dense_gemv_mma_wide.cu: ≥ 132 blocks of 128 rows),
+        // as the head takes them: three planes (f32 product, k split over 2 warps there) and one.
+        {DenseFormat::kBf16, 17000, 1024, 0, 0, true},
+        {DenseFormat::kBf16, 17000, 256, 0, 0, false},
     };
     constexpr int kTokens = 70;
     uint32_t seed = 700;

@@ -1,6 +1,6 @@
 // Tensor-core decode path of the FP8 dense linears (dense_linear.h, LinearPath::kGemv) for activation-quantized
-// weights (act_block > 0), and of BF16 weights (below): y = x̂·Wᵀ for n_tokens ≤ 16 with mma.sync m16n8k16 (f16 or
-// bf16 inputs, f32 accumulation); up to kGemvMmaMaxTokens (64) through dense_gemv_mma_wide.cu.
+// weights (act_block > 0), and of BF16 weights (below): y = x̂·Wᵀ for n_tokens ≤ kGemvMmaMaxTokens (64) with
+// mma.sync m16n8k16 (f16 or bf16 inputs, f32 accumulation), the weight read once for all tokens.
 //
 // Why: x̂ = e4m3 code · 2^e per act_block and W = e4m3 code · 2^e per weight_block², so over a 32-wide k block
 // (inside both scale blocks) Σ x̂·w = (s_x·s_w)·Σ code_x·code_w. Every e4m3 value is an f16 value, so the codes go
@@ -17,8 +17,11 @@
 // k splits: the k blocks of a row are cut into `splits` contiguous ranges (a function of n_in only), one warp
 // each; the partial sums meet in shared memory and are added in split order. So a row's result depends on n_in
 // alone — not on n_out, the token count (tokens are MMA columns, computed independently) or stacking.
-// Token tiles: NT n tiles of 8 tokens per launch (1 or 2), the next stage's x in registers; 17 to 64 tokens take
-// dense_gemv_mma_wide.cu's kernels, which share x through shared memory and give every token these kernels' bits.
+// Token tiles: NT n tiles of 8 tokens per launch (1, 2, 4 or 8). Up to two tiles keep the next stage's x in registers;
+// four and eight load each k block's x (L1/L2 hits: x is small) just before its MMAs, where staged registers would
+// spill. Either way the per-token arithmetic is the same, so the bits do not depend on NT. Past 16 tokens, weights
+// with enough rows to fill the GPU take dense_gemv_mma_wide.cu's kernels instead (the same bits; see
+// gemv_mma_launch).
 // Accuracy: exact products; f32 sums (MMA-internal over 32 k, then one per k block in k order, then the splits).
 //
 // BF16 weights (no activation quant; plain, or grouped as the attention's output projection: a group per
@@ -76,8 +79,12 @@ __device__ __forceinline__ void finish_row_group(const GemvArgs& a, float* y, fl
   }
 }
 
-// NT n tiles of 8 tokens (1 or 2). Two blocks per SM at one tile (128 registers); two tiles' staged x̂ spilled 512
-// bytes at two blocks, so one.
+// x staged a stage ahead in registers up to two tiles; past that loaded per k block (see the top).
+template <int NT>
+constexpr bool kStageX = NT <= 2;
+
+// NT n tiles of 8 tokens. Two blocks per SM at one tile (128 registers); from two tiles on one (two tiles' staged x̂
+// spilled 512 bytes at two blocks).
 template <int NT>
 __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) gemv_mma_kernel(GemvArgs a, int splits) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
@@ -94,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) gemv_mma_kernel(Gem
   const uint8_t* sw_row = a.scale + static_cast<size_t>(row0 < a.n_out ? row0 >> wb_shift : 0) * scale_cols;
 
   // Weights are issued two stages ahead of their use; x̂ (codes and s_w·s_x of C's two columns, 0 past n_tokens)
-  // comes from L1/L2 a stage ahead (the first stage's only after the previous kernel has written it).
+  // comes from L1/L2, a stage ahead when staged (the first stage's only after the previous kernel has written it).
   struct XBlock {
     uint4 codes[NT];  // 8 f16 codes of token 8·nt + g at the lane's k
     float s[NT][2];
@@ -113,10 +120,12 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) gemv_mma_kernel(Gem
       x.s[nt][1] = n0 + 1 < a.n_tokens ? sw * __ldg(a.xs + static_cast<size_t>(n0 + 1) * xs_cols + xs_col) : 0.f;
     }
   };
-  using XStage = XBlock[kStageBlocks];
+  using XStage = XBlock[kStageX<NT> ? kStageBlocks : 1];
   auto load_x = [&](XStage& x, int kb) {
+    if constexpr (kStageX<NT>) {
 #pragma unroll
-    for (int i = 0; i < kStageBlocks; ++i) load_x_block(x[i], kb + i);
+      for (int i = 0; i < kStageBlocks; ++i) load_x_block(x[i], kb + i);
+    }
   };
   auto load_w = [&](uint2 (&lo)[kStageBlocks], uint2 (&hi)[kStageBlocks], int kb) {
 #pragma unroll
@@ -138,17 +147,25 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) gemv_mma_kernel(Gem
       const uint32_t al2 = e4m3x2_to_f16x2(lo[i].y & 0xffffu), al3 = e4m3x2_to_f16x2(lo[i].y >> 16);
       const uint32_t ah0 = e4m3x2_to_f16x2(hi[i].x & 0xffffu), ah1 = e4m3x2_to_f16x2(hi[i].x >> 16);
       const uint32_t ah2 = e4m3x2_to_f16x2(hi[i].y & 0xffffu), ah3 = e4m3x2_to_f16x2(hi[i].y >> 16);
-      const XBlock& x = staged[i];
+      auto mma_block = [&](const XBlock& x) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint4 xb = x.codes[nt];
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_f16(c, al0, ah0, al1, ah1, xb.x, xb.y);
-        mma_f16(c, al2, ah2, al3, ah3, xb.z, xb.w);
-        acc[nt][0] = fmaf(c[0], x.s[nt][0], acc[nt][0]);
-        acc[nt][1] = fmaf(c[1], x.s[nt][1], acc[nt][1]);
-        acc[nt][2] = fmaf(c[2], x.s[nt][0], acc[nt][2]);
-        acc[nt][3] = fmaf(c[3], x.s[nt][1], acc[nt][3]);
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint4 xb = x.codes[nt];
+          float c[4] = {0.f, 0.f, 0.f, 0.f};
+          mma_f16(c, al0, ah0, al1, ah1, xb.x, xb.y);
+          mma_f16(c, al2, ah2, al3, ah3, xb.z, xb.w);
+          acc[nt][0] = fmaf(c[0], x.s[nt][0], acc[nt][0]);
+          acc[nt][1] = fmaf(c[1], x.s[nt][1], acc[nt][1]);
+          acc[nt][2] = fmaf(c[2], x.s[nt][0], acc[nt][2]);
+          acc[nt][3] = fmaf(c[3], x.s[nt][1], acc[nt][3]);
+        }
+      };
+      if constexpr (kStageX<NT>) {
+        mma_block(staged[i]);
+      } else {
+        XBlock x;
+        load_x_block(x, kb + i);
+        mma_block(x);
       }
     }
   };
@@ -215,25 +232,35 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) gemv_bf16_mma_kerne
         x[nt][p] = ok ? __ldg(reinterpret_cast<const uint4*>(a.xc + p * plane + at)) : make_uint4(0u, 0u, 0u, 0u);
     }
   };
-  using XStage = XBlock[SB];
+  using XStage = XBlock[kStageX<NT> ? SB : 1];
   auto load_x = [&](XStage& x, int kb) {
+    if constexpr (kStageX<NT>) {
 #pragma unroll
-    for (int i = 0; i < SB; ++i) load_x_block(x[i], kb + i);
+      for (int i = 0; i < SB; ++i) load_x_block(x[i], kb + i);
+    }
   };
   float acc[NT][4] = {};
   auto compute_stage = [&](const uint4 (&lo)[SB], const uint4 (&hi)[SB], const XStage& staged, int kb) {
 #pragma unroll
     for (int i = 0; i < SB; ++i) {
       if (kb + i >= kb1) break;
-      const XBlock& x = staged[i];
+      auto mma_block = [&](const XBlock& x) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int p = 0; p < PLANES; ++p) {
-          const uint4 xb = x[nt][p];
-          mma_bf16(acc[nt], lo[i].x, hi[i].x, lo[i].y, hi[i].y, xb.x, xb.y);
-          mma_bf16(acc[nt], lo[i].z, hi[i].z, lo[i].w, hi[i].w, xb.z, xb.w);
-        }
+          for (int p = 0; p < PLANES; ++p) {
+            const uint4 xb = x[nt][p];
+            mma_bf16(acc[nt], lo[i].x, hi[i].x, lo[i].y, hi[i].y, xb.x, xb.y);
+            mma_bf16(acc[nt], lo[i].z, hi[i].z, lo[i].w, hi[i].w, xb.z, xb.w);
+          }
+      };
+      if constexpr (kStageX<NT>) {
+        mma_block(staged[i]);
+      } else {
+        XBlock x;
+        load_x_block(x, kb + i);
+        mma_block(x);
+      }
     }
   };
 
@@ -255,11 +282,13 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) gemv_bf16_mma_kerne
   finish_row_group<NT>(a, y, acc, splits, row0);
 }
 
-// The n tiles a launch of n_tokens ≤ 16 takes: one up to 8 tokens, else two.
+// The n tiles a launch of n_tokens takes: the fewest of 1, 2, 4, 8 that hold them.
 template <template <int> class Launch, class... Args>
 cudaError_t launch_by_tiles(int n_tokens, Args&&... args) {
   if (n_tokens <= 8) return Launch<1>::run(args...);
-  return Launch<2>::run(args...);
+  if (n_tokens <= 16) return Launch<2>::run(args...);
+  if (n_tokens <= 32) return Launch<4>::run(args...);
+  return Launch<8>::run(args...);
 }
 
 template <int NT>
@@ -300,8 +329,13 @@ cudaError_t gemv_mma_launch(const GemvArgs& a, cudaStream_t stream) {
       a.n_tokens > kGemvMmaMaxTokens)
     return cudaErrorInvalidValue;
   const int splits = gemv_mma_k_splits(a.n_in), groups_per_block = kWarps / splits;
-  if (a.n_tokens > 16) return gemv_mma_wide_launch(a, splits, stream);
+  // Past 16 tokens a weight of at least a block of 128 rows per SM takes the kernels that share x through shared
+  // memory; smaller ones keep one warp per (row group, k split), which spreads them over more SMs. Measured on an
+  // H100 at 64 tokens (bench/results/dense_h200.md), split warps against shared x: head 2330 / 1515 µs, wq_b 142 / 76
+  // (wide enough), wo_b 172 / 206, wq_a 40 / 132, the router 36 / 194 (not).
   const int row_groups = (a.n_out + 15) / 16;
+  if (a.n_tokens > 16 && (row_groups + kWarps - 1) / kWarps * a.n_groups >= sm_count())
+    return gemv_mma_wide_launch(a, splits, stream);
   const dim3 grid(unsigned((row_groups + groups_per_block - 1) / groups_per_block), unsigned(a.n_groups));
   if (bf16 && a.x_planes == 1) return launch_by_tiles<LaunchBf16<1>::Tiles>(a.n_tokens, a, grid, splits, stream);
   if (bf16) return launch_by_tiles<LaunchBf16<3>::Tiles>(a.n_tokens, a, grid, splits, stream);

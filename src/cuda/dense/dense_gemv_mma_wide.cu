@@ -1,5 +1,6 @@
-// Tensor-core GEMV of 17 to kGemvMmaMaxTokens tokens (dense_linear.h, LinearPath::kGemv): the FP8 and BF16 forms of
-// dense_gemv_mma.cu (its contract, layout, k order and accuracy), laid out for many tokens.
+// Tensor-core GEMV of 17 to kGemvMmaMaxTokens tokens on weights of many rows (dense_linear.h, LinearPath::kGemv;
+// dense_gemv_mma.cu's gemv_mma_launch chooses): the FP8 and BF16 forms of dense_gemv_mma.cu (its contract, layout,
+// k order and accuracy), laid out for many tokens.
 //
 // Why: with one warp per (row group, k split), every warp reads its own slice of x from L2, and at 64 tokens that is
 // 64 bytes of x per 16 weight bytes; the warps waited on those loads (bench_dense on an H100: the head at 64 tokens

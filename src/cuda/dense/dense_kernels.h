@@ -55,7 +55,8 @@ int resident_blocks(void (*kernel)(GemvArgs));
 bool gemv_uses_mma(DenseFormat format, int weight_block, int act_block, int n_in);
 int gemv_mma_k_splits(int n_in);
 cudaError_t gemv_mma_launch(const GemvArgs& a, cudaStream_t stream);
-// Its form for 17 to kGemvMmaMaxTokens tokens (dense_gemv_mma_wide.cu; the same bits per token), splits as above.
+// Its form for 17 to kGemvMmaMaxTokens tokens and weights of many rows (dense_gemv_mma_wide.cu; the same bits per
+// token), splits as above; gemv_mma_launch calls it where it pays.
 cudaError_t gemv_mma_wide_launch(const GemvArgs& a, int splits, cudaStream_t stream);
 
 // x̂ = fake_quant_fp8(x, act_block) as codes: codes[t, i] the f16 bits of e4m3(x/s), scales[t, b] = s of block b
