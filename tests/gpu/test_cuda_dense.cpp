@@ -2,7 +2,8 @@
 // formats/quant.h (dequant_fp8_blocks, dequant_mxfp4), the activation fake-quantized by fake_quant_fp8,
 // then ref::matmul_nt — exactly model/linear.cpp's numerics. Random weights and ue8m0 scales; V4.1 and
 // V4 real shapes and awkward ones (n_out 7/127/1023, n_in 48/160/384, n_tokens 1/3/16/17/300); both
-// paths (kGemv, kGemm) wherever n_tokens ≤ 64 (kGemv past 16 in slices of 16 rows); a weight scratch small enough to force many kGemm chunks;
+// paths (kGemv, kGemm) wherever n_tokens ≤ 100 (kGemv past 16 in slices of 16 rows, 64 on tensor cores); a weight
+// scratch small enough to force many kGemm chunks;
 // an fp8 weight in mapped pinned host memory; the grouped output projection.
 // Every call: guard regions around y keep their sentinel, no NaN.
 // Tolerance, per output i: |y − r| ≤ 2·sqrt(n_in)·2⁻²³·Σ_k|x̂_k·w_k| (+ one bf16 ulp of |r| when the
@@ -426,7 +427,8 @@ TEST_F(CudaDense, StackedLinearMatchesOneCallPerPart) {
       std::string name = std::string(dense_format_name(sk.f)) + " stack";
       for (int r : sk.rows) name += " " + std::to_string(r);
       name += " x" + std::to_string(sk.n_in);
-      for (int n : {1, 2, 5, 16, 40}) {  // 40: slices of 16, 16 and 8
+      // 40: scalar slices of 16, 16 and 8; one tensor-core launch (shared x for wq_b + indexer wq_b)
+      for (int n : {1, 2, 5, 16, 40}) {
         const std::string what = name + ", tokens " + std::to_string(n);
         const std::vector<float> x = make_x(n, sk.n_in, true, rng);
         DevBuf dx(x);
