@@ -48,11 +48,10 @@ constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kStageBlocks = 4;  // k blocks (of 32) per load stage; two stages in flight per warp
 
 // The end of both kernels: the splits of a row group meet in shared memory, its first warp adds them in split
-// order and stores rows r_lo and r_hi of C's tokens.
+// order and stores the row group.
 template <int NT>
 __device__ __forceinline__ void finish_row_group(const GemvArgs& a, float* y, float (&acc)[NT][4], int splits, int row0) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3, split = warp % splits;
-  const int r_lo = row0 + g, r_hi = r_lo + 8;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, split = warp % splits;
   __shared__ float part[kWarps][NT][4][32];
   if (splits > 1) {
 #pragma unroll
@@ -67,16 +66,7 @@ __device__ __forceinline__ void finish_row_group(const GemvArgs& a, float* y, fl
       for (int j = 0; j < 4; ++j)
         for (int s = 1; s < splits; ++s) acc[nt][j] += part[warp + s][nt][j][lane];
   }
-  if (row0 >= a.n_out) return;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int n0 = 8 * nt + 2 * t4;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int row = j < 2 ? r_lo : r_hi, n = n0 + (j & 1);
-      if (row < a.n_out && n < a.n_tokens) store_output(a, y, row, n, acc[nt][j]);
-    }
-  }
+  if (row0 < a.n_out) store_row_group<NT>(a, y, acc, row0);
 }
 
 // x staged a stage ahead in registers up to two tiles; past that loaded per k block (see the top).

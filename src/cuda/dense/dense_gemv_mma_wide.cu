@@ -60,18 +60,34 @@ struct SplitSums {
   }
 };
 
-// Rows r_lo = row0 + g and r_hi = r_lo + 8 of C's tokens (dense_gemv_mma.cu's fragment layout).
-template <int NT>
-__device__ __forceinline__ void store_rows(const GemvArgs& a, float* y, const float (&v)[NT][4], int row0) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, r_lo = row0 + g, r_hi = r_lo + 8;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int n0 = 8 * nt + 2 * t4;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int row = j < 2 ? r_lo : r_hi, n = n0 + (j & 1);
-      if (row < a.n_out && n < a.n_tokens) store_output(a, y, row, n, v[nt][j]);
-    }
+// The stage walk of both kernels. A stage's weights are loaded into registers (W: the kernel's two-row-set stage)
+// while the previous stage computes; its x is copied into shared buffer stage % 2 a stage ahead (cp.async, one group
+// per stage), the first only after the previous kernel has written it (programmatic dependent launch).
+// load_w(W&, stage), issue_x(stage, buffer), compute(const W&, stage, buffer).
+template <class W, class LoadW, class IssueX, class Compute>
+__device__ __forceinline__ void walk_stages(int n_stages, LoadW&& load_w, IssueX&& issue_x, Compute&& compute) {
+  W w0, w1;
+  load_w(w0, 0);  // weights only: issued while the previous kernel may still be writing x
+  cuda::pdl_enter();
+  issue_x(0, 0);
+  cp_async_commit();
+  for (int st = 0; st < n_stages;) {
+    if (st + 1 < n_stages) issue_x(st + 1, 1);
+    cp_async_commit();  // one group per stage, empty past the end
+    load_w(w1, st + 1);
+    cp_async_wait_one();
+    __syncthreads();
+    compute(w0, st, 0);
+    __syncthreads();  // buffer 0 is read; the next issue may overwrite it
+    if (++st >= n_stages) break;
+    if (st + 1 < n_stages) issue_x(st + 1, 0);
+    cp_async_commit();
+    load_w(w0, st + 1);
+    cp_async_wait_one();
+    __syncthreads();
+    compute(w1, st, 1);
+    __syncthreads();
+    ++st;
   }
 }
 
@@ -108,28 +124,32 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(GemvArgs a, 
                 ok ? a.xs + static_cast<size_t>(n) * xs_cols + ((32 * kb) >> ab_shift) : a.xs, ok);
     }
   };
-  auto load_w = [&](uint2 (&lo)[SB], uint2 (&hi)[SB], int stage) {
+  struct WStage {
+    uint2 lo[SB], hi[SB];  // rows r_lo and r_hi, 8 weights each per k block
+  };
+  auto load_w = [&](WStage& w, int stage) {
 #pragma unroll
     for (int i = 0; i < SB; ++i) {
       const int kb = stage * SB + i;
-      lo[i] = hi[i] = make_uint2(0u, 0u);
+      w.lo[i] = w.hi[i] = make_uint2(0u, 0u);
       if (kb < n_kb) {
-        if (lo_ok) lo[i] = __ldg(reinterpret_cast<const uint2*>(w_lo + 32 * kb));
-        if (hi_ok) hi[i] = __ldg(reinterpret_cast<const uint2*>(w_hi + 32 * kb));
+        if (lo_ok) w.lo[i] = __ldg(reinterpret_cast<const uint2*>(w_lo + 32 * kb));
+        if (hi_ok) w.hi[i] = __ldg(reinterpret_cast<const uint2*>(w_hi + 32 * kb));
       }
     }
   };
   SplitSums<NT> sums;
-  auto compute = [&](const uint2 (&lo)[SB], const uint2 (&hi)[SB], int stage, int buf) {
+  auto compute = [&](const WStage& w, int stage, int buf) {
 #pragma unroll
     for (int i = 0; i < SB; ++i) {
       const int kb = stage * SB + i;
       if (kb >= n_kb) break;
       sums.advance_to(kb / per);
-      const uint32_t al0 = e4m3x2_to_f16x2(lo[i].x & 0xffffu), al1 = e4m3x2_to_f16x2(lo[i].x >> 16);
-      const uint32_t al2 = e4m3x2_to_f16x2(lo[i].y & 0xffffu), al3 = e4m3x2_to_f16x2(lo[i].y >> 16);
-      const uint32_t ah0 = e4m3x2_to_f16x2(hi[i].x & 0xffffu), ah1 = e4m3x2_to_f16x2(hi[i].x >> 16);
-      const uint32_t ah2 = e4m3x2_to_f16x2(hi[i].y & 0xffffu), ah3 = e4m3x2_to_f16x2(hi[i].y >> 16);
+      const uint2 lo = w.lo[i], hi = w.hi[i];
+      const uint32_t al0 = e4m3x2_to_f16x2(lo.x & 0xffffu), al1 = e4m3x2_to_f16x2(lo.x >> 16);
+      const uint32_t al2 = e4m3x2_to_f16x2(lo.y & 0xffffu), al3 = e4m3x2_to_f16x2(lo.y >> 16);
+      const uint32_t ah0 = e4m3x2_to_f16x2(hi.x & 0xffffu), ah1 = e4m3x2_to_f16x2(hi.x >> 16);
+      const uint32_t ah2 = e4m3x2_to_f16x2(hi.y & 0xffffu), ah3 = e4m3x2_to_f16x2(hi.y >> 16);
       const float sw = e8m0_to_float(__ldg(sw_row + ((32 * kb) >> wb_shift)));
       const uint16_t* codes = xc_s + (buf * SB + i) * T * 32;
       const float* xs = xs_s + (buf * SB + i) * T;
@@ -150,31 +170,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(GemvArgs a, 
     }
   };
 
-  uint2 lo0[SB], hi0[SB], lo1[SB], hi1[SB];
-  load_w(lo0, hi0, 0);  // weights only: issued while the previous kernel may still be writing x̂
-  cuda::pdl_enter();
-  issue_x(0, 0);
-  cp_async_commit();
-  for (int st = 0; st < n_stages;) {
-    if (st + 1 < n_stages) issue_x(st + 1, 1);
-    cp_async_commit();  // one group per stage, empty past the end
-    load_w(lo1, hi1, st + 1);
-    cp_async_wait_one();
-    __syncthreads();
-    compute(lo0, hi0, st, 0);
-    __syncthreads();  // buffer 0 is read; the next issue may overwrite it
-    if (++st >= n_stages) break;
-    if (st + 1 < n_stages) issue_x(st + 1, 0);
-    cp_async_commit();
-    load_w(lo0, hi0, st + 1);
-    cp_async_wait_one();
-    __syncthreads();
-    compute(lo1, hi1, st, 1);
-    __syncthreads();
-    ++st;
-  }
+  walk_stages<WStage>(n_stages, load_w, issue_x, compute);
   sums.advance_to(splits);
-  if (row0 < a.n_out) store_rows<NT>(a, a.y, sums.total, row0);
+  if (row0 < a.n_out) store_row_group<NT>(a, a.y, sums.total, row0);
 }
 
 // BF16 weights, PLANES bf16 planes of x (dense_gemv_mma.cu), plain or grouped (a group per blockIdx.y). Shared memory:
@@ -203,19 +201,22 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_bf16_mma_wide_kernel(GemvArg
                  ok ? a.xc + p * plane + static_cast<size_t>(n) * a.ldx + x_col0 + 32 * kb + 8 * q : a.xc, ok);
     }
   };
-  auto load_w = [&](uint4 (&lo)[SB], uint4 (&hi)[SB], int stage) {
+  struct WStage {
+    uint4 lo[SB], hi[SB];  // rows r_lo and r_hi, 8 weights each per k block
+  };
+  auto load_w = [&](WStage& w, int stage) {
 #pragma unroll
     for (int i = 0; i < SB; ++i) {
       const int kb = stage * SB + i;
-      lo[i] = hi[i] = make_uint4(0u, 0u, 0u, 0u);
+      w.lo[i] = w.hi[i] = make_uint4(0u, 0u, 0u, 0u);
       if (kb < n_kb) {
-        if (lo_ok) lo[i] = __ldg(reinterpret_cast<const uint4*>(w_lo + 32 * kb));
-        if (hi_ok) hi[i] = __ldg(reinterpret_cast<const uint4*>(w_hi + 32 * kb));
+        if (lo_ok) w.lo[i] = __ldg(reinterpret_cast<const uint4*>(w_lo + 32 * kb));
+        if (hi_ok) w.hi[i] = __ldg(reinterpret_cast<const uint4*>(w_hi + 32 * kb));
       }
     }
   };
   SplitSums<NT> sums;
-  auto compute = [&](const uint4 (&lo)[SB], const uint4 (&hi)[SB], int stage, int buf) {
+  auto compute = [&](const WStage& w, int stage, int buf) {
 #pragma unroll
     for (int i = 0; i < SB; ++i) {
       const int kb = stage * SB + i;
@@ -227,37 +228,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_bf16_mma_wide_kernel(GemvArg
         for (int p = 0; p < PLANES; ++p) {
           const uint4 xb =
               *reinterpret_cast<const uint4*>(x_s + (((buf * SB + i) * PLANES + p) * T + 8 * nt + g) * 32 + 8 * t4);
-          mma_bf16(sums.acc[nt], lo[i].x, hi[i].x, lo[i].y, hi[i].y, xb.x, xb.y);
-          mma_bf16(sums.acc[nt], lo[i].z, hi[i].z, lo[i].w, hi[i].w, xb.z, xb.w);
+          mma_bf16(sums.acc[nt], w.lo[i].x, w.hi[i].x, w.lo[i].y, w.hi[i].y, xb.x, xb.y);
+          mma_bf16(sums.acc[nt], w.lo[i].z, w.hi[i].z, w.lo[i].w, w.hi[i].w, xb.z, xb.w);
         }
     }
   };
 
-  uint4 lo0[SB], hi0[SB], lo1[SB], hi1[SB];
-  load_w(lo0, hi0, 0);  // weights only: issued while the previous kernel may still be writing x
-  cuda::pdl_enter();
-  issue_x(0, 0);
-  cp_async_commit();
-  for (int st = 0; st < n_stages;) {
-    if (st + 1 < n_stages) issue_x(st + 1, 1);
-    cp_async_commit();
-    load_w(lo1, hi1, st + 1);
-    cp_async_wait_one();
-    __syncthreads();
-    compute(lo0, hi0, st, 0);
-    __syncthreads();
-    if (++st >= n_stages) break;
-    if (st + 1 < n_stages) issue_x(st + 1, 0);
-    cp_async_commit();
-    load_w(lo0, hi0, st + 1);
-    cp_async_wait_one();
-    __syncthreads();
-    compute(lo1, hi1, st, 1);
-    __syncthreads();
-    ++st;
-  }
+  walk_stages<WStage>(n_stages, load_w, issue_x, compute);
   sums.advance_to(splits);
-  if (row0 < a.n_out) store_rows<NT>(a, y, sums.total, row0);
+  if (row0 < a.n_out) store_row_group<NT>(a, y, sums.total, row0);
 }
 
 template <class Kernel>

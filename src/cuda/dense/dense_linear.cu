@@ -45,15 +45,21 @@ size_t elem_nbytes(DenseFormat f) {
   return 0;
 }
 
-// Rows per GEMV launch: up to kGemvMmaMaxTokens on the tensor-core kernel, as many as the workspace holds x's codes
-// or planes for (never fewer than 16), else 16. A row's sums are the same at every slice size (dense_gemv_mma.cu).
-int gemv_slice_rows(const DeviceLinear& w, const LinearWorkspace& ws) {
-  if (!takes_mma(w)) return kGemvMaxTokens;
-  const size_t row_nbytes = w.format == DenseFormat::kBf16 ? 2 * static_cast<size_t>(bf16_x_planes(w)) * w.n_in
-                                                           : sizeof(float) * static_cast<size_t>(w.n_in);
+// Rows per tensor-core GEMV launch: up to kGemvMmaMaxTokens, as many as the workspace holds row_nbytes of prepared x
+// per row for (never fewer than 16). A row's sums are the same at every slice size (dense_gemv_mma.cu).
+int mma_slice_rows(size_t row_nbytes, const LinearWorkspace& ws) {
   int rows = kGemvMmaMaxTokens;
   while (rows > kGemvMaxTokens && ws.act_nbytes < row_nbytes * rows) rows /= 2;
   return rows;
+}
+
+// Rows per GEMV launch of linear_cuda's kGemv: mma_slice_rows of x's codes (FP8) or planes (BF16) on the tensor-core
+// kernel, else 16.
+int gemv_slice_rows(const DeviceLinear& w, const LinearWorkspace& ws) {
+  if (!takes_mma(w)) return kGemvMaxTokens;
+  return mma_slice_rows(w.format == DenseFormat::kBf16 ? 2 * static_cast<size_t>(bf16_x_planes(w)) * w.n_in
+                                                       : sizeof(float) * static_cast<size_t>(w.n_in),
+                        ws);
 }
 
 LinearPath resolve(LinearPath p, int n_tokens) {
@@ -338,14 +344,10 @@ Status grouped_proj_cuda(const uint16_t* w_a, const float* o, int n_tokens, int 
   const int d_in = n_groups * per_group, d_out = n_groups * rank;
   if (path == LinearPath::kGemv) {
     // On tensor cores when the process chose them (set_gemv_mma): o as three exact bf16 planes, whatever it holds.
-    // Slices as linear_cuda's kGemv: up to kGemvMmaMaxTokens rows on tensor cores (as many as the workspace holds
-    // planes for), else 16.
+    // Slices as linear_cuda's kGemv: mma_slice_rows of o's three bf16 planes on tensor cores, else 16.
     const bool mma = gemv_mma_enabled() && per_group % 32 == 0 &&
                      ws.act_nbytes >= 6 * static_cast<size_t>(std::min(kGemvMaxTokens, n_tokens)) * d_in;
-    int slice = kGemvMaxTokens;
-    if (mma)
-      for (slice = kGemvMmaMaxTokens; slice > kGemvMaxTokens && ws.act_nbytes < 6 * static_cast<size_t>(slice) * d_in;)
-        slice /= 2;
+    const int slice = mma ? mma_slice_rows(6 * static_cast<size_t>(d_in), ws) : kGemvMaxTokens;
     for (int r0 = 0; r0 < n_tokens; r0 += slice) {
       densedev::GemvArgs a;
       a.format = DenseFormat::kBf16, a.w = w_a, a.n_out = rank, a.n_in = per_group;
