@@ -60,15 +60,14 @@ struct SplitSums {
   }
 };
 
-// The stage walk of both kernels. A stage's weights are loaded into registers (W: the kernel's two-row-set stage)
-// while the previous stage computes; its x is copied into shared buffer stage % 2 a stage ahead (cp.async, one group
-// per stage), the first only after the previous kernel has written it (programmatic dependent launch).
-// load_w(W&, stage), issue_x(stage, buffer), compute(const W&, stage, buffer).
+// The stage walk of both kernels, which call it with stage 0's weights loaded into w0 and after cuda::pdl_enter()
+// (weights may load while the previous kernel still writes x; x may not). A stage's weights are loaded into registers
+// (W: the kernel's stage of rows r_lo and r_hi) while the previous stage computes; its x is copied into shared buffer
+// stage % 2 a stage ahead (cp.async, one group per stage). load_w(W&, stage), issue_x(stage, buffer),
+// compute(const W&, stage, buffer).
 template <class W, class LoadW, class IssueX, class Compute>
-__device__ __forceinline__ void walk_stages(int n_stages, LoadW&& load_w, IssueX&& issue_x, Compute&& compute) {
-  W w0, w1;
-  load_w(w0, 0);  // weights only: issued while the previous kernel may still be writing x
-  cuda::pdl_enter();
+__device__ __forceinline__ void walk_stages(int n_stages, W& w0, LoadW&& load_w, IssueX&& issue_x, Compute&& compute) {
+  W w1;
   issue_x(0, 0);
   cp_async_commit();
   for (int st = 0; st < n_stages;) {
@@ -170,7 +169,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(GemvArgs a, 
     }
   };
 
-  walk_stages<WStage>(n_stages, load_w, issue_x, compute);
+  WStage w0;
+  load_w(w0, 0);
+  cuda::pdl_enter();
+  walk_stages(n_stages, w0, load_w, issue_x, compute);
   sums.advance_to(splits);
   if (row0 < a.n_out) store_row_group<NT>(a, a.y, sums.total, row0);
 }
@@ -234,7 +236,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_bf16_mma_wide_kernel(GemvArg
     }
   };
 
-  walk_stages<WStage>(n_stages, load_w, issue_x, compute);
+  WStage w0;
+  load_w(w0, 0);
+  cuda::pdl_enter();
+  walk_stages(n_stages, w0, load_w, issue_x, compute);
   sums.advance_to(splits);
   if (row0 < a.n_out) store_row_group<NT>(a, y, sums.total, row0);
 }
